@@ -1,0 +1,2 @@
+//! The expert cache, prefetch queue, memory planner and budget resolver, usage hotlist.
+#![deny(missing_docs)]

@@ -1,0 +1,463 @@
+//! Expert records: the 48-byte header, the expert quantization scheme and
+//! the body layout it implies.
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use bytemuck::{Pod, Zeroable};
+use serde::{Deserialize, Serialize};
+
+/// Record magic "WEXP".
+pub const RECORD_MAGIC: u32 = 0x5058_4557;
+/// Header size in bytes.
+pub const HEADER_LEN: usize = 48;
+/// Record alignment/page size.
+pub const PAGE: usize = 4096;
+
+/// Expert storage format (record `fmt` byte).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExpertFmt {
+    /// 3 residual stages of 256 entries, 8-bit indices.
+    Vq3r,
+    /// 2 residual stages of 256 entries, 8-bit indices.
+    Vq2r,
+    /// 4 stages of 64 entries, 6-bit indices packed 4-in-3 bytes.
+    Vq4p,
+    /// Exact IEEE half (project extension).
+    F16,
+    /// Exact bfloat16 (project extension).
+    Bf16,
+}
+
+impl ExpertFmt {
+    /// The record header's fmt byte.
+    pub fn byte(self) -> u8 {
+        match self {
+            ExpertFmt::Vq3r => 4,
+            ExpertFmt::Vq2r => 5,
+            ExpertFmt::Vq4p => 8,
+            ExpertFmt::F16 | ExpertFmt::Bf16 => 1,
+        }
+    }
+    /// Name as in the manifest.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertFmt::Vq3r => "VQ3R",
+            ExpertFmt::Vq2r => "VQ2R",
+            ExpertFmt::Vq4p => "VQ4P",
+            ExpertFmt::F16 => "F16",
+            ExpertFmt::Bf16 => "BF16",
+        }
+    }
+    /// Whether this is a codebook (VQ) format.
+    pub fn is_vq(self) -> bool {
+        matches!(self, ExpertFmt::Vq3r | ExpertFmt::Vq2r | ExpertFmt::Vq4p)
+    }
+}
+
+/// The manifest's `expert_quant` object.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ExpertQuantEntry {
+    /// "VQ3R" | "VQ2R" | "VQ4P" | "F16" | "BF16".
+    pub fmt: String,
+    /// Residual stages.
+    #[serde(default)]
+    pub stages: u32,
+    /// Vector length.
+    #[serde(default)]
+    pub vec_dim: u32,
+    /// Codebook entries per stage.
+    #[serde(default)]
+    pub entries: u32,
+    /// Rows per index block (0 = row-major).
+    #[serde(default)]
+    pub index_block: u32,
+    /// Bits per stage index (absent = 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_bits: Option<u32>,
+    /// Nominal bits per weight (informational).
+    #[serde(default)]
+    pub bits_per_weight: f64,
+}
+
+/// The validated expert quantization scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertQuant {
+    /// Format.
+    pub fmt: ExpertFmt,
+    /// Residual stages (VQ).
+    pub stages: usize,
+    /// Vector length (VQ).
+    pub vec_dim: usize,
+    /// Entries per codebook (VQ).
+    pub entries: usize,
+    /// Index block rows (0 = row-major).
+    pub index_block: usize,
+    /// Bits per stage index.
+    pub index_bits: usize,
+}
+
+impl ExpertQuantEntry {
+    /// Validate the scheme.
+    pub fn validate(&self) -> Result<ExpertQuant> {
+        let k = |f: &str| format!("expert_quant.{f}");
+        let fmt = match self.fmt.as_str() {
+            "VQ3R" => ExpertFmt::Vq3r,
+            "VQ2R" => ExpertFmt::Vq2r,
+            "VQ4P" => ExpertFmt::Vq4p,
+            "F16" => ExpertFmt::F16,
+            "BF16" => ExpertFmt::Bf16,
+            other => return Err(Error::manifest(k("fmt"), format!("unknown expert format {other:?}"))),
+        };
+        if !fmt.is_vq() {
+            return Ok(ExpertQuant { fmt, stages: 0, vec_dim: 1, entries: 0, index_block: 0, index_bits: 16 });
+        }
+        let index_bits = self.index_bits.unwrap_or(8) as usize;
+        let (want_stages, want_bits, max_entries) = match fmt {
+            ExpertFmt::Vq3r => (3, 8, 256),
+            ExpertFmt::Vq2r => (2, 8, 256),
+            _ => (4, 6, 64),
+        };
+        if self.stages as usize != want_stages {
+            return Err(Error::manifest(k("stages"), format!("{} but {} has {want_stages}", self.stages, self.fmt)));
+        }
+        if index_bits != want_bits {
+            return Err(Error::manifest(k("index_bits"), format!("{index_bits} but {} uses {want_bits}-bit indices", self.fmt)));
+        }
+        if self.entries == 0 || self.entries as usize > max_entries {
+            return Err(Error::manifest(k("entries"), format!("{} out of range 1..={max_entries}", self.entries)));
+        }
+        if !(1..=64).contains(&self.vec_dim) {
+            return Err(Error::manifest(k("vec_dim"), format!("{} out of range 1..=64", self.vec_dim)));
+        }
+        if self.index_block > 4096 {
+            return Err(Error::manifest(k("index_block"), format!("{} exceeds 4096", self.index_block)));
+        }
+        Ok(ExpertQuant {
+            fmt,
+            stages: want_stages,
+            vec_dim: self.vec_dim as usize,
+            entries: self.entries as usize,
+            index_block: self.index_block as usize,
+            index_bits,
+        })
+    }
+}
+
+impl ExpertQuant {
+    /// Bytes of stage indices per (row, vector position).
+    pub fn index_bytes_per_vec(&self) -> usize {
+        if self.index_bits == 6 { self.stages * 6 / 8 } else { self.stages }
+    }
+    /// Bytes for the body of one matrix `[rows, cols]`.
+    pub fn matrix_bytes(&self, rows: usize, cols: usize) -> u64 {
+        if !self.fmt.is_vq() {
+            return rows as u64 * cols as u64 * 2;
+        }
+        let rows_p = if self.index_block > 0 { rows.div_ceil(self.index_block) * self.index_block } else { rows };
+        rows_p as u64 * (cols / self.vec_dim) as u64 * self.index_bytes_per_vec() as u64
+    }
+    /// The manifest form.
+    pub fn to_entry(&self) -> ExpertQuantEntry {
+        ExpertQuantEntry {
+            fmt: self.fmt.name().into(),
+            stages: self.stages as u32,
+            vec_dim: if self.fmt.is_vq() { self.vec_dim as u32 } else { 0 },
+            entries: self.entries as u32,
+            index_block: self.index_block as u32,
+            index_bits: (self.index_bits == 6).then_some(6),
+            bits_per_weight: self.bits_per_weight(),
+        }
+    }
+    /// Nominal bits per weight of the indices.
+    pub fn bits_per_weight(&self) -> f64 {
+        if self.fmt.is_vq() { (self.stages * self.index_bits) as f64 / self.vec_dim as f64 } else { 16.0 }
+    }
+    /// Codebooks per MoE layer (3 kinds × stages).
+    pub fn books_per_layer(&self) -> usize {
+        3 * self.stages
+    }
+}
+
+/// Where each part of a record body lives; computed from the config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordLayout {
+    /// Rows of gate/up (`moe_intermediate`).
+    pub m: usize,
+    /// Columns of gate/up = rows of down (the expert width).
+    pub lat: usize,
+    /// The quantization.
+    pub quant: ExpertQuant,
+    /// Offset of gate indices.
+    pub gate_off: usize,
+    /// Offset of up indices.
+    pub up_off: usize,
+    /// Offset of down indices.
+    pub down_off: usize,
+    /// Offset of the per-row scales.
+    pub scales_off: usize,
+    /// Bytes of scales (f16 for 2·m + lat rows; 0 for F16/BF16 records).
+    pub scales_len: usize,
+    /// Record size (whole pages).
+    pub rec_bytes: usize,
+}
+
+impl RecordLayout {
+    /// The canonical layout for a config and quantization.
+    pub fn new(cfg: &ModelConfig, quant: ExpertQuant) -> Result<RecordLayout> {
+        let m = cfg.moe_intermediate;
+        let lat = cfg.expert_width();
+        if quant.fmt.is_vq() {
+            for (what, n) in [("moe_intermediate_size", m), ("expert width", lat)] {
+                if n % quant.vec_dim != 0 {
+                    return Err(Error::manifest("expert_quant.vec_dim", format!("{} does not divide {what} {n}", quant.vec_dim)));
+                }
+            }
+        }
+        let gate = quant.matrix_bytes(m, lat);
+        let up = gate;
+        let down = quant.matrix_bytes(lat, m);
+        let scales_len = if quant.fmt.is_vq() { (2 * m + lat) as u64 * 2 } else { 0 };
+        let body = HEADER_LEN as u64 + gate + up + down + scales_len;
+        let rec = body.div_ceil(PAGE as u64) * PAGE as u64;
+        if rec > u32::MAX as u64 {
+            return Err(Error::manifest("config.moe_intermediate_size", format!("expert record of {rec} bytes exceeds 4 GiB")));
+        }
+        let gate_off = HEADER_LEN;
+        let up_off = gate_off + gate as usize;
+        let down_off = up_off + up as usize;
+        let scales_off = down_off + down as usize;
+        Ok(RecordLayout { m, lat, quant, gate_off, up_off, down_off, scales_off, scales_len: scales_len as usize, rec_bytes: rec as usize })
+    }
+    /// Byte length of the gate (= up) matrix section.
+    pub fn gate_len(&self) -> usize {
+        self.up_off - self.gate_off
+    }
+    /// Byte length of the down matrix section.
+    pub fn down_len(&self) -> usize {
+        self.scales_off - self.down_off
+    }
+    /// A header for expert `expert` of `layer` with this layout (CRC 0).
+    pub fn header(&self, layer: usize, expert: usize, codebook_id: u16) -> RecordHeader {
+        RecordHeader {
+            magic: RECORD_MAGIC,
+            layer: layer as u16,
+            expert_id: expert as u16,
+            fmt: self.quant.fmt.byte(),
+            flags: if self.quant.fmt == ExpertFmt::Bf16 { 1 } else { 0 },
+            codebook_id,
+            lowrank_id: 0,
+            reserved0: 0,
+            rec_4k_blocks: (self.rec_bytes / PAGE) as u32,
+            gate_off: self.gate_off as u32,
+            up_off: self.up_off as u32,
+            down_off: self.down_off as u32,
+            chan_corr_off: self.scales_off as u32,
+            crc32: 0,
+            reserved1: [0; 2],
+        }
+    }
+}
+
+/// The 48-byte packed record header (little-endian on disk).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct RecordHeader {
+    /// `RECORD_MAGIC`.
+    pub magic: u32,
+    /// Layer index.
+    pub layer: u16,
+    /// Expert id.
+    pub expert_id: u16,
+    /// Format byte.
+    pub fmt: u8,
+    /// Flags (bit0 bf16, bit1 has_sub, bit2 hot_hint; informational).
+    pub flags: u8,
+    /// Codebook id (= the layer's codebook_base).
+    pub codebook_id: u16,
+    /// Must be 0.
+    pub lowrank_id: u16,
+    /// Reserved.
+    pub reserved0: u16,
+    /// Record size / 4096.
+    pub rec_4k_blocks: u32,
+    /// Gate indices offset.
+    pub gate_off: u32,
+    /// Up indices offset.
+    pub up_off: u32,
+    /// Down indices offset.
+    pub down_off: u32,
+    /// Per-row scales offset.
+    pub chan_corr_off: u32,
+    /// CRC32 of `[48, chan_corr_off + scales_len)`.
+    pub crc32: u32,
+    /// Reserved.
+    pub reserved1: [u32; 2],
+}
+const _: () = assert!(std::mem::size_of::<RecordHeader>() == HEADER_LEN);
+
+impl RecordHeader {
+    /// Decode from little-endian bytes (needs ≥ 48 bytes). No validation.
+    pub fn decode(b: &[u8]) -> Option<RecordHeader> {
+        let b = b.get(..HEADER_LEN)?;
+        let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        Some(RecordHeader {
+            magic: u32_at(0),
+            layer: u16_at(4),
+            expert_id: u16_at(6),
+            fmt: b[8],
+            flags: b[9],
+            codebook_id: u16_at(10),
+            lowrank_id: u16_at(12),
+            reserved0: u16_at(14),
+            rec_4k_blocks: u32_at(16),
+            gate_off: u32_at(20),
+            up_off: u32_at(24),
+            down_off: u32_at(28),
+            chan_corr_off: u32_at(32),
+            crc32: u32_at(36),
+            reserved1: [u32_at(40), u32_at(44)],
+        })
+    }
+    /// Encode as little-endian bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut le = *self;
+        if cfg!(target_endian = "big") {
+            le = RecordHeader {
+                magic: self.magic.to_le(),
+                layer: self.layer.to_le(),
+                expert_id: self.expert_id.to_le(),
+                codebook_id: self.codebook_id.to_le(),
+                lowrank_id: self.lowrank_id.to_le(),
+                reserved0: self.reserved0.to_le(),
+                rec_4k_blocks: self.rec_4k_blocks.to_le(),
+                gate_off: self.gate_off.to_le(),
+                up_off: self.up_off.to_le(),
+                down_off: self.down_off.to_le(),
+                chan_corr_off: self.chan_corr_off.to_le(),
+                crc32: self.crc32.to_le(),
+                reserved1: [self.reserved1[0].to_le(), self.reserved1[1].to_le()],
+                ..*self
+            };
+        }
+        bytemuck::cast(le)
+    }
+
+    /// Validate a header read from the record of `expert` in `layer` against
+    /// the layout the bank index predicts. This is memory safety, done on
+    /// every read. `codebook_base` is the layer's base; `n_codebooks` the
+    /// number of records in codebooks.bin.
+    pub fn validate(&self, layer: usize, expert: usize, lay: &RecordLayout, codebook_base: usize, n_codebooks: usize) -> Result<()> {
+        let err = |msg: String| Err(Error::record(layer, expert, msg));
+        if self.magic != RECORD_MAGIC {
+            return err(format!("bad magic 0x{:08x} (expected 0x{RECORD_MAGIC:08x} \"WEXP\")", self.magic));
+        }
+        if self.layer as usize != layer || self.expert_id as usize != expert {
+            return err(format!("header names expert {} of layer {} (misplaced record)", self.expert_id, self.layer));
+        }
+        if self.fmt != lay.quant.fmt.byte() {
+            return err(format!("fmt byte {} disagrees with the manifest's {} ({})", self.fmt, lay.quant.fmt.name(), lay.quant.fmt.byte()));
+        }
+        if self.lowrank_id != 0 {
+            return err(format!("lowrank_id {} (must be 0)", self.lowrank_id));
+        }
+        if self.rec_4k_blocks as usize * PAGE != lay.rec_bytes {
+            return err(format!("rec_4k_blocks {} disagrees with the bank stride {} bytes", self.rec_4k_blocks, lay.rec_bytes));
+        }
+        if lay.quant.fmt.is_vq() {
+            let cb = self.codebook_id as usize;
+            if cb != codebook_base {
+                return err(format!("codebook_id {cb} disagrees with the layer's codebook_base {codebook_base}"));
+            }
+            if cb + lay.quant.books_per_layer() > n_codebooks {
+                return err(format!("codebook_id {cb} + {} books out of range ({n_codebooks} codebooks)", lay.quant.books_per_layer()));
+            }
+        }
+        let (g, u, d, c) = (self.gate_off as usize, self.up_off as usize, self.down_off as usize, self.chan_corr_off as usize);
+        if g != HEADER_LEN || u < g + lay.gate_len() || d < u + lay.gate_len() || c < d + lay.down_len() {
+            return err(format!("section offsets gate {g} up {u} down {d} scales {c} do not fit the matrices ({} / {} / {} bytes)", lay.gate_len(), lay.gate_len(), lay.down_len()));
+        }
+        match c.checked_add(lay.scales_len) {
+            Some(end) if end <= lay.rec_bytes => Ok(()),
+            _ => err(format!("scales at {c} (+{}) run past the record ({} bytes)", lay.scales_len, lay.rec_bytes)),
+        }
+    }
+
+    /// Offsets of the sections as a layout (after `validate`).
+    pub fn sections(&self) -> [usize; 4] {
+        [self.gate_off as usize, self.up_off as usize, self.down_off as usize, self.chan_corr_off as usize]
+    }
+}
+
+/// CRC32 (zlib polynomial) of a record's payload `[48, scales_off + scales_len)`.
+pub fn record_crc(rec: &[u8], hdr: &RecordHeader, lay: &RecordLayout) -> u32 {
+    let end = (hdr.chan_corr_off as usize + lay.scales_len).min(rec.len());
+    crc32fast::hash(&rec[HEADER_LEN.min(end)..end])
+}
+
+/// Validate a full record buffer: header always, CRC when `verify_crc`.
+pub fn check_record(rec: &[u8], layer: usize, expert: usize, lay: &RecordLayout, codebook_base: usize, n_codebooks: usize, verify_crc: bool) -> Result<RecordHeader> {
+    if rec.len() < lay.rec_bytes {
+        return Err(Error::record(layer, expert, format!("short record: {} of {} bytes", rec.len(), lay.rec_bytes)));
+    }
+    let hdr = RecordHeader::decode(rec).ok_or_else(|| Error::record(layer, expert, "record shorter than its header"))?;
+    hdr.validate(layer, expert, lay, codebook_base, n_codebooks)?;
+    if verify_crc {
+        let got = record_crc(rec, &hdr, lay);
+        if got != hdr.crc32 {
+            return Err(Error::record(layer, expert, format!("checksum mismatch (stored 0x{:08x}, computed 0x{got:08x})", hdr.crc32)));
+        }
+    }
+    Ok(hdr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_header() -> impl Strategy<Value = RecordHeader> {
+        (any::<[u32; 12]>(), any::<[u8; 2]>()).prop_map(|(w, b)| RecordHeader {
+            magic: w[0],
+            layer: w[1] as u16,
+            expert_id: (w[1] >> 16) as u16,
+            fmt: b[0],
+            flags: b[1],
+            codebook_id: w[2] as u16,
+            lowrank_id: (w[2] >> 16) as u16,
+            reserved0: w[3] as u16,
+            rec_4k_blocks: w[4],
+            gate_off: w[5],
+            up_off: w[6],
+            down_off: w[7],
+            chan_corr_off: w[8],
+            crc32: w[9],
+            reserved1: [w[10], w[11]],
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn header_roundtrip(h in arb_header()) {
+            prop_assert_eq!(RecordHeader::decode(&h.encode()), Some(h));
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let q = ExpertQuantEntry { fmt: "VQ3R".into(), stages: 3, vec_dim: 8, entries: 256, index_block: 64, index_bits: None, bits_per_weight: 3.0 }.validate().unwrap();
+            let cfg = crate::config::ModelConfig::from_json(&serde_json::json!({"hidden_size": 16, "num_hidden_layers": 1, "vocab_size": 4, "num_experts": 2, "num_experts_per_token": 1, "moe_intermediate_size": 8, "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4})).unwrap();
+            let lay = RecordLayout::new(&cfg, q).unwrap();
+            let _ = check_record(&bytes, 0, 0, &lay, 0, 9, true);
+        }
+    }
+
+    #[test]
+    fn anchor_layout() {
+        // hidden 128, moe_intermediate 64, VQ3R blocked by 64: the C WASTE's record is 3 pages with
+        // gate 48, up 3120, down 6192, scales 9264 (read off shared/data/anchor-tiny).
+        let q = ExpertQuantEntry { fmt: "VQ3R".into(), stages: 3, vec_dim: 8, entries: 256, index_block: 64, index_bits: None, bits_per_weight: 3.0 }.validate().unwrap();
+        let cfg = crate::config::ModelConfig::from_json(&serde_json::json!({"hidden_size": 128, "num_hidden_layers": 1, "vocab_size": 4, "num_experts": 8, "num_experts_per_token": 2, "moe_intermediate_size": 64, "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4})).unwrap();
+        let l = RecordLayout::new(&cfg, q).unwrap();
+        assert_eq!((l.gate_off, l.up_off, l.down_off, l.scales_off, l.rec_bytes), (48, 3120, 6192, 9264, 12288));
+    }
+}

@@ -1,0 +1,120 @@
+//! Writing containers the C WASTE can read: trunk tensors appended to
+//! trunk.bin, page-aligned CRC-sealed expert records, codebooks, and the
+//! manifest written last and atomically.
+
+use crate::error::{Error, Result};
+use crate::fsutil::write_atomic;
+use crate::manifest::Manifest;
+use crate::record::{RecordLayout, HEADER_LEN};
+use crate::tensor::{Fmt, TensorEntry};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// Appends trunk tensors to `trunk.bin`.
+pub struct TrunkWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+    off: u64,
+    entries: Vec<TensorEntry>,
+}
+
+impl TrunkWriter {
+    /// Create `dir/trunk.bin` (truncating). Removes any existing manifest
+    /// first, so a half-written container never looks complete.
+    pub fn create(dir: &Path) -> Result<TrunkWriter> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let m = dir.join("manifest.json");
+        if m.exists() {
+            std::fs::remove_file(&m).map_err(|e| Error::io(&m, e))?;
+        }
+        let path = dir.join("trunk.bin");
+        let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
+        Ok(TrunkWriter { path, out: BufWriter::with_capacity(1 << 20, f), off: 0, entries: Vec::new() })
+    }
+
+    /// Append one tensor. `payload` and `scales` must already be encoded in
+    /// `fmt` (scales empty for F32/F16/BF16); sizes are checked.
+    pub fn add(&mut self, name: &str, fmt: Fmt, shape: &[usize], group: usize, payload: &[u8], scales: &[u8]) -> Result<()> {
+        let grouped = fmt.is_grouped();
+        let mut e = TensorEntry {
+            name: name.into(),
+            fmt: fmt.id(),
+            off: self.off,
+            shape: shape.iter().map(|&d| d as u64).collect(),
+            group: grouped.then_some(group as u64),
+            scale_off: grouped.then_some(self.off + payload.len() as u64),
+            bytes: (payload.len() + scales.len()) as u64,
+            dtype: (fmt == Fmt::Bf16).then(|| "bf16".into()),
+        };
+        // validate sizes against a file that would end right after this tensor
+        let info = e.validate(self.off + e.bytes)?;
+        if info.payload_len != payload.len() as u64 {
+            return Err(Error::tensor(name, format!("payload {} bytes, {} expected", payload.len(), info.payload_len)));
+        }
+        let wr = |out: &mut BufWriter<File>, b: &[u8]| out.write_all(b);
+        wr(&mut self.out, payload).and_then(|_| wr(&mut self.out, scales)).map_err(|er| Error::io(&self.path, er))?;
+        self.off += e.bytes;
+        if !grouped {
+            e.scale_off = None;
+        }
+        self.entries.push(e);
+        Ok(())
+    }
+
+    /// Flush and return the manifest entries.
+    pub fn finish(mut self) -> Result<Vec<TensorEntry>> {
+        self.out.flush().map_err(|e| Error::io(&self.path, e))?;
+        self.out.get_ref().sync_all().map_err(|e| Error::io(&self.path, e))?;
+        Ok(self.entries)
+    }
+}
+
+/// Seal a record buffer whose body is filled: write the header with the
+/// CRC of `[48, scales_off + scales_len)` and zero the page padding.
+pub fn seal_record(rec: &mut [u8], layer: usize, expert: usize, lay: &RecordLayout, codebook_id: u16) {
+    let end = lay.scales_off + lay.scales_len;
+    rec[end..lay.rec_bytes].fill(0);
+    let mut h = lay.header(layer, expert, codebook_id);
+    h.crc32 = crc32fast::hash(&rec[HEADER_LEN..end]);
+    rec[..HEADER_LEN].copy_from_slice(&h.encode());
+}
+
+/// Writes one expert bank, record by record, in expert order.
+pub struct BankWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+    layer: usize,
+    lay: RecordLayout,
+    codebook_id: u16,
+    next: usize,
+}
+
+impl BankWriter {
+    /// Create (truncate) a bank file.
+    pub fn create(path: &Path, layer: usize, lay: RecordLayout, codebook_id: u16) -> Result<BankWriter> {
+        let f = File::create(path).map_err(|e| Error::io(path, e))?;
+        Ok(BankWriter { path: path.into(), out: BufWriter::with_capacity(4 << 20, f), layer, lay, codebook_id, next: 0 })
+    }
+    /// Seal and append the next record (`rec.len() == rec_bytes`, body filled).
+    pub fn write(&mut self, rec: &mut [u8]) -> Result<()> {
+        if rec.len() != self.lay.rec_bytes {
+            return Err(Error::record(self.layer, self.next, format!("buffer of {} bytes, record is {}", rec.len(), self.lay.rec_bytes)));
+        }
+        seal_record(rec, self.layer, self.next, &self.lay, self.codebook_id);
+        self.out.write_all(rec).map_err(|e| Error::io(&self.path, e))?;
+        self.next += 1;
+        Ok(())
+    }
+    /// Flush and sync; returns the number of records written.
+    pub fn finish(mut self) -> Result<usize> {
+        self.out.flush().map_err(|e| Error::io(&self.path, e))?;
+        self.out.get_ref().sync_all().map_err(|e| Error::io(&self.path, e))?;
+        Ok(self.next)
+    }
+}
+
+/// Write the manifest last, atomically.
+pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
+    write_atomic(&dir.join("manifest.json"), m.to_json().as_bytes())
+}

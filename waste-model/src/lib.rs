@@ -1,0 +1,2 @@
+//! The WASTE engine: Model, Session, prefill/decode, sampling, generation, state; the public Rust API.
+#![deny(missing_docs)]

@@ -1,0 +1,2 @@
+//! OpenAI-compatible HTTP server library for the WASTE engine.
+#![deny(missing_docs)]
