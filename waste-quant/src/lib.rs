@@ -1,2 +1,37 @@
-//! Tensor formats (F32/F16/BF16/Q8G/Q4G/VQ3R/VQ2R/VQ4P): scalar reference decoders and SIMD matvec kernels with runtime dispatch.
+//! # waste-quant
+//!
+//! The tensor formats of the WASTE container and their kernels: exact
+//! scalar reference decoders, matrix-vector products for the trunk formats
+//! (F32, F16, BF16, Q8G, Q4G) and lookup-table products for the VQ expert
+//! formats (VQ3R, VQ2R, VQ4P), with runtime SIMD dispatch through
+//! `core::arch` (`WASTE_SIMD=scalar|avx2` forces a level).
+//!
+//! **Exactness.** Every SIMD kernel is bit-identical to the scalar one: the
+//! scalar code defines a canonical order (32 fused-multiply-add lanes and a
+//! halving reduction for dot products; in-order sums for VQ rows) that the
+//! vector code reproduces exactly, so a model's logits do not depend on the
+//! machine's SIMD level.
+//!
+//! ```
+//! use waste_quant::{level, Matrix};
+//! use waste_format::Fmt;
+//! let w = Matrix::from_stored(Fmt::F32, 1, 2, 0, [1f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect(), &[]).unwrap();
+//! let mut y = [0f32];
+//! w.view().matvec_rows(level(), &[3.0, 4.0], 0, &mut y);
+//! assert_eq!(y[0], 11.0);
+//! ```
 #![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod half;
+mod level;
+mod matrix;
+pub mod scalar;
+pub mod vq;
+#[cfg(target_arch = "x86_64")]
+mod x86_64;
+
+pub use half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use level::{level, Level};
+pub use matrix::{MatRef, Matrix, ShapeError};
+pub use vq::{VqBook, VqLayout};

@@ -1,0 +1,59 @@
+//! Runtime SIMD dispatch: detected once, overridable with `WASTE_SIMD`.
+
+use std::sync::OnceLock;
+
+/// A SIMD implementation level. Every level computes bit-identical results
+/// (the scalar code follows the same canonical lane and reduction order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// Portable reference.
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+}
+
+impl Level {
+    /// Name as accepted by `WASTE_SIMD`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Scalar => "scalar",
+            Level::Avx2 => "avx2",
+        }
+    }
+    /// Whether this CPU can run the level.
+    pub fn supported(self) -> bool {
+        match self {
+            Level::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"),
+            #[cfg(not(target_arch = "x86_64"))]
+            Level::Avx2 => false,
+        }
+    }
+    /// Every level this CPU can run, lowest first.
+    pub fn available() -> Vec<Level> {
+        [Level::Scalar, Level::Avx2].into_iter().filter(|l| l.supported()).collect()
+    }
+    /// Parse a `WASTE_SIMD` value.
+    pub fn parse(s: &str) -> Option<Level> {
+        match s {
+            "scalar" => Some(Level::Scalar),
+            "avx2" => Some(Level::Avx2),
+            _ => None,
+        }
+    }
+}
+
+static LEVEL: OnceLock<Level> = OnceLock::new();
+
+/// The level in use: the best the CPU supports, or `WASTE_SIMD` if it names
+/// a supported level (an unsupported or unknown value falls back to the best).
+pub fn level() -> Level {
+    *LEVEL.get_or_init(|| {
+        let best = *Level::available().last().unwrap_or(&Level::Scalar);
+        match std::env::var("WASTE_SIMD").ok().as_deref().and_then(Level::parse) {
+            Some(l) if l.supported() => l,
+            _ => best,
+        }
+    })
+}

@@ -1,0 +1,198 @@
+//! Dense (trunk) matrices in F32 / F16 / BF16 / Q8G / Q4G and their
+//! matrix-vector products.
+
+use crate::half::{bf16_to_f32, f16_to_f32};
+use crate::level::Level;
+use crate::scalar::{self, LANES};
+use waste_format::Fmt;
+
+/// A borrowed matrix `[rows, cols]` in one of the trunk formats.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    /// Storage format.
+    pub fmt: Fmt,
+    /// Rows (outputs).
+    pub rows: usize,
+    /// Columns (inputs).
+    pub cols: usize,
+    /// Group size (Q8G/Q4G).
+    pub group: usize,
+    /// Payload, `rows × row_bytes`.
+    pub data: &'a [u8],
+    /// Per-group scales, `rows × groups_per_row` (Q8G/Q4G), already f32.
+    pub scales: &'a [f32],
+}
+
+/// Errors building a matrix view from untrusted sizes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ShapeError(pub String);
+
+impl std::fmt::Display for ShapeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for ShapeError {}
+
+impl<'a> MatRef<'a> {
+    /// Columns padded to the group (grouped formats), else `cols`.
+    pub fn cols_padded(&self) -> usize {
+        if self.fmt.is_grouped() { self.cols.div_ceil(self.group) * self.group } else { self.cols }
+    }
+    /// Payload bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        match self.fmt {
+            Fmt::F32 => self.cols * 4,
+            Fmt::F16 | Fmt::Bf16 => self.cols * 2,
+            Fmt::Q8G => self.cols_padded(),
+            Fmt::Q4G => self.cols_padded() / 2,
+        }
+    }
+    /// Scale groups per row.
+    pub fn groups(&self) -> usize {
+        if self.fmt.is_grouped() { self.cols_padded() / self.group } else { 0 }
+    }
+    /// Build a view, checking every size.
+    pub fn new(fmt: Fmt, rows: usize, cols: usize, group: usize, data: &'a [u8], scales: &'a [f32]) -> Result<Self, ShapeError> {
+        let m = MatRef { fmt, rows, cols, group, data, scales };
+        if fmt.is_grouped() && (group == 0 || group % 2 != 0) {
+            return Err(ShapeError(format!("group {group} must be even and non-zero")));
+        }
+        let need = rows.checked_mul(m.row_bytes()).ok_or_else(|| ShapeError("size overflows".into()))?;
+        if data.len() < need {
+            return Err(ShapeError(format!("payload {} bytes, {rows}x{cols} {} needs {need}", data.len(), fmt.name())));
+        }
+        if scales.len() < rows * m.groups() {
+            return Err(ShapeError(format!("{} scales, need {}", scales.len(), rows * m.groups())));
+        }
+        Ok(m)
+    }
+
+    /// Dequantize `len` weights of row `r` starting at column `c0` (exact).
+    pub fn dequant(&self, r: usize, c0: usize, out: &mut [f32]) {
+        let rb = &self.data[r * self.row_bytes()..(r + 1) * self.row_bytes()];
+        match self.fmt {
+            Fmt::F32 => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let j = (c0 + i) * 4;
+                    *o = f32::from_le_bytes([rb[j], rb[j + 1], rb[j + 2], rb[j + 3]]);
+                }
+            }
+            Fmt::F16 | Fmt::Bf16 => {
+                let cv = if self.fmt == Fmt::F16 { f16_to_f32 } else { bf16_to_f32 };
+                for (i, o) in out.iter_mut().enumerate() {
+                    let j = (c0 + i) * 2;
+                    *o = cv(u16::from_le_bytes([rb[j], rb[j + 1]]));
+                }
+            }
+            Fmt::Q8G => {
+                let sc = &self.scales[r * self.groups()..];
+                for (i, o) in out.iter_mut().enumerate() {
+                    let c = c0 + i;
+                    *o = (rb[c] as i8) as f32 * sc[c / self.group];
+                }
+            }
+            Fmt::Q4G => {
+                let sc = &self.scales[r * self.groups()..];
+                for (i, o) in out.iter_mut().enumerate() {
+                    let c = c0 + i;
+                    let b = rb[c / 2];
+                    let nib = if c % 2 == 0 { b & 15 } else { b >> 4 };
+                    *o = (nib as i32 - 8) as f32 * sc[c / self.group];
+                }
+            }
+        }
+    }
+
+    /// Dequantize a whole row.
+    pub fn row(&self, r: usize, out: &mut [f32]) {
+        self.dequant(r, 0, &mut out[..self.cols]);
+    }
+
+    /// `y[i] = W[row0 + i] · x` for `i < y.len()`, at a given SIMD level.
+    /// Bit-identical across levels. `x.len() == cols`.
+    pub fn matvec_rows(&self, level: Level, x: &[f32], row0: usize, y: &mut [f32]) {
+        assert_eq!(x.len(), self.cols, "matvec input length");
+        assert!(row0 + y.len() <= self.rows, "matvec rows out of range");
+        #[cfg(target_arch = "x86_64")]
+        if level == Level::Avx2 && Level::Avx2.supported() {
+            // SAFETY: AVX2/FMA/F16C verified just above; sizes checked by MatRef::new and the asserts.
+            unsafe { crate::x86_64::avx2::matvec_rows(self, x, row0, y) };
+            return;
+        }
+        let _ = level;
+        for (i, yo) in y.iter_mut().enumerate() {
+            *yo = self.row_dot_scalar(row0 + i, x);
+        }
+    }
+
+    /// Canonical scalar dot of row `r` with `x`.
+    pub fn row_dot_scalar(&self, r: usize, x: &[f32]) -> f32 {
+        const CH: usize = 8 * LANES;
+        let mut acc = [0f32; LANES];
+        let mut w = [0f32; CH];
+        let mut c = 0;
+        while c < self.cols {
+            let n = (self.cols - c).min(CH);
+            let np = n.div_ceil(LANES) * LANES;
+            self.dequant(r, c, &mut w[..n]);
+            w[n..np].fill(0.0);
+            if n == np {
+                scalar::dot_acc(&mut acc, &w[..np], &x[c..c + n]);
+            } else {
+                let mut xt = [0f32; CH];
+                xt[..n].copy_from_slice(&x[c..c + n]);
+                scalar::dot_acc(&mut acc, &w[..np], &xt[..np]);
+            }
+            c += n;
+        }
+        scalar::reduce(&acc)
+    }
+}
+
+/// An owned matrix (trunk tensor loaded in RAM).
+#[derive(Clone, Debug)]
+pub struct Matrix {
+    /// Format.
+    pub fmt: Fmt,
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub cols: usize,
+    /// Group size.
+    pub group: usize,
+    /// Payload.
+    pub data: Vec<u8>,
+    /// Scales as f32.
+    pub scales: Vec<f32>,
+}
+
+impl Matrix {
+    /// Build from stored bytes: payload and raw f16 scale bytes.
+    pub fn from_stored(fmt: Fmt, rows: usize, cols: usize, group: usize, data: Vec<u8>, scale_bytes: &[u8]) -> Result<Matrix, ShapeError> {
+        let scales = scale_bytes.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect();
+        let m = Matrix { fmt, rows, cols, group, data, scales };
+        m.view_checked()?;
+        Ok(m)
+    }
+    fn view_checked(&self) -> Result<MatRef<'_>, ShapeError> {
+        MatRef::new(self.fmt, self.rows, self.cols, self.group, &self.data, &self.scales)
+    }
+    /// Borrow as a view.
+    pub fn view(&self) -> MatRef<'_> {
+        MatRef { fmt: self.fmt, rows: self.rows, cols: self.cols, group: self.group, data: &self.data, scales: &self.scales }
+    }
+    /// Dequantize everything to f32 (for vectors and small tensors).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        let v = self.view();
+        for r in 0..self.rows {
+            v.row(r, &mut out[r * self.cols..(r + 1) * self.cols]);
+        }
+        out
+    }
+    /// Bytes held in RAM.
+    pub fn heap_bytes(&self) -> usize {
+        self.data.len() + self.scales.len() * 4
+    }
+}

@@ -1,0 +1,178 @@
+//! Residual vector-quantized expert matrices (VQ3R / VQ2R / VQ4P).
+//!
+//! A matvec never dequantizes the matrix: a per-input table holds
+//! `x[8v..8v+8] · C_s[e]` for every vector position `v`, stage `s` and entry
+//! `e`; a row's output is `σ_r · Σ_v Σ_s T[v][s][idx(r,v,s)]`.
+
+use crate::half::f16_to_f32;
+use crate::level::Level;
+
+/// One codebook in f32: `entries × dim`, plus its transpose for SIMD table builds.
+#[derive(Clone, Debug)]
+pub struct VqBook {
+    /// Entries.
+    pub entries: usize,
+    /// Vector length.
+    pub dim: usize,
+    /// `[entry][dim]`.
+    pub cb: Vec<f32>,
+    /// `[dim][entry]`.
+    pub cbt: Vec<f32>,
+}
+
+impl VqBook {
+    /// From f16 bits `[entries][dim]`.
+    pub fn from_f16(bits: &[u16], entries: usize, dim: usize) -> VqBook {
+        let cb: Vec<f32> = bits[..entries * dim].iter().map(|&h| f16_to_f32(h)).collect();
+        let mut cbt = vec![0f32; entries * dim];
+        for e in 0..entries {
+            for d in 0..dim {
+                cbt[d * entries + e] = cb[e * dim + d];
+            }
+        }
+        VqBook { entries, dim, cb, cbt }
+    }
+}
+
+/// The index layout of one VQ matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VqLayout {
+    /// Rows (outputs).
+    pub rows: usize,
+    /// Vector positions per row (`cols / dim`).
+    pub nvec: usize,
+    /// Stages.
+    pub stages: usize,
+    /// Index block rows (0 = row-major).
+    pub block: usize,
+    /// 6-bit packed indices (VQ4P) instead of one byte per stage.
+    pub packed6: bool,
+}
+
+impl VqLayout {
+    /// Index bytes per (row, vector).
+    pub fn bpv(&self) -> usize {
+        if self.packed6 { self.stages * 6 / 8 } else { self.stages }
+    }
+    /// Table entries per (v, s): 2^index_bits.
+    pub fn table_entries(&self) -> usize {
+        if self.packed6 { 64 } else { 256 }
+    }
+    /// Table length in floats.
+    pub fn table_len(&self) -> usize {
+        self.nvec * self.stages * self.table_entries()
+    }
+    /// Total index bytes.
+    pub fn index_bytes(&self) -> usize {
+        let rp = if self.block > 0 { self.rows.div_ceil(self.block) * self.block } else { self.rows };
+        rp * self.nvec * self.bpv()
+    }
+    /// Byte offset of the stage group of (row, v).
+    #[inline]
+    pub fn offset(&self, r: usize, v: usize) -> usize {
+        if self.block > 0 {
+            ((r / self.block * self.nvec + v) * self.block + r % self.block) * self.bpv()
+        } else {
+            (r * self.nvec + v) * self.bpv()
+        }
+    }
+    /// Stage indices of (row, v).
+    #[inline]
+    pub fn indices(&self, idx: &[u8], r: usize, v: usize, out: &mut [usize; 8]) {
+        let o = self.offset(r, v);
+        if self.packed6 {
+            let (b0, b1, b2) = (idx[o] as usize, idx[o + 1] as usize, idx[o + 2] as usize);
+            out[0] = b0 & 63;
+            out[1] = (b0 >> 6) | (b1 & 15) << 2;
+            out[2] = (b1 >> 4) | (b2 & 3) << 4;
+            out[3] = b2 >> 2;
+        } else {
+            for s in 0..self.stages {
+                out[s] = idx[o + s] as usize;
+            }
+        }
+    }
+}
+
+/// Build the lookup table for input `x` (`len = nvec · dim`) against one
+/// book per stage. Entries a book lacks are NaN, so a damaged index shows.
+pub fn build_table(level: Level, books: &[&VqBook], lay: &VqLayout, x: &[f32], table: &mut [f32]) {
+    let te = lay.table_entries();
+    assert_eq!(books.len(), lay.stages);
+    let dim = books[0].dim;
+    assert_eq!(x.len(), lay.nvec * dim);
+    assert!(table.len() >= lay.table_len());
+    for (s, b) in books.iter().enumerate() {
+        for v in 0..lay.nvec {
+            let t = &mut table[(v * lay.stages + s) * te..][..te];
+            let xv = &x[v * dim..(v + 1) * dim];
+            #[cfg(target_arch = "x86_64")]
+            if level == Level::Avx2 && Level::Avx2.supported() {
+                // SAFETY: features checked; slices sized above.
+                unsafe { crate::x86_64::avx2::table_entries(b, xv, t) };
+                t[b.entries..].fill(f32::NAN);
+                continue;
+            }
+            let _ = level;
+            for e in 0..b.entries {
+                let c = &b.cb[e * dim..(e + 1) * dim];
+                let mut acc = xv[0] * c[0];
+                for d in 1..dim {
+                    acc = xv[d].mul_add(c[d], acc);
+                }
+                t[e] = acc;
+            }
+            t[b.entries..].fill(f32::NAN);
+        }
+    }
+}
+
+/// `y[i] = σ_{r0+i} · Σ_v Σ_s T[v][s][idx(r0+i, v, s)]`. `scales` holds one
+/// f16 per row (little-endian bytes). Bit-identical across levels.
+pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], table: &[f32], r0: usize, y: &mut [f32]) {
+    assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2 && table.len() >= lay.table_len());
+    assert!(r0 + y.len() <= lay.rows);
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx2 && Level::Avx2.supported() && lay.block > 0 && lay.block % 8 == 0 && r0 % 8 == 0 {
+        let n8 = y.len() / 8 * 8;
+        // SAFETY: features checked; sizes asserted above.
+        unsafe { crate::x86_64::avx2::vq_rows8(lay, idx, table, r0, &mut y[..n8]) };
+        for (i, yo) in y[..n8].iter_mut().enumerate() {
+            let r = r0 + i;
+            *yo *= f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
+        }
+        done = n8;
+    }
+    let _ = level;
+    let te = lay.table_entries();
+    let mut ix = [0usize; 8];
+    for (i, yo) in y.iter_mut().enumerate().skip(done) {
+        let r = r0 + i;
+        let mut acc = 0f32;
+        for v in 0..lay.nvec {
+            lay.indices(idx, r, v, &mut ix);
+            for s in 0..lay.stages {
+                acc += table[(v * lay.stages + s) * te + ix[s]];
+            }
+        }
+        *yo = acc * f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
+    }
+}
+
+/// Dequantize one row (reference / converter use): `W[r, :]`.
+pub fn dequant_row(books: &[&VqBook], lay: &VqLayout, idx: &[u8], scales: &[u8], r: usize, out: &mut [f32]) {
+    let dim = books[0].dim;
+    let sigma = f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
+    let mut ix = [0usize; 8];
+    for v in 0..lay.nvec {
+        lay.indices(idx, r, v, &mut ix);
+        for d in 0..dim {
+            let mut w = 0f32;
+            for s in 0..lay.stages {
+                w += books[s].cb.get(ix[s] * dim + d).copied().unwrap_or(f32::NAN);
+            }
+            out[v * dim + d] = sigma * w;
+        }
+    }
+}

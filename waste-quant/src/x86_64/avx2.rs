@@ -1,0 +1,205 @@
+//! AVX2 + FMA + F16C kernels. Each reproduces the scalar canonical order
+//! exactly (see `scalar.rs`), so results are bit-identical.
+
+use crate::matrix::MatRef;
+use crate::scalar::LANES;
+use crate::vq::{VqBook, VqLayout};
+use core::arch::x86_64::*;
+use waste_format::Fmt;
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn reduce(a: [__m256; 4]) -> f32 {
+    let s = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+    let c = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    let d = _mm_add_ps(c, _mm_movehl_ps(c, c));
+    let e = _mm_add_ss(d, _mm_shuffle_ps(d, d, 1));
+    _mm_cvtss_f32(e)
+}
+
+/// Load 32 weights of row bytes `rb` at column `c` (`c % 32 == 0`; for
+/// grouped formats the 32 share `scale`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load32(fmt: Fmt, rb: *const u8, c: usize, scale: f32) -> [__m256; 4] {
+    // SAFETY (all arms): the caller guarantees the row holds columns c..c+32.
+    unsafe {
+        match fmt {
+            Fmt::F32 => {
+                let p = rb.add(c * 4) as *const f32;
+                [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))]
+            }
+            Fmt::F16 => {
+                let p = rb.add(c * 2) as *const __m128i;
+                [
+                    _mm256_cvtph_ps(_mm_loadu_si128(p)),
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(1))),
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(2))),
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(3))),
+                ]
+            }
+            Fmt::Bf16 => {
+                let p = rb.add(c * 2) as *const __m128i;
+                let cv = |q: __m128i| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(q), 16));
+                [cv(_mm_loadu_si128(p)), cv(_mm_loadu_si128(p.add(1))), cv(_mm_loadu_si128(p.add(2))), cv(_mm_loadu_si128(p.add(3)))]
+            }
+            Fmt::Q8G => {
+                let p = rb.add(c);
+                let s = _mm256_set1_ps(scale);
+                let cv = |o: usize| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(o) as *const __m128i))), s);
+                [cv(0), cv(8), cv(16), cv(24)]
+            }
+            Fmt::Q4G => {
+                let b = _mm_loadu_si128(rb.add(c / 2) as *const __m128i);
+                let m = _mm_set1_epi8(0x0f);
+                let lo = _mm_and_si128(b, m);
+                let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+                let e0 = _mm_unpacklo_epi8(lo, hi);
+                let e1 = _mm_unpackhi_epi8(lo, hi);
+                let s = _mm256_set1_ps(scale);
+                let eight = _mm256_set1_epi32(8);
+                let cv = |q: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(q), eight)), s);
+                [cv(e0), cv(_mm_srli_si128(e0, 8)), cv(e1), cv(_mm_srli_si128(e1, 8))]
+            }
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma4(acc: &mut [__m256; 4], w: [__m256; 4], x: *const f32) {
+    // SAFETY: caller guarantees 32 readable floats at x.
+    unsafe {
+        for k in 0..4 {
+            acc[k] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x.add(8 * k)), acc[k]);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row_dot(m: &MatRef<'_>, r: usize, x: &[f32]) -> f32 {
+    let rbs = m.row_bytes();
+    let rb = m.data[r * rbs..(r + 1) * rbs].as_ptr();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let full = m.cols / LANES * LANES;
+    let fused = !m.fmt.is_grouped() || m.group % LANES == 0;
+    if fused {
+        let g = m.groups();
+        let mut c = 0;
+        while c < full {
+            let scale = if m.fmt.is_grouped() { m.scales[r * g + c / m.group] } else { 0.0 };
+            // SAFETY: c + 32 <= cols <= row length; x has cols floats.
+            unsafe { fma4(&mut acc, load32(m.fmt, rb, c, scale), x.as_ptr().add(c)) };
+            c += LANES;
+        }
+    } else {
+        let mut w = [0f32; 8 * LANES];
+        let mut c = 0;
+        while c < full {
+            let n = (full - c).min(w.len());
+            m.dequant(r, c, &mut w[..n]);
+            for k in (0..n).step_by(LANES) {
+                // SAFETY: k + 32 <= n floats in w; c + k + 32 <= cols in x.
+                unsafe { fma4(&mut acc, load32(Fmt::F32, w.as_ptr().add(k) as *const u8, 0, 0.0), x.as_ptr().add(c + k)) };
+            }
+            c += n;
+        }
+    }
+    if full < m.cols {
+        let mut wt = [0f32; LANES];
+        let mut xt = [0f32; LANES];
+        let n = m.cols - full;
+        m.dequant(r, full, &mut wt[..n]);
+        xt[..n].copy_from_slice(&x[full..]);
+        // SAFETY: both tails are 32 floats.
+        unsafe { fma4(&mut acc, load32(Fmt::F32, wt.as_ptr() as *const u8, 0, 0.0), xt.as_ptr()) };
+    }
+    // SAFETY: features enabled on this function.
+    unsafe { reduce(acc) }
+}
+
+/// AVX2 version of [`MatRef::matvec_rows`].
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `m` must be a checked view,
+/// `x.len() == m.cols`, `row0 + y.len() <= m.rows`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32]) {
+    for (i, yo) in y.iter_mut().enumerate() {
+        // SAFETY: forwarded contract.
+        *yo = unsafe { row_dot(m, row0 + i, x) };
+    }
+}
+
+/// Table entries for one (v, s): `t[e] = x0·c0 (+ fma over d)`, 8 entries a lane.
+///
+/// # Safety
+/// AVX2+FMA; `x.len() == b.dim`, `t.len() >= b.entries`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) {
+    let e8 = b.entries / 8 * 8;
+    let mut e = 0;
+    while e < e8 {
+        // SAFETY: cbt rows hold `entries` floats; e + 8 <= entries.
+        unsafe {
+            let mut acc = _mm256_mul_ps(_mm256_set1_ps(x[0]), _mm256_loadu_ps(b.cbt.as_ptr().add(e)));
+            for d in 1..b.dim {
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(x[d]), _mm256_loadu_ps(b.cbt.as_ptr().add(d * b.entries + e)), acc);
+            }
+            _mm256_storeu_ps(t.as_mut_ptr().add(e), acc);
+        }
+        e += 8;
+    }
+    for e in e8..b.entries {
+        let mut acc = x[0] * b.cbt[e];
+        for d in 1..b.dim {
+            acc = x[d].mul_add(b.cbt[d * b.entries + e], acc);
+        }
+        t[e] = acc;
+    }
+}
+
+/// Unscaled VQ row sums for rows `r0..r0+y.len()` (a multiple of 8, `r0 % 8
+/// == 0`, blocked layout with `block % 8 == 0`): lanes are rows, each summing
+/// over (v, s) in the canonical order.
+///
+/// # Safety
+/// AVX2; sizes as asserted by `vq::matvec_rows`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn vq_rows8(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut [f32]) {
+    let te = lay.table_entries();
+    let bpv = lay.bpv();
+    let st = lay.stages;
+    for g in (0..y.len()).step_by(8) {
+        let r = r0 + g;
+        let mut acc = _mm256_setzero_ps();
+        for v in 0..lay.nvec {
+            let o = lay.offset(r, v);
+            let src = &idx[o..o + 8 * bpv];
+            let mut ix = [[0i32; 8]; 4];
+            for i in 0..8 {
+                let q = &src[i * bpv..];
+                if lay.packed6 {
+                    let w = q[0] as i32 | (q[1] as i32) << 8 | (q[2] as i32) << 16;
+                    for (s, row) in ix.iter_mut().enumerate().take(st) {
+                        row[i] = (w >> (6 * s)) & 63;
+                    }
+                } else {
+                    for (s, row) in ix.iter_mut().enumerate().take(st) {
+                        row[i] = q[s] as i32;
+                    }
+                }
+            }
+            for (s, row) in ix.iter().enumerate().take(st) {
+                let base = ((v * st + s) * te) as i32;
+                // SAFETY: every index < te, so base + index lies within table (len >= table_len).
+                unsafe {
+                    let vi = _mm256_add_epi32(_mm256_loadu_si256(row.as_ptr() as *const __m256i), _mm256_set1_epi32(base));
+                    acc = _mm256_add_ps(acc, _mm256_i32gather_ps::<4>(table.as_ptr(), vi));
+                }
+            }
+        }
+        // SAFETY: g + 8 <= y.len().
+        unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(g), acc) };
+    }
+}

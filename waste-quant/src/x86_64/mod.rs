@@ -1,0 +1,2 @@
+//! x86_64 SIMD kernels (one module per ISA, same functions as `scalar`).
+pub mod avx2;

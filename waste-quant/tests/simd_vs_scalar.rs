@@ -1,0 +1,122 @@
+//! Every SIMD level against the scalar reference on random awkward sizes:
+//! bit-identical (the design's promise), and the scalar against an f64
+//! dequantize-then-dot within a stated bound.
+
+use proptest::prelude::*;
+use waste_format::Fmt;
+use waste_quant::vq::{build_table, dequant_row, matvec_rows, VqBook, VqLayout};
+use waste_quant::{f32_to_f16, Level, Matrix};
+
+/// Relative bound of an f32 dot product against f64 for these sizes.
+const DOT_REL_TOL: f64 = 1e-4;
+
+fn rng(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed ^ 0x9E37_79B9_7F4A_7C15;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
+
+fn gauss(r: &mut impl FnMut() -> u64) -> f32 {
+    let u = (r() >> 11) as f64 / (1u64 << 53) as f64;
+    let v = (r() >> 11) as f64 / (1u64 << 53) as f64;
+    ((-2.0 * (u + 1e-12).ln()).sqrt() * (6.283185307179586 * v).cos()) as f32
+}
+
+fn random_matrix(fmt: Fmt, rows: usize, cols: usize, group: usize, seed: u64) -> Matrix {
+    let mut r = rng(seed);
+    let (data, scales): (Vec<u8>, Vec<u8>) = match fmt {
+        Fmt::F32 => ((0..rows * cols).flat_map(|_| gauss(&mut r).to_le_bytes()).collect(), vec![]),
+        Fmt::F16 => ((0..rows * cols).flat_map(|_| f32_to_f16(gauss(&mut r)).to_le_bytes()).collect(), vec![]),
+        Fmt::Bf16 => ((0..rows * cols).flat_map(|_| waste_quant::f32_to_bf16(gauss(&mut r)).to_le_bytes()).collect(), vec![]),
+        Fmt::Q8G | Fmt::Q4G => {
+            let np = cols.div_ceil(group) * group;
+            let rb = if fmt == Fmt::Q8G { np } else { np / 2 };
+            let d = (0..rows * rb).map(|_| r() as u8).collect();
+            let s = (0..rows * np / group).flat_map(|_| f32_to_f16(gauss(&mut r).abs() * 0.01 + 1e-3).to_le_bytes()).collect();
+            (d, s)
+        }
+    };
+    Matrix::from_stored(fmt, rows, cols, group, data, &scales).unwrap()
+}
+
+fn fmt_of(i: u8) -> Fmt {
+    [Fmt::F32, Fmt::F16, Fmt::Bf16, Fmt::Q8G, Fmt::Q4G][i as usize % 5]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn trunk_matvec_bit_identical_across_levels(f in 0u8..5, rows in 1usize..9, cols in 1usize..300, g in prop::sample::select(vec![2usize, 16, 32, 64, 128]), seed in any::<u64>()) {
+        let fmt = fmt_of(f);
+        let m = random_matrix(fmt, rows, cols, g, seed);
+        let mut r = rng(seed + 1);
+        let x: Vec<f32> = (0..cols).map(|_| gauss(&mut r)).collect();
+        let mut want = vec![0f32; rows];
+        m.view().matvec_rows(Level::Scalar, &x, 0, &mut want);
+        // scalar vs f64 reference of the exact dequantized weights
+        let w = m.to_f32();
+        for i in 0..rows {
+            let exact: f64 = (0..cols).map(|j| w[i * cols + j] as f64 * x[j] as f64).sum();
+            let mag: f64 = (0..cols).map(|j| (w[i * cols + j] as f64 * x[j] as f64).abs()).sum();
+            prop_assert!((want[i] as f64 - exact).abs() <= DOT_REL_TOL * mag.max(1e-30), "row {} {} vs {}", i, want[i], exact);
+        }
+        for lv in Level::available() {
+            let mut got = vec![0f32; rows];
+            m.view().matvec_rows(lv, &x, 0, &mut got);
+            prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "level {:?} fmt {:?}", lv, fmt);
+        }
+    }
+
+    #[test]
+    fn vq_matvec_bit_identical_across_levels(packed in any::<bool>(), two in any::<bool>(), rows in 1usize..140, nvec in 1usize..20, block in prop::sample::select(vec![0usize, 8, 64]), seed in any::<u64>()) {
+        let stages = if packed { 4 } else if two { 2 } else { 3 };
+        let entries = if packed { 64 } else { 256 };
+        let lay = VqLayout { rows, nvec, stages, block, packed6: packed };
+        let mut r = rng(seed);
+        let books: Vec<VqBook> = (0..stages).map(|_| {
+            let bits: Vec<u16> = (0..entries * 8).map(|_| f32_to_f16(gauss(&mut r) * 0.1)).collect();
+            VqBook::from_f16(&bits, entries, 8)
+        }).collect();
+        let br: Vec<&VqBook> = books.iter().collect();
+        let idx: Vec<u8> = (0..lay.index_bytes()).map(|_| r() as u8).collect();
+        let scales: Vec<u8> = (0..rows).flat_map(|_| f32_to_f16(gauss(&mut r).abs() + 0.1).to_le_bytes()).collect();
+        let x: Vec<f32> = (0..nvec * 8).map(|_| gauss(&mut r)).collect();
+        let mut t0 = vec![0f32; lay.table_len()];
+        build_table(Level::Scalar, &br, &lay, &x, &mut t0);
+        let mut want = vec![0f32; rows];
+        matvec_rows(Level::Scalar, &lay, &idx, &scales, &t0, 0, &mut want);
+        // scalar LUT product vs dequantized weights in f64
+        let mut w = vec![0f32; nvec * 8];
+        for i in 0..rows {
+            dequant_row(&br, &lay, &idx, &scales, i, &mut w);
+            let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let mag: f64 = w.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+            prop_assert!((want[i] as f64 - exact).abs() <= DOT_REL_TOL * mag.max(1e-30));
+        }
+        for lv in Level::available() {
+            let mut t = vec![0f32; lay.table_len()];
+            build_table(lv, &br, &lay, &x, &mut t);
+            prop_assert_eq!(t.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), t0.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            // split rows unevenly to exercise row ranges
+            let mut got = vec![0f32; rows];
+            let cut = (rows / 2) / 8 * 8;
+            let (a, b) = got.split_at_mut(cut);
+            matvec_rows(lv, &lay, &idx, &scales, &t, 0, a);
+            matvec_rows(lv, &lay, &idx, &scales, &t, cut, b);
+            prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "level {:?}", lv);
+        }
+    }
+}
+
+#[test]
+fn reports_skipped_levels() {
+    for l in [Level::Scalar, Level::Avx2] {
+        if !l.supported() {
+            eprintln!("SKIP: SIMD level {} not supported by this CPU", l.name());
+        }
+    }
+}
