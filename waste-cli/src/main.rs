@@ -1,1 +1,63 @@
-fn main() {}
+//! `waste`: the command-line client of the WASTE engine. Thin: parse,
+//! call the library, print, map errors to an exit code and one clear line.
+
+mod cmd_info;
+mod progress;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "waste", version, about = "Run Mixture-of-Experts models far larger than RAM", propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Container and model details.
+    Info(cmd_info::InfoArgs),
+    /// Check every expert record's header and CRC, trunk and codebook bounds.
+    Verify(cmd_info::VerifyArgs),
+    /// Version and build (SIMD level, format version).
+    Version(cmd_info::VersionArgs),
+}
+
+/// Exit status for a run that found problems (vs 1 = error, 2 = usage).
+pub const EXIT_PROBLEMS: u8 = 3;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let r = match cli.cmd {
+        Cmd::Info(a) => cmd_info::info(a),
+        Cmd::Verify(a) => cmd_info::verify(a),
+        Cmd::Version(a) => cmd_info::version(a),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                if io.kind() == std::io::ErrorKind::BrokenPipe {
+                    return ExitCode::SUCCESS;
+                }
+            }
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Print a JSON value (pretty) to stdout.
+pub fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string_pretty(v)?)?;
+    Ok(())
+}

@@ -21,6 +21,8 @@ mod config;
 mod container;
 mod error;
 mod fsutil;
+pub mod half;
+pub mod synth;
 mod manifest;
 mod record;
 mod schema;

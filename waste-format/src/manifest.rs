@@ -61,6 +61,17 @@ impl Manifest {
             }
             _ => {}
         }
+        // Entries one by one, so an error names the entry.
+        for (i, t) in obj.get("trunk").and_then(|t| t.as_array()).into_iter().flatten().enumerate() {
+            let name = t.get("name").and_then(|n| n.as_str()).unwrap_or("?");
+            serde_json::from_value::<TensorEntry>(t.clone()).map_err(|e| Error::manifest(format!("trunk[{i}] ({name})"), e.to_string()))?;
+        }
+        for (k, l) in obj.get("layers").and_then(|t| t.as_object()).into_iter().flatten() {
+            serde_json::from_value::<LayerEntry>(l.clone()).map_err(|e| Error::manifest(format!("layers.{k}"), e.to_string()))?;
+        }
+        if let Some(q) = obj.get("expert_quant") {
+            serde_json::from_value::<Option<ExpertQuantEntry>>(q.clone()).map_err(|e| Error::manifest("expert_quant", e.to_string()))?;
+        }
         serde_json::from_value(v).map_err(|e| Error::manifest("manifest.json", e.to_string()))
     }
 

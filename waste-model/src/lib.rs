@@ -1,2 +1,47 @@
-//! The WASTE engine: Model, Session, prefill/decode, sampling, generation, state; the public Rust API.
+//! # waste-model
+//!
+//! The WASTE engine: opens a container, keeps the dense trunk resident,
+//! streams routed experts from disk, and computes logits exactly as the
+//! reference implementations do. The CLI and the server are clients of this
+//! API with no private access.
+//!
+//! ```no_run
+//! # fn example() -> waste_model::Result<()> {
+//! let report = waste_model::verify(std::path::Path::new("model.waste"), Default::default(), &|_, _| {})?;
+//! assert!(report.problems.is_empty());
+//! # Ok(()) }
+//! ```
 #![deny(missing_docs)]
+
+mod error;
+mod verify;
+
+pub use error::{Error, Result};
+pub use verify::{verify, VerifyOptions, VerifyReport};
+pub use waste_format as format;
+
+/// Engine version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Version and build facts.
+#[derive(Clone, Debug)]
+pub struct BuildInfo {
+    /// Engine version.
+    pub version: &'static str,
+    /// SIMD level in use (`WASTE_SIMD` can force a lower one).
+    pub simd: &'static str,
+    /// SIMD levels this CPU supports.
+    pub simd_available: Vec<&'static str>,
+    /// Container format version read and written.
+    pub format_version: u64,
+}
+
+/// Version and build facts.
+pub fn build_info() -> BuildInfo {
+    BuildInfo {
+        version: VERSION,
+        simd: waste_quant::level().name(),
+        simd_available: waste_quant::Level::available().iter().map(|l| l.name()).collect(),
+        format_version: waste_format::FORMAT_VERSION,
+    }
+}

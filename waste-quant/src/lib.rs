@@ -23,7 +23,7 @@
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod half;
+
 mod level;
 mod matrix;
 pub mod scalar;
@@ -31,7 +31,7 @@ pub mod vq;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 
-pub use half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use waste_format::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 pub use level::{level, Level};
 pub use matrix::{MatRef, Matrix, ShapeError};
 pub use vq::{VqBook, VqLayout};

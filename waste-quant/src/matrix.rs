@@ -1,7 +1,7 @@
 //! Dense (trunk) matrices in F32 / F16 / BF16 / Q8G / Q4G and their
 //! matrix-vector products.
 
-use crate::half::{bf16_to_f32, f16_to_f32};
+use waste_format::half::{bf16_to_f32, f16_to_f32};
 use crate::level::Level;
 use crate::scalar::{self, LANES};
 use waste_format::Fmt;

@@ -4,7 +4,7 @@
 //! `x[8v..8v+8] · C_s[e]` for every vector position `v`, stage `s` and entry
 //! `e`; a row's output is `σ_r · Σ_v Σ_s T[v][s][idx(r,v,s)]`.
 
-use crate::half::f16_to_f32;
+use waste_format::half::f16_to_f32;
 use crate::level::Level;
 
 /// One codebook in f32: `entries × dim`, plus its transpose for SIMD table builds.

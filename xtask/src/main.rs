@@ -1,1 +1,139 @@
-fn main() {}
+//! Repository automation: `cargo xtask check | synth | tidy`.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use waste_format::synth::{shape_config, synth, SynthOptions, SHAPES};
+use waste_format::ExpertFmt;
+
+mod tidy;
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build everything and run every model-free check (what CI runs).
+    Check {
+        /// Skip the release build of the CLI smoke test.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Write a synthetic container.
+    Synth {
+        /// Shape: tiny, tiny-b, tiny-c, tiny-k3, kimi-linear-48b, k3.
+        #[arg(long)]
+        shape: String,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Keep only the first N layers.
+        #[arg(long)]
+        layers: Option<usize>,
+        /// Expert format: vq3r, vq4p, vq2r, f16, bf16.
+        #[arg(long, default_value = "vq3r")]
+        experts: String,
+        /// Manifest and sparse files only (enough for plan/info).
+        #[arg(long)]
+        manifest_only: bool,
+        /// Router preference: uniform or skewed.
+        #[arg(long, default_value = "uniform")]
+        routing: String,
+        /// Writer threads.
+        #[arg(long, default_value_t = 2)]
+        jobs: usize,
+    },
+    /// Check crate dependency direction and crate hygiene.
+    Tidy,
+    /// The main job on a synthetic model made on the fly.
+    Demo,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Check { quick } => check(quick),
+        Cmd::Synth { shape, out, seed, layers, experts, manifest_only, routing, jobs } => {
+            let config = shape_config(&shape).with_context(|| format!("unknown shape {shape:?} (known: {})", SHAPES.join(", ")))?;
+            let experts = match experts.as_str() {
+                "vq3r" => ExpertFmt::Vq3r,
+                "vq4p" => ExpertFmt::Vq4p,
+                "vq2r" => ExpertFmt::Vq2r,
+                "f16" => ExpertFmt::F16,
+                "bf16" => ExpertFmt::Bf16,
+                o => bail!("unknown --experts {o:?} (vq3r, vq4p, vq2r, f16, bf16)"),
+            };
+            let skewed = match routing.as_str() {
+                "uniform" => false,
+                "skewed" => true,
+                o => bail!("unknown --routing {o:?} (uniform, skewed)"),
+            };
+            let opts = SynthOptions { config, layers, experts, seed, manifest_only, skewed, jobs };
+            let last = std::sync::atomic::AtomicU64::new(0);
+            let rep = synth(&out, &opts, &|d, t| {
+                let pct = d * 100 / t.max(1);
+                if pct != last.swap(pct, std::sync::atomic::Ordering::Relaxed) && pct % 5 == 0 {
+                    eprint!("\rsynth {shape}: {pct}%");
+                }
+            })?;
+            eprintln!();
+            println!("wrote {} ({} bytes in {:.2} s, {:.2} GB/s)", out.display(), rep.bytes, rep.seconds, rep.bytes as f64 / rep.seconds / 1e9);
+            Ok(())
+        }
+        Cmd::Tidy => tidy::run(&root()),
+        Cmd::Demo => demo(),
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("$ {cmd:?}");
+    let st = cmd.status().with_context(|| format!("spawn {cmd:?}"))?;
+    if !st.success() {
+        bail!("{cmd:?} failed: {st}");
+    }
+    Ok(())
+}
+
+fn demo() -> Result<()> {
+    let root = root();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(Command::new(&cargo).current_dir(&root).args(["build", "--quiet", "--release", "-p", "waste-cli"]))?;
+    let dir = std::env::temp_dir().join("waste-demo-tiny.waste");
+    let opts = SynthOptions { config: shape_config("tiny").expect("tiny shape"), layers: None, experts: ExpertFmt::Vq3r, seed: 1, manifest_only: false, skewed: true, jobs: 2 };
+    synth(&dir, &opts, &|_, _| {})?;
+    let waste = root.join("target/release/waste");
+    run(Command::new(&waste).arg("info").arg(&dir))?;
+    run(Command::new(&waste).arg("verify").arg(&dir))?;
+    Ok(())
+}
+
+fn check(quick: bool) -> Result<()> {
+    let root = root();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    tidy::run(&root)?;
+    // rebuild first: stale binaries must not be tested
+    run(Command::new(&cargo).current_dir(&root).args(["build", "--workspace", "--all-targets", "--release"]))?;
+    run(Command::new(&cargo).current_dir(&root).args(["test", "--workspace", "--release", "--no-fail-fast"]))?;
+    if !quick {
+        // the README's main job, end to end on a fresh synthetic model
+        let tmp = std::env::temp_dir().join(format!("waste-check-{}", std::process::id()));
+        let waste = root.join("target/release/waste");
+        run(Command::new(&cargo).current_dir(&root).args(["run", "--quiet", "--release", "-p", "xtask", "--", "synth", "--shape", "tiny", "--out"]).arg(&tmp))?;
+        run(Command::new(&waste).arg("info").arg(&tmp))?;
+        run(Command::new(&waste).arg("verify").arg(&tmp))?;
+        std::fs::remove_dir_all(&tmp).ok();
+    }
+    eprintln!("xtask check: all checks passed");
+    Ok(())
+}

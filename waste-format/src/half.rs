@@ -1,4 +1,5 @@
-//! Exact half-precision conversions (subnormals are values, never flushed).
+//! Exact half-precision conversions (subnormals are values, never flushed): the
+//! container stores scales and codebooks as IEEE binary16.
 
 /// IEEE binary16 bits to f32 (exact; subnormals = mantissa · 2^-24).
 #[inline]

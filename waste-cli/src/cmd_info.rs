@@ -1,0 +1,132 @@
+//! `waste info`, `waste verify`, `waste version`.
+
+use crate::{print_json, progress::bytes_bar, EXIT_PROBLEMS};
+use anyhow::Result;
+use clap::Args;
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use waste_model::format::Container;
+
+#[derive(Args)]
+pub struct InfoArgs {
+    /// Container directory.
+    model: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct VerifyArgs {
+    /// Container directory.
+    model: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+    /// Read through the page cache instead of direct I/O.
+    #[arg(long)]
+    no_direct_io: bool,
+    /// No progress bar.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+pub struct VersionArgs {
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn info(a: InfoArgs) -> Result<ExitCode> {
+    let c = Container::open(&a.model)?;
+    let cfg = &c.config;
+    let p = c.param_counts();
+    let kinds: String = cfg.attn_kinds.iter().map(|k| if *k == waste_model::format::AttnKind::Kda { 'K' } else { 'M' }).collect();
+    let (efmt, rec) = c.experts.as_ref().map(|(q, l)| (q.fmt.name(), l.rec_bytes)).unwrap_or(("none", 0));
+    let v = json!({
+        "path": a.model.display().to_string(),
+        "arch": c.manifest.arch,
+        "format_version": c.manifest.format_version,
+        "layers": cfg.layers,
+        "moe_layers": cfg.n_moe_layers(),
+        "attention": kinds,
+        "hidden": cfg.hidden,
+        "vocab": cfg.vocab,
+        "experts": cfg.experts,
+        "top_k": cfg.top_k,
+        "shared_experts": cfg.shared_experts,
+        "moe_intermediate": cfg.moe_intermediate,
+        "expert_width": cfg.expert_width(),
+        "params_total": p.total,
+        "params_active": p.active,
+        "expert_format": efmt,
+        "expert_record_bytes": rec,
+        "trunk_resident_bytes": c.resident_trunk_bytes(),
+        "trunk_file_bytes": c.trunk_len,
+        "quantization": c.quant_summary(),
+    });
+    if a.json {
+        print_json(&v)?;
+    } else {
+        println!("{}  ({})", a.model.display(), c.manifest.arch);
+        println!("  layers {} ({} MoE), attention {kinds}", cfg.layers, cfg.n_moe_layers());
+        println!("  hidden {}, vocab {}, experts {} top-{} (+{} shared), expert width {}", cfg.hidden, cfg.vocab, cfg.experts, cfg.top_k, cfg.shared_experts, cfg.expert_width());
+        println!("  parameters: {} total, {} active per token", group(p.total), group(p.active));
+        println!("  expert record {} bytes; resident trunk {} bytes", group(rec as u64), group(c.resident_trunk_bytes()));
+        println!("  quantization: {}", c.quant_summary());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+pub fn verify(a: VerifyArgs) -> Result<ExitCode> {
+    let bar = bytes_bar("verify", a.quiet || a.json);
+    let opts = waste_model::VerifyOptions { direct_io: !a.no_direct_io, ..Default::default() };
+    let res = waste_model::verify(&a.model, opts, &|d, t| {
+        bar.set_length(t);
+        bar.set_position(d);
+    });
+    bar.finish_and_clear();
+    let (problems, rep) = match res {
+        Ok(r) => (r.problems.clone(), Some(r)),
+        Err(e) => (vec![e.to_string()], None),
+    };
+    if a.json {
+        let r = rep.clone().unwrap_or_default();
+        print_json(&json!({"ok": problems.is_empty(), "problems": problems, "records": r.records, "bytes": r.bytes,
+            "seconds": r.seconds, "gbps": if r.seconds > 0.0 { r.bytes as f64 / r.seconds / 1e9 } else { 0.0 }, "direct_io": r.direct_io}))?;
+    } else {
+        for p in &problems {
+            eprintln!("{p}");
+        }
+        if let Some(r) = &rep {
+            let gbps = if r.seconds > 0.0 { r.bytes as f64 / r.seconds / 1e9 } else { 0.0 };
+            println!("{}: {} records, {} bytes in {:.2} s ({gbps:.2} GB/s, direct I/O {}): {}", a.model.display(), r.records, r.bytes, r.seconds, if r.direct_io { "yes" } else { "no" },
+                if problems.is_empty() { "OK".to_string() } else { format!("{} problem(s)", problems.len()) });
+        }
+    }
+    Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_PROBLEMS) })
+}
+
+pub fn version(a: VersionArgs) -> Result<ExitCode> {
+    let b = waste_model::build_info();
+    if a.json {
+        print_json(&json!({"version": b.version, "simd": b.simd, "simd_available": b.simd_available, "format_version": b.format_version}))?;
+    } else {
+        println!("waste {} (simd {}; available: {}; container format v{})", b.version, b.simd, b.simd_available.join(", "), b.format_version);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,79 @@
+//! The `waste` binary on the C WASTE's anchor container and on synthetic ones.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub fn anchor() -> PathBuf {
+    let base = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let p = base.join("anchor-tiny/kimi-linear-tiny.waste");
+    assert!(p.join("manifest.json").exists(), "shared test data missing at {} (set WASTE_SHARED_DATA)", p.display());
+    p
+}
+
+fn waste(args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_waste")).args(args).output().unwrap();
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+}
+
+#[test]
+fn info_json_reports_the_c_engines_figures() {
+    let a = anchor();
+    let (code, out, err) = waste(&["info", a.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["layers"], 4);
+    assert_eq!(v["experts"], 8);
+    assert_eq!(v["top_k"], 2);
+    assert_eq!(v["hidden"], 128);
+    assert_eq!(v["vocab"], 316);
+    // the C WASTE 0.6.6's figures for this container
+    assert_eq!(v["params_total"], 1_129_124);
+    assert_eq!(v["params_active"], 646_308);
+    let q = v["quantization"].as_str().unwrap();
+    assert!(q.contains("VQ3R") && q.contains("Q4G") && q.contains("Q8G") && q.contains("F32"), "{q}");
+}
+
+#[test]
+fn verify_passes_on_the_anchor_and_fails_on_damage_naming_the_expert() {
+    let a = anchor();
+    let (code, out, _) = waste(&["verify", a.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["records"], 24);
+
+    let d = std::env::temp_dir().join(format!("waste-cli-verify-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    for e in std::fs::read_dir(&a).unwrap() {
+        let e = e.unwrap();
+        std::fs::write(d.join(e.file_name()), std::fs::read(e.path()).unwrap()).unwrap();
+    }
+    let p = d.join("experts-L2.bin");
+    let mut b = std::fs::read(&p).unwrap();
+    b[3 * 12288 + 100] ^= 1;
+    std::fs::write(&p, b).unwrap();
+    let (code, _, err) = waste(&["verify", d.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("expert 3 of layer 2: checksum mismatch"), "{err}");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn bad_arguments_get_one_line_not_a_panic() {
+    let (code, _, err) = waste(&["info"]);
+    assert_eq!(code, 2);
+    assert!(!err.contains("panicked"));
+    let (code, _, err) = waste(&["info", "/nonexistent/model.waste"]);
+    assert_eq!(code, 1);
+    assert!(err.starts_with("error: ") && err.contains("/nonexistent/model.waste"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn version_names_the_simd_level() {
+    let (code, out, _) = waste(&["version", "--json"]);
+    assert_eq!(code, 0);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(v["simd"].is_string() && v["format_version"] == 0);
+}

@@ -1,0 +1,37 @@
+/// Errors of the engine. Nothing is printed, nothing exits: every failure
+/// comes back as one of these, with the precise detail in its message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O failure (file, offset, OS error).
+    #[error(transparent)]
+    Io(#[from] waste_io::Error),
+    /// The container (or a state/usage file) is malformed or damaged.
+    #[error(transparent)]
+    Format(#[from] waste_format::Error),
+    /// The RAM budget cannot hold the model.
+    #[error("budget {budget} bytes is below the model's floor of {floor} bytes ({detail})")]
+    Budget {
+        /// Budget asked for.
+        budget: u64,
+        /// The smallest budget that works.
+        floor: u64,
+        /// Breakdown.
+        detail: String,
+    },
+    /// An allocation failed.
+    #[error("out of memory: {0}")]
+    Oom(String),
+    /// A bad argument from the caller.
+    #[error("invalid argument: {0}")]
+    Arg(String),
+    /// A feature the engine does not implement.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The caller cancelled.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

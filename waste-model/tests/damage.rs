@@ -1,0 +1,224 @@
+//! Damaged copies of the C WASTE's anchor container: each kind of damage
+//! gives a precise error (naming the key, tensor, layer or expert), never a
+//! panic or an out-of-bounds read.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use waste_format::Container;
+
+fn anchor() -> PathBuf {
+    let base = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let p = base.join("anchor-tiny/kimi-linear-tiny.waste");
+    assert!(p.join("manifest.json").exists(), "shared test data missing at {} (set WASTE_SHARED_DATA)", p.display());
+    p
+}
+
+fn copy(tag: &str) -> PathBuf {
+    let dst = std::env::temp_dir().join(format!("waste-damage-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dst);
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(anchor()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+        let mut perm = std::fs::metadata(dst.join(e.file_name())).unwrap().permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perm.set_readonly(false);
+        std::fs::set_permissions(dst.join(e.file_name()), perm).unwrap();
+    }
+    dst
+}
+
+fn edit_manifest(dir: &Path, f: impl FnOnce(&mut Value)) {
+    let p = dir.join("manifest.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+fn poke(path: &Path, off: usize, f: impl FnOnce(&mut u8)) {
+    let mut b = std::fs::read(path).unwrap();
+    f(&mut b[off]);
+    std::fs::write(path, b).unwrap();
+}
+
+/// Open-time failure whose message contains every `needle`.
+fn open_err(dir: &Path, needles: &[&str]) {
+    let e = Container::open(dir).expect_err("damaged container opened").to_string();
+    for n in needles {
+        assert!(e.contains(n), "error {e:?} lacks {n:?}");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// Verify-time failure: the container opens, verify lists the problem.
+fn verify_problem(dir: &Path, needles: &[&str]) {
+    let rep = waste_model::verify(dir, Default::default(), &|_, _| {}).unwrap();
+    assert_eq!(rep.problems.len(), 1, "{:?}", rep.problems);
+    for n in needles {
+        assert!(rep.problems[0].contains(n), "problem {:?} lacks {n:?}", rep.problems[0]);
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+const REC: usize = 12288;
+
+#[test]
+fn pristine_anchor_verifies() {
+    let rep = waste_model::verify(&anchor(), Default::default(), &|_, _| {}).unwrap();
+    assert!(rep.problems.is_empty(), "{:?}", rep.problems);
+    assert_eq!(rep.records, 24);
+}
+
+#[test]
+fn flipped_payload_byte_is_a_checksum_mismatch_naming_the_expert() {
+    let d = copy("payload");
+    poke(&d.join("experts-L2.bin"), 3 * REC + 500, |b| *b ^= 0x10);
+    verify_problem(&d, &["expert 3 of layer 2", "checksum mismatch"]);
+}
+
+#[test]
+fn flipped_scale_byte_is_caught_by_the_crc() {
+    let d = copy("scale");
+    poke(&d.join("experts-L1.bin"), 5 * REC + 9264 + 7, |b| *b ^= 0x01);
+    verify_problem(&d, &["expert 5 of layer 1", "checksum mismatch"]);
+}
+
+#[test]
+fn flipped_header_byte_names_the_record() {
+    let d = copy("header");
+    poke(&d.join("experts-L3.bin"), 6 * REC + 6, |b| *b ^= 0x01); // expert_id 6 -> 7
+    verify_problem(&d, &["expert 6 of layer 3", "misplaced"]);
+}
+
+#[test]
+fn wrong_magic() {
+    let d = copy("magic");
+    poke(&d.join("experts-L1.bin"), 0, |b| *b = b'X');
+    verify_problem(&d, &["expert 0 of layer 1", "bad magic"]);
+}
+
+#[test]
+fn fmt_byte_disagreeing_with_the_manifest() {
+    let d = copy("fmtbyte");
+    poke(&d.join("experts-L2.bin"), REC + 8, |b| *b = 8); // VQ4P byte in a VQ3R container
+    verify_problem(&d, &["expert 1 of layer 2", "fmt byte 8", "VQ3R"]);
+}
+
+#[test]
+fn codebook_id_out_of_range_in_a_record() {
+    let d = copy("cbid");
+    poke(&d.join("experts-L1.bin"), 2 * REC + 10, |b| *b = 200);
+    verify_problem(&d, &["expert 2 of layer 1", "codebook_id 200"]);
+}
+
+#[test]
+fn truncated_bank() {
+    let d = copy("trunc");
+    let p = d.join("experts-L2.bin");
+    let b = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &b[..b.len() - REC / 2]).unwrap();
+    open_err(&d, &["layer 2", "truncated", "7 of 8 records"]);
+}
+
+#[test]
+fn bank_with_one_record_too_few() {
+    let d = copy("fewer");
+    edit_manifest(&d, |m| m["layers"]["1"]["experts"] = 7.into());
+    open_err(&d, &["layer 1", "7 experts", "config has 8"]);
+}
+
+#[test]
+fn huge_dimension() {
+    let d = copy("huge");
+    edit_manifest(&d, |m| m["config"]["hidden_size"] = Value::from(1u64 << 40));
+    open_err(&d, &["config.hidden_size", "1099511627776"]);
+}
+
+#[test]
+fn negative_offset() {
+    let d = copy("neg");
+    edit_manifest(&d, |m| m["trunk"][3]["off"] = Value::from(-4096));
+    open_err(&d, &["trunk[3]", "q_proj", "-4096"]);
+}
+
+#[test]
+fn overflowing_offset() {
+    let d = copy("ovf");
+    edit_manifest(&d, |m| m["trunk"][5]["off"] = Value::from(u64::MAX - 10));
+    open_err(&d, &["model.layers.0.self_attn.v_proj.weight", "overflows"]);
+}
+
+#[test]
+fn offset_beyond_the_file() {
+    let d = copy("beyond");
+    edit_manifest(&d, |m| m["trunk"][5]["off"] = Value::from(400_000u64));
+    open_err(&d, &["v_proj", "beyond trunk.bin"]);
+}
+
+#[test]
+fn missing_tensor() {
+    let d = copy("missing");
+    edit_manifest(&d, |m| {
+        let t = m["trunk"].as_array_mut().unwrap();
+        t.retain(|e| e["name"] != "model.layers.2.self_attn.kv_b_proj.weight");
+    });
+    open_err(&d, &["model.layers.2.self_attn.kv_b_proj.weight", "missing"]);
+}
+
+#[test]
+fn wrong_shape() {
+    let d = copy("shape");
+    edit_manifest(&d, |m| m["trunk"][3]["shape"] = serde_json::json!([64, 256]));
+    open_err(&d, &["q_proj", "shape [64, 256]"]);
+}
+
+#[test]
+fn wrong_format_version() {
+    let d = copy("fv");
+    edit_manifest(&d, |m| m["format_version"] = 1.into());
+    open_err(&d, &["format_version", "1 is not supported"]);
+}
+
+#[test]
+fn missing_format_version() {
+    let d = copy("nofv");
+    edit_manifest(&d, |m| {
+        m.as_object_mut().unwrap().remove("format_version");
+    });
+    open_err(&d, &["format_version", "missing"]);
+}
+
+#[test]
+fn codebook_base_out_of_range() {
+    let d = copy("cbbase");
+    edit_manifest(&d, |m| m["layers"]["3"]["codebook_base"] = 25.into());
+    open_err(&d, &["layers.3.codebook_base", "25"]);
+}
+
+#[test]
+fn damaged_codebook_file() {
+    let d = copy("cbfile");
+    poke(&d.join("codebooks.bin"), 4112 * 4, |b| *b ^= 0xff);
+    open_err(&d, &["codebook 4", "bad magic"]);
+}
+
+#[test]
+fn bank_path_escaping_the_container() {
+    let d = copy("escape");
+    edit_manifest(&d, |m| m["layers"]["1"]["file"] = "../../etc/passwd".into());
+    open_err(&d, &["layers.1.file", "not a plain file name"]);
+}
+
+#[test]
+fn quant_index_bits_disagreeing_with_format() {
+    let d = copy("bits");
+    edit_manifest(&d, |m| m["expert_quant"]["index_bits"] = 6.into());
+    open_err(&d, &["expert_quant.index_bits", "6"]);
+}
+
+#[test]
+fn not_json() {
+    let d = copy("json");
+    std::fs::write(d.join("manifest.json"), b"{\"format_version\": 0, \"trunk\": [").unwrap();
+    open_err(&d, &["manifest.json", "invalid JSON"]);
+}

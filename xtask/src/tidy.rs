@@ -1,0 +1,66 @@
+//! Tidy checks: one-way crate dependencies, a README per crate.
+
+use anyhow::{bail, Result};
+use std::path::Path;
+
+/// Layer of each crate: a crate may depend only on crates of a lower layer.
+pub const LAYERS: &[(&str, u8)] = &[
+    ("waste-format", 0),
+    ("waste-io", 0),
+    ("waste-quant", 1),
+    ("waste-attn", 2),
+    ("waste-moe", 2),
+    ("waste-cache", 2),
+    ("waste-tokenizer", 2),
+    ("waste-model", 3),
+    ("waste-convert", 4),
+    ("waste-serve", 4),
+    ("waste-cli", 5),
+    ("xtask", 6),
+];
+
+fn layer(name: &str) -> Option<u8> {
+    LAYERS.iter().find(|(n, _)| *n == name).map(|(_, l)| *l)
+}
+
+/// Problems found in the tree (empty = tidy).
+pub fn problems(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for (krate, lv) in LAYERS {
+        let dir = root.join(krate);
+        if !dir.join("README.md").exists() {
+            out.push(format!("{krate}: missing README.md"));
+        }
+        let Ok(toml) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
+            out.push(format!("{krate}: missing Cargo.toml"));
+            continue;
+        };
+        for line in toml.lines() {
+            let dep = line.split(['.', ' ', '=']).next().unwrap_or("").trim();
+            if let Some(dl) = layer(dep) {
+                if dep != *krate && dl >= *lv {
+                    out.push(format!("{krate} (layer {lv}) depends on {dep} (layer {dl}): dependencies must point down"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Fail if the tree is not tidy.
+pub fn run(root: &Path) -> Result<()> {
+    let p = problems(root);
+    if !p.is_empty() {
+        bail!("tidy:\n  {}", p.join("\n  "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tree_is_tidy() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        assert_eq!(super::problems(root), Vec::<String>::new());
+    }
+}
