@@ -1,6 +1,7 @@
 //! `waste`: the command-line client of the WASTE engine. Thin: parse,
 //! call the library, print, map errors to an exit code and one clear line.
 
+mod cmd_eval;
 mod cmd_info;
 mod progress;
 
@@ -22,6 +23,10 @@ enum Cmd {
     Verify(cmd_info::VerifyArgs),
     /// Version and build (SIMD level, format version).
     Version(cmd_info::VersionArgs),
+    /// Next-token distribution after a prompt.
+    Eval(cmd_eval::EvalArgs),
+    /// Generate from a prompt.
+    Run(cmd_eval::RunArgs),
 }
 
 /// Exit status for a run that found problems (vs 1 = error, 2 = usage).
@@ -39,6 +44,8 @@ fn main() -> ExitCode {
         Cmd::Info(a) => cmd_info::info(a),
         Cmd::Verify(a) => cmd_info::verify(a),
         Cmd::Version(a) => cmd_info::version(a),
+        Cmd::Eval(a) => cmd_eval::eval(a),
+        Cmd::Run(a) => cmd_eval::run(a),
     };
     match r {
         Ok(code) => code,

@@ -45,3 +45,15 @@ pub fn build_info() -> BuildInfo {
         format_version: waste_format::FORMAT_VERSION,
     }
 }
+
+mod model;
+mod session;
+mod weights;
+
+pub use model::{Model, ModelOptions};
+pub use session::{attn_res, Session, Stats};
+
+/// In-place softmax (probabilities from logits).
+pub fn softmax_in_place(x: &mut [f32]) {
+    waste_quant::ops::softmax(x)
+}

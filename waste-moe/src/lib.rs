@@ -1,2 +1,257 @@
-//! Sigmoid router, expert GLU (SiLU/SiTU) over quantized records, shared experts, dense FFN.
+//! # waste-moe
+//!
+//! The MoE block of the Kimi family: the sigmoid router (correction bias
+//! selects, un-biased scores weigh, optional group-limited selection,
+//! renormalization with `+1e-20`, routed scaling), routed experts as GLUs over
+//! quantized records (VQ lookup tables or exact F16/BF16), shared experts and
+//! dense FFNs, with SiLU or SiTU activations.
+//!
+//! Ties in top-k resolve to the lowest expert id (a project choice; no
+//! reference defines one).
 #![deny(missing_docs)]
+
+use waste_format::{Activation, ExpertFmt, RecordLayout};
+use waste_quant::ops::{sigmoid, silu, situ};
+use waste_quant::vq::{build_table, matvec_rows as vq_rows, VqBook, VqLayout};
+use waste_quant::{MatRef, Matrix, Pool, SyncSlice};
+
+/// Router settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouterConfig {
+    /// Experts.
+    pub experts: usize,
+    /// Chosen per token.
+    pub top_k: usize,
+    /// Groups (1 = off).
+    pub n_group: usize,
+    /// Groups kept.
+    pub topk_group: usize,
+    /// Renormalize chosen weights.
+    pub renormalize: bool,
+    /// Routed scaling factor.
+    pub scaling: f32,
+}
+
+/// Choose experts from router logits. Returns `(expert, weight)` in
+/// selection order (best first; ties → lowest id).
+pub fn route(c: &RouterConfig, logits: &[f32], bias: &[f32], out: &mut Vec<(usize, f32)>) {
+    let e = c.experts;
+    let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+    let mut choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
+    if c.n_group > 1 {
+        let per = e / c.n_group;
+        let mut gs: Vec<(usize, f32)> = (0..c.n_group)
+            .map(|g| {
+                let mut v: Vec<f32> = choice[g * per..(g + 1) * per].to_vec();
+                v.sort_by(|a, b| b.total_cmp(a));
+                (g, v[0] + v.get(1).copied().unwrap_or(0.0))
+            })
+            .collect();
+        gs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let keep: Vec<usize> = gs[..c.topk_group].iter().map(|g| g.0).collect();
+        for (i, ch) in choice.iter_mut().enumerate() {
+            if !keep.contains(&(i / per)) {
+                *ch = f32::NEG_INFINITY;
+            }
+        }
+    }
+    let mut idx: Vec<usize> = (0..e).collect();
+    idx.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+    out.clear();
+    let chosen = &idx[..c.top_k];
+    let sum: f32 = chosen.iter().map(|&i| scores[i]).sum::<f32>() + 1e-20;
+    for &i in chosen {
+        let w = if c.renormalize { scores[i] / sum } else { scores[i] };
+        out.push((i, w * c.scaling));
+    }
+}
+
+/// GLU activation `act(g, u)`.
+#[inline]
+pub fn glu(act: Activation, g: f32, u: f32) -> f32 {
+    match act {
+        Activation::Silu => silu(g) * u,
+        Activation::Situ { beta, linear_beta } => situ(g, u, beta, linear_beta),
+    }
+}
+
+/// A dense GLU (dense FFN or shared experts): `down · act(gate·x, up·x)`.
+#[derive(Debug)]
+pub struct DenseGlu {
+    /// `[I, hidden]`.
+    pub gate: Matrix,
+    /// `[I, hidden]`.
+    pub up: Matrix,
+    /// `[hidden, I]`.
+    pub down: Matrix,
+}
+
+impl DenseGlu {
+    /// Intermediate width.
+    pub fn width(&self) -> usize {
+        self.gate.rows
+    }
+    /// `out = down · act(gate·x, up·x)`; `tmp` needs `2·width` floats.
+    pub fn forward(&self, pool: &Pool, act: Activation, x: &[f32], tmp: &mut [f32], out: &mut [f32]) {
+        let i = self.width();
+        let (g, rest) = tmp.split_at_mut(i);
+        let u = &mut rest[..i];
+        pool.matvec(&self.gate.view(), x, g);
+        pool.matvec(&self.up.view(), x, u);
+        for (gv, uv) in g.iter_mut().zip(u.iter()) {
+            *gv = glu(act, *gv, *uv);
+        }
+        pool.matvec(&self.down.view(), g, out);
+    }
+}
+
+/// A layer's codebooks: `[kind][stage]` (kind 0 gate, 1 up, 2 down).
+#[derive(Debug, Default)]
+pub struct LayerBooks {
+    /// Books per kind.
+    pub books: [Vec<VqBook>; 3],
+}
+
+/// How to run a layer's routed experts.
+#[derive(Debug)]
+pub struct ExpertKernel {
+    /// Record layout.
+    pub lay: RecordLayout,
+    /// Activation.
+    pub act: Activation,
+}
+
+/// Per-token scratch for routed experts.
+#[derive(Debug)]
+pub struct ExpertScratch {
+    /// Gate table (built once per token per layer).
+    pub t_gate: Vec<f32>,
+    /// Up table.
+    pub t_up: Vec<f32>,
+    /// Down table (per expert).
+    pub t_down: Vec<f32>,
+    /// Gate activations `[m]`.
+    pub g: Vec<f32>,
+    /// Up activations `[m]`.
+    pub u: Vec<f32>,
+}
+
+impl ExpertKernel {
+    fn vq(&self, rows: usize, cols: usize) -> VqLayout {
+        let q = self.lay.quant;
+        VqLayout { rows, nvec: cols / q.vec_dim, stages: q.stages, block: q.index_block, packed6: q.index_bits == 6 }
+    }
+    /// Scratch sized for this layout.
+    pub fn scratch(&self) -> ExpertScratch {
+        let (m, lat) = (self.lay.m, self.lay.lat);
+        let (tg, td) = if self.lay.quant.fmt.is_vq() { (self.vq(m, lat).table_len(), self.vq(lat, m).table_len()) } else { (0, 0) };
+        ExpertScratch { t_gate: vec![0.0; tg], t_up: vec![0.0; tg], t_down: vec![0.0; td], g: vec![0.0; m], u: vec![0.0; m] }
+    }
+    /// Bytes of [`ExpertKernel::scratch`].
+    pub fn scratch_bytes(&self) -> usize {
+        let s = self.scratch();
+        (s.t_gate.len() + s.t_up.len() + s.t_down.len() + s.g.len() + s.u.len()) * 4
+    }
+
+    /// Prepare per-token tables from the expert input `h` (VQ only).
+    pub fn prepare(&self, pool: &Pool, books: &LayerBooks, h: &[f32], sc: &mut ExpertScratch) {
+        if !self.lay.quant.fmt.is_vq() {
+            return;
+        }
+        let lay = self.vq(self.lay.m, self.lay.lat);
+        let bg: Vec<&VqBook> = books.books[0].iter().collect();
+        let bu: Vec<&VqBook> = books.books[1].iter().collect();
+        let (tg, tu) = (&mut sc.t_gate, &mut sc.t_up);
+        let tgs = SyncSlice::new(tg);
+        let tus = SyncSlice::new(tu);
+        let lv = pool.level();
+        pool.run(2, &|i| {
+            // SAFETY: task 0 writes the gate table, task 1 the up table.
+            let t = unsafe { if i == 0 { tgs.range(0, lay.table_len()) } else { tus.range(0, lay.table_len()) } };
+            build_table(lv, if i == 0 { &bg } else { &bu }, &lay, h, t);
+        });
+    }
+
+    /// `out = E(h)` for one record (header already validated).
+    pub fn forward(&self, pool: &Pool, books: &LayerBooks, rec: &[u8], h: &[f32], sc: &mut ExpertScratch, out: &mut [f32]) {
+        let l = &self.lay;
+        let (m, lat) = (l.m, l.lat);
+        let hdr = waste_format::RecordHeader::decode(rec).expect("validated record");
+        let [go, uo, dof, so] = hdr.sections();
+        let lv = pool.level();
+        if l.quant.fmt.is_vq() {
+            let lg = self.vq(m, lat);
+            let ld = self.vq(lat, m);
+            let scales = &rec[so..so + l.scales_len];
+            let (gs, us, ds) = (&scales[..2 * m], &scales[2 * m..4 * m], &scales[4 * m..]);
+            {
+                let gi = &rec[go..go + lg.index_bytes()];
+                let ui = &rec[uo..uo + lg.index_bytes()];
+                let (g, u) = (SyncSlice::new(&mut sc.g), SyncSlice::new(&mut sc.u));
+                let (tg, tu) = (&sc.t_gate, &sc.t_up);
+                pool.chunks(m / 8, &|a, b| {
+                    // SAFETY: disjoint row ranges [8a, 8b) (the last chunk takes the tail).
+                    let b8 = if b == m / 8 { m } else { 8 * b };
+                    let (gy, uy) = unsafe { (g.range(8 * a, b8), u.range(8 * a, b8)) };
+                    vq_rows(lv, &lg, gi, gs, tg, 8 * a, gy);
+                    vq_rows(lv, &lg, ui, us, tu, 8 * a, uy);
+                });
+            }
+            for (gv, uv) in sc.g.iter_mut().zip(sc.u.iter()) {
+                *gv = glu(self.act, *gv, *uv);
+            }
+            let bd: Vec<&VqBook> = books.books[2].iter().collect();
+            build_table(lv, &bd, &ld, &sc.g, &mut sc.t_down);
+            let di = &rec[dof..dof + ld.index_bytes()];
+            let o = SyncSlice::new(out);
+            let td = &sc.t_down;
+            pool.chunks(lat / 8, &|a, b| {
+                let b8 = if b == lat / 8 { lat } else { 8 * b };
+                // SAFETY: disjoint row ranges.
+                let oy = unsafe { o.range(8 * a, b8) };
+                vq_rows(lv, &ld, di, ds, td, 8 * a, oy);
+            });
+        } else {
+            let fmt = if l.quant.fmt == ExpertFmt::Bf16 { waste_format::Fmt::Bf16 } else { waste_format::Fmt::F16 };
+            let gate = MatRef { fmt, rows: m, cols: lat, group: 0, data: &rec[go..go + m * lat * 2], scales: &[] };
+            let up = MatRef { data: &rec[uo..uo + m * lat * 2], ..gate };
+            let down = MatRef { fmt, rows: lat, cols: m, group: 0, data: &rec[dof..dof + m * lat * 2], scales: &[] };
+            pool.matvec(&gate, h, &mut sc.g);
+            pool.matvec(&up, h, &mut sc.u);
+            for (gv, uv) in sc.g.iter_mut().zip(sc.u.iter()) {
+                *gv = glu(self.act, *gv, *uv);
+            }
+            pool.matvec(&down, &sc.g, out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_bias_selects_but_does_not_weigh() {
+        let c = RouterConfig { experts: 4, top_k: 2, n_group: 1, topk_group: 1, renormalize: true, scaling: 2.0 };
+        let logits = [2.0, 1.0, 0.0, -1.0];
+        let bias = [0.0, 0.0, 5.0, 0.0];
+        let mut out = vec![];
+        route(&c, &logits, &bias, &mut out);
+        assert_eq!(out.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 0]);
+        let (s2, s0) = (sigmoid(0.0), sigmoid(2.0));
+        assert!((out[0].1 - 2.0 * s2 / (s2 + s0)).abs() < 1e-6);
+        assert!((out[0].1 + out[1].1 - 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn ties_go_to_the_lowest_id_and_groups_limit() {
+        let c = RouterConfig { experts: 4, top_k: 2, n_group: 1, topk_group: 1, renormalize: false, scaling: 1.0 };
+        let mut out = vec![];
+        route(&c, &[1.0; 4], &[0.0; 4], &mut out);
+        assert_eq!(out.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 1]);
+        // two groups of two: group 1 holds the best pair-sum, so both picks come from it
+        let c = RouterConfig { experts: 4, top_k: 2, n_group: 2, topk_group: 1, renormalize: false, scaling: 1.0 };
+        route(&c, &[3.0, -3.0, 1.0, 1.0], &[0.0; 4], &mut out);
+        assert_eq!(out.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 3]);
+    }
+}

@@ -1,0 +1,237 @@
+//! Kimi Delta Attention for one token.
+
+use waste_quant::ops::{rmsnorm_inplace, sigmoid, silu, softplus};
+use waste_quant::{scalar, Matrix, Pool};
+
+/// Shape and constants of one KDA layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KdaConfig {
+    /// Heads `H`.
+    pub heads: usize,
+    /// Head dim `D` (K = V).
+    pub dim: usize,
+    /// Short conv kernel.
+    pub kernel: usize,
+    /// `rms_norm_eps` (gated output norm).
+    pub eps: f32,
+    /// K3 bounded decay: `lower_bound · σ(exp(A_log)·z)`; None = Kimi-Linear softplus form.
+    pub lower_bound: Option<f32>,
+}
+
+impl KdaConfig {
+    /// Channels `H·D`.
+    pub fn channels(&self) -> usize {
+        self.heads * self.dim
+    }
+}
+
+/// The output gate.
+#[derive(Debug)]
+pub enum KdaGate {
+    /// Kimi-Linear: `g_b · (g_a · x)`.
+    LowRank {
+        /// `[D, hidden]`.
+        a: Matrix,
+        /// `[C, D]`.
+        b: Matrix,
+    },
+    /// K3: `g_proj · x`.
+    Full(Matrix),
+}
+
+/// Weights of one KDA layer.
+#[derive(Debug)]
+pub struct KdaWeights {
+    /// `[C, hidden]`.
+    pub q: Matrix,
+    /// `[C, hidden]`.
+    pub k: Matrix,
+    /// `[C, hidden]`.
+    pub v: Matrix,
+    /// Conv taps `[3][C][kernel]` (q, k, v), taps contiguous, newest last.
+    pub conv: [Vec<f32>; 3],
+    /// `[D, hidden]`.
+    pub f_a: Matrix,
+    /// `[C, D]`.
+    pub f_b: Matrix,
+    /// `[H, hidden]`.
+    pub b: Matrix,
+    /// Per head (first H values of the stored tensor).
+    pub a_log: Vec<f32>,
+    /// `[C]`.
+    pub dt_bias: Vec<f32>,
+    /// Output gate.
+    pub gate: KdaGate,
+    /// `[D]`, shared by heads.
+    pub o_norm: Vec<f32>,
+    /// `[hidden, C]`.
+    pub o: Matrix,
+}
+
+/// Recurrent state of one KDA layer: conv rings and the per-head `D×D` state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KdaState {
+    /// `[kernel-1][3C]`: the last inputs, oldest first.
+    pub conv: Vec<f32>,
+    /// `[H][D (key)][D (value)]`.
+    pub s: Vec<f32>,
+}
+
+impl KdaState {
+    /// Zero state.
+    pub fn new(c: &KdaConfig) -> KdaState {
+        KdaState { conv: vec![0.0; (c.kernel - 1) * 3 * c.channels()], s: vec![0.0; c.heads * c.dim * c.dim] }
+    }
+    /// Bytes of state.
+    pub fn bytes(c: &KdaConfig) -> usize {
+        ((c.kernel - 1) * 3 * c.channels() + c.heads * c.dim * c.dim) * 4
+    }
+    /// Reset to zero.
+    pub fn reset(&mut self) {
+        self.conv.fill(0.0);
+        self.s.fill(0.0);
+    }
+}
+
+/// Scratch buffers for [`step`].
+#[derive(Debug)]
+pub struct KdaScratch {
+    qkv: Vec<f32>,
+    conv_out: Vec<f32>,
+    lo: Vec<f32>,
+    z: Vec<f32>,
+    beta: Vec<f32>,
+    gate: Vec<f32>,
+    o: Vec<f32>,
+}
+
+impl KdaScratch {
+    /// Buffers for a config.
+    pub fn new(c: &KdaConfig) -> Self {
+        let ch = c.channels();
+        KdaScratch { qkv: vec![0.0; 3 * ch], conv_out: vec![0.0; 3 * ch], lo: vec![0.0; c.dim], z: vec![0.0; ch], beta: vec![0.0; c.heads], gate: vec![0.0; ch], o: vec![0.0; ch] }
+    }
+    /// Bytes allocated.
+    pub fn bytes(c: &KdaConfig) -> usize {
+        (3 * c.channels() * 2 + c.dim + c.heads + 3 * c.channels()) * 4
+    }
+}
+
+/// One token through a KDA layer: `out = KDA(x)` (x already normed).
+pub fn step(pool: &Pool, c: &KdaConfig, w: &KdaWeights, st: &mut KdaState, sc: &mut KdaScratch, x: &[f32], out: &mut [f32]) {
+    let ch = c.channels();
+    let (d, h, k) = (c.dim, c.heads, c.kernel);
+    // 1. projections
+    pool.matvec(&w.q.view(), x, &mut sc.qkv[..ch]);
+    pool.matvec(&w.k.view(), x, &mut sc.qkv[ch..2 * ch]);
+    pool.matvec(&w.v.view(), x, &mut sc.qkv[2 * ch..]);
+    // 2. causal depthwise conv over the ring + current input, then SiLU
+    for part in 0..3 {
+        let taps = &w.conv[part];
+        for i in 0..ch {
+            let cidx = part * ch + i;
+            let t = &taps[i * k..(i + 1) * k];
+            let mut acc = 0f32;
+            for j in 0..k - 1 {
+                acc += t[j] * st.conv[j * 3 * ch + cidx];
+            }
+            acc += t[k - 1] * sc.qkv[cidx];
+            sc.conv_out[cidx] = silu(acc);
+        }
+    }
+    // shift the ring: drop the oldest, append the current input
+    if k > 1 {
+        st.conv.copy_within(3 * ch.., 0);
+        let last = (k - 2) * 3 * ch;
+        st.conv[last..last + 3 * ch].copy_from_slice(&sc.qkv);
+    }
+    // 3. decay pre-activation and gate
+    pool.matvec(&w.f_a.view(), x, &mut sc.lo);
+    pool.matvec(&w.f_b.view(), &sc.lo, &mut sc.z);
+    for (i, zi) in sc.z.iter_mut().enumerate() {
+        let z = *zi + w.dt_bias[i];
+        let a = w.a_log[i / d].exp();
+        *zi = match c.lower_bound {
+            None => -a * softplus(z),
+            Some(lb) => lb * sigmoid(a * z),
+        };
+    }
+    // 4. beta
+    pool.matvec(&w.b.view(), x, &mut sc.beta);
+    for b in sc.beta.iter_mut() {
+        *b = sigmoid(*b);
+    }
+    // 5. delta rule per head
+    let (q, rest) = sc.conv_out.split_at_mut(ch);
+    let (kk, v) = rest.split_at_mut(ch);
+    let qscale = 1.0 / (d as f32).sqrt();
+    let s_all = waste_quant::SyncSlice::new(&mut st.s);
+    let o_all = waste_quant::SyncSlice::new(&mut sc.o);
+    let (q, kk, v, z, beta) = (&*q, &*kk, &*v, &sc.z, &sc.beta);
+    pool.chunks(h, &|h0, h1| {
+        for hh in h0..h1 {
+            // SAFETY: each head owns its D×D state block and D outputs.
+            let s = unsafe { s_all.range(hh * d * d, (hh + 1) * d * d) };
+            let o = unsafe { o_all.range(hh * d, (hh + 1) * d) };
+            head_update(d, s, &q[hh * d..(hh + 1) * d], &kk[hh * d..(hh + 1) * d], &v[hh * d..(hh + 1) * d], &z[hh * d..(hh + 1) * d], beta[hh], qscale, o);
+        }
+    });
+    // 6. output gate and gated norm
+    match &w.gate {
+        KdaGate::LowRank { a, b } => {
+            pool.matvec(&a.view(), x, &mut sc.lo);
+            pool.matvec(&b.view(), &sc.lo, &mut sc.gate);
+        }
+        KdaGate::Full(g) => pool.matvec(&g.view(), x, &mut sc.gate),
+    }
+    for hh in 0..h {
+        let o = &mut sc.o[hh * d..(hh + 1) * d];
+        rmsnorm_inplace(o, &w.o_norm, c.eps);
+        for (oi, gi) in o.iter_mut().zip(&sc.gate[hh * d..(hh + 1) * d]) {
+            *oi *= sigmoid(*gi);
+        }
+    }
+    // 7. output projection
+    pool.matvec(&w.o.view(), &sc.o, out);
+}
+
+/// The per-head recurrence (state rows indexed by key dim).
+#[allow(clippy::too_many_arguments)]
+pub fn head_update(d: usize, s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: f32, qscale: f32, o: &mut [f32]) {
+    let kn = 1.0 / (scalar::dot(k, k) + 1e-6).sqrt();
+    let qn = 1.0 / (scalar::dot(q, q) + 1e-6).sqrt();
+    let mut khat = [0f32; 512];
+    let mut qhat = [0f32; 512];
+    let (khat, qhat) = if d <= 512 { (&mut khat[..d], &mut qhat[..d]) } else { unreachable_big(d) };
+    for i in 0..d {
+        khat[i] = k[i] * kn;
+        qhat[i] = q[i] * qn * qscale;
+    }
+    // decay rows, u = Sᵀ k̂
+    let mut u = [0f32; 512];
+    let u = &mut u[..d];
+    for i in 0..d {
+        let e = g[i].exp();
+        let row = &mut s[i * d..(i + 1) * d];
+        for (j, sv) in row.iter_mut().enumerate() {
+            *sv *= e;
+            u[j] = khat[i].mul_add(*sv, u[j]);
+        }
+    }
+    // S += k̂ dᵀ with d = beta (v - u); o = Sᵀ q̂
+    o.fill(0.0);
+    for j in 0..d {
+        u[j] = beta * (v[j] - u[j]);
+    }
+    for i in 0..d {
+        let row = &mut s[i * d..(i + 1) * d];
+        for (j, sv) in row.iter_mut().enumerate() {
+            *sv = khat[i].mul_add(u[j], *sv);
+            o[j] = qhat[i].mul_add(*sv, o[j]);
+        }
+    }
+}
+
+fn unreachable_big(d: usize) -> ! {
+    panic!("KDA head dim {d} exceeds 512 (bounded at open)")
+}

@@ -1,0 +1,207 @@
+//! Multi-head latent attention for one token, absorbed decode over a latent
+//! cache of `kv_lora + qk_rope` floats per position.
+
+use waste_quant::ops::{rmsnorm, rmsnorm_inplace, sigmoid, softmax};
+use waste_quant::{f32_matrix, Matrix, Pool, SyncSlice};
+
+/// Shape and constants of one MLA layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlaConfig {
+    /// Heads.
+    pub heads: usize,
+    /// No-position query/key dim.
+    pub nope: usize,
+    /// Shared rope-slot key dim.
+    pub rope: usize,
+    /// Value head dim.
+    pub v: usize,
+    /// Latent width.
+    pub kv_lora: usize,
+    /// Epsilon of `q_a_layernorm` / `kv_a_layernorm` (1e-6 in transformers).
+    pub latent_eps: f32,
+    /// Maximum positions (context bound).
+    pub max_ctx: usize,
+}
+
+impl MlaConfig {
+    /// Floats cached per position.
+    pub fn latent(&self) -> usize {
+        self.kv_lora + self.rope
+    }
+}
+
+/// Query projection.
+#[derive(Debug)]
+pub enum MlaQuery {
+    /// `q_proj`.
+    Plain(Matrix),
+    /// `q_b · RMSNorm(q_a · x)`.
+    Lora {
+        /// `[q_lora, hidden]`.
+        a: Matrix,
+        /// `[q_lora]`.
+        norm: Vec<f32>,
+        /// `[heads·(nope+rope), q_lora]`.
+        b: Matrix,
+    },
+}
+
+/// Weights of one MLA layer.
+#[derive(Debug)]
+pub struct MlaWeights {
+    /// Query.
+    pub q: MlaQuery,
+    /// `[kv_lora + rope, hidden]`.
+    pub kv_a: Matrix,
+    /// `[kv_lora]`.
+    pub kv_a_norm: Vec<f32>,
+    /// `[heads·(nope+v), kv_lora]`.
+    pub kv_b: Matrix,
+    /// K3 output gate `[heads·v, hidden]`.
+    pub g: Option<Matrix>,
+    /// `[hidden, heads·v]`.
+    pub o: Matrix,
+}
+
+/// The latent cache of one MLA layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaState {
+    /// `[len][kv_lora + rope]`.
+    pub cache: Vec<f32>,
+    /// Positions cached.
+    pub len: usize,
+}
+
+impl MlaState {
+    /// Empty cache with room for `max_ctx` positions (allocated up front, so
+    /// memory is what the plan says from the start).
+    pub fn new(c: &MlaConfig) -> MlaState {
+        MlaState { cache: vec![0.0; c.max_ctx * c.latent()], len: 0 }
+    }
+    /// Bytes for a context.
+    pub fn bytes(c: &MlaConfig) -> usize {
+        c.max_ctx * c.latent() * 4
+    }
+    /// Forget everything.
+    pub fn reset(&mut self) {
+        self.len = 0;
+    }
+}
+
+/// Scratch for [`step`].
+#[derive(Debug)]
+pub struct MlaScratch {
+    q: Vec<f32>,
+    qa: Vec<f32>,
+    c: Vec<f32>,
+    qcat: Vec<f32>,
+    scores: Vec<f32>,
+    cbar: Vec<f32>,
+    o: Vec<f32>,
+    g: Vec<f32>,
+}
+
+impl MlaScratch {
+    /// Buffers.
+    pub fn new(c: &MlaConfig, q_lora: usize) -> Self {
+        let h = c.heads;
+        MlaScratch {
+            q: vec![0.0; h * (c.nope + c.rope)],
+            qa: vec![0.0; q_lora],
+            c: vec![0.0; c.latent()],
+            qcat: vec![0.0; h * c.latent()],
+            scores: vec![0.0; h * c.max_ctx],
+            cbar: vec![0.0; h * c.kv_lora],
+            o: vec![0.0; h * c.v],
+            g: vec![0.0; h * c.v],
+        }
+    }
+    /// Bytes.
+    pub fn bytes(c: &MlaConfig, q_lora: usize) -> usize {
+        let h = c.heads;
+        (h * (c.nope + c.rope) + q_lora + c.latent() + h * c.latent() + h * c.max_ctx + h * c.kv_lora + 2 * h * c.v) * 4
+    }
+}
+
+/// Error: the context is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextFull(pub usize);
+
+/// One token through an MLA layer. Fails (leaving state untouched) when the
+/// cache already holds `max_ctx` positions.
+pub fn step(pool: &Pool, c: &MlaConfig, w: &MlaWeights, st: &mut MlaState, sc: &mut MlaScratch, x: &[f32], out: &mut [f32]) -> Result<(), ContextFull> {
+    if st.len >= c.max_ctx {
+        return Err(ContextFull(c.max_ctx));
+    }
+    let (h, nope, rope, vd, kvl) = (c.heads, c.nope, c.rope, c.v, c.kv_lora);
+    let lat = c.latent();
+    let qd = nope + rope;
+    // 1. query
+    match &w.q {
+        MlaQuery::Plain(q) => pool.matvec(&q.view(), x, &mut sc.q),
+        MlaQuery::Lora { a, norm, b } => {
+            pool.matvec(&a.view(), x, &mut sc.qa);
+            rmsnorm_inplace(&mut sc.qa, norm, c.latent_eps);
+            pool.matvec(&b.view(), &sc.qa, &mut sc.q);
+        }
+    }
+    // 2. latent for this position
+    pool.matvec(&w.kv_a.view(), x, &mut sc.c);
+    let pos = st.len;
+    {
+        let dst = &mut st.cache[pos * lat..(pos + 1) * lat];
+        rmsnorm(&sc.c[..kvl], &w.kv_a_norm, c.latent_eps, &mut dst[..kvl]);
+        dst[kvl..].copy_from_slice(&sc.c[kvl..]);
+    }
+    st.len += 1;
+    let n = st.len;
+    let scale = 1.0 / (qd as f32).sqrt();
+    let kv_b = w.kv_b.view();
+    let cache = f32_matrix(n, lat, &st.cache);
+    let qcat = SyncSlice::new(&mut sc.qcat);
+    let scores = SyncSlice::new(&mut sc.scores);
+    let cbar = SyncSlice::new(&mut sc.cbar);
+    let o = SyncSlice::new(&mut sc.o);
+    let q = &sc.q;
+    let level = pool.level();
+    // 3. per head: absorbed query, scores over the cache, softmax, latent mix, value
+    pool.chunks(h, &|h0, h1| {
+        let mut row = vec![0f32; kvl];
+        for hh in h0..h1 {
+            // SAFETY: head hh owns its slices of every scratch buffer.
+            let (qc, sco, cb, oh) = unsafe { (qcat.range(hh * lat, (hh + 1) * lat), scores.range(hh * c.max_ctx, hh * c.max_ctx + n), cbar.range(hh * kvl, (hh + 1) * kvl), o.range(hh * vd, (hh + 1) * vd)) };
+            let qh = &q[hh * qd..(hh + 1) * qd];
+            // q̃ = W_kb,hᵀ q_nope
+            qc[..kvl].fill(0.0);
+            for i in 0..nope {
+                kv_b.row(hh * (nope + vd) + i, &mut row);
+                waste_quant::ops::axpy(qh[i], &row, &mut qc[..kvl]);
+            }
+            qc[kvl..].copy_from_slice(&qh[nope..]);
+            cache.matvec_rows(level, qc, 0, sco);
+            for s in sco.iter_mut() {
+                *s *= scale;
+            }
+            softmax(sco);
+            cb.fill(0.0);
+            for (s, &a) in sco.iter().enumerate() {
+                waste_quant::ops::axpy(a, &st_row(&st.cache, s, lat)[..kvl], cb);
+            }
+            kv_b.matvec_rows(level, cb, hh * (nope + vd) + nope, oh);
+        }
+    });
+    // 4. output gate (K3)
+    if let Some(g) = &w.g {
+        pool.matvec(&g.view(), x, &mut sc.g);
+        for (oi, gi) in sc.o.iter_mut().zip(&sc.g) {
+            *oi *= sigmoid(*gi);
+        }
+    }
+    pool.matvec(&w.o.view(), &sc.o, out);
+    Ok(())
+}
+
+#[inline]
+fn st_row(cache: &[f32], s: usize, lat: usize) -> &[f32] {
+    &cache[s * lat..(s + 1) * lat]
+}

@@ -1,0 +1,299 @@
+//! Loading the resident trunk from a container, tensor by tensor.
+
+use crate::{Error, Result};
+use std::fs::File;
+use waste_attn::{KdaConfig, KdaGate, KdaWeights, MlaConfig, MlaQuery, MlaWeights};
+use waste_format::{AttnKind, Container, ModelConfig, TensorInfo};
+use waste_moe::{DenseGlu, LayerBooks, RouterConfig};
+use waste_quant::{Matrix, VqBook};
+
+/// Read tensors from trunk.bin with positional reads (never the whole file).
+pub struct TrunkReader<'c> {
+    c: &'c Container,
+    file: File,
+    /// Bytes of resident tensors loaded so far.
+    pub loaded: u64,
+}
+
+#[cfg(unix)]
+fn pread_exact(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(f, buf, off)
+}
+#[cfg(windows)]
+fn pread_exact(f: &File, mut buf: &mut [u8], mut off: u64) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        let n = std::os::windows::fs::FileExt::seek_read(f, buf, off)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf = &mut buf[n..];
+        off += n as u64;
+    }
+    Ok(())
+}
+
+impl<'c> TrunkReader<'c> {
+    /// Open trunk.bin.
+    pub fn new(c: &'c Container) -> Result<Self> {
+        let p = c.trunk_path();
+        let file = File::open(&p).map_err(|e| waste_format::Error::io(&p, e))?;
+        Ok(TrunkReader { c, file, loaded: 0 })
+    }
+
+    fn read(&self, off: u64, len: u64) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; len as usize];
+        pread_exact(&self.file, &mut v, off).map_err(|e| waste_format::Error::io(self.c.trunk_path(), e))?;
+        Ok(v)
+    }
+
+    /// Load a tensor (name without prefix) as a matrix `[rows, cols]`.
+    pub fn matrix(&mut self, name: &str) -> Result<Matrix> {
+        let t = self.c.tensor(name)?.clone();
+        let data = self.read(t.off, t.payload_len)?;
+        let scales = if t.fmt.is_grouped() { self.read(t.scale_off, t.scale_len)? } else { vec![] };
+        self.loaded += t.stored_bytes();
+        Matrix::from_stored(t.fmt, t.rows, t.cols, t.group, data, &scales).map_err(|e| Error::Format(waste_format::Error::tensor(&t.name, e.to_string())))
+    }
+
+    /// Load a tensor as a flat f32 vector.
+    pub fn vector(&mut self, name: &str) -> Result<Vec<f32>> {
+        Ok(self.matrix(name)?.to_f32())
+    }
+}
+
+/// The on-disk embedding table: one row read per token.
+pub struct Embedding {
+    info: TensorInfo,
+    file: File,
+    path: std::path::PathBuf,
+}
+
+impl Embedding {
+    /// Open.
+    pub fn new(c: &Container) -> Result<Self> {
+        let info = c.tensor("model.embed_tokens.weight")?.clone();
+        let path = c.trunk_path();
+        let file = File::open(&path).map_err(|e| waste_format::Error::io(&path, e))?;
+        Ok(Embedding { info, file, path })
+    }
+    /// Rows (vocabulary).
+    pub fn rows(&self) -> usize {
+        self.info.rows
+    }
+    /// Dequantize row `tok` into `out`.
+    pub fn row(&self, tok: u32, out: &mut [f32]) -> Result<()> {
+        let t = &self.info;
+        let r = tok as usize;
+        if r >= t.rows {
+            return Err(Error::Arg(format!("token id {tok} is outside the vocabulary (0..{})", t.rows)));
+        }
+        let rb = t.payload_len as usize / t.rows;
+        let io = |e| Error::Format(waste_format::Error::io(&self.path, e));
+        let mut data = vec![0u8; rb];
+        pread_exact(&self.file, &mut data, t.off + (r * rb) as u64).map_err(io)?;
+        let mut sc = vec![];
+        if t.fmt.is_grouped() {
+            let sb = t.scale_len as usize / t.rows;
+            sc = vec![0u8; sb];
+            pread_exact(&self.file, &mut sc, t.scale_off + (r * sb) as u64).map_err(io)?;
+        }
+        let m = Matrix::from_stored(t.fmt, 1, t.cols, t.group, data, &sc).map_err(|e| Error::Format(waste_format::Error::tensor(&t.name, e.to_string())))?;
+        m.view().row(0, out);
+        Ok(())
+    }
+}
+
+/// Attention weights of one layer.
+pub enum Attn {
+    /// KDA.
+    Kda(KdaWeights),
+    /// MLA.
+    Mla(MlaWeights),
+}
+
+/// FFN weights of one layer.
+pub enum Ffn {
+    /// Dense GLU.
+    Dense(DenseGlu),
+    /// MoE.
+    Moe(MoeWeights),
+}
+
+/// The resident part of a MoE layer.
+pub struct MoeWeights {
+    /// Router `[E, hidden]`.
+    pub gate: Matrix,
+    /// Correction bias `[E]`.
+    pub bias: Vec<f32>,
+    /// Shared experts.
+    pub shared: Option<DenseGlu>,
+    /// K3 latent projections (down `[lat, hidden]`, up `[hidden, lat]`, optional norm).
+    pub latent: Option<(Matrix, Matrix, Option<Vec<f32>>)>,
+    /// Codebooks.
+    pub books: LayerBooks,
+}
+
+/// K3 Attention Residuals weights of one layer.
+pub struct AttnResWeights {
+    /// `self_attention_res_norm ⊙ self_attention_res_proj`.
+    pub attn: Vec<f32>,
+    /// `mlp_res_norm ⊙ mlp_res_proj`.
+    pub mlp: Vec<f32>,
+}
+
+/// One decoder layer.
+pub struct Layer {
+    /// Input norm.
+    pub in_norm: Vec<f32>,
+    /// Post-attention norm.
+    pub post_norm: Vec<f32>,
+    /// Attention.
+    pub attn: Attn,
+    /// FFN.
+    pub ffn: Ffn,
+    /// Attention Residuals (K3).
+    pub res: Option<AttnResWeights>,
+}
+
+/// Per-kind constants derived from the config.
+pub fn kda_config(c: &ModelConfig) -> KdaConfig {
+    KdaConfig { heads: c.kda_heads, dim: c.kda_head_dim, kernel: c.conv_kernel, eps: c.rms_eps, lower_bound: c.gate_lower_bound }
+}
+
+/// MLA constants for a context bound.
+pub fn mla_config(c: &ModelConfig, ctx: usize) -> MlaConfig {
+    MlaConfig { heads: c.mla_heads, nope: c.qk_nope, rope: c.qk_rope, v: c.v_head, kv_lora: c.kv_lora, latent_eps: 1e-6, max_ctx: ctx }
+}
+
+/// Router constants.
+pub fn router_config(c: &ModelConfig) -> RouterConfig {
+    RouterConfig { experts: c.experts, top_k: c.top_k, n_group: c.n_group, topk_group: c.topk_group, renormalize: c.renormalize, scaling: c.routed_scaling }
+}
+
+fn product(a: &[f32], b: &[f32]) -> Vec<f32> {
+    a.iter().zip(b).map(|(x, y)| x * y).collect()
+}
+
+/// Load every layer's resident weights.
+pub fn load_layers(c: &Container, r: &mut TrunkReader<'_>, progress: &dyn Fn(usize, usize)) -> Result<Vec<Layer>> {
+    let cfg = &c.config;
+    if cfg.kda_head_dim > 512 {
+        return Err(Error::Unsupported(format!("KDA head dim {} (at most 512)", cfg.kda_head_dim)));
+    }
+    let mut layers = Vec::with_capacity(cfg.layers);
+    for l in 0..cfg.layers {
+        let p = format!("model.layers.{l}.");
+        let a = format!("{p}self_attn.");
+        let attn = match cfg.attn_kinds[l] {
+            AttnKind::Kda => {
+                let kc = kda_config(cfg);
+                let ch = kc.channels();
+                let conv = |r: &mut TrunkReader<'_>, n: &str| -> Result<Vec<f32>> {
+                    let v = r.vector(&format!("{a}{n}.weight"))?;
+                    debug_assert_eq!(v.len(), ch * kc.kernel);
+                    Ok(v)
+                };
+                let mut a_log = r.vector(&format!("{a}A_log"))?;
+                a_log.truncate(kc.heads);
+                Attn::Kda(KdaWeights {
+                    q: r.matrix(&format!("{a}q_proj.weight"))?,
+                    k: r.matrix(&format!("{a}k_proj.weight"))?,
+                    v: r.matrix(&format!("{a}v_proj.weight"))?,
+                    conv: [conv(r, "q_conv1d")?, conv(r, "k_conv1d")?, conv(r, "v_conv1d")?],
+                    f_a: r.matrix(&format!("{a}f_a_proj.weight"))?,
+                    f_b: r.matrix(&format!("{a}f_b_proj.weight"))?,
+                    b: r.matrix(&format!("{a}b_proj.weight"))?,
+                    a_log,
+                    dt_bias: r.vector(&format!("{a}dt_bias"))?,
+                    gate: if cfg.kda_full_rank_gate {
+                        KdaGate::Full(r.matrix(&format!("{a}g_proj.weight"))?)
+                    } else {
+                        KdaGate::LowRank { a: r.matrix(&format!("{a}g_a_proj.weight"))?, b: r.matrix(&format!("{a}g_b_proj.weight"))? }
+                    },
+                    o_norm: r.vector(&format!("{a}o_norm.weight"))?,
+                    o: r.matrix(&format!("{a}o_proj.weight"))?,
+                })
+            }
+            AttnKind::Mla => Attn::Mla(MlaWeights {
+                q: match cfg.q_lora {
+                    None => MlaQuery::Plain(r.matrix(&format!("{a}q_proj.weight"))?),
+                    Some(_) => MlaQuery::Lora {
+                        a: r.matrix(&format!("{a}q_a_proj.weight"))?,
+                        norm: r.vector(&format!("{a}q_a_layernorm.weight"))?,
+                        b: r.matrix(&format!("{a}q_b_proj.weight"))?,
+                    },
+                },
+                kv_a: r.matrix(&format!("{a}kv_a_proj_with_mqa.weight"))?,
+                kv_a_norm: r.vector(&format!("{a}kv_a_layernorm.weight"))?,
+                kv_b: r.matrix(&format!("{a}kv_b_proj.weight"))?,
+                g: if cfg.mla_output_gate { Some(r.matrix(&format!("{a}g_proj.weight"))?) } else { None },
+                o: r.matrix(&format!("{a}o_proj.weight"))?,
+            }),
+        };
+        let ffn = if cfg.is_moe(l) {
+            let m = format!("{p}block_sparse_moe.");
+            let books = match &c.experts {
+                Some((q, _)) if q.fmt.is_vq() => {
+                    let base = c.banks[l].as_ref().map(|b| b.codebook_base).unwrap_or(0);
+                    let mut lb = LayerBooks::default();
+                    for (kind, slot) in lb.books.iter_mut().enumerate() {
+                        for s in 0..q.stages {
+                            let id = base + kind * q.stages + s;
+                            let bits = c.codebooks.book(id).ok_or_else(|| waste_format::Error::Codebook { id, msg: "out of range".into() })?;
+                            slot.push(VqBook::from_f16(bits, q.entries, q.vec_dim));
+                        }
+                    }
+                    lb
+                }
+                _ => LayerBooks::default(),
+            };
+            Ffn::Moe(MoeWeights {
+                gate: r.matrix(&format!("{m}gate.weight"))?,
+                bias: r.vector(&format!("{m}gate.e_score_correction_bias"))?,
+                shared: if cfg.shared_experts > 0 {
+                    Some(DenseGlu {
+                        gate: r.matrix(&format!("{m}shared_experts.gate_proj.weight"))?,
+                        up: r.matrix(&format!("{m}shared_experts.up_proj.weight"))?,
+                        down: r.matrix(&format!("{m}shared_experts.down_proj.weight"))?,
+                    })
+                } else {
+                    None
+                },
+                latent: match cfg.latent {
+                    Some(_) => Some((
+                        r.matrix(&format!("{m}routed_expert_down_proj.weight"))?,
+                        r.matrix(&format!("{m}routed_expert_up_proj.weight"))?,
+                        if cfg.latent_norm { Some(r.vector(&format!("{m}routed_expert_norm.weight"))?) } else { None },
+                    )),
+                    None => None,
+                },
+                books,
+            })
+        } else {
+            Ffn::Dense(DenseGlu {
+                gate: r.matrix(&format!("{p}mlp.gate_proj.weight"))?,
+                up: r.matrix(&format!("{p}mlp.up_proj.weight"))?,
+                down: r.matrix(&format!("{p}mlp.down_proj.weight"))?,
+            })
+        };
+        let res = if cfg.attn_res_block.is_some() {
+            Some(AttnResWeights {
+                attn: product(&r.vector(&format!("{p}self_attention_res_norm.weight"))?, &r.vector(&format!("{p}self_attention_res_proj.weight"))?),
+                mlp: product(&r.vector(&format!("{p}mlp_res_norm.weight"))?, &r.vector(&format!("{p}mlp_res_proj.weight"))?),
+            })
+        } else {
+            None
+        };
+        layers.push(Layer { in_norm: r.vector(&format!("{p}input_layernorm.weight"))?, post_norm: r.vector(&format!("{p}post_attention_layernorm.weight"))?, attn, ffn, res });
+        progress(l + 1, cfg.layers);
+    }
+    Ok(layers)
+}
+
+/// Load the model-level AttnRes weights (norm ⊙ proj).
+pub fn load_output_res(c: &Container, r: &mut TrunkReader<'_>) -> Result<Option<Vec<f32>>> {
+    if c.config.attn_res_block.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(product(&r.vector("model.output_attn_res_norm.weight")?, &r.vector("model.output_attn_res_proj.weight")?)))
+}

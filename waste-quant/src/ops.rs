@@ -1,0 +1,95 @@
+//! Element-wise operators shared by attention and MoE, written to match the
+//! reference implementations' f32 formulas.
+
+use crate::scalar;
+
+/// `out = w ⊙ (x · rsqrt(mean(x²) + eps))` (transformers' RMSNorm order).
+pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let r = rms_scale(x, eps);
+    for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(w) {
+        *o = wi * (xi * r);
+    }
+}
+
+/// In-place [`rmsnorm`].
+pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let r = rms_scale(x, eps);
+    for (xi, &wi) in x.iter_mut().zip(w) {
+        *xi = wi * (*xi * r);
+    }
+}
+
+/// `1 / sqrt(mean(x²) + eps)`.
+pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let ss = scalar::dot(x, x);
+    1.0 / (ss / x.len() as f32 + eps).sqrt()
+}
+
+/// Logistic sigmoid.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// SiLU `x·σ(x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+/// Softplus as transformers' Kimi forget gate computes it: `x` above 20,
+/// else `ln(1 + exp(x))`.
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { (1.0 + x.exp()).ln() }
+}
+
+/// SiTU-GLU: `β·tanh(g/β)·σ(g) · β'·tanh(u/β')` (β' ≤ 0: `u` raw).
+#[inline]
+pub fn situ(g: f32, u: f32, beta: f32, linear_beta: f32) -> f32 {
+    let a = beta * (g / beta).tanh() * sigmoid(g);
+    let b = if linear_beta > 0.0 { linear_beta * (u / linear_beta).tanh() } else { u };
+    a * b
+}
+
+/// In-place softmax.
+pub fn softmax(x: &mut [f32]) {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut s = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        s += *v;
+    }
+    let inv = 1.0 / s;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `y += a · x`.
+#[inline]
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi = a.mul_add(xi, *yi);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn formulas() {
+        assert!((softplus(0.0) - 2f32.ln()).abs() < 1e-7);
+        assert_eq!(softplus(25.0), 25.0);
+        assert!((silu(1.0) - 0.7310586).abs() < 1e-6);
+        // SiTU with huge betas tends to SiLU-GLU
+        assert!((situ(0.5, 0.3, 1e6, 1e6) - silu(0.5) * 0.3).abs() < 1e-6);
+        let mut v = [1.0, 2.0, 3.0];
+        softmax(&mut v);
+        assert!((v.iter().sum::<f32>() - 1.0).abs() < 1e-6 && v[2] > v[1]);
+        let mut o = [0f32; 2];
+        rmsnorm(&[3.0, 4.0], &[1.0, 2.0], 0.0, &mut o);
+        let r = 1.0 / 12.5f32.sqrt();
+        assert_eq!(o, [3.0 * r, 2.0 * (4.0 * r)]);
+    }
+}

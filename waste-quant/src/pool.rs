@@ -1,0 +1,250 @@
+//! A persistent compute pool: no thread spawn per call. Work is split into
+//! tasks whose outputs are disjoint (e.g. row ranges of a matvec), so the
+//! result is bit-identical for any thread count.
+
+use crate::level::{level, Level};
+use crate::matrix::MatRef;
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+type Task = dyn Fn(usize) + Sync;
+
+#[derive(Clone, Copy)]
+struct TaskPtr(*const Task);
+// SAFETY: the pointee is Sync and outlives every use (run() waits for all tasks).
+unsafe impl Send for TaskPtr {}
+
+struct State {
+    gen: u64,
+    task: Option<TaskPtr>,
+    ntasks: usize,
+    next: usize,
+    done: usize,
+    panicked: bool,
+    quit: bool,
+}
+
+struct Inner {
+    m: Mutex<State>,
+    start: Condvar,
+    finished: Condvar,
+}
+
+/// The compute pool (`threads` includes the calling thread).
+pub struct Pool {
+    inner: Arc<Inner>,
+    handles: Vec<JoinHandle<()>>,
+    threads: usize,
+    level: Level,
+    run_lock: Mutex<()>,
+}
+
+/// Rows below which a matvec is not split.
+const MIN_ROWS_SPLIT: usize = 32;
+
+impl Pool {
+    /// A pool of `threads` (≥ 1) computing at the process's SIMD level.
+    pub fn new(threads: usize) -> Pool {
+        Self::with_level(threads, level())
+    }
+    /// A pool at an explicit SIMD level (tests force each level).
+    pub fn with_level(threads: usize, level: Level) -> Pool {
+        let threads = threads.max(1);
+        let inner = Arc::new(Inner {
+            m: Mutex::new(State { gen: 0, task: None, ntasks: 0, next: 0, done: 0, panicked: false, quit: false }),
+            start: Condvar::new(),
+            finished: Condvar::new(),
+        });
+        let handles = (1..threads)
+            .map(|i| {
+                let inner = inner.clone();
+                std::thread::Builder::new().name(format!("waste-compute-{i}")).spawn(move || worker(&inner)).expect("spawn compute thread")
+            })
+            .collect();
+        Pool { inner, handles, threads, level, run_lock: Mutex::new(()) }
+    }
+    /// Threads (including the caller).
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+    /// SIMD level used by this pool's kernels.
+    pub fn level(&self) -> Level {
+        self.level
+    }
+
+    /// Run `f(0..ntasks)` across the pool; returns when all are done.
+    pub fn run(&self, ntasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        if ntasks == 0 {
+            return;
+        }
+        if self.threads == 1 || ntasks == 1 {
+            (0..ntasks).for_each(f);
+            return;
+        }
+        let _g = self.run_lock.lock();
+        // SAFETY: erase the lifetime; we wait below until no worker holds the pointer.
+        let short: *const (dyn Fn(usize) + Sync + '_) = f;
+        let ptr = TaskPtr(unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Task>(short) });
+        {
+            let mut s = self.inner.m.lock();
+            s.task = Some(ptr);
+            s.ntasks = ntasks;
+            s.next = 0;
+            s.done = 0;
+            s.panicked = false;
+            s.gen += 1;
+            self.inner.start.notify_all();
+        }
+        work(&self.inner);
+        let mut s = self.inner.m.lock();
+        while s.done < s.ntasks {
+            self.inner.finished.wait(&mut s);
+        }
+        s.task = None;
+        if s.panicked {
+            drop(s);
+            panic!("a compute task panicked");
+        }
+    }
+
+    /// `y = W · x` split by rows across the pool (bit-identical for any thread count).
+    pub fn matvec(&self, m: &MatRef<'_>, x: &[f32], y: &mut [f32]) {
+        self.matvec_rows(m, x, 0, y)
+    }
+
+    /// `y[i] = W[row0 + i] · x`, split across the pool.
+    pub fn matvec_rows(&self, m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32]) {
+        let n = y.len();
+        let parts = self.threads.min(n / MIN_ROWS_SPLIT).max(1);
+        if parts == 1 {
+            m.matvec_rows(self.level, x, row0, y);
+            return;
+        }
+        let out = SyncSlice::new(y);
+        self.run(parts, &|p| {
+            let (a, b) = (n * p / parts, n * (p + 1) / parts);
+            // SAFETY: parts write disjoint ranges [a, b).
+            let ys = unsafe { out.range(a, b) };
+            m.matvec_rows(self.level, x, row0 + a, ys);
+        });
+    }
+
+    /// Split `0..n` into contiguous chunks, one task per thread.
+    pub fn chunks(&self, n: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        let parts = self.threads.min(n).max(1);
+        self.run(parts, &|p| f(n * p / parts, n * (p + 1) / parts));
+    }
+}
+
+/// A mutable slice shared by tasks that write disjoint ranges.
+pub struct SyncSlice<T> {
+    ptr: *mut T,
+    len: usize,
+}
+// SAFETY: users promise disjoint access (see `range`).
+unsafe impl<T: Send> Sync for SyncSlice<T> {}
+unsafe impl<T: Send> Send for SyncSlice<T> {}
+
+impl<T> SyncSlice<T> {
+    /// Wrap a slice.
+    pub fn new(s: &mut [T]) -> Self {
+        SyncSlice { ptr: s.as_mut_ptr(), len: s.len() }
+    }
+    /// A sub-slice `[a, b)`.
+    ///
+    /// # Safety
+    /// No two live sub-slices may overlap, and the wrapped slice must outlive them.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn range(&self, a: usize, b: usize) -> &mut [T] {
+        assert!(a <= b && b <= self.len);
+        // SAFETY: in bounds; exclusivity promised by the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(a), b - a) }
+    }
+}
+
+fn work(inner: &Inner) {
+    loop {
+        let (task, i) = {
+            let mut s = inner.m.lock();
+            match s.task {
+                Some(t) if s.next < s.ntasks => {
+                    s.next += 1;
+                    (t, s.next - 1)
+                }
+                _ => return,
+            }
+        };
+        // SAFETY: run() keeps the closure alive until done == ntasks.
+        let f = unsafe { &*task.0 };
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_ok();
+        let mut s = inner.m.lock();
+        s.done += 1;
+        s.panicked |= !ok;
+        if s.done == s.ntasks {
+            inner.finished.notify_all();
+        }
+    }
+}
+
+fn worker(inner: &Inner) {
+    let mut seen = 0u64;
+    loop {
+        {
+            let mut s = inner.m.lock();
+            while s.gen == seen && !s.quit {
+                inner.start.wait(&mut s);
+            }
+            if s.quit {
+                return;
+            }
+            seen = s.gen;
+        }
+        work(inner);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.inner.m.lock().quit = true;
+        self.inner.start.notify_all();
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use waste_format::Fmt;
+
+    #[test]
+    fn matvec_is_bit_identical_for_any_thread_count() {
+        let rows = 257;
+        let cols = 100;
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5).collect();
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32).sin()).collect();
+        let m = MatRef::new(Fmt::F32, rows, cols, 0, bytemuck::cast_slice(&w), &[]).unwrap();
+        let mut y1 = vec![0f32; rows];
+        Pool::new(1).matvec(&m, &x, &mut y1);
+        for t in [2, 3, 5] {
+            let p = Pool::new(t);
+            for _ in 0..3 {
+                let mut y = vec![0f32; rows];
+                p.matvec(&m, &x, &mut y);
+                assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), y1.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn run_covers_every_task_once() {
+        let p = Pool::new(3);
+        let hits: Vec<std::sync::atomic::AtomicUsize> = (0..50).map(|_| Default::default()).collect();
+        p.run(50, &|i| {
+            hits[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        assert!(hits.iter().all(|h| h.load(std::sync::atomic::Ordering::Relaxed) == 1));
+    }
+}
