@@ -144,7 +144,11 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let st = s.stats();
     if a.json {
         print_json(&json!({"prompt_ids": ids, "tokens": out, "context_full": ctx_full, "seconds": secs,
-            "experts_hit": st.experts_hit, "experts_missed": st.experts_missed, "bytes_read": st.bytes_read}))?;
+            "experts_hit": st.experts_hit, "experts_missed": st.experts_missed, "bytes_read": st.bytes_read,
+            "direct_io": model.direct_io(), "threads": model.threads(), "simd": model.simd().name(),
+            "ms_per_token": {"total": 1e3 * secs / st.tokens.max(1) as f64, "trunk": 1e3 * st.trunk_seconds / st.tokens.max(1) as f64,
+                "attention": 1e3 * st.attn_seconds / st.tokens.max(1) as f64, "expert_compute": 1e3 * st.expert_seconds / st.tokens.max(1) as f64,
+                "expert_io": 1e3 * st.io_seconds / st.tokens.max(1) as f64}}))?;
     } else {
         println!("{}", out.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","));
         let total = st.experts_hit + st.experts_missed;

@@ -130,3 +130,37 @@ pub fn version(a: VersionArgs) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[derive(Args)]
+pub struct DiskbenchArgs {
+    /// A large file on the disk to measure (e.g. an expert bank).
+    file: PathBuf,
+    /// Bytes per read (rounded to 4 KiB).
+    #[arg(long, default_value_t = 1 << 20)]
+    record_size: usize,
+    /// Reads in flight (one reader thread each).
+    #[arg(long, default_value_t = 4)]
+    qd: usize,
+    /// Stop after this many bytes.
+    #[arg(long, default_value_t = 4 << 30)]
+    max_bytes: u64,
+    /// Use the page cache.
+    #[arg(long)]
+    no_direct_io: bool,
+    /// Use 4 KiB pages instead of 2 MiB huge pages for the buffers.
+    #[arg(long)]
+    no_huge: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn diskbench(a: DiskbenchArgs) -> Result<ExitCode> {
+    let r = waste_model::io::probe_bandwidth(&a.file, a.record_size, a.qd, a.max_bytes, !a.no_direct_io, !a.no_huge)?;
+    if a.json {
+        print_json(&json!({"gbps": r.gbps, "bytes": r.bytes, "seconds": r.seconds, "direct_io": r.direct, "huge_pages": r.huge, "record_size": a.record_size, "qd": a.qd}))?;
+    } else {
+        println!("{:.3} GB/s ({} bytes in {:.2} s; record {} B, qd {}, direct I/O {}, huge pages {})", r.gbps, r.bytes, r.seconds, a.record_size, a.qd, r.direct, r.huge);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -23,6 +23,8 @@ enum Cmd {
     Verify(cmd_info::VerifyArgs),
     /// Version and build (SIMD level, format version).
     Version(cmd_info::VersionArgs),
+    /// Measure this disk's read bandwidth (direct I/O, given record size and queue depth).
+    Diskbench(cmd_info::DiskbenchArgs),
     /// Next-token distribution after a prompt.
     Eval(cmd_eval::EvalArgs),
     /// Generate from a prompt.
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
         Cmd::Info(a) => cmd_info::info(a),
         Cmd::Verify(a) => cmd_info::verify(a),
         Cmd::Version(a) => cmd_info::version(a),
+        Cmd::Diskbench(a) => cmd_info::diskbench(a),
         Cmd::Eval(a) => cmd_eval::eval(a),
         Cmd::Run(a) => cmd_eval::run(a),
     };

@@ -207,7 +207,21 @@ impl ModelConfig {
         let experts = req_uint(m, p, &["num_experts", "n_routed_experts", "num_local_experts"], 1, MAX_EXPERTS)?;
         let top_k = req_uint(m, p, &["num_experts_per_token", "num_experts_per_tok"], 1, MAX_TOPK.min(experts))?;
         let moe_intermediate = req_uint(m, p, &["moe_intermediate_size"], 1, MAX_FFN)?;
-        let first_k_dense = uint(m, p, &["first_k_dense_replace"], 0, layers)?.unwrap_or(0);
+        let first_k_dense = match uint(m, p, &["first_k_dense_replace"], 0, layers)? {
+            Some(k) => k,
+            None => match m.get("mlp_layer_types").filter(|v| !v.is_null()) {
+                // transformers' form: leading "dense" layers, the rest "sparse"
+                Some(Value::Array(a)) => {
+                    let k = a.iter().take_while(|v| v.as_str() == Some("dense")).count();
+                    if a.len() != layers || a[k..].iter().any(|v| v.as_str() != Some("sparse")) {
+                        return Err(Error::manifest("config.mlp_layer_types", "must be leading \"dense\" layers then \"sparse\" ones, one per layer"));
+                    }
+                    k
+                }
+                Some(v) => return Err(Error::manifest("config.mlp_layer_types", format!("expected an array, got {v}"))),
+                None => 0,
+            },
+        };
         let intermediate = match uint(m, p, &["intermediate_size"], 1, MAX_FFN)? {
             Some(n) => n,
             None if first_k_dense == 0 => 0,
@@ -428,9 +442,10 @@ mod tests {
             "num_experts_per_tok": 1, "moe_intermediate_size": 8, "layer_types": ["linear_attention", "full_attention"],
             "linear_num_heads": 2, "linear_head_dim": 8, "num_attention_heads": 2, "qk_nope_head_dim": 4,
             "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 8, "norm_topk_prob": false,
-            "hidden_act": "situ"}, "model_type": "kimi_k3"});
+            "hidden_act": "situ", "mlp_layer_types": ["dense", "sparse"], "intermediate_size": 16}, "model_type": "kimi_k3"});
         let c = ModelConfig::from_json(&v).unwrap();
         assert_eq!(c.attn_kinds, vec![AttnKind::Kda, AttnKind::Mla]);
+        assert_eq!(c.first_k_dense, 1);
         assert!(!c.renormalize);
         assert_eq!(c.activation, Activation::Situ { beta: 4.0, linear_beta: 25.0 });
     }

@@ -57,3 +57,5 @@ pub use session::{attn_res, Session, Stats};
 pub fn softmax_in_place(x: &mut [f32]) {
     waste_quant::ops::softmax(x)
 }
+/// Direct I/O and the disk probe.
+pub use waste_io as io;

@@ -23,8 +23,10 @@ pub struct Stats {
     pub bytes_read: u64,
     /// Seconds waiting for expert reads.
     pub io_seconds: f64,
-    /// Seconds in the trunk (attention, norms, router, shared experts, head).
+    /// Seconds in the trunk outside attention (norms, dense FFN, router, shared experts, head).
     pub trunk_seconds: f64,
+    /// Seconds in attention (KDA and MLA).
+    pub attn_seconds: f64,
     /// Seconds computing routed experts.
     pub expert_seconds: f64,
 }
@@ -157,7 +159,7 @@ impl<'m> Session<'m> {
         let c = m.config();
         let pool = &m.pool;
         let t0 = Instant::now();
-        let (io0, ex0) = (self.stats.io_seconds, self.stats.expert_seconds);
+        let (io0, ex0, at0) = (self.stats.io_seconds, self.stats.expert_seconds, self.stats.attn_seconds);
         m.embed.row(tok, &mut self.h)?;
         let ar = c.attn_res_block;
         self.blocks.clear();
@@ -180,6 +182,7 @@ impl<'m> Session<'m> {
             } else {
                 rmsnorm(&self.h, &layer.in_norm, c.rms_eps, &mut self.xn);
             }
+            let ta = Instant::now();
             match (&layer.attn, &mut self.states[l]) {
                 (Attn::Kda(w), LayerState::Kda(st)) => {
                     let sc = self.kda_sc.as_mut().expect("kda scratch");
@@ -191,6 +194,7 @@ impl<'m> Session<'m> {
                 }
                 _ => unreachable!("layer state matches its kind"),
             }
+            self.stats.attn_seconds += ta.elapsed().as_secs_f64();
             // --- FFN
             if ar.is_some() {
                 if restarted {
@@ -226,7 +230,7 @@ impl<'m> Session<'m> {
         }
         self.pos += 1;
         self.stats.tokens += 1;
-        let spent = t0.elapsed().as_secs_f64() - (self.stats.io_seconds - io0) - (self.stats.expert_seconds - ex0);
+        let spent = t0.elapsed().as_secs_f64() - (self.stats.io_seconds - io0) - (self.stats.expert_seconds - ex0) - (self.stats.attn_seconds - at0);
         self.stats.trunk_seconds += spent;
         Ok(())
     }

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Regenerate the oracle fixtures: three tiny synthetic containers of different
+# shapes and expert formats, and transformers' logits for each.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=$(../shared/tools/oracle-venv)/bin/python
+F=tools/oracle/fixtures
+mkdir -p $F
+cargo xtask synth --shape tiny   --seed 11 --experts vq3r --out $F/tiny.waste
+cargo xtask synth --shape tiny-b --seed 12 --experts vq4p --out $F/tiny-b.waste
+cargo xtask synth --shape tiny-c --seed 13 --experts f16  --out $F/tiny-c.waste
+for s in tiny tiny-b tiny-c; do
+  $PY tools/oracle/kimi_linear_oracle.py $F/$s.waste $F/$s.logits.json --seed 5 --len 40
+done
