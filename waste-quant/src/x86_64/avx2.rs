@@ -161,7 +161,9 @@ pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) {
 
 /// Unscaled VQ row sums for rows `r0..r0+y.len()` (a multiple of 8, `r0 % 8
 /// == 0`, blocked layout with `block % 8 == 0`): lanes are rows, each summing
-/// over (v, s) in the canonical order.
+/// over (v, s) in the canonical order. Up to 8 row groups of one index block
+/// run together, so each (v, s) table slice is loaded once for 64 rows and
+/// the 8 accumulators hide the add latency.
 ///
 /// # Safety
 /// AVX2; sizes as asserted by `vq::matvec_rows`.
@@ -170,36 +172,73 @@ pub unsafe fn vq_rows8(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: 
     let te = lay.table_entries();
     let bpv = lay.bpv();
     let st = lay.stages;
-    for g in (0..y.len()).step_by(8) {
-        let r = r0 + g;
-        let mut acc = _mm256_setzero_ps();
+    let end = r0 + y.len();
+    // Fast index extraction: each row's bpv (2 or 3) bytes become one 32-bit lane
+    // by a byte shuffle; stage s is then (w >> field·s) & mask.
+    let fast = bpv == 2 || bpv == 3;
+    let mut ml = [0x80u8; 16];
+    let mut mh = [0x80u8; 16];
+    let hi_off = (8 * bpv).saturating_sub(16);
+    for i in 0..4 {
+        for k in 0..bpv.min(4) {
+            ml[4 * i + k] = (bpv * i + k) as u8;
+            mh[4 * i + k] = (bpv * (i + 4) + k - hi_off) as u8;
+        }
+    }
+    // SAFETY: 16-byte arrays.
+    let (mask_lo, mask_hi) = unsafe { (_mm_loadu_si128(ml.as_ptr() as *const __m128i), _mm_loadu_si128(mh.as_ptr() as *const __m128i)) };
+    let field = if lay.packed6 { 6 } else { 8 };
+    let field_mask = _mm256_set1_epi32(if lay.packed6 { 63 } else { 255 });
+    let mut r = r0;
+    while r < end {
+        let block_end = (r / lay.block + 1) * lay.block;
+        let ng = ((block_end.min(end) - r) / 8).clamp(1, 8);
+        let mut acc = [_mm256_setzero_ps(); 8];
         for v in 0..lay.nvec {
             let o = lay.offset(r, v);
-            let src = &idx[o..o + 8 * bpv];
-            let mut ix = [[0i32; 8]; 4];
-            for i in 0..8 {
-                let q = &src[i * bpv..];
-                if lay.packed6 {
-                    let w = q[0] as i32 | (q[1] as i32) << 8 | (q[2] as i32) << 16;
-                    for (s, row) in ix.iter_mut().enumerate().take(st) {
-                        row[i] = (w >> (6 * s)) & 63;
-                    }
-                } else {
-                    for (s, row) in ix.iter_mut().enumerate().take(st) {
-                        row[i] = q[s] as i32;
+            let src = &idx[o..o + 8 * ng * bpv];
+            if fast {
+                for (g, a) in acc.iter_mut().enumerate().take(ng) {
+                    // SAFETY: the 8 rows' indices are 8·bpv ≥ 16 contiguous bytes at src[g·8·bpv..].
+                    unsafe {
+                        let p = src.as_ptr().add(g * 8 * bpv);
+                        let lo = _mm_shuffle_epi8(_mm_loadu_si128(p as *const __m128i), mask_lo);
+                        let hi = _mm_shuffle_epi8(_mm_loadu_si128(p.add(8 * bpv - 16) as *const __m128i), mask_hi);
+                        let w = _mm256_set_m128i(hi, lo);
+                        for s in 0..st {
+                            let base = _mm256_set1_epi32(((v * st + s) * te) as i32);
+                            let ix = _mm256_and_si256(_mm256_srl_epi32(w, _mm_cvtsi32_si128((field * s) as i32)), field_mask);
+                            *a = _mm256_add_ps(*a, _mm256_i32gather_ps::<4>(table.as_ptr(), _mm256_add_epi32(ix, base)));
+                        }
                     }
                 }
+                continue;
             }
-            for (s, row) in ix.iter().enumerate().take(st) {
+            for s in 0..st {
                 let base = ((v * st + s) * te) as i32;
-                // SAFETY: every index < te, so base + index lies within table (len >= table_len).
-                unsafe {
-                    let vi = _mm256_add_epi32(_mm256_loadu_si256(row.as_ptr() as *const __m256i), _mm256_set1_epi32(base));
-                    acc = _mm256_add_ps(acc, _mm256_i32gather_ps::<4>(table.as_ptr(), vi));
+                for (g, a) in acc.iter_mut().enumerate().take(ng) {
+                    let mut ix = [0i32; 8];
+                    for (i, x) in ix.iter_mut().enumerate() {
+                        let q = &src[(g * 8 + i) * bpv..];
+                        *x = base
+                            + if lay.packed6 {
+                                ((q[0] as i32 | (q[1] as i32) << 8 | (q[2] as i32) << 16) >> (6 * s)) & 63
+                            } else {
+                                q[s] as i32
+                            };
+                    }
+                    // SAFETY: every index < te, so base + index lies within the table.
+                    unsafe {
+                        let vi = _mm256_loadu_si256(ix.as_ptr() as *const __m256i);
+                        *a = _mm256_add_ps(*a, _mm256_i32gather_ps::<4>(table.as_ptr(), vi));
+                    }
                 }
             }
         }
-        // SAFETY: g + 8 <= y.len().
-        unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(g), acc) };
+        for (g, a) in acc.iter().enumerate().take(ng) {
+            // SAFETY: r + 8g + 8 <= end.
+            unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(r - r0 + 8 * g), *a) };
+        }
+        r += 8 * ng;
     }
 }
