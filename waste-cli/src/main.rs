@@ -1,6 +1,7 @@
 //! `waste`: the command-line client of the WASTE engine. Thin: parse,
 //! call the library, print, map errors to an exit code and one clear line.
 
+mod cmd_cache;
 mod cmd_eval;
 mod cmd_info;
 mod progress;
@@ -25,6 +26,8 @@ enum Cmd {
     Version(cmd_info::VersionArgs),
     /// Measure this disk's read bandwidth (direct I/O, given record size and queue depth).
     Diskbench(cmd_info::DiskbenchArgs),
+    /// Replay a routing trace through the engine's expert cache.
+    Cachesim(cmd_cache::CachesimArgs),
     /// Next-token distribution after a prompt.
     Eval(cmd_eval::EvalArgs),
     /// Generate from a prompt.
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Cmd::Verify(a) => cmd_info::verify(a),
         Cmd::Version(a) => cmd_info::version(a),
         Cmd::Diskbench(a) => cmd_info::diskbench(a),
+        Cmd::Cachesim(a) => cmd_cache::cachesim(a),
         Cmd::Eval(a) => cmd_eval::eval(a),
         Cmd::Run(a) => cmd_eval::run(a),
     };

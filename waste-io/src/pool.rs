@@ -1,9 +1,11 @@
-//! A pool of reader threads: positional reads into owned aligned buffers,
-//! demand requests always served before speculative ones.
+//! A pool of reader threads: positional reads into owned aligned buffers or
+//! into caller-owned memory (cache slots); demand requests are always served
+//! before speculative ones, and a queued speculative read can be promoted.
 
 use crate::{AlignedBuf, DirectFile, Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -16,12 +18,21 @@ pub enum Priority {
     Speculative,
 }
 
-type Done = Arc<(Mutex<Option<(AlignedBuf, Result<()>)>>, Condvar)>;
+type Outcome = (Option<AlignedBuf>, Result<()>);
+type Done = Arc<(Mutex<Option<Outcome>>, Condvar)>;
+
+enum Dest {
+    Owned(AlignedBuf),
+    Raw(*mut u8, usize),
+}
+// SAFETY: a Raw destination is exclusively reserved for the job by the submitter (see submit_into).
+unsafe impl Send for Dest {}
 
 struct Job {
+    id: u64,
     file: Arc<DirectFile>,
     offset: u64,
-    buf: AlignedBuf,
+    dest: Dest,
     done: Done,
 }
 
@@ -39,12 +50,20 @@ struct Shared {
 
 /// Completion handle of one submitted read.
 pub struct Ticket {
+    id: u64,
     done: Done,
 }
 
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Ticket({})", self.id)
+    }
+}
+
 impl Ticket {
-    /// Block until the read finished; returns the buffer and the outcome.
-    pub fn wait(self) -> (AlignedBuf, Result<()>) {
+    /// Block until the read finished; returns the owned buffer (for
+    /// [`ReaderPool::submit`]) and the outcome.
+    pub fn wait_buf(self) -> (Option<AlignedBuf>, Result<()>) {
         let (m, cv) = &*self.done;
         let mut g = m.lock();
         loop {
@@ -53,6 +72,17 @@ impl Ticket {
             }
             cv.wait(&mut g);
         }
+    }
+    /// Block until an owned-buffer read finished.
+    pub fn wait(self) -> (AlignedBuf, Result<()>) {
+        match self.wait_buf() {
+            (Some(b), r) => (b, r),
+            (None, r) => (AlignedBuf::new(0, false), r),
+        }
+    }
+    /// Block until a read into caller memory finished.
+    pub fn wait_raw(self) -> Result<()> {
+        self.wait_buf().1
     }
     /// Whether the read has finished (non-blocking).
     pub fn is_done(&self) -> bool {
@@ -64,6 +94,7 @@ impl Ticket {
 pub struct ReaderPool {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    next_id: AtomicU64,
 }
 
 impl ReaderPool {
@@ -76,19 +107,24 @@ impl ReaderPool {
                 std::thread::Builder::new().name(format!("waste-io-{i}")).spawn(move || worker(&s)).expect("spawn reader thread")
             })
             .collect();
-        ReaderPool { shared, threads }
+        ReaderPool { shared, threads, next_id: AtomicU64::new(1) }
     }
     /// Number of reader threads.
     pub fn threads(&self) -> usize {
         self.threads.len()
     }
-    /// Queue a read of `buf.len()` bytes at `offset`.
-    pub fn submit(&self, file: Arc<DirectFile>, offset: u64, buf: AlignedBuf, prio: Priority) -> Ticket {
+
+    fn push(&self, file: Arc<DirectFile>, offset: u64, dest: Dest, prio: Priority) -> Ticket {
         let done: Done = Arc::new((Mutex::new(None), Condvar::new()));
-        let job = Job { file, offset, buf, done: done.clone() };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let job = Job { id, file, offset, dest, done: done.clone() };
         let mut q = self.shared.q.lock();
         if q.closed {
-            *done.0.lock() = Some((job.buf, Err(Error::Closed)));
+            let buf = match job.dest {
+                Dest::Owned(b) => Some(b),
+                Dest::Raw(..) => None,
+            };
+            *done.0.lock() = Some((buf, Err(Error::Closed)));
         } else {
             match prio {
                 Priority::Demand => q.demand.push_back(job),
@@ -96,7 +132,35 @@ impl ReaderPool {
             }
             self.shared.cv.notify_one();
         }
-        Ticket { done }
+        Ticket { id, done }
+    }
+
+    /// Queue a read of `buf.len()` bytes at `offset` into an owned buffer.
+    pub fn submit(&self, file: Arc<DirectFile>, offset: u64, buf: AlignedBuf, prio: Priority) -> Ticket {
+        self.push(file, offset, Dest::Owned(buf), prio)
+    }
+
+    /// Queue a read of `len` bytes at `offset` into caller memory at `dst`.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must stay valid, aligned for the file's I/O mode, and
+    /// untouched by anyone else until the ticket has been waited on.
+    pub unsafe fn submit_into(&self, file: Arc<DirectFile>, offset: u64, dst: *mut u8, len: usize, prio: Priority) -> Ticket {
+        self.push(file, offset, Dest::Raw(dst, len), prio)
+    }
+
+    /// If the read of `t` is still queued as speculative, move it to the
+    /// front of the demand queue (a demand read never waits behind
+    /// speculative ones). Returns whether it was promoted.
+    pub fn promote(&self, t: &Ticket) -> bool {
+        let mut q = self.shared.q.lock();
+        if let Some(pos) = q.spec.iter().position(|j| j.id == t.id) {
+            if let Some(j) = q.spec.remove(pos) {
+                q.demand.push_front(j);
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -114,17 +178,41 @@ fn worker(s: &Shared) {
                 s.cv.wait(&mut q);
             }
         };
-        let Job { file, offset, mut buf, done } = job;
-        let r = file.read_exact_at(&mut buf, offset);
+        let Job { file, offset, dest, done, .. } = job;
+        let out = match dest {
+            Dest::Owned(mut buf) => {
+                let r = file.read_exact_at(&mut buf, offset);
+                (Some(buf), r)
+            }
+            Dest::Raw(p, len) => {
+                // SAFETY: the submitter reserved this memory for the job (submit_into's contract).
+                let s = unsafe { std::slice::from_raw_parts_mut(p, len) };
+                (None, file.read_exact_at(s, offset))
+            }
+        };
         let (m, cv) = &*done;
-        *m.lock() = Some((buf, r));
+        *m.lock() = Some(out);
         cv.notify_all();
     }
 }
 
 impl Drop for ReaderPool {
     fn drop(&mut self) {
-        self.shared.q.lock().closed = true;
+        {
+            let mut q = self.shared.q.lock();
+            q.closed = true;
+            // queued jobs finish with Closed so no waiter hangs
+            let mut jobs: Vec<Job> = q.demand.drain(..).collect();
+            jobs.extend(q.spec.drain(..));
+            for j in jobs {
+                let buf = match j.dest {
+                    Dest::Owned(b) => Some(b),
+                    Dest::Raw(..) => None,
+                };
+                *j.done.0.lock() = Some((buf, Err(Error::Closed)));
+                j.done.1.notify_all();
+            }
+        }
         self.shared.cv.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -152,8 +240,32 @@ mod tests {
             r.unwrap();
             assert!(b.iter().all(|&x| x == i as u8));
         }
-        let (_, r) = pool.submit(f, 64 * 4096, AlignedBuf::new(4096, false), Priority::Demand).wait();
+        let (_, r) = pool.submit(f.clone(), 64 * 4096, AlignedBuf::new(4096, false), Priority::Demand).wait();
         assert!(matches!(r, Err(Error::ShortRead { .. })));
+        // into caller memory
+        let mut arena = AlignedBuf::new(3 * 4096, false);
+        let base = arena.as_mut_ptr();
+        // SAFETY: disjoint 4 KiB pieces of the arena, waited on below.
+        let ts: Vec<_> = (0..3).map(|i| unsafe { pool.submit_into(f.clone(), (10 + i) as u64 * 4096, base.add(i * 4096), 4096, Priority::Speculative) }).collect();
+        for t in ts {
+            t.wait_raw().unwrap();
+        }
+        assert!(arena.chunks(4096).enumerate().all(|(i, c)| c.iter().all(|&x| x == 10 + i as u8)));
+        std::fs::remove_file(p).ok();
+    }
+
+    #[test]
+    fn promote_moves_a_queued_speculative_read() {
+        let p = std::env::temp_dir().join(format!("waste-pool-promote-{}", std::process::id()));
+        std::fs::File::create(&p).unwrap().write_all(&vec![7u8; 8 * 4096]).unwrap();
+        let f = Arc::new(DirectFile::open(&p, false).unwrap());
+        let pool = ReaderPool::new(1);
+        let ts: Vec<_> = (0..8).map(|i| pool.submit(f.clone(), i * 4096, AlignedBuf::new(4096, false), Priority::Speculative)).collect();
+        // the last one is most likely still queued; promotion must never lose it
+        let _ = pool.promote(&ts[7]);
+        for t in ts {
+            t.wait().1.unwrap();
+        }
         std::fs::remove_file(p).ok();
     }
 }

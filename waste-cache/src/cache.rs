@@ -1,0 +1,460 @@
+//! The expert cache: a fixed arena of record-sized slots.
+
+use std::collections::HashMap;
+use waste_io::{AlignedBuf, Ticket};
+
+/// `(layer, expert)`.
+pub type Key = (u32, u32);
+
+/// Eviction policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Least frequently used, recency tie-break (default).
+    Lfru,
+    /// Least recently used.
+    Lru,
+    /// Optimal offline policy (needs next-use times; simulator only).
+    Belady,
+}
+
+impl Policy {
+    /// Parse `lfru | lru | belady`.
+    pub fn parse(s: &str) -> Option<Policy> {
+        match s {
+            "lfru" => Some(Policy::Lfru),
+            "lru" => Some(Policy::Lru),
+            "belady" => Some(Policy::Belady),
+            _ => None,
+        }
+    }
+    /// Name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Lfru => "lfru",
+            Policy::Lru => "lru",
+            Policy::Belady => "belady",
+        }
+    }
+}
+
+/// State of a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotState {
+    /// Holds nothing.
+    Empty,
+    /// A read is in flight.
+    InFlight,
+    /// Holds a validated record.
+    Ready,
+}
+
+#[derive(Debug)]
+struct Slot {
+    key: Option<Key>,
+    state: SlotState,
+    freq: u32,
+    last: u64,
+    pins: u32,
+    spec: bool,
+    window: bool,
+    next_use: u64,
+    ticket: Option<Ticket>,
+}
+
+/// Result of a lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// Resident and validated.
+    Ready(usize),
+    /// Being read.
+    InFlight(usize),
+    /// Not in the cache.
+    Miss,
+}
+
+/// Counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CacheStats {
+    /// Uses served from a resident or in-flight slot.
+    pub hits: u64,
+    /// Uses that needed a demand read.
+    pub misses: u64,
+    /// Bytes read (demand + speculative).
+    pub bytes_read: u64,
+    /// Speculative reads issued.
+    pub prefetch_issued: u64,
+    /// Speculative reads later used.
+    pub prefetch_used: u64,
+    /// Slots evicted.
+    pub evictions: u64,
+    /// Seconds waiting for reads.
+    pub io_wait_seconds: f64,
+}
+
+/// Errors of the cache: all are engine bugs or impossible budgets, reported loudly.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CacheError {
+    /// No slot can be evicted.
+    #[error("expert cache: no evictable slot for expert {expert} of layer {layer}: {pinned} of {slots} slots pinned, {inflight} in flight, {window} held by the prefetch window")]
+    AllPinned {
+        /// Layer wanted.
+        layer: u32,
+        /// Expert wanted.
+        expert: u32,
+        /// Slots.
+        slots: usize,
+        /// Pinned slots.
+        pinned: usize,
+        /// In-flight slots.
+        inflight: usize,
+        /// Window slots.
+        window: usize,
+    },
+    /// A pin was released twice.
+    #[error("expert cache: slot {slot} unpinned more often than pinned")]
+    PinUnderflow {
+        /// Slot.
+        slot: usize,
+    },
+    /// A pin outlived its kernel.
+    #[error("expert cache: slot {slot} (expert {expert} of layer {layer}) is still pinned after its layer finished")]
+    LeakedPin {
+        /// Slot.
+        slot: usize,
+        /// Layer.
+        layer: u32,
+        /// Expert.
+        expert: u32,
+    },
+}
+
+/// Victims are chosen among this many random slots.
+pub const VICTIM_SAMPLE: usize = 16;
+
+/// The cache.
+pub struct ExpertCache {
+    arena: Option<AlignedBuf>,
+    slot_bytes: usize,
+    slots: Vec<Slot>,
+    map: HashMap<Key, usize>,
+    /// Uses of every key ever seen, resident or not (LFRU's frequency).
+    history: HashMap<Key, u32>,
+    free: Vec<usize>,
+    clock: u64,
+    rng: u64,
+    policy: Policy,
+    /// Counters.
+    pub stats: CacheStats,
+}
+
+impl ExpertCache {
+    /// A cache of `slots` slots of `slot_bytes` (a 4 KiB multiple), its arena
+    /// allocated up front (huge pages when asked and available). With
+    /// `slot_bytes == 0` no arena is allocated (simulation).
+    pub fn new(slots: usize, slot_bytes: usize, policy: Policy, huge: bool) -> ExpertCache {
+        let arena = (slot_bytes > 0 && slots > 0).then(|| AlignedBuf::new(slots * slot_bytes, huge));
+        ExpertCache {
+            arena,
+            slot_bytes,
+            slots: (0..slots).map(|_| Slot { key: None, state: SlotState::Empty, freq: 0, last: 0, pins: 0, spec: false, window: false, next_use: u64::MAX, ticket: None }).collect(),
+            map: HashMap::with_capacity(slots * 2),
+            history: HashMap::new(),
+            free: (0..slots).rev().collect(),
+            clock: 0,
+            rng: 0x9E37_79B9_7F4A_7C15,
+            policy,
+            stats: CacheStats::default(),
+        }
+    }
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+    /// Whether the arena got huge pages.
+    pub fn huge_pages(&self) -> bool {
+        self.arena.as_ref().is_some_and(|a| a.is_huge())
+    }
+    /// Bytes of the arena.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena.as_ref().map_or(0, |a| a.capacity())
+    }
+    /// Policy.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Where `key` is.
+    pub fn lookup(&self, key: Key) -> Lookup {
+        match self.map.get(&key) {
+            Some(&s) if self.slots[s].state == SlotState::Ready => Lookup::Ready(s),
+            Some(&s) => Lookup::InFlight(s),
+            None => Lookup::Miss,
+        }
+    }
+    /// Key of a slot.
+    pub fn key(&self, slot: usize) -> Option<Key> {
+        self.slots[slot].key
+    }
+    /// State of a slot.
+    pub fn state(&self, slot: usize) -> SlotState {
+        self.slots[slot].state
+    }
+
+    /// Record a use of a slot (frequency, recency; a speculative slot becomes
+    /// used). The frequency is the key's count over its whole history, so a
+    /// popular expert that was evicted comes back with its count.
+    pub fn touch(&mut self, slot: usize) {
+        self.clock += 1;
+        let s = &mut self.slots[slot];
+        if let Some(k) = s.key {
+            let h = self.history.entry(k).or_insert(0);
+            *h = h.saturating_add(1);
+            s.freq = *h;
+        }
+        s.last = self.clock;
+        if s.spec {
+            s.spec = false;
+            self.stats.prefetch_used += 1;
+        }
+    }
+    /// Pin (in use or in flight): never evicted while pinned.
+    pub fn pin(&mut self, slot: usize) {
+        self.slots[slot].pins += 1;
+    }
+    /// Release a pin.
+    pub fn unpin(&mut self, slot: usize) -> Result<(), CacheError> {
+        let s = &mut self.slots[slot];
+        if s.pins == 0 {
+            return Err(CacheError::PinUnderflow { slot });
+        }
+        s.pins -= 1;
+        Ok(())
+    }
+    /// Hold or release a slot for the current prefetch window.
+    pub fn set_window(&mut self, slot: usize, on: bool) {
+        self.slots[slot].window = on;
+    }
+    /// Release every prefetch-window hold.
+    pub fn clear_window(&mut self) {
+        for s in &mut self.slots {
+            s.window = false;
+        }
+    }
+    /// Set the next use time of a slot (Belady).
+    pub fn set_next_use(&mut self, slot: usize, t: u64) {
+        self.slots[slot].next_use = t;
+    }
+
+    fn next_rand(&mut self) -> u64 {
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        x
+    }
+
+    fn evictable(s: &Slot) -> bool {
+        s.pins == 0 && s.state != SlotState::InFlight && !s.window && s.key.is_some()
+    }
+
+    /// Better victim of two: unused speculative first, then by policy.
+    fn better(&self, a: usize, b: usize) -> bool {
+        let (x, y) = (&self.slots[a], &self.slots[b]);
+        if x.spec != y.spec {
+            return x.spec;
+        }
+        match self.policy {
+            Policy::Lru => x.last < y.last,
+            Policy::Lfru => (x.freq, x.last) < (y.freq, y.last),
+            Policy::Belady => x.next_use > y.next_use,
+        }
+    }
+
+    fn victim(&mut self) -> Option<usize> {
+        let n = self.slots.len();
+        let mut best: Option<usize> = None;
+        if self.policy != Policy::Belady && n > VICTIM_SAMPLE {
+            for _ in 0..VICTIM_SAMPLE {
+                let i = (self.next_rand() % n as u64) as usize;
+                if Self::evictable(&self.slots[i]) && best.is_none_or(|b| self.better(i, b)) {
+                    best = Some(i);
+                }
+            }
+            if best.is_some() {
+                return best;
+            }
+        }
+        for i in 0..n {
+            if Self::evictable(&self.slots[i]) && best.is_none_or(|b| self.better(i, b)) {
+                best = Some(i);
+            }
+        }
+        best
+    }
+
+    /// Take a slot for `key` (not present): an empty one, else evict a
+    /// victim. The slot is returned in flight, pinned once, untouched.
+    pub fn reserve(&mut self, key: Key, speculative: bool) -> Result<usize, CacheError> {
+        debug_assert!(!self.map.contains_key(&key));
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                let v = self.victim().ok_or_else(|| CacheError::AllPinned {
+                    layer: key.0,
+                    expert: key.1,
+                    slots: self.slots.len(),
+                    pinned: self.slots.iter().filter(|s| s.pins > 0).count(),
+                    inflight: self.slots.iter().filter(|s| s.state == SlotState::InFlight).count(),
+                    window: self.slots.iter().filter(|s| s.window).count(),
+                })?;
+                if let Some(k) = self.slots[v].key.take() {
+                    self.map.remove(&k);
+                }
+                self.stats.evictions += 1;
+                v
+            }
+        };
+        let freq = self.history.get(&key).copied().unwrap_or(0);
+        let s = &mut self.slots[slot];
+        *s = Slot { key: Some(key), state: SlotState::InFlight, freq, last: self.clock, pins: 1, spec: speculative, window: false, next_use: u64::MAX, ticket: None };
+        self.map.insert(key, slot);
+        if speculative {
+            self.stats.prefetch_issued += 1;
+        }
+        Ok(slot)
+    }
+
+    /// The read into `slot` completed and validated.
+    pub fn mark_ready(&mut self, slot: usize) {
+        self.slots[slot].state = SlotState::Ready;
+    }
+    /// The read into `slot` failed: forget the slot (it becomes free).
+    pub fn mark_failed(&mut self, slot: usize) {
+        let s = &mut self.slots[slot];
+        if let Some(k) = s.key.take() {
+            self.map.remove(&k);
+        }
+        s.state = SlotState::Empty;
+        s.pins = 0;
+        s.spec = false;
+        s.window = false;
+        s.ticket = None;
+        self.free.push(slot);
+    }
+    /// Attach the in-flight read's ticket.
+    pub fn set_ticket(&mut self, slot: usize, t: Ticket) {
+        self.slots[slot].ticket = Some(t);
+    }
+    /// Take the in-flight read's ticket (the taker waits on it).
+    pub fn take_ticket(&mut self, slot: usize) -> Option<Ticket> {
+        self.slots[slot].ticket.take()
+    }
+    /// Borrow a ticket (to promote it).
+    pub fn ticket(&self, slot: usize) -> Option<&Ticket> {
+        self.slots[slot].ticket.as_ref()
+    }
+    /// Destination memory of a slot.
+    pub fn slot_ptr(&mut self, slot: usize) -> *mut u8 {
+        let b = self.slot_bytes;
+        let arena = self.arena.as_mut().expect("cache has an arena");
+        // SAFETY: slot < slots, the arena holds slots × slot_bytes.
+        unsafe { arena.as_mut_ptr().add(slot * b) }
+    }
+    /// A slot's bytes (only meaningful when Ready).
+    pub fn slot_data(&self, slot: usize) -> &[u8] {
+        let b = self.slot_bytes;
+        let arena = self.arena.as_ref().expect("cache has an arena");
+        &arena[slot * b..(slot + 1) * b]
+    }
+    /// Fail loudly if any slot is still pinned (called when a layer or token ends).
+    pub fn check_no_pins(&self) -> Result<(), CacheError> {
+        match self.slots.iter().position(|s| s.pins > 0 && s.state == SlotState::Ready) {
+            Some(i) => {
+                let (layer, expert) = self.slots[i].key.unwrap_or((u32::MAX, u32::MAX));
+                Err(CacheError::LeakedPin { slot: i, layer, expert })
+            }
+            None => Ok(()),
+        }
+    }
+    /// Resident keys with their use counts (for the usage hotlist).
+    pub fn resident(&self) -> Vec<(Key, u32)> {
+        self.slots.iter().filter_map(|s| s.key.filter(|_| s.state == SlotState::Ready).map(|k| (k, s.freq))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_by_policy_and_never_pinned() {
+        for pol in [Policy::Lfru, Policy::Lru] {
+            let mut c = ExpertCache::new(3, 0, pol, false);
+            for e in 0..3 {
+                let s = c.reserve((0, e), false).unwrap();
+                c.mark_ready(s);
+                c.unpin(s).unwrap();
+                c.touch(s);
+            }
+            // expert 0 used often, expert 1 most recently
+            let s0 = match c.lookup((0, 0)) { Lookup::Ready(s) => s, _ => panic!() };
+            for _ in 0..5 {
+                c.touch(s0);
+            }
+            let s1 = match c.lookup((0, 1)) { Lookup::Ready(s) => s, _ => panic!() };
+            c.touch(s1);
+            let s = c.reserve((0, 9), false).unwrap();
+            c.mark_ready(s);
+            c.unpin(s).unwrap();
+            let gone: Vec<u32> = (0..3).filter(|&e| c.lookup((0, e)) == Lookup::Miss).collect();
+            match pol {
+                Policy::Lfru => assert_eq!(gone, vec![2]), // least frequent (1 use) and older than 1
+                _ => assert_eq!(gone, vec![2]),            // least recent
+            }
+            // pin everything: reserving fails loudly
+            for e in [0, 1, 9] {
+                if let Lookup::Ready(s) = c.lookup((0, e)) {
+                    c.pin(s);
+                }
+            }
+            let err = c.reserve((1, 1), false).unwrap_err();
+            assert!(err.to_string().contains("no evictable slot for expert 1 of layer 1"), "{err}");
+        }
+    }
+
+    #[test]
+    fn speculative_slots_are_evicted_first_and_counted() {
+        let mut c = ExpertCache::new(2, 0, Policy::Lfru, false);
+        let a = c.reserve((0, 0), false).unwrap();
+        c.mark_ready(a);
+        c.unpin(a).unwrap();
+        for _ in 0..3 {
+            c.touch(a);
+        }
+        let b = c.reserve((0, 1), true).unwrap();
+        c.mark_ready(b);
+        c.unpin(b).unwrap();
+        c.touch(b); // used: no longer speculative
+        assert_eq!(c.stats.prefetch_used, 1);
+        let d = c.reserve((0, 2), true).unwrap(); // evicts (0,1): fewer uses
+        c.mark_ready(d);
+        c.unpin(d).unwrap();
+        let e = c.reserve((0, 3), false).unwrap(); // evicts the unused speculative (0,2) even though (0,0)... 
+        assert_eq!(c.lookup((0, 2)), Lookup::Miss);
+        assert_eq!(c.lookup((0, 0)), Lookup::Ready(a));
+        c.unpin(e).unwrap();
+        assert!(c.unpin(e).is_err());
+    }
+
+    #[test]
+    fn leaked_pin_is_reported() {
+        let mut c = ExpertCache::new(2, 0, Policy::Lru, false);
+        let a = c.reserve((3, 7), false).unwrap();
+        c.mark_ready(a);
+        assert_eq!(c.check_no_pins(), Err(CacheError::LeakedPin { slot: a, layer: 3, expert: 7 }));
+        c.unpin(a).unwrap();
+        assert_eq!(c.check_no_pins(), Ok(()));
+    }
+}

@@ -1,0 +1,54 @@
+//! `waste cachesim`: replay a routing trace through the engine's cache.
+
+use crate::print_json;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use waste_cache::{parse_trace, simulate, Policy};
+
+#[derive(Args)]
+pub struct CachesimArgs {
+    /// Routing trace (JSONL: {"tok": i, "layers": [[ids], ...]}).
+    trace: PathBuf,
+    /// Experts per layer (ids must be below it).
+    #[arg(long)]
+    experts: u32,
+    /// Cache slots.
+    #[arg(long)]
+    slots: usize,
+    /// lfru, lru or belady.
+    #[arg(long, default_value = "lfru")]
+    policy: String,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn cachesim(a: CachesimArgs) -> Result<ExitCode> {
+    let policy = Policy::parse(&a.policy).with_context(|| format!("--policy {:?}: expected lfru, lru or belady", a.policy))?;
+    if a.slots == 0 {
+        bail!("--slots must be at least 1");
+    }
+    let text = std::fs::read_to_string(&a.trace).with_context(|| format!("reading {}", a.trace.display()))?;
+    let trace = parse_trace(&text).map_err(|e| anyhow::anyhow!("{}: {e}", a.trace.display()))?;
+    for (t, tok) in trace.iter().enumerate() {
+        for ids in tok {
+            if let Some(&e) = ids.iter().find(|&&e| e >= a.experts) {
+                bail!("token {t}: expert {e} is not below --experts {}", a.experts);
+            }
+            let max_k = ids.len();
+            if a.slots < max_k {
+                bail!("--slots {} cannot hold one layer's {max_k} experts", a.slots);
+            }
+        }
+    }
+    let r = simulate(&trace, a.slots, policy)?;
+    if a.json {
+        print_json(&json!({"hit_rate": r.hit_rate(), "hits": r.hits, "accesses": r.accesses, "evictions": r.evictions, "policy": policy.name(), "slots": a.slots}))?;
+    } else {
+        println!("{}: {} slots: hit rate {:.2}% ({} / {} accesses, {} evictions)", policy.name(), a.slots, 100.0 * r.hit_rate(), r.hits, r.accesses, r.evictions);
+    }
+    Ok(ExitCode::SUCCESS)
+}
