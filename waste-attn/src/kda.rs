@@ -112,8 +112,8 @@ impl KdaScratch {
         KdaScratch { qkv: vec![0.0; 3 * ch], conv_out: vec![0.0; 3 * ch], lo: vec![0.0; c.dim], z: vec![0.0; ch], beta: vec![0.0; c.heads], gate: vec![0.0; ch], o: vec![0.0; ch] }
     }
     /// Bytes allocated.
-    pub fn bytes(c: &KdaConfig) -> usize {
-        (3 * c.channels() * 2 + c.dim + c.heads + 3 * c.channels()) * 4
+    pub fn allocated_bytes(&self) -> usize {
+        4 * [&self.qkv, &self.conv_out, &self.lo, &self.z, &self.beta, &self.gate, &self.o].iter().map(|v| v.capacity()).sum::<usize>()
     }
 }
 

@@ -116,10 +116,9 @@ impl MlaScratch {
             g: vec![0.0; h * c.v],
         }
     }
-    /// Bytes.
-    pub fn bytes(c: &MlaConfig, q_lora: usize) -> usize {
-        let h = c.heads;
-        (h * (c.nope + c.rope) + q_lora + c.latent() + h * c.latent() + h * c.max_ctx + h * c.kv_lora + 2 * h * c.v) * 4
+    /// Bytes allocated.
+    pub fn allocated_bytes(&self) -> usize {
+        4 * [&self.q, &self.qa, &self.c, &self.qcat, &self.scores, &self.cbar, &self.o, &self.g].iter().map(|v| v.capacity()).sum::<usize>()
     }
 }
 

@@ -378,7 +378,27 @@ impl ExpertCache {
             None => Ok(()),
         }
     }
-    /// Resident keys with their use counts (for the usage hotlist).
+    /// Every key used so far with its use count (for the usage hotlist).
+    pub fn history(&self) -> Vec<(Key, u32)> {
+        self.history.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+    /// Seed a key's use count (from a usage hotlist).
+    pub fn seed_history(&mut self, key: Key, count: u32) {
+        self.history.insert(key, count);
+        if let Some(&s) = self.map.get(&key) {
+            self.slots[s].freq = count;
+        }
+    }
+    /// In-flight slots whose read has finished (to be validated by the owner).
+    pub fn finished_reads(&self) -> Vec<usize> {
+        (0..self.slots.len()).filter(|&i| self.slots[i].state == SlotState::InFlight && self.slots[i].ticket.as_ref().is_some_and(|t| t.is_done())).collect()
+    }
+    /// An unpinned in-flight slot with its ticket still attached (a
+    /// speculative read nobody waits for): waiting on it frees a victim.
+    pub fn unclaimed_inflight(&self) -> Option<usize> {
+        (0..self.slots.len()).find(|&i| self.slots[i].state == SlotState::InFlight && self.slots[i].pins == 0 && self.slots[i].ticket.is_some())
+    }
+    /// Resident keys with their use counts.
     pub fn resident(&self) -> Vec<(Key, u32)> {
         self.slots.iter().filter_map(|s| s.key.filter(|_| s.state == SlotState::Ready).map(|k| (k, s.freq))).collect()
     }

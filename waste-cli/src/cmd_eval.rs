@@ -11,24 +11,87 @@ use waste_model::{Model, ModelOptions};
 /// Engine options shared by commands that open a model.
 #[derive(Args, Clone, Debug)]
 pub struct EngineArgs {
+    /// RAM budget, e.g. 8G, 1.5G, 512M (0 = pick automatically).
+    #[arg(long, default_value = "0", value_parser = parse_budget)]
+    pub budget: u64,
     /// Context bound in tokens.
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
     /// Compute threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Reader threads for expert I/O (0 = 4).
+    #[arg(long, default_value_t = 0)]
+    pub io_threads: usize,
+    /// Expert cache policy: lfru or lru.
+    #[arg(long, default_value = "lfru")]
+    pub cache: String,
+    /// Experts of the next layer to prefetch from a router lookahead (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub lookahead: usize,
+    /// Read a layer's missing experts one at a time instead of all at once.
+    #[arg(long)]
+    pub no_readahead: bool,
     /// Read experts through the page cache.
     #[arg(long)]
     pub no_direct_io: bool,
+    /// Do not ask for 2 MiB huge pages for the cache.
+    #[arg(long)]
+    pub no_huge_pages: bool,
     /// Check every expert record's CRC when read.
     #[arg(long)]
     pub verify: bool,
+    /// Usage hotlist to preload (default: the container's usage.waste).
+    #[arg(long)]
+    pub usage: Option<PathBuf>,
+    /// Most tokens a prefill chunk evaluates together (1 = token by token).
+    #[arg(long, default_value_t = 16)]
+    pub chunk: usize,
+    /// Write which experts this run used to the usage hotlist when done.
+    #[arg(long)]
+    pub learn: bool,
+}
+
+pub fn parse_budget(s: &str) -> Result<u64, String> {
+    waste_model::parse_size(s).ok_or_else(|| format!("{s:?} is not a size (examples: 8G, 1.5G, 512M, 0)"))
 }
 
 impl EngineArgs {
     pub fn open(&self, model: &PathBuf) -> Result<Model> {
-        let opts = ModelOptions { ctx: self.ctx, threads: self.threads, direct_io: !self.no_direct_io, verify_records: self.verify || ModelOptions::default().verify_records, simd: None };
-        Model::open(model, opts).with_context(|| format!("opening {}", model.display()))
+        let policy = match self.cache.as_str() {
+            "lfru" => waste_model::Policy::Lfru,
+            "lru" => waste_model::Policy::Lru,
+            o => bail!("--cache {o:?}: expected lfru or lru"),
+        };
+        let opts = ModelOptions {
+            budget: self.budget,
+            ctx: self.ctx,
+            threads: self.threads,
+            io_threads: self.io_threads,
+            direct_io: !self.no_direct_io,
+            verify_records: self.verify || ModelOptions::default().verify_records,
+            simd: None,
+            policy,
+            readahead: !self.no_readahead,
+            lookahead: self.lookahead,
+            huge_pages: !self.no_huge_pages,
+            max_chunk: self.chunk,
+            usage: self.usage.clone(),
+        };
+        let m = Model::open(model, opts).with_context(|| format!("opening {}", model.display()))?;
+        if let Some(w) = m.budget_warning() {
+            eprintln!("warning: {w}");
+        }
+        Ok(m)
+    }
+
+    /// Save the usage hotlist if --learn.
+    pub fn finish(&self, model: &Model, model_path: &std::path::Path, tokens: u64) -> Result<()> {
+        if self.learn {
+            let p = self.usage.clone().unwrap_or_else(|| model_path.join("usage.waste"));
+            model.save_usage(&p, tokens).with_context(|| format!("writing {}", p.display()))?;
+        }
+        Ok(())
     }
 }
 
@@ -142,6 +205,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     }
     let secs = t0.elapsed().as_secs_f64();
     let st = s.stats();
+    a.engine.finish(&model, &a.model, st.tokens)?;
     if a.json {
         print_json(&json!({"prompt_ids": ids, "tokens": out, "context_full": ctx_full, "seconds": secs,
             "experts_hit": st.experts_hit, "experts_missed": st.experts_missed, "bytes_read": st.bytes_read,

@@ -4,6 +4,7 @@
 mod cmd_cache;
 mod cmd_eval;
 mod cmd_info;
+mod cmd_plan;
 mod progress;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +27,10 @@ enum Cmd {
     Version(cmd_info::VersionArgs),
     /// Measure this disk's read bandwidth (direct I/O, given record size and queue depth).
     Diskbench(cmd_info::DiskbenchArgs),
+    /// Memory plan: floor breakdown and what a budget buys.
+    Plan(cmd_plan::PlanArgs),
+    /// Decode speed, hit rate, bytes per token, direct I/O.
+    Bench(cmd_plan::BenchArgs),
     /// Replay a routing trace through the engine's expert cache.
     Cachesim(cmd_cache::CachesimArgs),
     /// Next-token distribution after a prompt.
@@ -51,6 +56,8 @@ fn main() -> ExitCode {
         Cmd::Version(a) => cmd_info::version(a),
         Cmd::Diskbench(a) => cmd_info::diskbench(a),
         Cmd::Cachesim(a) => cmd_cache::cachesim(a),
+        Cmd::Plan(a) => cmd_plan::plan(a),
+        Cmd::Bench(a) => cmd_plan::bench(a),
         Cmd::Eval(a) => cmd_eval::eval(a),
         Cmd::Run(a) => cmd_eval::run(a),
     };

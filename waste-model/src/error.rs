@@ -19,6 +19,10 @@ pub enum Error {
         /// Breakdown.
         detail: String,
     },
+    /// The expert cache's invariants broke (a pin leaked, every slot pinned):
+    /// an engine bug, reported loudly rather than risking wrong text.
+    #[error(transparent)]
+    Cache(#[from] waste_cache::CacheError),
     /// An allocation failed.
     #[error("out of memory: {0}")]
     Oom(String),

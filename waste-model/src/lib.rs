@@ -47,10 +47,13 @@ pub fn build_info() -> BuildInfo {
 }
 
 mod model;
+mod plan;
 mod session;
 mod weights;
 
 pub use model::{Model, ModelOptions};
+pub use plan::{plan, Plan};
+pub use waste_cache::{parse_size, physical_ram, usable_ram, CacheStats, Policy};
 pub use session::{attn_res, Session, Stats};
 
 /// In-place softmax (probabilities from logits).
@@ -59,3 +62,8 @@ pub fn softmax_in_place(x: &mut [f32]) {
 }
 /// Direct I/O and the disk probe.
 pub use waste_io as io;
+
+/// Resolve a RAM budget for a plan (0 = the default rule) against usable RAM.
+pub fn resolve_budget(p: &Plan, budget: u64, usable: u64) -> std::result::Result<waste_cache::Budget, waste_cache::BelowFloor> {
+    waste_cache::resolve(&p.floor(), budget, usable)
+}

@@ -1,36 +1,71 @@
-//! `Model`: an opened container with its trunk resident.
+//! `Model`: an opened container with its trunk resident and its expert
+//! cache sized from the RAM budget.
 
-use crate::weights::{load_layers, load_output_res, Embedding, Layer, TrunkReader};
+use crate::plan::{aligned_alloc_bytes, Plan};
+use crate::weights::{load_layers, load_output_res, Attn, Embedding, Ffn, Layer, TrunkReader};
 use crate::{Error, Result};
-use std::path::Path;
+use parking_lot::Mutex;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use waste_format::Container;
-use waste_io::DirectFile;
+use waste_cache::{ExpertCache, Policy};
+use waste_format::{check_record, Container, Usage, UsageEntry};
+use waste_io::{DirectFile, ReaderPool};
 use waste_moe::ExpertKernel;
 use waste_quant::{Level, Matrix, Pool};
 
 /// How to open a model.
 #[derive(Clone, Debug)]
 pub struct ModelOptions {
+    /// RAM budget in bytes (0 = pick by the default rule).
+    pub budget: u64,
     /// Context bound in tokens (MLA caches are sized for it).
     pub ctx: usize,
     /// Compute threads (0 = all cores).
     pub threads: usize,
+    /// Reader threads (0 = 4).
+    pub io_threads: usize,
     /// Bypass the page cache for expert reads.
     pub direct_io: bool,
     /// Check every expert record's CRC on read (a pass per read).
     pub verify_records: bool,
     /// Force a SIMD level (None = the process default, `WASTE_SIMD` aware).
     pub simd: Option<Level>,
+    /// Cache eviction policy (LFRU or LRU).
+    pub policy: Policy,
+    /// Issue all of a layer's misses at once and compute resident experts while they arrive.
+    pub readahead: bool,
+    /// Experts of the next layer to prefetch from a router lookahead (0 = off).
+    pub lookahead: usize,
+    /// Ask for 2 MiB huge pages for the cache arena.
+    pub huge_pages: bool,
+    /// Most tokens a prefill chunk evaluates together (1 = token by token;
+    /// capped at `CHUNK` and by what the cache holds).
+    pub max_chunk: usize,
+    /// Usage hotlist to preload from (None = the container's `usage.waste` if present).
+    pub usage: Option<PathBuf>,
 }
 
 impl Default for ModelOptions {
     fn default() -> Self {
-        ModelOptions { ctx: 4096, threads: 0, direct_io: true, verify_records: std::env::var_os("WASTE_VERIFY").is_some_and(|v| v == "1"), simd: None }
+        ModelOptions {
+            budget: 0,
+            ctx: 4096,
+            threads: 0,
+            io_threads: 0,
+            direct_io: true,
+            verify_records: std::env::var_os("WASTE_VERIFY").is_some_and(|v| v == "1"),
+            simd: None,
+            policy: Policy::Lfru,
+            readahead: true,
+            lookahead: 0,
+            huge_pages: true,
+            max_chunk: crate::session::CHUNK,
+            usage: None,
+        }
     }
 }
 
-/// An opened model: trunk resident, experts on disk.
+/// An opened model: trunk resident, experts on disk, a bounded expert cache.
 pub struct Model {
     /// The validated container.
     pub container: Container,
@@ -42,12 +77,18 @@ pub struct Model {
     pub(crate) banks: Vec<Option<Arc<DirectFile>>>,
     pub(crate) kernel: Option<ExpertKernel>,
     pub(crate) pool: Pool,
+    pub(crate) readers: ReaderPool,
+    pub(crate) cache: Mutex<ExpertCache>,
     pub(crate) opts: ModelOptions,
-    trunk_bytes: u64,
+    plan: Plan,
+    budget: u64,
+    budget_warning: Option<String>,
+    preloaded: usize,
 }
 
 impl Model {
-    /// Open a container: validate everything, load the resident trunk.
+    /// Open a container: validate everything, plan memory against the
+    /// budget, load the resident trunk, size the expert cache.
     pub fn open(path: impl AsRef<Path>, opts: ModelOptions) -> Result<Model> {
         Self::open_with_progress(path, opts, &|_, _| {})
     }
@@ -58,6 +99,13 @@ impl Model {
         if opts.ctx == 0 {
             return Err(Error::Arg("ctx must be at least 1 token".into()));
         }
+        let cfg = &container.config;
+        if opts.lookahead > cfg.top_k {
+            return Err(Error::Arg(format!("lookahead {} exceeds top_k {}", opts.lookahead, cfg.top_k)));
+        }
+        let plan = Plan::for_container(&container, opts.ctx);
+        let resolved = waste_cache::resolve(&plan.floor(), opts.budget, waste_cache::usable_ram())
+            .map_err(|e| Error::Budget { budget: e.budget, floor: e.floor, detail: format!("trunk {} + state {} + scratch {} + minimum expert cache {}", plan.trunk_bytes, plan.state_bytes, plan.scratch_bytes, plan.min_expert_cache_bytes) })?;
         let threads = if opts.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { opts.threads };
         let level = match opts.simd {
             Some(l) if !l.supported() => return Err(Error::Unsupported(format!("SIMD level {} on this CPU", l.name()))),
@@ -69,7 +117,6 @@ impl Model {
         let out_res = load_output_res(&container, &mut r)?;
         let final_norm = r.vector("model.norm.weight")?;
         let lm_head = if container.config.tie_embeddings { r.matrix("model.embed_tokens.weight")? } else { r.matrix("lm_head.weight")? };
-        let trunk_bytes = r.loaded;
         let embed = Embedding::new(&container)?;
         let mut banks = Vec::with_capacity(container.config.layers);
         for b in &container.banks {
@@ -79,7 +126,89 @@ impl Model {
             });
         }
         let kernel = container.experts.as_ref().map(|(_, lay)| ExpertKernel { lay: *lay, act: container.config.activation });
-        Ok(Model { container, layers, embed, final_norm, lm_head, out_res, banks, kernel, pool: Pool::with_level(threads, level), opts, trunk_bytes })
+        // Cache slots: as many records as the cache budget holds, arena rounding included.
+        let rec = plan.record_bytes as usize;
+        let slots = if rec == 0 {
+            0
+        } else {
+            let mut n = (resolved.cache_bytes as usize / rec).max(2 * cfg.top_k);
+            while n > 2 * cfg.top_k && aligned_alloc_bytes(n * rec, opts.huge_pages) > resolved.cache_bytes {
+                n -= 1;
+            }
+            n.min(cfg.n_moe_layers() * cfg.experts)
+        };
+        let cache = ExpertCache::new(slots, rec, opts.policy, opts.huge_pages);
+        let io_threads = if opts.io_threads == 0 { 4 } else { opts.io_threads };
+        let mut m = Model {
+            container,
+            layers,
+            embed,
+            final_norm,
+            lm_head,
+            out_res,
+            banks,
+            kernel,
+            pool: Pool::with_level(threads, level),
+            readers: ReaderPool::new(io_threads),
+            cache: Mutex::new(cache),
+            opts,
+            plan,
+            budget: resolved.budget,
+            budget_warning: resolved.warning,
+            preloaded: 0,
+        };
+        m.preload_usage()?;
+        Ok(m)
+    }
+
+    fn preload_usage(&mut self) -> Result<()> {
+        let path = match &self.opts.usage {
+            Some(p) => p.clone(),
+            None => self.container.dir.join("usage.waste"),
+        };
+        let Ok(bytes) = std::fs::read(&path) else { return Ok(()) };
+        // untrusted: a corrupt or foreign file is skipped, never trusted
+        let Ok(u) = Usage::parse(&bytes) else { return Ok(()) };
+        let cfg = &self.container.config;
+        let mut entries = u.filtered(|l, e| l < cfg.layers && cfg.is_moe(l) && e < cfg.experts);
+        entries.sort_by(|a, b| b.hits.cmp(&a.hits).then((a.layer, a.expert).cmp(&(b.layer, b.expert))));
+        let Some(kernel) = &self.kernel else { return Ok(()) };
+        let lay = kernel.lay;
+        let mut cache = self.cache.lock();
+        let n = cache.slots().min(entries.len());
+        for e in &entries[..n] {
+            let (l, x) = (e.layer as usize, e.expert as usize);
+            let key = (l as u32, x as u32);
+            let slot = cache.reserve(key, false).map_err(|e| Error::Unsupported(e.to_string()))?;
+            let (Some(bank), Some(info)) = (&self.banks[l], &self.container.banks[l]) else { continue };
+            // SAFETY: the slot is reserved (pinned, in flight) for this read only.
+            let buf = unsafe { std::slice::from_raw_parts_mut(cache.slot_ptr(slot), lay.rec_bytes) };
+            let ok = bank.read_exact_at(buf, info.record_offset(x, &lay)).is_ok() && check_record(buf, l, x, &lay, info.codebook_base, self.container.codebooks.count, self.opts.verify_records).is_ok();
+            if ok {
+                cache.mark_ready(slot);
+                cache.seed_history(key, e.hits);
+                let _ = cache.unpin(slot);
+                self.preloaded += 1;
+            } else {
+                cache.mark_failed(slot);
+            }
+        }
+        cache.stats = Default::default();
+        Ok(())
+    }
+
+    /// Write the usage hotlist (which experts this process used) atomically.
+    pub fn save_usage(&self, path: impl AsRef<Path>, tokens: u64) -> Result<()> {
+        let cache = self.cache.lock();
+        let mut entries: Vec<UsageEntry> = cache
+            .history()
+            .into_iter()
+            .map(|((l, e), hits)| UsageEntry { layer: l as u16, expert: e as u16, hits, last_seen: 0 })
+            .collect();
+        entries.sort_by(|a, b| b.hits.cmp(&a.hits).then((a.layer, a.expert).cmp(&(b.layer, b.expert))));
+        let u = Usage { total_tokens: tokens, entries };
+        waste_format::write_atomic(path.as_ref(), &u.encode())?;
+        Ok(())
     }
 
     /// The config.
@@ -90,9 +219,76 @@ impl Model {
     pub fn options(&self) -> &ModelOptions {
         &self.opts
     }
-    /// Bytes of resident trunk weights loaded.
-    pub fn trunk_bytes(&self) -> u64 {
-        self.trunk_bytes
+    /// The memory plan it was opened with.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+    /// The resolved RAM budget.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+    /// Set when the budget fell back to the floor.
+    pub fn budget_warning(&self) -> Option<&str> {
+        self.budget_warning.as_deref()
+    }
+    /// Expert cache slots.
+    pub fn cache_slots(&self) -> usize {
+        self.cache.lock().slots()
+    }
+    /// Whether the cache arena got huge pages.
+    pub fn huge_pages(&self) -> bool {
+        self.cache.lock().huge_pages()
+    }
+    /// Records preloaded from the usage hotlist at open.
+    pub fn preloaded(&self) -> usize {
+        self.preloaded
+    }
+    /// Cache counters (all sessions).
+    pub fn cache_stats(&self) -> waste_cache::CacheStats {
+        self.cache.lock().stats
+    }
+    /// Bytes the model itself holds: trunk weights, codebooks and the cache arena.
+    pub fn allocated_bytes(&self) -> (u64, u64) {
+        let mut t = 0u64;
+        let v = |x: &Vec<f32>| 4 * x.capacity() as u64;
+        let mx = |m: &Matrix| (m.data.capacity() + 4 * m.scales.capacity()) as u64;
+        for l in &self.layers {
+            t += v(&l.in_norm) + v(&l.post_norm);
+            match &l.attn {
+                Attn::Kda(w) => {
+                    t += mx(&w.q) + mx(&w.k) + mx(&w.v) + w.conv.iter().map(v).sum::<u64>() + mx(&w.f_a) + mx(&w.f_b) + mx(&w.b) + v(&w.a_log) + v(&w.dt_bias) + v(&w.o_norm) + mx(&w.o);
+                    t += match &w.gate {
+                        waste_attn::KdaGate::LowRank { a, b } => mx(a) + mx(b),
+                        waste_attn::KdaGate::Full(g) => mx(g),
+                    };
+                }
+                Attn::Mla(w) => {
+                    t += match &w.q {
+                        waste_attn::MlaQuery::Plain(q) => mx(q),
+                        waste_attn::MlaQuery::Lora { a, norm, b } => mx(a) + v(norm) + mx(b),
+                    };
+                    t += mx(&w.kv_a) + v(&w.kv_a_norm) + mx(&w.kv_b) + w.g.as_ref().map_or(0, mx) + mx(&w.o);
+                }
+            }
+            match &l.ffn {
+                Ffn::Dense(d) => t += mx(&d.gate) + mx(&d.up) + mx(&d.down),
+                Ffn::Moe(w) => {
+                    t += mx(&w.gate) + v(&w.bias);
+                    if let Some(s) = &w.shared {
+                        t += mx(&s.gate) + mx(&s.up) + mx(&s.down);
+                    }
+                    if let Some((d, u, n)) = &w.latent {
+                        t += mx(d) + mx(u) + n.as_ref().map_or(0, v);
+                    }
+                    t += w.books.books.iter().flatten().map(|b| 4 * (b.cb.capacity() + b.cbt.capacity()) as u64).sum::<u64>();
+                }
+            }
+            if let Some(r) = &l.res {
+                t += v(&r.attn) + v(&r.mlp);
+            }
+        }
+        t += v(&self.final_norm) + mx(&self.lm_head) + self.out_res.as_ref().map_or(0, v);
+        (t, self.cache.lock().arena_bytes() as u64)
     }
     /// Whether every expert bank got direct I/O.
     pub fn direct_io(&self) -> bool {

@@ -1,26 +1,29 @@
-//! `Session`: one conversation's state and the forward pass.
+//! `Session`: one sequence's state and the forward pass.
 
 use crate::model::Model;
-use crate::weights::{kda_config, mla_config, router_config, Attn, Ffn};
+use crate::weights::{kda_config, mla_config, router_config, Attn, Ffn, MoeWeights};
 use crate::{Error, Result};
 use std::time::Instant;
 use waste_attn::{kda, mla, KdaScratch, KdaState, MlaScratch, MlaState};
+use waste_cache::{Lookup, SlotState};
 use waste_format::check_record;
-use waste_io::AlignedBuf;
+use waste_io::Priority;
 use waste_moe::{route, ExpertScratch};
-use waste_quant::ops::{rmsnorm, rmsnorm_inplace, rms_scale, softmax};
+use waste_quant::ops::{rms_scale, rmsnorm, rmsnorm_inplace, softmax};
 
 /// Counters of expert traffic and time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Stats {
     /// Tokens evaluated.
     pub tokens: u64,
-    /// Expert uses served from memory.
+    /// Expert uses served from the cache (resident, or already in flight from a prefetch).
     pub experts_hit: u64,
-    /// Expert uses that needed a read.
+    /// Expert uses that needed a demand read.
     pub experts_missed: u64,
-    /// Bytes read from expert banks.
+    /// Bytes of demand reads.
     pub bytes_read: u64,
+    /// Speculative (lookahead) reads issued.
+    pub prefetch_issued: u64,
     /// Seconds waiting for expert reads.
     pub io_seconds: f64,
     /// Seconds in the trunk outside attention (norms, dense FFN, router, shared experts, head).
@@ -31,11 +34,13 @@ pub struct Stats {
     pub expert_seconds: f64,
 }
 
-/// Per-layer state.
 enum LayerState {
     Kda(KdaState),
     Mla(MlaState),
 }
+
+/// Most tokens a prefill chunk evaluates together.
+pub const CHUNK: usize = 16;
 
 /// One sequence being evaluated.
 pub struct Session<'m> {
@@ -45,19 +50,25 @@ pub struct Session<'m> {
     kda_sc: Option<KdaScratch>,
     mla_sc: Option<MlaScratch>,
     ex_sc: Option<ExpertScratch>,
-    h: Vec<f32>,
+    /// Per chunk token: hidden state, AttnRes prefix, FFN input, FFN output (`CHUNK × hidden` each).
+    hs: Vec<f32>,
+    ps: Vec<f32>,
+    xns: Vec<f32>,
+    rs: Vec<f32>,
     x: Vec<f32>,
     xn: Vec<f32>,
     r: Vec<f32>,
-    p: Vec<f32>,
-    blocks: Vec<Vec<f32>>,
+    /// AttnRes blocks, `CHUNK × nb × hidden`.
+    blocks: Vec<f32>,
+    nblocks: usize,
+    nb: usize,
+    hcopy: Vec<f32>,
     router: Vec<f32>,
     chosen: Vec<(usize, f32)>,
     lat_in: Vec<f32>,
     lat_sum: Vec<f32>,
-    eout: Vec<f32>,
+    eouts: Vec<f32>,
     ffn_tmp: Vec<f32>,
-    rec: Option<AlignedBuf>,
     logits: Vec<f32>,
     stats: Stats,
 }
@@ -80,6 +91,8 @@ impl<'m> Session<'m> {
         let h = c.hidden;
         let lat = c.expert_width();
         let ffn_w = c.intermediate.max(c.moe_intermediate * c.shared_experts);
+        let nb = c.attn_res_block.map_or(0, |b| c.layers.div_ceil(b));
+        let moe = c.n_moe_layers() > 0;
         Session {
             m,
             pos: 0,
@@ -87,19 +100,23 @@ impl<'m> Session<'m> {
             kda_sc: has_kda.then(|| KdaScratch::new(&kc)),
             mla_sc: has_mla.then(|| MlaScratch::new(&mc, c.q_lora.unwrap_or(0))),
             ex_sc: m.kernel.as_ref().map(|k| k.scratch()),
-            h: vec![0.0; h],
+            hs: vec![0.0; CHUNK * h],
+            ps: vec![0.0; if nb > 0 { CHUNK * h } else { 0 }],
+            xns: vec![0.0; CHUNK * h],
+            rs: vec![0.0; CHUNK * h],
             x: vec![0.0; h],
             xn: vec![0.0; h],
             r: vec![0.0; h],
-            p: vec![0.0; h],
-            blocks: Vec::new(),
+            blocks: vec![0.0; CHUNK * nb * h],
+            nblocks: 0,
+            nb,
+            hcopy: vec![0.0; if nb > 0 { h } else { 0 }],
             router: vec![0.0; c.experts],
             chosen: Vec::with_capacity(c.top_k),
             lat_in: vec![0.0; lat],
             lat_sum: vec![0.0; lat],
-            eout: vec![0.0; lat],
+            eouts: vec![0.0; if moe { c.top_k * lat } else { 0 }],
             ffn_tmp: vec![0.0; 2 * ffn_w],
-            rec: m.kernel.as_ref().map(|k| AlignedBuf::new(k.lay.rec_bytes, true)),
             logits: vec![0.0; c.vocab],
             stats: Stats::default(),
         }
@@ -117,7 +134,7 @@ impl<'m> Session<'m> {
     pub fn model(&self) -> &'m Model {
         self.m
     }
-    /// Forget everything: position 0, zero states.
+    /// Forget everything: position 0, zero states, zero counters.
     pub fn reset(&mut self) {
         self.pos = 0;
         for s in &mut self.states {
@@ -127,6 +144,25 @@ impl<'m> Session<'m> {
             }
         }
         self.stats = Stats::default();
+    }
+
+    /// Bytes this session holds: (state, scratch), counted from its buffers.
+    pub fn allocated_bytes(&self) -> (u64, u64) {
+        let mut state = 0u64;
+        for s in &self.states {
+            state += 4 * match s {
+                LayerState::Kda(k) => k.conv.capacity() + k.s.capacity(),
+                LayerState::Mla(m) => m.cache.capacity(),
+            } as u64;
+        }
+        let v = |x: &Vec<f32>| 4 * x.capacity() as u64;
+        let mut sc = [&self.hs, &self.ps, &self.xns, &self.rs, &self.x, &self.xn, &self.r, &self.blocks, &self.hcopy, &self.router, &self.lat_in, &self.lat_sum, &self.eouts, &self.ffn_tmp, &self.logits].iter().map(|b| v(b)).sum::<u64>();
+        sc += self.kda_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
+        sc += self.mla_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
+        if let Some(e) = &self.ex_sc {
+            sc += v(&e.t_gate) + v(&e.t_up) + v(&e.t_down) + v(&e.g) + v(&e.u);
+        }
+        (state, sc)
     }
 
     /// Evaluate `tokens` (prefill or a single step) and return the logits of
@@ -143,10 +179,26 @@ impl<'m> Session<'m> {
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Arg(format!("token id {t} is outside the vocabulary (0..{vocab})")));
         }
-        for (i, &t) in tokens.iter().enumerate() {
-            self.forward(t, i + 1 == tokens.len())?;
+        let chunk = self.chunk_len();
+        let n = tokens.len();
+        let mut i = 0;
+        while i < n {
+            let t = chunk.min(n - i);
+            self.forward(&tokens[i..i + t], i + t == n)?;
+            i += t;
         }
         Ok(&self.logits)
+    }
+
+    /// Tokens evaluated together in a prefill chunk: as many as the cache can
+    /// hold every distinct expert of (each read once per chunk), at most [`CHUNK`].
+    pub fn chunk_len(&self) -> usize {
+        let c = self.m.config();
+        if c.n_moe_layers() == 0 {
+            return CHUNK;
+        }
+        let slots = self.m.cache_slots();
+        ((slots.saturating_sub(self.m.opts.lookahead)) / c.top_k).clamp(1, self.m.opts.max_chunk.clamp(1, CHUNK))
     }
 
     /// Logits of the last evaluated token.
@@ -154,142 +206,381 @@ impl<'m> Session<'m> {
         &self.logits
     }
 
-    fn forward(&mut self, tok: u32, want_logits: bool) -> Result<()> {
+    fn forward(&mut self, toks: &[u32], want_logits: bool) -> Result<()> {
         let m = self.m;
         let c = m.config();
         let pool = &m.pool;
+        let h = c.hidden;
+        let nt = toks.len();
+        let nb = self.nb;
         let t0 = Instant::now();
         let (io0, ex0, at0) = (self.stats.io_seconds, self.stats.expert_seconds, self.stats.attn_seconds);
-        m.embed.row(tok, &mut self.h)?;
+        for (t, &tok) in toks.iter().enumerate() {
+            m.embed.row(tok, &mut self.hs[t * h..(t + 1) * h])?;
+        }
         let ar = c.attn_res_block;
-        self.blocks.clear();
+        self.nblocks = 0;
         for (l, layer) in m.layers.iter().enumerate() {
-            // --- attention (with Attention Residuals on K3)
-            let mut restarted = false;
-            if let Some(bsz) = ar {
-                self.p.copy_from_slice(&self.h);
-                let w = &layer.res.as_ref().expect("attn res weights").attn;
-                if !self.blocks.is_empty() {
-                    attn_res(&self.blocks, &self.p, w, c.rms_eps, &mut self.x);
+            let restarted = ar.is_some_and(|b| l % b == 0);
+            // --- attention, token after token (the recurrence)
+            for t in 0..nt {
+                let hh = &mut self.hs[t * h..(t + 1) * h];
+                if ar.is_some() {
+                    let p = &mut self.ps[t * h..(t + 1) * h];
+                    let blocks = &mut self.blocks[t * nb * h..(t + 1) * nb * h];
+                    p.copy_from_slice(hh);
+                    let w = &layer.res.as_ref().expect("attn res weights").attn;
+                    if self.nblocks > 0 {
+                        attn_res(&blocks[..self.nblocks * h], h, p, w, c.rms_eps, &mut self.x);
+                    } else {
+                        self.x.copy_from_slice(p);
+                    }
+                    if restarted {
+                        blocks[self.nblocks * h..(self.nblocks + 1) * h].copy_from_slice(p);
+                    }
+                    rmsnorm(&self.x, &layer.in_norm, c.rms_eps, &mut self.xn);
                 } else {
-                    self.x.copy_from_slice(&self.p);
+                    rmsnorm(hh, &layer.in_norm, c.rms_eps, &mut self.xn);
                 }
-                if l % bsz == 0 {
-                    self.blocks.push(self.p.clone());
-                    restarted = true;
+                let ta = Instant::now();
+                match (&layer.attn, &mut self.states[l]) {
+                    (Attn::Kda(w), LayerState::Kda(st)) => {
+                        let sc = self.kda_sc.as_mut().expect("kda scratch");
+                        kda::step(pool, &kda_config(c), w, st, sc, &self.xn, &mut self.r);
+                    }
+                    (Attn::Mla(w), LayerState::Mla(st)) => {
+                        let sc = self.mla_sc.as_mut().expect("mla scratch");
+                        mla::step(pool, &mla_config(c, m.opts.ctx), w, st, sc, &self.xn, &mut self.r).map_err(|e| Error::Arg(format!("context full at {} tokens", e.0)))?;
+                    }
+                    _ => unreachable!("layer state matches its kind"),
                 }
-                rmsnorm(&self.x, &layer.in_norm, c.rms_eps, &mut self.xn);
-            } else {
-                rmsnorm(&self.h, &layer.in_norm, c.rms_eps, &mut self.xn);
-            }
-            let ta = Instant::now();
-            match (&layer.attn, &mut self.states[l]) {
-                (Attn::Kda(w), LayerState::Kda(st)) => {
-                    let sc = self.kda_sc.as_mut().expect("kda scratch");
-                    kda::step(pool, &kda_config(c), w, st, sc, &self.xn, &mut self.r);
-                }
-                (Attn::Mla(w), LayerState::Mla(st)) => {
-                    let sc = self.mla_sc.as_mut().expect("mla scratch");
-                    mla::step(pool, &mla_config(c, m.opts.ctx), w, st, sc, &self.xn, &mut self.r).map_err(|e| Error::Arg(format!("context full at {} tokens", e.0)))?;
-                }
-                _ => unreachable!("layer state matches its kind"),
-            }
-            self.stats.attn_seconds += ta.elapsed().as_secs_f64();
-            // --- FFN
-            if ar.is_some() {
-                if restarted {
-                    self.p.copy_from_slice(&self.r);
+                self.stats.attn_seconds += ta.elapsed().as_secs_f64();
+                let xn_t = &mut self.xns[t * h..(t + 1) * h];
+                if ar.is_some() {
+                    let p = &mut self.ps[t * h..(t + 1) * h];
+                    if restarted {
+                        p.copy_from_slice(&self.r);
+                    } else {
+                        add(p, &self.r);
+                    }
+                    let w = &layer.res.as_ref().expect("attn res weights").mlp;
+                    let nbk = self.nblocks + restarted as usize;
+                    attn_res(&self.blocks[t * nb * h..t * nb * h + nbk * h], h, p, w, c.rms_eps, &mut self.x);
+                    rmsnorm(&self.x, &layer.post_norm, c.rms_eps, xn_t);
                 } else {
-                    add(&mut self.p, &self.r);
+                    let hh = &mut self.hs[t * h..(t + 1) * h];
+                    add(hh, &self.r);
+                    rmsnorm(hh, &layer.post_norm, c.rms_eps, xn_t);
                 }
-                let w = &layer.res.as_ref().expect("attn res weights").mlp;
-                attn_res(&self.blocks, &self.p, w, c.rms_eps, &mut self.x);
-                rmsnorm(&self.x, &layer.post_norm, c.rms_eps, &mut self.xn);
-            } else {
-                add(&mut self.h, &self.r);
-                rmsnorm(&self.h, &layer.post_norm, c.rms_eps, &mut self.xn);
             }
+            if restarted {
+                self.nblocks += 1;
+            }
+            // --- FFN for the whole chunk
             match &layer.ffn {
-                Ffn::Dense(d) => d.forward(pool, c.activation, &self.xn, &mut self.ffn_tmp, &mut self.r),
-                Ffn::Moe(w) => self.moe(l, w)?,
+                Ffn::Dense(d) => {
+                    for t in 0..nt {
+                        d.forward(pool, c.activation, &self.xns[t * h..(t + 1) * h], &mut self.ffn_tmp, &mut self.rs[t * h..(t + 1) * h]);
+                    }
+                }
+                Ffn::Moe(w) => self.moe(l, w, nt)?,
             }
-            if ar.is_some() {
-                add(&mut self.p, &self.r);
-                self.h.copy_from_slice(&self.p);
-            } else {
-                add(&mut self.h, &self.r);
+            for t in 0..nt {
+                let r = &self.rs[t * h..(t + 1) * h];
+                if ar.is_some() {
+                    let p = &mut self.ps[t * h..(t + 1) * h];
+                    add(p, r);
+                    self.hs[t * h..(t + 1) * h].copy_from_slice(p);
+                } else {
+                    add(&mut self.hs[t * h..(t + 1) * h], r);
+                }
             }
         }
+        let last = (nt - 1) * h;
         if let Some(w) = &m.out_res {
-            let hcopy = self.h.clone();
-            attn_res(&self.blocks, &hcopy, w, c.rms_eps, &mut self.h);
+            // alias-safe: the live candidate is a copy, the output the state itself
+            if want_logits {
+                self.hcopy.copy_from_slice(&self.hs[last..last + h]);
+                attn_res(&self.blocks[(nt - 1) * nb * h..(nt - 1) * nb * h + self.nblocks * h], h, &self.hcopy, w, c.rms_eps, &mut self.hs[last..last + h]);
+            }
         }
         if want_logits {
-            rmsnorm(&self.h, &m.final_norm, c.rms_eps, &mut self.xn);
+            rmsnorm(&self.hs[last..last + h], &m.final_norm, c.rms_eps, &mut self.xn);
             pool.matvec(&m.lm_head.view(), &self.xn, &mut self.logits);
         }
-        self.pos += 1;
-        self.stats.tokens += 1;
+        self.pos += nt;
+        self.stats.tokens += nt as u64;
         let spent = t0.elapsed().as_secs_f64() - (self.stats.io_seconds - io0) - (self.stats.expert_seconds - ex0) - (self.stats.attn_seconds - at0);
         self.stats.trunk_seconds += spent;
         Ok(())
     }
 
-    fn moe(&mut self, l: usize, w: &crate::weights::MoeWeights) -> Result<()> {
+    /// Validate a finished read into `slot`; mark it ready or failed.
+    fn finish_read(m: &Model, cache: &mut waste_cache::ExpertCache, slot: usize, res: waste_io::Result<()>) -> Result<()> {
+        let (l, e) = cache.key(slot).map(|(l, e)| (l as usize, e as usize)).expect("in-flight slot has a key");
+        let lay = m.kernel.as_ref().expect("expert kernel").lay;
+        let info = m.container.banks[l].as_ref().expect("bank info");
+        let r = res.map_err(Error::from).and_then(|_| {
+            let data = cache.slot_data(slot);
+            check_record(data, l, e, &lay, info.codebook_base, m.container.codebooks.count, m.opts.verify_records).map(|_| ()).map_err(Error::from)
+        });
+        match r {
+            Ok(()) => {
+                cache.mark_ready(slot);
+                Ok(())
+            }
+            Err(err) => {
+                cache.mark_failed(slot);
+                Err(err)
+            }
+        }
+    }
+
+    /// Settle speculative reads that finished (validated, else dropped silently:
+    /// a damaged record is reported when it is actually needed).
+    fn reap(&self, cache: &mut waste_cache::ExpertCache) {
+        for s in cache.finished_reads() {
+            if let Some(t) = cache.take_ticket(s) {
+                let r = t.wait_raw();
+                let _ = Self::finish_read(self.m, cache, s, r);
+            }
+        }
+    }
+
+    fn submit(&self, cache: &mut waste_cache::ExpertCache, slot: usize, prio: Priority) {
+        let m = self.m;
+        let (l, e) = cache.key(slot).map(|(l, e)| (l as usize, e as usize)).expect("reserved slot has a key");
+        let lay = m.kernel.as_ref().expect("expert kernel").lay;
+        let bank = m.banks[l].as_ref().expect("bank").clone();
+        let off = m.container.banks[l].as_ref().expect("bank info").record_offset(e, &lay);
+        let dst = cache.slot_ptr(slot);
+        // SAFETY: the slot is reserved and pinned in flight; nobody touches it until the ticket is waited on.
+        let t = unsafe { m.readers.submit_into(bank, off, dst, lay.rec_bytes, prio) };
+        cache.set_ticket(slot, t);
+    }
+
+    /// Acquire `key` for use: pin it; issue its read if missing. Returns (slot, ready).
+    fn acquire(&mut self, cache: &mut waste_cache::ExpertCache, key: (u32, u32)) -> Result<(usize, bool)> {
+        let m = self.m;
+        let rec = m.kernel.as_ref().expect("expert kernel").lay.rec_bytes;
+        let (slot, ready) = match cache.lookup(key) {
+            Lookup::Ready(s) => {
+                self.stats.experts_hit += 1;
+                (s, true)
+            }
+            Lookup::InFlight(s) => {
+                self.stats.experts_hit += 1;
+                if let Some(t) = cache.ticket(s) {
+                    m.readers.promote(t);
+                }
+                (s, false)
+            }
+            Lookup::Miss => {
+                let s = loop {
+                    match cache.reserve(key, false) {
+                        Ok(s) => break s,
+                        // every slot busy: settle a speculative read nobody claimed, then retry
+                        Err(e) => match cache.unclaimed_inflight() {
+                            Some(spec) => {
+                                let t = cache.take_ticket(spec).expect("unclaimed read has a ticket");
+                                let ti = Instant::now();
+                                let r = t.wait_raw();
+                                self.stats.io_seconds += ti.elapsed().as_secs_f64();
+                                let _ = Self::finish_read(m, cache, spec, r);
+                            }
+                            None => return Err(e.into()),
+                        },
+                    }
+                };
+                cache.unpin(s)?; // pinned below like every other use
+                self.stats.experts_missed += 1;
+                self.stats.bytes_read += rec as u64;
+                if m.opts.readahead {
+                    self.submit(cache, s, Priority::Demand);
+                }
+                (s, false)
+            }
+        };
+        cache.pin(slot);
+        Ok((slot, ready))
+    }
+
+    /// Wait for (or, without read-ahead, perform) the read of a pinned slot.
+    fn ensure_ready(&mut self, slot: usize, pinned: &[usize]) -> Result<()> {
+        let m = self.m;
+        let lay = m.kernel.as_ref().expect("expert kernel").lay;
+        let ti = Instant::now();
+        let mut cache = m.cache.lock();
+        if cache.state(slot) == SlotState::InFlight {
+            let res = match cache.take_ticket(slot) {
+                Some(t) => {
+                    drop(cache);
+                    let r = t.wait_raw();
+                    cache = m.cache.lock();
+                    r
+                }
+                None => {
+                    let (l, e) = cache.key(slot).map(|(a, b)| (a as usize, b as usize)).expect("key");
+                    let bank = m.banks[l].as_ref().expect("bank");
+                    let off = m.container.banks[l].as_ref().expect("bank info").record_offset(e, &lay);
+                    // SAFETY: the slot is pinned in flight and owned by this session.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(cache.slot_ptr(slot), lay.rec_bytes) };
+                    bank.read_exact_at(buf, off)
+                }
+            };
+            if let Err(e) = Self::finish_read(m, &mut cache, slot, res) {
+                for &s in pinned {
+                    if cache.key(s).is_some() {
+                        let _ = cache.unpin(s);
+                    }
+                }
+                return Err(e);
+            }
+        }
+        drop(cache);
+        self.stats.io_seconds += ti.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn moe(&mut self, l: usize, w: &MoeWeights, nt: usize) -> Result<()> {
         let m = self.m;
         let c = m.config();
         let pool = &m.pool;
-        pool.matvec(&w.gate.view(), &self.xn, &mut self.router);
-        route(&router_config(c), &self.router, &w.bias, &mut self.chosen);
-        // experts run on the latent h (K3) or on x itself
-        match &w.latent {
-            Some((down, _, _)) => pool.matvec(&down.view(), &self.xn, &mut self.lat_in),
-            None => self.lat_in.copy_from_slice(&self.xn),
-        }
+        let (h, lat, k) = (c.hidden, c.expert_width(), c.top_k);
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
-        let sc = self.ex_sc.as_mut().expect("expert scratch");
-        let te = Instant::now();
-        kernel.prepare(pool, &w.books, &self.lat_in, sc);
-        self.stats.expert_seconds += te.elapsed().as_secs_f64();
-        self.lat_sum.fill(0.0);
-        // ascending expert id, as the reference accumulates
-        let mut order: Vec<(usize, f32)> = self.chosen.clone();
-        order.sort_by_key(|e| e.0);
-        let bank = m.banks[l].as_ref().expect("bank for MoE layer");
-        let binfo = m.container.banks[l].as_ref().expect("bank info");
-        let rec = self.rec.as_mut().expect("record buffer");
-        for (e, wgt) in order {
-            let ti = Instant::now();
-            bank.read_exact_at(rec, binfo.record_offset(e, &kernel.lay))?;
-            check_record(rec, l, e, &kernel.lay, binfo.codebook_base, m.container.codebooks.count, m.opts.verify_records)?;
-            self.stats.io_seconds += ti.elapsed().as_secs_f64();
-            self.stats.experts_missed += 1;
-            self.stats.bytes_read += kernel.lay.rec_bytes as u64;
-            let te = Instant::now();
-            kernel.forward(pool, &w.books, rec, &self.lat_in, sc, &mut self.eout);
-            for (s, &v) in self.lat_sum.iter_mut().zip(&self.eout) {
-                *s += v * wgt;
-            }
-            self.stats.expert_seconds += te.elapsed().as_secs_f64();
+        // 1. route every token of the chunk; each token's experts in ascending id
+        let mut routes: Vec<(usize, f32)> = Vec::with_capacity(nt * k);
+        for t in 0..nt {
+            pool.matvec(&w.gate.view(), &self.xns[t * h..(t + 1) * h], &mut self.router);
+            route(&router_config(c), &self.router, &w.bias, &mut self.chosen);
+            let mut order = self.chosen.clone();
+            order.sort_by_key(|e| e.0);
+            routes.extend(order);
         }
-        match &w.latent {
-            Some((_, up, norm)) => {
-                if let Some(n) = norm {
-                    rmsnorm_inplace(&mut self.lat_sum, n, c.rms_eps);
+        // 2. each distinct expert once: look up, pin, issue the misses (consumption order)
+        let mut distinct: Vec<usize> = Vec::with_capacity(nt * k);
+        for &(e, _) in &routes {
+            if !distinct.contains(&e) {
+                distinct.push(e);
+            }
+        }
+        let mut slot_of: Vec<(usize, usize, bool)> = Vec::with_capacity(distinct.len());
+        {
+            let mut cache = m.cache.lock();
+            cache.clear_window();
+            self.reap(&mut cache);
+            for &e in &distinct {
+                let (s, ready) = self.acquire(&mut cache, (l as u32, e as u32))?;
+                cache.touch(s);
+                slot_of.push((e, s, ready));
+            }
+            // a chunk's later uses of an expert are hits; every use counts for LFRU
+            self.stats.experts_hit += (routes.len() - distinct.len()) as u64;
+            for (j, &(e, _)) in routes.iter().enumerate() {
+                if routes[..j].iter().any(|x| x.0 == e) {
+                    if let Some(&(_, s, _)) = slot_of.iter().find(|x| x.0 == e) {
+                        cache.touch(s);
+                    }
                 }
-                pool.matvec(&up.view(), &self.lat_sum, &mut self.r);
             }
-            None => self.r.copy_from_slice(&self.lat_sum),
         }
-        if let Some(sh) = &w.shared {
-            let mut tmp = std::mem::take(&mut self.eout);
-            tmp.resize(c.hidden.max(tmp.len()), 0.0);
-            sh.forward(pool, c.activation, &self.xn, &mut self.ffn_tmp, &mut tmp[..c.hidden]);
-            add(&mut self.r, &tmp[..c.hidden]);
-            tmp.truncate(c.expert_width());
-            self.eout = tmp;
+        let pinned: Vec<usize> = slot_of.iter().map(|x| x.1).collect();
+        // 3. per token: tables, then its experts (resident ones first), summed in ascending id
+        let sc = self.ex_sc.as_mut().expect("expert scratch") as *mut ExpertScratch;
+        for t in 0..nt {
+            match &w.latent {
+                Some((down, _, _)) => pool.matvec(&down.view(), &self.xns[t * h..(t + 1) * h], &mut self.lat_in),
+                None => self.lat_in.copy_from_slice(&self.xns[t * h..(t + 1) * h]),
+            }
+            // SAFETY: `sc` points into self.ex_sc, which nothing else touches during this loop.
+            let scr = unsafe { &mut *sc };
+            let te = Instant::now();
+            kernel.prepare(pool, &w.books, &self.lat_in, scr);
+            self.stats.expert_seconds += te.elapsed().as_secs_f64();
+            let mine = &routes[t * k..(t + 1) * k];
+            let ready = |i: usize| slot_of.iter().any(|x| x.0 == mine[i].0 && x.2);
+            let mut todo: Vec<usize> = (0..k).filter(|&i| ready(i)).collect();
+            todo.extend((0..k).filter(|&i| !ready(i)));
+            for i in todo {
+                let idx = slot_of.iter().position(|x| x.0 == mine[i].0).expect("acquired");
+                let slot = slot_of[idx].1;
+                if !slot_of[idx].2 {
+                    self.ensure_ready(slot, &pinned)?;
+                    slot_of[idx].2 = true;
+                }
+                let te = Instant::now();
+                let rec = {
+                    let mut cache = m.cache.lock();
+                    let p = cache.slot_ptr(slot);
+                    // SAFETY: the slot is Ready and pinned until this layer's chunk is done.
+                    unsafe { std::slice::from_raw_parts(p as *const u8, kernel.lay.rec_bytes) }
+                };
+                kernel.forward(pool, &w.books, rec, &self.lat_in, scr, &mut self.eouts[i * lat..(i + 1) * lat]);
+                self.stats.expert_seconds += te.elapsed().as_secs_f64();
+            }
+            self.lat_sum.fill(0.0);
+            for (i, &(_, wgt)) in mine.iter().enumerate() {
+                for (s, &v) in self.lat_sum.iter_mut().zip(&self.eouts[i * lat..(i + 1) * lat]) {
+                    *s += v * wgt;
+                }
+            }
+            let r = &mut self.rs[t * h..(t + 1) * h];
+            match &w.latent {
+                Some((_, up, norm)) => {
+                    if let Some(n) = norm {
+                        rmsnorm_inplace(&mut self.lat_sum, n, c.rms_eps);
+                    }
+                    pool.matvec(&up.view(), &self.lat_sum, r);
+                }
+                None => r.copy_from_slice(&self.lat_sum),
+            }
+            if let Some(sh) = &w.shared {
+                sh.forward(pool, c.activation, &self.xns[t * h..(t + 1) * h], &mut self.ffn_tmp, &mut self.x);
+                add(r, &self.x);
+            }
+        }
+        {
+            let mut cache = m.cache.lock();
+            for &s in &pinned {
+                cache.unpin(s)?;
+            }
+            cache.check_no_pins()?;
+        }
+        // 4. router lookahead from the last token: prefetch the next MoE layer's likely experts
+        if m.opts.lookahead > 0 {
+            if let Some(Ffn::Moe(next)) = m.layers.get(l + 1).map(|x| &x.ffn) {
+                let xn = &self.xns[(nt - 1) * h..nt * h];
+                pool.matvec(&next.gate.view(), xn, &mut self.router);
+                let mut guess = Vec::with_capacity(k);
+                route(&router_config(c), &self.router, &next.bias, &mut guess);
+                let mut cache = m.cache.lock();
+                for &(e, _) in guess.iter().take(m.opts.lookahead) {
+                    let key = ((l + 1) as u32, e as u32);
+                    match cache.lookup(key) {
+                        Lookup::Miss => {
+                            if let Ok(s) = cache.reserve(key, true) {
+                                // in flight protects it until settled; no reservation pin is kept
+                                cache.unpin(s)?;
+                                self.stats.prefetch_issued += 1;
+                                self.submit(&mut cache, s, Priority::Speculative);
+                                cache.set_window(s, true);
+                            }
+                        }
+                        Lookup::Ready(s) | Lookup::InFlight(s) => cache.set_window(s, true),
+                    }
+                }
+            }
         }
         Ok(())
+    }
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        // settle speculative reads so no ticket outlives its reader
+        let mut cache = self.m.cache.lock();
+        cache.clear_window();
+        self.reap(&mut cache);
     }
 }
 
@@ -299,20 +590,20 @@ fn add(a: &mut [f32], b: &[f32]) {
     }
 }
 
-/// Attention Residuals: softmax over candidates (`blocks` then `p`) of
-/// `rsqrt(mean v² + eps) · Σ v ⊙ w`, returning the mix of the raw
-/// candidates. `out` may not alias the inputs (callers copy first).
-pub fn attn_res(blocks: &[Vec<f32>], p: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let n = blocks.len() + 1;
-    let cand = |i: usize| if i < blocks.len() { &blocks[i][..] } else { p };
-    let mut scores: Vec<f32> = (0..n)
-        .map(|i| {
-            let v = cand(i);
-            let r = rms_scale(v, eps);
-            v.iter().zip(w).map(|(a, b)| a * r * b).sum()
-        })
-        .collect();
-    softmax(&mut scores);
+/// Attention Residuals: softmax over candidates (the `blocks`, each `h`
+/// wide, then `p`) of `rsqrt(mean v² + eps) · Σ v ⊙ w`, returning the mix of
+/// the raw candidates. `out` must not alias the inputs.
+pub fn attn_res(blocks: &[f32], h: usize, p: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let nb = blocks.len() / h;
+    let cand = |i: usize| if i < nb { &blocks[i * h..(i + 1) * h] } else { p };
+    let mut scores = [0f32; 129];
+    let scores = &mut scores[..nb + 1];
+    for (i, s) in scores.iter_mut().enumerate() {
+        let v = cand(i);
+        let r = rms_scale(v, eps);
+        *s = v.iter().zip(w).map(|(a, b)| a * r * b).sum();
+    }
+    softmax(scores);
     out.fill(0.0);
     for (i, a) in scores.iter().enumerate() {
         waste_quant::ops::axpy(*a, cand(i), out);

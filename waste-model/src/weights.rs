@@ -195,6 +195,7 @@ pub fn load_layers(c: &Container, r: &mut TrunkReader<'_>, progress: &dyn Fn(usi
                 };
                 let mut a_log = r.vector(&format!("{a}A_log"))?;
                 a_log.truncate(kc.heads);
+                a_log.shrink_to_fit();
                 Attn::Kda(KdaWeights {
                     q: r.matrix(&format!("{a}q_proj.weight"))?,
                     k: r.matrix(&format!("{a}k_proj.weight"))?,

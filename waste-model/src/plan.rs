@@ -1,0 +1,147 @@
+//! The memory plan: what a model needs, from the manifest alone, counted
+//! the way the engine allocates (and checked against the allocations by tests).
+
+use crate::Result;
+use std::path::Path;
+use waste_format::{AttnKind, Container, Expect, ModelConfig};
+
+/// The memory plan of a container at a context size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Resident trunk (every tensor but the embedding table, codebooks, as loaded).
+    pub trunk_bytes: u64,
+    /// KDA states and conv rings, MLA latent caches for `ctx` tokens.
+    pub state_bytes: u64,
+    /// Every other buffer the engine allocates (one session).
+    pub scratch_bytes: u64,
+    /// Smallest expert cache: top_k × record × 2.
+    pub min_expert_cache_bytes: u64,
+    /// trunk + state + scratch + min cache.
+    pub floor_bytes: u64,
+    /// One token's experts: top_k × record × MoE layers.
+    pub working_set_bytes: u64,
+    /// floor + 3 × working set.
+    pub recommended_bytes: u64,
+    /// One expert record.
+    pub record_bytes: u64,
+    /// Context the plan is for.
+    pub ctx: u64,
+}
+
+/// Bytes of an `AlignedBuf` of `len` (huge-page aligned from 2 MiB).
+pub(crate) fn aligned_alloc_bytes(len: usize, huge: bool) -> u64 {
+    let align = if huge && len >= waste_io::HUGE_PAGE { waste_io::HUGE_PAGE } else { waste_io::ALIGN };
+    (len.max(1).div_ceil(align) * align) as u64
+}
+
+fn f(n: usize) -> u64 {
+    4 * n as u64
+}
+
+/// Scratch bytes of one session except the VQ tables (mirrors `Session::new`).
+pub(crate) fn session_scratch(c: &ModelConfig, ctx: usize) -> u64 {
+    let h = c.hidden;
+    let lat = c.expert_width();
+    let has_kda = c.attn_kinds.contains(&AttnKind::Kda);
+    let has_mla = c.n_mla_layers() > 0;
+    let mut b = 0u64;
+    if has_kda {
+        let (ch, d, hh) = (c.kda_channels(), c.kda_head_dim, c.kda_heads);
+        b += f(3 * ch + 3 * ch + d + ch + hh + ch + ch);
+    }
+    if has_mla {
+        let nh = c.mla_heads;
+        let latent = c.kv_lora + c.qk_rope;
+        b += f(nh * (c.qk_nope + c.qk_rope) + c.q_lora.unwrap_or(0) + latent + nh * latent + nh * ctx + nh * c.kv_lora + 2 * nh * c.v_head);
+    }
+    if c.n_moe_layers() > 0 {
+        // expert activations (gate, up) and one output per chosen expert
+        b += f(2 * c.moe_intermediate + c.top_k * lat);
+    }
+    let ffn_w = c.intermediate.max(c.moe_intermediate * c.shared_experts);
+    let chunk = crate::session::CHUNK;
+    // per chunk token: hidden, FFN input, FFN output; then x, xn, r
+    b += f(3 * chunk * h + 3 * h + c.experts + 2 * lat + 2 * ffn_w + c.vocab);
+    if let Some(bs) = c.attn_res_block {
+        let nb = c.layers.div_ceil(bs);
+        b += f(chunk * h + chunk * nb * h + h); // prefixes, blocks, a copy for the output aggregation
+    }
+    b
+}
+
+impl Plan {
+    /// Plan for an opened (validated) container.
+    pub fn for_container(ct: &Container, ctx: usize) -> Plan {
+        let c = &ct.config;
+        let mut trunk = 0u64;
+        let embed_name = "model.embed_tokens.weight";
+        for req in waste_format::required_tensors(c) {
+            if req.name == embed_name {
+                continue;
+            }
+            let Ok(t) = ct.tensor(&req.name) else { continue };
+            let is_res = req.name.contains("_res_");
+            trunk += match req.expect {
+                Expect::Mat(..) => t.payload_len + t.scale_len * 2,
+                Expect::Vec(n) if is_res => {
+                    // norm ⊙ proj pairs are stored as one product vector
+                    if req.name.ends_with("_res_norm.weight") { f(n) } else { 0 }
+                }
+                Expect::Vec(n) => f(n),
+                Expect::AtLeast(n) => f(n),
+            };
+        }
+        if c.tie_embeddings {
+            if let Ok(t) = ct.tensor(embed_name) {
+                trunk += t.payload_len + t.scale_len * 2;
+            }
+        }
+        let (rec, vq_scratch) = match &ct.experts {
+            Some((q, lay)) => {
+                if q.fmt.is_vq() {
+                    trunk += (c.n_moe_layers() * q.books_per_layer() * q.entries * q.vec_dim * 2 * 4) as u64;
+                }
+                let te = if q.index_bits == 6 { 64 } else { 256 };
+                let tg = if q.fmt.is_vq() { (lay.lat / q.vec_dim) * q.stages * te } else { 0 };
+                let td = if q.fmt.is_vq() { (lay.m / q.vec_dim) * q.stages * te } else { 0 };
+                (lay.rec_bytes as u64, f(2 * tg + td))
+            }
+            None => (0, 0),
+        };
+        let mut state = 0u64;
+        for k in &c.attn_kinds {
+            state += match k {
+                AttnKind::Kda => f((c.conv_kernel - 1) * 3 * c.kda_channels() + c.kda_heads * c.kda_head_dim * c.kda_head_dim),
+                AttnKind::Mla => f(ctx * (c.kv_lora + c.qk_rope)),
+            };
+        }
+        let scratch = session_scratch(c, ctx) + vq_scratch;
+        let moe = c.n_moe_layers() as u64;
+        let k = c.top_k as u64;
+        let min_cache = if moe > 0 { aligned_alloc_bytes((2 * k * rec) as usize, true) } else { 0 };
+        let floor = trunk + state + scratch + min_cache;
+        let ws = k * rec * moe;
+        Plan {
+            trunk_bytes: trunk,
+            state_bytes: state,
+            scratch_bytes: scratch,
+            min_expert_cache_bytes: min_cache,
+            floor_bytes: floor,
+            working_set_bytes: ws,
+            recommended_bytes: floor + 3 * ws,
+            record_bytes: rec,
+            ctx: ctx as u64,
+        }
+    }
+
+    /// The budget rule's inputs.
+    pub fn floor(&self) -> waste_cache::Floor {
+        waste_cache::Floor { fixed: self.trunk_bytes + self.state_bytes + self.scratch_bytes, min_cache: self.min_expert_cache_bytes, working_set: self.working_set_bytes }
+    }
+}
+
+/// Plan a container at `ctx` tokens without loading any weight.
+pub fn plan(path: impl AsRef<Path>, ctx: usize) -> Result<Plan> {
+    let ct = Container::open(path.as_ref())?;
+    Ok(Plan::for_container(&ct, ctx))
+}

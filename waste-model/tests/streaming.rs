@@ -1,0 +1,133 @@
+//! Placement decides speed, never the answer: every cache size, read-ahead
+//! on/off, router lookahead on/off, any I/O thread count and chunked prefill
+//! give bit-identical logits. The plan equals what the engine allocates; the
+//! budget floor is enforced; the usage hotlist round-trips and a corrupt one
+//! is skipped.
+
+use std::path::{Path, PathBuf};
+use waste_model::{Model, ModelOptions, Policy};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures").join(name)
+}
+
+const CTX: usize = 96;
+
+fn run(path: &Path, o: ModelOptions) -> (Vec<u32>, waste_model::Stats) {
+    let m = Model::open(path, ModelOptions { ctx: CTX, ..o }).unwrap();
+    let mut s = m.session();
+    let prompt: Vec<u32> = (0..37).map(|i| (i * 53 + 7) % 250).collect();
+    let mut bits: Vec<u32> = s.eval(&prompt).unwrap().iter().map(|v| v.to_bits()).collect();
+    let mut next = 1;
+    for _ in 0..12 {
+        let l = s.eval(&[next]).unwrap();
+        next = (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b }) as u32;
+        bits.extend(l.iter().map(|v| v.to_bits()));
+    }
+    (bits, s.stats())
+}
+
+#[test]
+fn every_placement_gives_bit_identical_logits() {
+    for name in ["tiny.waste", "tiny-b.waste"] {
+        let path = fixture(name);
+        let plan = waste_model::plan(&path, CTX).unwrap();
+        let rec = plan.record_bytes;
+        let base = ModelOptions { budget: plan.floor_bytes, max_chunk: 1, lookahead: 0, io_threads: 1, threads: 1, ..Default::default() };
+        let (want, st0) = run(&path, base.clone());
+        assert!(st0.experts_missed > 0);
+        let variants = vec![
+            ("cache +6 records", ModelOptions { budget: plan.floor_bytes + 6 * rec, ..base.clone() }),
+            ("whole model cached", ModelOptions { budget: plan.floor_bytes + 200 * rec, ..base.clone() }),
+            ("read-ahead off", ModelOptions { readahead: false, budget: plan.floor_bytes + 6 * rec, ..base.clone() }),
+            ("lookahead 2", ModelOptions { lookahead: 2, budget: plan.floor_bytes + 6 * rec, ..base.clone() }),
+            ("lookahead top-k, tiny cache", ModelOptions { lookahead: 2, ..base.clone() }),
+            ("4 I/O threads", ModelOptions { io_threads: 4, budget: plan.floor_bytes + 3 * rec, ..base.clone() }),
+            ("chunked prefill", ModelOptions { max_chunk: 16, budget: plan.floor_bytes + 64 * rec, ..base.clone() }),
+            ("chunked prefill, small cache", ModelOptions { max_chunk: 16, budget: plan.floor_bytes + 4 * rec, ..base.clone() }),
+            ("LRU, 2 compute threads", ModelOptions { policy: Policy::Lru, threads: 2, budget: plan.floor_bytes + 5 * rec, ..base.clone() }),
+        ];
+        for (what, o) in variants {
+            let (got, st) = run(&path, o);
+            assert!(got == want, "{name}: {what}: logits differ from the plain path");
+            assert_eq!(st.experts_hit + st.experts_missed, st0.experts_hit + st0.experts_missed, "{name}: {what}: expert uses");
+        }
+    }
+}
+
+#[test]
+fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
+    let path = fixture("tiny-b.waste");
+    let plan = waste_model::plan(&path, CTX).unwrap();
+    // a cache too small to keep anything across chunks isolates the dedup effect
+    let o = ModelOptions { budget: plan.floor_bytes + 60 * plan.record_bytes, io_threads: 2, ..Default::default() };
+    let m = Model::open(&path, ModelOptions { ctx: CTX, max_chunk: 1, policy: Policy::Lru, budget: plan.floor_bytes, ..o.clone() }).unwrap();
+    let prompt: Vec<u32> = (0..32).map(|i| (i * 31 + 3) % 250).collect();
+    let mut s = m.session();
+    s.eval(&prompt).unwrap();
+    let tok_by_tok = s.stats().experts_missed;
+    let m2 = Model::open(&path, ModelOptions { ctx: CTX, max_chunk: 16, ..o }).unwrap();
+    let mut s2 = m2.session();
+    assert!(s2.chunk_len() >= 8, "chunk {}", s2.chunk_len());
+    s2.eval(&prompt).unwrap();
+    let chunked = s2.stats().experts_missed;
+    // 3 MoE layers × 16 experts: a chunk reads at most 48 records
+    assert!(chunked <= 2 * 3 * 16, "chunked prefill read {chunked} records");
+    assert!(chunked * 2 < tok_by_tok, "chunked {chunked} vs token-by-token {tok_by_tok}");
+}
+
+#[test]
+fn plan_equals_what_the_engine_allocates() {
+    for name in ["tiny.waste", "tiny-b.waste", "tiny-c.waste"] {
+        let path = fixture(name);
+        let plan = waste_model::plan(&path, CTX).unwrap();
+        let m = Model::open(&path, ModelOptions { ctx: CTX, budget: plan.floor_bytes + 3 * plan.record_bytes, ..Default::default() }).unwrap();
+        let (trunk, arena) = m.allocated_bytes();
+        assert_eq!(trunk, plan.trunk_bytes, "{name}: trunk");
+        let s = m.session();
+        let (state, scratch) = s.allocated_bytes();
+        assert_eq!(state, plan.state_bytes, "{name}: state");
+        assert_eq!(scratch, plan.scratch_bytes, "{name}: scratch");
+        assert!(arena <= m.budget() - plan.trunk_bytes - plan.state_bytes - plan.scratch_bytes, "{name}: arena {arena} beyond the cache budget");
+        assert!(trunk + state + scratch + arena <= m.budget());
+    }
+}
+
+#[test]
+fn below_the_floor_is_refused_naming_the_floor() {
+    let path = fixture("tiny.waste");
+    let plan = waste_model::plan(&path, CTX).unwrap();
+    let e = Model::open(&path, ModelOptions { ctx: CTX, budget: plan.floor_bytes - 1, ..Default::default() }).err().expect("refused");
+    let msg = e.to_string();
+    assert!(msg.contains(&plan.floor_bytes.to_string()) && msg.contains("floor"), "{msg}");
+}
+
+#[test]
+fn usage_hotlist_roundtrip_and_corrupt_file_skipped() {
+    let path = fixture("tiny.waste");
+    let usage = std::env::temp_dir().join(format!("waste-usage-{}.waste", std::process::id()));
+    let plan = waste_model::plan(&path, CTX).unwrap();
+    let o = ModelOptions { ctx: CTX, budget: plan.floor_bytes + 4 * plan.record_bytes, usage: Some(usage.clone()), ..Default::default() };
+    {
+        let m = Model::open(&path, o.clone()).unwrap();
+        assert_eq!(m.preloaded(), 0);
+        let mut s = m.session();
+        s.eval(&[256, 1, 2, 3, 4, 5]).unwrap();
+        m.save_usage(&usage, 6).unwrap();
+    }
+    let (want, _) = run(&path, ModelOptions { usage: Some(PathBuf::from("/nonexistent")), ..o.clone() });
+    let m = Model::open(&path, o.clone()).unwrap();
+    assert!(m.preloaded() > 0 && m.preloaded() <= m.cache_slots());
+    drop(m);
+    // a warm start changes speed, never the answer
+    let (got, st) = run(&path, o.clone());
+    assert!(got == want);
+    assert!(st.experts_hit > 0);
+    // corrupt and foreign files are skipped, never trusted
+    std::fs::write(&usage, b"WUSG\x01\x00\x00\x00garbage").unwrap();
+    assert_eq!(Model::open(&path, o.clone()).unwrap().preloaded(), 0);
+    let foreign = waste_format::Usage { total_tokens: 1, entries: vec![waste_format::UsageEntry { layer: 99, expert: 3, hits: 9, last_seen: 0 }, waste_format::UsageEntry { layer: 1, expert: 999, hits: 9, last_seen: 0 }] };
+    std::fs::write(&usage, foreign.encode()).unwrap();
+    assert_eq!(Model::open(&path, o).unwrap().preloaded(), 0);
+    std::fs::remove_file(&usage).ok();
+}
