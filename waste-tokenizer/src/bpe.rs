@@ -1,0 +1,322 @@
+//! Ranks, pre-tokenization and merging.
+
+use crate::{Error, Result};
+use base64::Engine;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::path::Path;
+
+/// The pre-tokenizer pattern.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// Kimi's: o200k's with a leading `[\p{Han}]+` rule and Han removed from the letter classes.
+    Kimi,
+    /// OpenAI o200k_base.
+    O200k,
+    /// OpenAI cl100k_base.
+    Cl100k,
+}
+
+const O200K_RULES: [&str; 7] = [
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}",
+    r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+    r"\s*[\r\n]+",
+    r"\s+(?!\S)",
+    r"\s+",
+];
+
+impl Pattern {
+    /// Parse `kimi | o200k | cl100k`.
+    pub fn parse(s: &str) -> Option<Pattern> {
+        match s {
+            "kimi" => Some(Pattern::Kimi),
+            "o200k" => Some(Pattern::O200k),
+            "cl100k" => Some(Pattern::Cl100k),
+            _ => None,
+        }
+    }
+    /// The regex source (the same string tiktoken is given).
+    pub fn source(self) -> String {
+        match self {
+            Pattern::O200k => O200K_RULES.join("|"),
+            Pattern::Cl100k => r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s".to_string(),
+            Pattern::Kimi => {
+                let no_han = |r: &str| {
+                    r.replace(r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]")
+                        .replace(r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]")
+                };
+                let mut rules = vec![r"[\p{Han}]+".to_string()];
+                rules.extend(O200K_RULES.iter().map(|r| no_han(r)));
+                rules.join("|")
+            }
+        }
+    }
+}
+
+/// A tiktoken-style tokenizer.
+pub struct Tokenizer {
+    ranks: HashMap<Vec<u8>, u32>,
+    decoder: HashMap<u32, Vec<u8>>,
+    specials: Vec<(u32, String)>,
+    special_ids: HashMap<String, u32>,
+    regex: fancy_regex::Regex,
+    pattern: Pattern,
+}
+
+impl Tokenizer {
+    /// Build from ranks, specials and a pattern.
+    pub fn new(ranks: Vec<(Vec<u8>, u32)>, specials: Vec<(u32, String)>, pattern: Pattern) -> Result<Tokenizer> {
+        let regex = fancy_regex::Regex::new(&pattern.source()).map_err(|e| Error::Pattern(e.to_string()))?;
+        let mut decoder = HashMap::with_capacity(ranks.len() + specials.len());
+        for (b, r) in &ranks {
+            decoder.insert(*r, b.clone());
+        }
+        for (id, s) in &specials {
+            decoder.insert(*id, s.as_bytes().to_vec());
+        }
+        let special_ids = specials.iter().map(|(i, s)| (s.clone(), *i)).collect();
+        let mut specials = specials;
+        // longest first, so markup matching is leftmost-longest
+        specials.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
+        Ok(Tokenizer { ranks: ranks.into_iter().collect(), decoder, specials, special_ids, regex, pattern })
+    }
+
+    /// Parse a tiktoken rank file (`base64 rank` per line).
+    pub fn parse_ranks(text: &str, file: &str) -> Result<Vec<(Vec<u8>, u32)>> {
+        let mut out = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let err = |msg: String| Error::RankFile { file: file.into(), line: i + 1, msg };
+            let (tok, rank) = line.split_once(' ').ok_or_else(|| err("expected `base64 rank`".into()))?;
+            let bytes = base64::engine::general_purpose::STANDARD.decode(tok.trim()).map_err(|e| err(format!("bad base64: {e}")))?;
+            let rank: u32 = rank.trim().parse().map_err(|_| err(format!("bad rank {rank:?}")))?;
+            out.push((bytes, rank));
+        }
+        Ok(out)
+    }
+
+    /// Parse `specials.json`: `[{"id": N, "text": "<|...|>"}, ...]`.
+    pub fn parse_specials(text: &str, file: &str) -> Result<Vec<(u32, String)>> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| Error::Json { file: file.into(), msg: e.to_string() })?;
+        let arr = v.as_array().ok_or_else(|| Error::Json { file: file.into(), msg: "expected an array".into() })?;
+        arr.iter()
+            .map(|e| {
+                let id = e.get("id").and_then(|x| x.as_u64()).filter(|&x| x < u32::MAX as u64);
+                let text = e.get("text").and_then(|x| x.as_str()).filter(|s| !s.is_empty());
+                match (id, text) {
+                    (Some(id), Some(t)) => Ok((id as u32, t.to_string())),
+                    _ => Err(Error::Json { file: file.into(), msg: format!("entry {e} needs an integer id and a non-empty text") }),
+                }
+            })
+            .collect()
+    }
+
+    /// Load a container's `tokenizer.model` + `specials.json` (Kimi's pattern).
+    pub fn from_container_dir(dir: &Path) -> Result<Tokenizer> {
+        Self::from_files(&dir.join("tokenizer.model"), Some(&dir.join("specials.json")), Pattern::Kimi)
+    }
+
+    /// Load a rank file, optional specials, and a pattern.
+    pub fn from_files(ranks: &Path, specials: Option<&Path>, pattern: Pattern) -> Result<Tokenizer> {
+        let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::Io { path: p.display().to_string(), source: e });
+        let r = Self::parse_ranks(&read(ranks)?, &ranks.display().to_string())?;
+        let s = match specials {
+            Some(p) if p.exists() => Self::parse_specials(&read(p)?, &p.display().to_string())?,
+            _ => vec![],
+        };
+        Self::new(r, s, pattern)
+    }
+
+    /// The pattern in use.
+    pub fn pattern(&self) -> Pattern {
+        self.pattern
+    }
+    /// Id of a special token's text.
+    pub fn special_id(&self, text: &str) -> Option<u32> {
+        self.special_ids.get(text).copied()
+    }
+    /// Whether `id` is a special token.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.specials.iter().any(|(i, _)| *i == id)
+    }
+    /// Number of ids (ranks + specials).
+    pub fn vocab_len(&self) -> usize {
+        self.decoder.len()
+    }
+
+    /// Encode text with special-token text kept as ordinary text.
+    pub fn encode_plain(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        self.encode_ordinary_into(text, &mut out);
+        out
+    }
+
+    /// Encode text with special tokens recognised.
+    pub fn encode_markup(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            // leftmost special; among those at the same position, the longest
+            let mut best: Option<(usize, usize, u32)> = None;
+            for (id, s) in &self.specials {
+                if let Some(p) = rest.find(s.as_str()) {
+                    if best.is_none_or(|(bp, bl, _)| p < bp || (p == bp && s.len() > bl)) {
+                        best = Some((p, s.len(), *id));
+                    }
+                }
+            }
+            match best {
+                Some((p, l, id)) => {
+                    self.encode_ordinary_into(&rest[..p], &mut out);
+                    out.push(id);
+                    rest = &rest[p + l..];
+                }
+                None => {
+                    self.encode_ordinary_into(rest, &mut out);
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    fn encode_ordinary_into(&self, text: &str, out: &mut Vec<u32>) {
+        // exactly tiktoken's loop: every regex match is one piece
+        let mut last = 0;
+        for m in self.regex.find_iter(text) {
+            match m {
+                Ok(m) => {
+                    self.bpe(m.as_str().as_bytes(), out);
+                    last = m.end();
+                }
+                Err(_) => {
+                    // The backtracking VM gave up (its stack is bounded: tiktoken
+                    // itself panics here, e.g. on a megabyte of spaces). Continue
+                    // on bounded windows so the result stays sensible.
+                    self.encode_windows(&text[last..], out);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn encode_windows(&self, mut text: &str, out: &mut Vec<u32>) {
+        const WINDOW: usize = 1 << 16;
+        while !text.is_empty() {
+            let mut cut = text.len().min(WINDOW);
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let (w, rest) = text.split_at(cut);
+            let mut last = 0;
+            for m in self.regex.find_iter(w) {
+                match m {
+                    Ok(m) => {
+                        self.bpe(m.as_str().as_bytes(), out);
+                        last = m.end();
+                    }
+                    Err(_) => {
+                        let mut buf = [0u8; 4];
+                        for ch in w[last..].chars() {
+                            self.bpe(ch.encode_utf8(&mut buf).as_bytes(), out);
+                        }
+                        break;
+                    }
+                }
+            }
+            text = rest;
+        }
+    }
+
+    fn rank(&self, b: &[u8]) -> u32 {
+        self.ranks.get(b).copied().unwrap_or(u32::MAX)
+    }
+
+    /// tiktoken's merge: repeatedly merge the adjacent pair whose
+    /// concatenation has the lowest rank (leftmost on ties), in O(n log n).
+    fn bpe(&self, piece: &[u8], out: &mut Vec<u32>) {
+        if piece.is_empty() {
+            return;
+        }
+        if let Some(&r) = self.ranks.get(piece) {
+            out.push(r);
+            return;
+        }
+        let n = piece.len();
+        // parts: start offsets in a linked list; part i spans [start[i], start[next[i]])
+        let start: Vec<usize> = (0..=n).collect();
+        let mut next: Vec<usize> = (1..=n + 1).collect();
+        let mut prev: Vec<usize> = (0..=n).map(|i| i.wrapping_sub(1)).collect();
+        let mut alive = vec![true; n + 1];
+        let mut ver = vec![0u32; n + 1];
+        let pair_rank = |i: usize, next: &Vec<usize>| -> u32 {
+            let j = next[i];
+            if j >= n {
+                return u32::MAX;
+            }
+            self.rank(&piece[start[i]..start[next[j]]])
+        };
+        let mut heap: BinaryHeap<Reverse<(u32, usize, u32)>> = BinaryHeap::with_capacity(n);
+        for i in 0..n - 1 {
+            let r = pair_rank(i, &next);
+            if r != u32::MAX {
+                heap.push(Reverse((r, i, 0)));
+            }
+        }
+        while let Some(Reverse((r, i, v))) = heap.pop() {
+            if !alive[i] || ver[i] != v || next[i] >= n {
+                continue;
+            }
+            // merge part i with its successor j
+            let j = next[i];
+            alive[j] = false;
+            next[i] = next[j];
+            if next[j] <= n {
+                prev[next[j]] = i;
+            }
+            let _ = r;
+            ver[i] += 1;
+            let ri = pair_rank(i, &next);
+            if ri != u32::MAX {
+                heap.push(Reverse((ri, i, ver[i])));
+            }
+            let p = prev[i];
+            if p < n && alive[p] {
+                ver[p] += 1;
+                let rp = pair_rank(p, &next);
+                if rp != u32::MAX {
+                    heap.push(Reverse((rp, p, ver[p])));
+                }
+            }
+        }
+        let mut i = 0;
+        while i < n {
+            let j = next[i];
+            let b = &piece[start[i]..start[j.min(n)]];
+            match self.ranks.get(b) {
+                Some(&r) => out.push(r),
+                // a byte with no rank (a partial vocabulary): emit each byte's rank if any
+                None => out.extend(b.iter().filter_map(|x| self.ranks.get(std::slice::from_ref(x)).copied())),
+            }
+            i = j;
+        }
+    }
+
+    /// Bytes of one id (empty for an unknown id).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.decoder.get(&id).map(|v| v.as_slice()).unwrap_or(&[])
+    }
+
+    /// Decode ids to text (invalid UTF-8 replaced by U+FFFD).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let mut b = Vec::new();
+        for &i in ids {
+            b.extend_from_slice(self.token_bytes(i));
+        }
+        String::from_utf8_lossy(&b).into_owned()
+    }
+}

@@ -1,0 +1,147 @@
+//! Chat templates: `chat.json` (prefix/suffix per role + generation prefix)
+//! or `chat_template.jinja` (minijinja). Template text is encoded as markup,
+//! message content as plain text — never concatenated then encoded, so
+//! content can never forge a control token.
+
+use crate::{Error, Result, Tokenizer};
+use std::path::Path;
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// `system`, `user`, `assistant`, `tool`.
+    pub role: String,
+    /// Content (plain text).
+    pub content: String,
+}
+
+impl Message {
+    /// A message.
+    pub fn new(role: &str, content: &str) -> Message {
+        Message { role: role.into(), content: content.into() }
+    }
+}
+
+/// A chat template.
+#[derive(Clone, Debug)]
+pub enum ChatTemplate {
+    /// Prefix/suffix per role and a generation prefix (`chat.json`).
+    Affix {
+        /// `(role, prefix, suffix)`.
+        roles: Vec<(String, String, String)>,
+        /// Generation prefix.
+        open: String,
+    },
+    /// A Jinja template (`chat_template.jinja`).
+    Jinja(String),
+}
+
+/// Sentinels delimiting content inside a rendered Jinja template (private-use code points).
+const OPEN: char = '\u{F8F0}';
+const CLOSE: char = '\u{F8F1}';
+
+impl ChatTemplate {
+    /// Parse `chat.json`: `{"system": [prefix, suffix], "user": [...], "assistant": [...], "open": "..."}`.
+    pub fn parse_json(text: &str) -> Result<ChatTemplate> {
+        let err = |m: String| Error::Json { file: "chat.json".into(), msg: m };
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
+        let o = v.as_object().ok_or_else(|| err("expected an object".into()))?;
+        let mut roles = Vec::new();
+        let mut open = String::new();
+        for (k, val) in o {
+            if k == "open" {
+                open = val.as_str().ok_or_else(|| err("\"open\" must be a string".into()))?.to_string();
+                continue;
+            }
+            let a = val.as_array().filter(|a| a.len() == 2).ok_or_else(|| err(format!("{k:?} must be [prefix, suffix]")))?;
+            let s = |x: &serde_json::Value| x.as_str().map(str::to_string).ok_or_else(|| err(format!("{k:?}: strings expected")));
+            roles.push((k.clone(), s(&a[0])?, s(&a[1])?));
+        }
+        Ok(ChatTemplate::Affix { roles, open })
+    }
+
+    /// The container's template: `chat_template.jinja`, else `chat.json`,
+    /// else a default built from the specials the tokenizer has.
+    pub fn from_container_dir(dir: &Path, tok: &Tokenizer) -> Result<ChatTemplate> {
+        let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::Io { path: p.display().to_string(), source: e });
+        let j = dir.join("chat_template.jinja");
+        if j.exists() {
+            return Ok(ChatTemplate::Jinja(read(&j)?));
+        }
+        let c = dir.join("chat.json");
+        if c.exists() {
+            return Self::parse_json(&read(&c)?);
+        }
+        Ok(Self::default_for(tok))
+    }
+
+    /// A default template from the tokenizer's specials (Kimi's `<|im_*|>`
+    /// markup, the K3-style `<|open|>…<|sep|>` markup, or plain text).
+    pub fn default_for(tok: &Tokenizer) -> ChatTemplate {
+        let roles = ["system", "user", "assistant", "tool"];
+        if tok.special_id("<|im_user|>").is_some() && tok.special_id("<|im_middle|>").is_some() {
+            let tag = |r: &str| match r {
+                "user" => "<|im_user|>",
+                "assistant" => "<|im_assistant|>",
+                _ => "<|im_system|>",
+            };
+            return ChatTemplate::Affix {
+                roles: roles.iter().map(|r| (r.to_string(), format!("{}{r}<|im_middle|>", tag(r)), "<|im_end|>".to_string())).collect(),
+                open: "<|im_assistant|>assistant<|im_middle|>".into(),
+            };
+        }
+        if tok.special_id("<|open|>").is_some() && tok.special_id("<|sep|>").is_some() && tok.special_id("<|close|>").is_some() {
+            return ChatTemplate::Affix {
+                roles: roles.iter().map(|r| (r.to_string(), format!("<|open|>message role=\"{r}\"<|sep|>"), "<|close|>message<|sep|>".to_string())).collect(),
+                open: "<|open|>message role=\"assistant\"<|sep|>".into(),
+            };
+        }
+        ChatTemplate::Affix { roles: roles.iter().map(|r| (r.to_string(), format!("{r}: "), "\n".to_string())).collect(), open: "assistant: ".into() }
+    }
+
+    /// Encode a conversation; with `open`, end with the generation prefix.
+    pub fn encode(&self, tok: &Tokenizer, messages: &[Message], open: bool) -> Result<Vec<u32>> {
+        match self {
+            ChatTemplate::Affix { roles, open: gen } => {
+                let mut out = Vec::new();
+                for m in messages {
+                    let (_, pre, suf) = roles.iter().find(|(r, _, _)| *r == m.role).ok_or_else(|| Error::Template(format!("no template for role {:?}", m.role)))?;
+                    out.extend(tok.encode_markup(pre));
+                    out.extend(tok.encode_plain(&m.content));
+                    out.extend(tok.encode_markup(suf));
+                }
+                if open {
+                    out.extend(tok.encode_markup(gen));
+                }
+                Ok(out)
+            }
+            ChatTemplate::Jinja(src) => {
+                let mut env = minijinja::Environment::new();
+                env.add_template("chat", src).map_err(|e| Error::Template(e.to_string()))?;
+                let msgs: Vec<serde_json::Value> = messages
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| serde_json::json!({"role": m.role, "content": format!("{OPEN}{i}{CLOSE}")}))
+                    .collect();
+                let rendered = env
+                    .get_template("chat")
+                    .and_then(|t| t.render(minijinja::context! { messages => msgs, add_generation_prompt => open }))
+                    .map_err(|e| Error::Template(e.to_string()))?;
+                // template text → markup; each content placeholder → that message's content, plain
+                let mut out = Vec::new();
+                let mut rest = rendered.as_str();
+                while let Some(a) = rest.find(OPEN) {
+                    out.extend(tok.encode_markup(&rest[..a]));
+                    let after = &rest[a + OPEN.len_utf8()..];
+                    let b = after.find(CLOSE).ok_or_else(|| Error::Template("template altered a content placeholder".into()))?;
+                    let idx: usize = after[..b].parse().map_err(|_| Error::Template("template altered a content placeholder".into()))?;
+                    let m = messages.get(idx).ok_or_else(|| Error::Template("bad content placeholder".into()))?;
+                    out.extend(tok.encode_plain(&m.content));
+                    rest = &after[b + CLOSE.len_utf8()..];
+                }
+                out.extend(tok.encode_markup(rest));
+                Ok(out)
+            }
+        }
+    }
+}
