@@ -159,64 +159,156 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Sampling and stopping options.
+#[derive(Args, Clone, Debug)]
+pub struct SampleArgs {
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    pub n: usize,
+    /// Temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temp: f32,
+    /// Nucleus sampling mass.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Keep the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Drop tokens below min-p × p(best).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Seed (same seed, same output).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop string (repeatable); never printed.
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+}
+
+impl SampleArgs {
+    pub fn params(&self) -> waste_model::GenerateParams {
+        waste_model::GenerateParams {
+            sampling: waste_model::SamplingParams { temperature: self.temp, top_k: self.top_k, top_p: self.top_p, min_p: self.min_p, seed: self.seed },
+            max_tokens: self.n,
+            stop_tokens: vec![],
+            stop_strings: self.stop.clone(),
+            top_logprobs: 0,
+        }
+    }
+}
+
 #[derive(Args)]
 pub struct RunArgs {
     /// Container directory.
     model: PathBuf,
-    /// Prompt text (needs the container's tokenizer).
+    /// Prompt text; `-` reads stdin (also read when stdin is piped and no prompt is given).
     prompt: Option<String>,
-    /// Prompt as token ids, comma-separated.
+    /// Read the prompt from a file.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// Prompt as token ids, comma-separated (no template).
     #[arg(long)]
     ids: Option<String>,
-    /// Tokens to generate.
-    #[arg(short = 'n', long = "max-tokens", default_value_t = 32)]
-    n: usize,
-    /// Temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.0)]
-    temp: f32,
+    /// System message.
+    #[arg(long)]
+    system: Option<String>,
+    /// No chat template: the prompt is plain text.
+    #[arg(long)]
+    raw: bool,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+    /// No status line.
+    #[arg(short, long)]
+    quiet: bool,
+    #[command(flatten)]
+    sample: SampleArgs,
     #[command(flatten)]
     engine: EngineArgs,
 }
 
-pub fn run(a: RunArgs) -> Result<ExitCode> {
-    let ids = prompt_ids(&a.ids, &a.prompt)?;
-    if a.temp != 0.0 {
-        bail!("only --temp 0 (greedy) is available in this build");
+/// The prompt text from the argument, `--file`, or stdin.
+pub fn read_prompt(arg: &Option<String>, file: &Option<PathBuf>) -> Result<Option<String>> {
+    use std::io::{IsTerminal, Read};
+    match (arg.as_deref(), file) {
+        (Some(_), Some(_)) => bail!("give the prompt as an argument or with --file, not both"),
+        (Some("-"), None) => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).context("reading the prompt from stdin")?;
+            Ok(Some(s))
+        }
+        (Some(p), None) => Ok(Some(p.to_string())),
+        (None, Some(f)) => Ok(Some(std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?)),
+        (None, None) if !std::io::stdin().is_terminal() => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).context("reading the prompt from stdin")?;
+            Ok(if s.is_empty() { None } else { Some(s) })
+        }
+        (None, None) => Ok(None),
     }
+}
+
+/// Print the status line `[N tokens, s, tok/s | experts H hit / M miss = P%]`.
+pub fn status_line(tokens: usize, secs: f64, st: &waste_model::Stats) {
+    let total = st.experts_hit + st.experts_missed;
+    let pct = if total > 0 { 100.0 * st.experts_hit as f64 / total as f64 } else { 0.0 };
+    eprintln!("[{tokens} tokens, {secs:.2} s, {:.2} tok/s | experts {} hit / {} miss = {pct:.0}%]", tokens as f64 / secs.max(1e-9), st.experts_hit, st.experts_missed);
+}
+
+pub fn run(a: RunArgs) -> Result<ExitCode> {
+    use std::io::Write;
+    let text = if a.ids.is_none() { read_prompt(&a.prompt, &a.file)? } else { None };
     let model = a.engine.open(&a.model)?;
+    let ids = match (&a.ids, &text) {
+        (Some(i), None) => parse_ids(i)?,
+        (None, Some(t)) if a.raw => model.encode_raw(t)?,
+        (None, Some(t)) => {
+            let mut msgs = vec![];
+            if let Some(s) = &a.system {
+                msgs.push(waste_model::tokenizer::Message::new("system", s));
+            }
+            msgs.push(waste_model::tokenizer::Message::new("user", t));
+            model.encode_chat(&msgs, true)?
+        }
+        (Some(_), Some(_)) => bail!("give either --ids or a prompt, not both"),
+        (None, None) => bail!("no prompt: give it as an argument, with --file, on stdin, or as --ids"),
+    };
     let mut s = model.session();
     let t0 = std::time::Instant::now();
-    let mut out = Vec::with_capacity(a.n);
-    let mut next = argmax(s.eval(&ids)?);
-    let mut ctx_full = false;
-    for i in 0..a.n {
-        out.push(next);
-        if i + 1 == a.n {
-            break;
+    let stream = !a.json;
+    let mut out = std::io::stdout().lock();
+    let mut io_err = None;
+    let g = s.generate(&ids, &a.sample.params(), |ev| {
+        if stream && !ev.piece.is_empty() {
+            if let Err(e) = out.write_all(ev.piece.as_bytes()).and_then(|_| out.flush()) {
+                io_err = Some(e);
+                return waste_model::Control::Cancel;
+            }
         }
-        if s.position() >= model.options().ctx {
-            ctx_full = true;
-            break;
-        }
-        next = argmax(s.eval(&[next])?);
+        waste_model::Control::Continue
+    })?;
+    if let Some(e) = io_err {
+        return Err(e.into());
     }
     let secs = t0.elapsed().as_secs_f64();
     let st = s.stats();
     a.engine.finish(&model, &a.model, st.tokens)?;
     if a.json {
-        print_json(&json!({"prompt_ids": ids, "tokens": out, "context_full": ctx_full, "seconds": secs,
+        print_json(&json!({"prompt_ids": ids, "tokens": g.tokens, "text": g.text, "finish_reason": g.finish.reason(),
+            "context_full": g.finish == waste_model::Finish::ContextFull, "seconds": secs,
             "experts_hit": st.experts_hit, "experts_missed": st.experts_missed, "bytes_read": st.bytes_read,
             "direct_io": model.direct_io(), "threads": model.threads(), "simd": model.simd().name(),
             "ms_per_token": {"total": 1e3 * secs / st.tokens.max(1) as f64, "trunk": 1e3 * st.trunk_seconds / st.tokens.max(1) as f64,
                 "attention": 1e3 * st.attn_seconds / st.tokens.max(1) as f64, "expert_compute": 1e3 * st.expert_seconds / st.tokens.max(1) as f64,
                 "expert_io": 1e3 * st.io_seconds / st.tokens.max(1) as f64}}))?;
     } else {
-        println!("{}", out.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","));
-        let total = st.experts_hit + st.experts_missed;
-        eprintln!("[{} tokens, {secs:.2} s, {:.2} tok/s | experts {} hit / {} miss = {:.0}%]", out.len(), out.len() as f64 / secs, st.experts_hit, st.experts_missed, if total > 0 { 100.0 * st.experts_hit as f64 / total as f64 } else { 0.0 });
+        writeln!(out)?;
+        if g.finish == waste_model::Finish::ContextFull {
+            eprintln!("[stopped: the context of {} tokens is full]", model.options().ctx);
+        }
+        if !a.quiet {
+            status_line(g.tokens.len(), secs, &st);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

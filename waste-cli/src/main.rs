@@ -5,6 +5,7 @@ mod cmd_cache;
 mod cmd_eval;
 mod cmd_info;
 mod cmd_plan;
+mod cmd_text;
 mod progress;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +38,12 @@ enum Cmd {
     Eval(cmd_eval::EvalArgs),
     /// Generate from a prompt.
     Run(cmd_eval::RunArgs),
+    /// Interactive chat (state kept across turns).
+    Chat(cmd_text::ChatArgs),
+    /// Text to token ids.
+    Tokenize(cmd_text::TokenizeArgs),
+    /// Token ids to text.
+    Detokenize(cmd_text::DetokenizeArgs),
 }
 
 /// Exit status for a run that found problems (vs 1 = error, 2 = usage).
@@ -60,6 +67,9 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => cmd_plan::bench(a),
         Cmd::Eval(a) => cmd_eval::eval(a),
         Cmd::Run(a) => cmd_eval::run(a),
+        Cmd::Chat(a) => cmd_text::chat(a),
+        Cmd::Tokenize(a) => cmd_text::tokenize(a),
+        Cmd::Detokenize(a) => cmd_text::detokenize(a),
     };
     match r {
         Ok(code) => code,

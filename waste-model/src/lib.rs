@@ -46,12 +46,19 @@ pub fn build_info() -> BuildInfo {
     }
 }
 
+mod generate;
 mod model;
+mod sample;
+mod state;
 mod plan;
 mod session;
 mod weights;
 
+pub use generate::{Control, Finish, GenerateParams, Generation, TokenEvent, NO_TOKEN};
 pub use model::{Model, ModelOptions};
+pub use sample::{argmax, log_softmax, Sampler, SamplingParams};
+pub use state::{STATE_MAGIC, STATE_VERSION};
+pub use waste_tokenizer as tokenizer;
 pub use plan::{plan, Plan};
 pub use waste_cache::{parse_size, physical_ram, usable_ram, CacheStats, Policy};
 pub use session::{attn_res, Session, Stats};

@@ -81,6 +81,9 @@ pub struct Model {
     pub(crate) cache: Mutex<ExpertCache>,
     pub(crate) opts: ModelOptions,
     plan: Plan,
+    tokenizer: Option<waste_tokenizer::Tokenizer>,
+    template: Option<waste_tokenizer::ChatTemplate>,
+    fingerprint: u64,
     budget: u64,
     budget_warning: Option<String>,
     preloaded: usize,
@@ -139,6 +142,21 @@ impl Model {
         };
         let cache = ExpertCache::new(slots, rec, opts.policy, opts.huge_pages);
         let io_threads = if opts.io_threads == 0 { 4 } else { opts.io_threads };
+        let dir = container.dir.clone();
+        let tokenizer = if dir.join("tokenizer.model").exists() { Some(waste_tokenizer::Tokenizer::from_container_dir(&dir).map_err(|e| Error::Arg(format!("tokenizer: {e}")))?) } else { None };
+        let template = match &tokenizer {
+            Some(t) => Some(waste_tokenizer::ChatTemplate::from_container_dir(&dir, t).map_err(|e| Error::Arg(format!("chat template: {e}")))?),
+            None => None,
+        };
+        // fingerprint: the manifest bytes and the data files' sizes
+        let mut fingerprint = 0xcbf2_9ce4_8422_2325u64;
+        let mut fnv = |b: &[u8]| {
+            for &x in b {
+                fingerprint = (fingerprint ^ x as u64).wrapping_mul(0x100_0000_01b3);
+            }
+        };
+        fnv(&std::fs::read(dir.join("manifest.json")).map_err(|e| waste_format::Error::io(dir.join("manifest.json"), e))?);
+        fnv(&container.trunk_len.to_le_bytes());
         let mut m = Model {
             container,
             layers,
@@ -153,6 +171,9 @@ impl Model {
             cache: Mutex::new(cache),
             opts,
             plan,
+            tokenizer,
+            template,
+            fingerprint,
             budget: resolved.budget,
             budget_warning: resolved.warning,
             preloaded: 0,
@@ -211,6 +232,40 @@ impl Model {
         Ok(())
     }
 
+    /// The container's tokenizer (None when it ships none).
+    pub fn tokenizer(&self) -> Option<&waste_tokenizer::Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+    /// The chat template (`chat_template.jinja`, `chat.json` or a default).
+    pub fn chat_template(&self) -> Option<&waste_tokenizer::ChatTemplate> {
+        self.template.as_ref()
+    }
+    /// A fingerprint of the model (manifest bytes, trunk size), recorded in state files.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+    /// Encode a conversation with the chat template (BOS first when the
+    /// config has one); template text is markup, content plain.
+    pub fn encode_chat(&self, messages: &[waste_tokenizer::Message], open: bool) -> Result<Vec<u32>> {
+        let (t, tpl) = match (&self.tokenizer, &self.template) {
+            (Some(t), Some(p)) => (t, p),
+            _ => return Err(Error::Unsupported("this container has no tokenizer".into())),
+        };
+        let mut ids = self.bos().into_iter().collect::<Vec<_>>();
+        ids.extend(tpl.encode(t, messages, open).map_err(|e| Error::Arg(e.to_string()))?);
+        Ok(ids)
+    }
+    /// Encode raw text as plain tokens (BOS first when the config has one).
+    pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
+        let t = self.tokenizer.as_ref().ok_or_else(|| Error::Unsupported("this container has no tokenizer".into()))?;
+        let mut ids = self.bos().into_iter().collect::<Vec<_>>();
+        ids.extend(t.encode_plain(text));
+        Ok(ids)
+    }
+    /// The BOS id, if the config names one inside the vocabulary.
+    pub fn bos(&self) -> Option<u32> {
+        self.container.config.bos.filter(|&b| (b as usize) < self.container.config.vocab)
+    }
     /// The config.
     pub fn config(&self) -> &waste_format::ModelConfig {
         &self.container.config

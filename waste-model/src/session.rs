@@ -39,6 +39,12 @@ enum LayerState {
     Mla(MlaState),
 }
 
+/// A borrowed view of one layer's state (for state files).
+pub(crate) enum LayerStateRef<'a> {
+    Kda { conv: &'a [f32], s: &'a [f32] },
+    Mla { cache: &'a [f32], len: usize, width: usize },
+}
+
 /// Most tokens a prefill chunk evaluates together.
 pub const CHUNK: usize = 16;
 
@@ -144,6 +150,36 @@ impl<'m> Session<'m> {
             }
         }
         self.stats = Stats::default();
+    }
+
+    pub(crate) fn layer_states(&self) -> Vec<LayerStateRef<'_>> {
+        let c = self.m.config();
+        let width = c.kv_lora + c.qk_rope;
+        self.states
+            .iter()
+            .map(|s| match s {
+                LayerState::Kda(k) => LayerStateRef::Kda { conv: &k.conv, s: &k.s },
+                LayerState::Mla(m) => LayerStateRef::Mla { cache: &m.cache, len: m.len, width },
+            })
+            .collect()
+    }
+
+    /// Overwrite the state from validated values (in save order).
+    pub(crate) fn restore(&mut self, pos: usize, mla_lens: &[usize], vals: &mut dyn Iterator<Item = f32>) {
+        let width = self.m.config().kv_lora + self.m.config().qk_rope;
+        for (i, s) in self.states.iter_mut().enumerate() {
+            match s {
+                LayerState::Kda(k) => {
+                    k.conv.iter_mut().chain(k.s.iter_mut()).for_each(|v| *v = vals.next().unwrap_or(0.0));
+                }
+                LayerState::Mla(m) => {
+                    m.len = mla_lens[i];
+                    m.cache[..m.len * width].iter_mut().for_each(|v| *v = vals.next().unwrap_or(0.0));
+                }
+            }
+        }
+        self.logits.iter_mut().for_each(|v| *v = vals.next().unwrap_or(0.0));
+        self.pos = pos;
     }
 
     /// Bytes this session holds: (state, scratch), counted from its buffers.

@@ -1,0 +1,193 @@
+//! `waste chat`, `waste tokenize`, `waste detokenize`.
+
+use crate::cmd_eval::{parse_ids, read_prompt, status_line, EngineArgs, SampleArgs};
+use crate::print_json;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use waste_model::tokenizer::{Message, Pattern, Tokenizer};
+
+#[derive(Args)]
+pub struct ChatArgs {
+    /// Container directory.
+    model: PathBuf,
+    /// System message.
+    #[arg(long)]
+    system: Option<String>,
+    #[command(flatten)]
+    sample: SampleArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// The chat REPL: state is kept across turns; `/reset`, `/save F`, `/load F`, `/stats`, Ctrl-D.
+pub fn chat(a: ChatArgs) -> Result<ExitCode> {
+    let model = a.engine.open(&a.model)?;
+    let mut s = model.session();
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout().lock();
+    let mut first = true;
+    let interactive = std::io::IsTerminal::is_terminal(&stdin);
+    loop {
+        if interactive {
+            write!(out, "> ")?;
+            out.flush()?;
+        }
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break; // Ctrl-D / end of input
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(cmd) = line.strip_prefix('/') {
+            let (c, arg) = cmd.split_once(' ').map(|(c, a)| (c, a.trim())).unwrap_or((cmd, ""));
+            match c {
+                "reset" => {
+                    s.reset();
+                    first = true;
+                    eprintln!("[reset]");
+                }
+                "save" if !arg.is_empty() => {
+                    s.save_state(arg).with_context(|| format!("saving {arg}"))?;
+                    eprintln!("[saved {} tokens to {arg}]", s.position());
+                }
+                "load" if !arg.is_empty() => match s.load_state(arg) {
+                    Ok(()) => {
+                        first = s.position() == 0;
+                        eprintln!("[loaded {} tokens from {arg}]", s.position());
+                    }
+                    Err(e) => eprintln!("error: {e}"),
+                },
+                "stats" => {
+                    let st = s.stats();
+                    let cs = model.cache_stats();
+                    eprintln!("[position {} / {} | experts {} hit / {} miss | {} bytes read | cache {} slots, {} evictions | direct I/O {}]", s.position(), model.options().ctx, st.experts_hit, st.experts_missed, st.bytes_read, model.cache_slots(), cs.evictions, model.direct_io());
+                }
+                "quit" | "exit" => break,
+                _ => eprintln!("commands: /reset, /save FILE, /load FILE, /stats, /quit (Ctrl-D)"),
+            }
+            continue;
+        }
+        let mut msgs = vec![];
+        if first {
+            if let Some(sys) = &a.system {
+                msgs.push(Message::new("system", sys));
+            }
+        }
+        msgs.push(Message::new("user", line));
+        let ids = if first { model.encode_chat(&msgs, true)? } else { model.encode_chat(&msgs, true)?.split_off(model.bos().map_or(0, |_| 1)) };
+        first = false;
+        if s.position() + ids.len() >= model.options().ctx {
+            eprintln!("[the context is full: /reset or /save]");
+            continue;
+        }
+        let t0 = std::time::Instant::now();
+        let st0 = s.stats();
+        let g = s.generate(&ids, &a.sample.params(), |ev| {
+            let _ = out.write_all(ev.piece.as_bytes());
+            let _ = out.flush();
+            waste_model::Control::Continue
+        })?;
+        writeln!(out)?;
+        // close the assistant turn so the next one starts clean
+        let close = assistant_close(&model)?;
+        if !close.is_empty() && s.position() + close.len() < model.options().ctx {
+            s.eval(&close)?;
+        }
+        let st = s.stats();
+        let d = waste_model::Stats { experts_hit: st.experts_hit - st0.experts_hit, experts_missed: st.experts_missed - st0.experts_missed, ..st };
+        if g.finish == waste_model::Finish::ContextFull {
+            eprintln!("[stopped: the context is full]");
+        }
+        status_line(g.tokens.len(), t0.elapsed().as_secs_f64(), &d);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Tokens that close an assistant turn: the template's assistant suffix
+/// (the encoding of an empty assistant message minus its prefix).
+fn assistant_close(model: &waste_model::Model) -> Result<Vec<u32>> {
+    let (Some(tok), Some(tpl)) = (model.tokenizer(), model.chat_template()) else { return Ok(vec![]) };
+    let msg = tpl.encode(tok, &[Message::new("assistant", "")], false)?;
+    let open = tpl.encode(tok, &[], true)?;
+    Ok(if msg.starts_with(&open) { msg[open.len()..].to_vec() } else { vec![] })
+}
+
+#[derive(Args)]
+pub struct TokenizeArgs {
+    /// Container directory (or use --tiktoken).
+    model: Option<PathBuf>,
+    /// Text (`-` = stdin).
+    #[arg(long, short)]
+    text: Option<String>,
+    /// A tiktoken rank file instead of a container.
+    #[arg(long)]
+    tiktoken: Option<PathBuf>,
+    /// Pre-tokenizer pattern with --tiktoken: kimi, o200k, cl100k.
+    #[arg(long, default_value = "kimi")]
+    pattern: String,
+    /// Recognise special tokens (template markup).
+    #[arg(long)]
+    markup: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+fn load_tokenizer(model: &Option<PathBuf>, tiktoken: &Option<PathBuf>, pattern: &str) -> Result<Tokenizer> {
+    let pat = Pattern::parse(pattern).with_context(|| format!("--pattern {pattern:?}: expected kimi, o200k or cl100k"))?;
+    match (model, tiktoken) {
+        (Some(m), None) => Ok(Tokenizer::from_container_dir(m)?),
+        (None, Some(f)) => Ok(Tokenizer::from_files(f, None, pat)?),
+        (Some(_), Some(_)) => bail!("give a container or --tiktoken, not both"),
+        (None, None) => bail!("give a container or --tiktoken FILE"),
+    }
+}
+
+pub fn tokenize(a: TokenizeArgs) -> Result<ExitCode> {
+    let t = load_tokenizer(&a.model, &a.tiktoken, &a.pattern)?;
+    let text = read_prompt(&a.text, &None)?.context("no text: pass --text TEXT or - for stdin")?;
+    let ids = if a.markup { t.encode_markup(&text) } else { t.encode_plain(&text) };
+    if a.json {
+        print_json(&json!({"ids": ids}))?;
+    } else {
+        println!("{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" "));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct DetokenizeArgs {
+    /// Container directory (or use --tiktoken).
+    model: Option<PathBuf>,
+    /// Ids, comma- or space-separated (`-` = stdin).
+    #[arg(long)]
+    ids: Option<String>,
+    /// A tiktoken rank file instead of a container.
+    #[arg(long)]
+    tiktoken: Option<PathBuf>,
+    /// Pre-tokenizer pattern with --tiktoken.
+    #[arg(long, default_value = "kimi")]
+    pattern: String,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn detokenize(a: DetokenizeArgs) -> Result<ExitCode> {
+    let t = load_tokenizer(&a.model, &a.tiktoken, &a.pattern)?;
+    let raw = read_prompt(&a.ids, &None)?.context("no ids: pass --ids 1,2,3 or - for stdin")?;
+    let ids = parse_ids(&raw.replace(|c: char| c.is_whitespace(), ","))?;
+    let text = t.decode(&ids);
+    if a.json {
+        print_json(&json!({"text": text}))?;
+    } else {
+        println!("{text}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

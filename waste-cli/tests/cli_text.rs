@@ -1,0 +1,77 @@
+//! The text interface of `waste` on the anchor container: run from an
+//! argument and from stdin, tokenize/detokenize, and a chat saved after two
+//! turns and reloaded in a new process continuing with exactly the same text.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn anchor() -> PathBuf {
+    let base = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    base.join("anchor-tiny/kimi-linear-tiny.waste")
+}
+
+fn waste(args: &[&str], stdin: &str) -> (i32, String, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_waste")).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let o = c.wait_with_output().unwrap();
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+}
+
+#[test]
+fn chat_state_saved_after_two_turns_continues_identically_in_a_new_process() {
+    let a = anchor();
+    let m = a.to_str().unwrap();
+    let f = std::env::temp_dir().join(format!("waste-chat-{}.state", std::process::id()));
+    let fs = f.to_str().unwrap();
+    let (code, out_a, err) = waste(&["chat", m, "-n", "10"], &format!("hello there\nwhat is the weather\n/save {fs}\ntell me about Paris\n"));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("[saved"), "{err}");
+    let (code, out_b, err) = waste(&["chat", m, "-n", "10"], &format!("/load {fs}\ntell me about Paris\n"));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("[loaded"), "{err}");
+    assert!(out_b.len() > 1, "third turn produced no text");
+    assert!(out_a.ends_with(&out_b), "uninterrupted:\n{out_a:?}\nreloaded:\n{out_b:?}");
+    // the saved state held both earlier turns
+    let n: usize = err.split("[loaded ").nth(1).and_then(|r| r.split(' ').next()).and_then(|x| x.parse().ok()).unwrap();
+    assert!(n > 20, "{err}");
+    std::fs::remove_file(&f).ok();
+}
+
+#[test]
+fn run_reads_argument_or_stdin_and_prints_json() {
+    let a = anchor();
+    let m = a.to_str().unwrap();
+    let (code, out, err) = waste(&["run", m, "the weather in Paris", "-n", "6", "--json"], "");
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 6);
+    let (code, out2, _) = waste(&["run", m, "-", "-n", "6", "--json"], "the weather in Paris");
+    assert_eq!(code, 0);
+    let v2: serde_json::Value = serde_json::from_str(&out2).unwrap();
+    assert_eq!(v["tokens"], v2["tokens"]);
+    // the issue-3 id interface still works
+    let (code, out, _) = waste(&["run", m, "--ids", "305", "-n", "9", "--temp", "0", "--json"], "");
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["tokens"], serde_json::json!([8, 119, 178, 172, 205, 117, 277, 272, 78]));
+}
+
+#[test]
+fn tokenize_detokenize_roundtrip_and_modes() {
+    let a = anchor();
+    let m = a.to_str().unwrap();
+    let (code, out, _) = waste(&["tokenize", m, "--text", "<|open|>hello", "--json"], "");
+    assert_eq!(code, 0);
+    let plain: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(!plain["ids"].as_array().unwrap().contains(&serde_json::json!(308)));
+    let (_, out, _) = waste(&["tokenize", m, "--text", "<|open|>hello", "--markup", "--json"], "");
+    let markup: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(markup["ids"][0], 308);
+    let ids: Vec<String> = plain["ids"].as_array().unwrap().iter().map(|x| x.to_string()).collect();
+    let (_, out, _) = waste(&["detokenize", m, "--ids", &ids.join(",")], "");
+    assert_eq!(out.trim_end(), "<|open|>hello");
+    let (code, _, err) = waste(&["tokenize", "--pattern", "nope", "--tiktoken", "/x"], "");
+    assert_ne!(code, 0);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

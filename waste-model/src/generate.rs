@@ -1,0 +1,231 @@
+//! Generation with a per-token callback: sampling, stop tokens, stop strings
+//! matched across token boundaries (never emitted), logprobs, cancellation,
+//! a clear signal when the context filled.
+
+use crate::sample::{log_softmax, Sampler, SamplingParams};
+use crate::{Error, Result, Session};
+use std::time::Instant;
+use waste_tokenizer::StreamDecoder;
+
+/// The `token` of an event that only releases held-back text at the end.
+pub const NO_TOKEN: u32 = u32::MAX;
+
+/// What to generate.
+#[derive(Clone, Debug, Default)]
+pub struct GenerateParams {
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Tokens that end generation (in addition to the model's EOS ids), not emitted.
+    pub stop_tokens: Vec<u32>,
+    /// Strings that end generation, matched across token boundaries, never emitted.
+    pub stop_strings: Vec<String>,
+    /// Alternatives to report with each token's logprob (0 = none).
+    pub top_logprobs: usize,
+}
+
+/// Why generation ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// An EOS or stop token.
+    StopToken(u32),
+    /// A stop string (the index into `stop_strings`).
+    StopString(usize),
+    /// `max_tokens` reached.
+    Length,
+    /// The context bound filled before the model finished.
+    ContextFull,
+    /// The callback cancelled.
+    Cancelled,
+}
+
+impl Finish {
+    /// OpenAI-style reason: `stop`, `length`, `cancelled`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Finish::StopToken(_) | Finish::StopString(_) => "stop",
+            Finish::Length | Finish::ContextFull => "length",
+            Finish::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One generated token, as the callback sees it.
+#[derive(Clone, Debug)]
+pub struct TokenEvent {
+    /// Token id.
+    pub token: u32,
+    /// Text that became final with this token (held-back text is released later).
+    pub piece: String,
+    /// Log-probability of the token under the model.
+    pub logprob: f32,
+    /// The most likely alternatives `(id, logprob)`.
+    pub top: Vec<(u32, f32)>,
+    /// Expert uses served from the cache for this token.
+    pub experts_hit: u64,
+    /// Expert uses that needed a read.
+    pub experts_missed: u64,
+    /// Bytes read for this token.
+    pub bytes_read: u64,
+    /// Seconds for this token.
+    pub seconds: f64,
+    /// Seconds of it waiting for I/O.
+    pub io_seconds: f64,
+}
+
+/// What the callback wants next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Keep going.
+    Continue,
+    /// Stop now (reported as [`Finish::Cancelled`]).
+    Cancel,
+}
+
+/// The outcome of [`Session::generate`].
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// Generated tokens (stop tokens excluded).
+    pub tokens: Vec<u32>,
+    /// Generated text (stop strings excluded).
+    pub text: String,
+    /// Why it ended.
+    pub finish: Finish,
+    /// Prompt tokens evaluated by this call.
+    pub prompt_tokens: usize,
+}
+
+/// Longest suffix of `s` that is a proper prefix of some stop string.
+fn holdback(s: &str, stops: &[String]) -> usize {
+    let mut best = 0;
+    for st in stops {
+        for (i, _) in st.char_indices().skip(1) {
+            if s.ends_with(&st[..i]) {
+                best = best.max(i);
+            }
+        }
+    }
+    best
+}
+
+impl Session<'_> {
+    /// Evaluate `prompt` (may be empty to continue from the current state's
+    /// last logits) and generate. The callback sees every token.
+    pub fn generate(&mut self, prompt: &[u32], p: &GenerateParams, mut callback: impl FnMut(&TokenEvent) -> Control) -> Result<Generation> {
+        p.sampling.validate().map_err(Error::Arg)?;
+        let tok = self.model().tokenizer();
+        if !p.stop_strings.is_empty() && tok.is_none() {
+            return Err(Error::Arg("stop strings need the container's tokenizer".into()));
+        }
+        let eos: Vec<u32> = self.model().config().eos.iter().copied().chain(p.stop_tokens.iter().copied()).collect();
+        let mut sampler = Sampler::new(p.sampling.clone());
+        if !prompt.is_empty() {
+            self.eval(prompt)?;
+        } else if self.position() == 0 {
+            return Err(Error::Arg("generate needs a prompt on a fresh session".into()));
+        }
+        let mut out = Generation { tokens: Vec::new(), text: String::new(), finish: Finish::Length, prompt_tokens: prompt.len() };
+        let mut dec = StreamDecoder::new();
+        let mut pending = String::new();
+        let ctx = self.model().options().ctx;
+        while out.tokens.len() < p.max_tokens {
+            let st0 = self.stats();
+            let t0 = Instant::now();
+            let logits = self.logits();
+            let id = sampler.pick(logits, None);
+            let lp = log_softmax(logits);
+            let mut top = Vec::new();
+            if p.top_logprobs > 0 {
+                let mut idx: Vec<usize> = (0..lp.len()).collect();
+                let k = p.top_logprobs.min(lp.len());
+                idx.select_nth_unstable_by(k - 1, |&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
+                idx.truncate(k);
+                idx.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
+                top = idx.into_iter().map(|i| (i as u32, lp[i])).collect();
+            }
+            if eos.contains(&id) {
+                out.finish = Finish::StopToken(id);
+                break;
+            }
+            out.tokens.push(id);
+            // text: decode, then hold back what could start a stop string
+            if let Some(t) = tok {
+                pending.push_str(&dec.push(t.token_bytes(id)));
+            }
+            let mut stopped = None;
+            for (si, s) in p.stop_strings.iter().enumerate() {
+                if let Some(pos) = pending.find(s.as_str()) {
+                    if stopped.is_none_or(|(_, bp)| pos < bp) {
+                        stopped = Some((si, pos));
+                    }
+                }
+            }
+            let last = out.tokens.len() >= p.max_tokens;
+            if last && stopped.is_none() {
+                // no token follows: nothing can complete a stop string any more
+                pending.push_str(&dec.finish());
+            }
+            let emit = match stopped {
+                Some((_, pos)) => pos,
+                None if last => pending.len(),
+                None => pending.len() - holdback(&pending, &p.stop_strings),
+            };
+            let piece: String = pending[..emit].to_string();
+            pending.drain(..emit);
+            out.text.push_str(&piece);
+            // advance the model unless this token ends it
+            let ends = stopped.is_some() || out.tokens.len() >= p.max_tokens;
+            let full = self.position() >= ctx;
+            if !ends && !full {
+                self.eval(&[id])?;
+            }
+            let st = self.stats();
+            let ev = TokenEvent {
+                token: id,
+                piece,
+                logprob: lp[id as usize],
+                top,
+                experts_hit: st.experts_hit - st0.experts_hit,
+                experts_missed: st.experts_missed - st0.experts_missed,
+                bytes_read: st.bytes_read - st0.bytes_read,
+                seconds: t0.elapsed().as_secs_f64(),
+                io_seconds: st.io_seconds - st0.io_seconds,
+            };
+            let ctl = callback(&ev);
+            if let Some((si, _)) = stopped {
+                out.finish = Finish::StopString(si);
+                return Ok(out);
+            }
+            if ctl == Control::Cancel {
+                out.finish = Finish::Cancelled;
+                return Ok(out);
+            }
+            if full && !ends {
+                out.finish = Finish::ContextFull;
+                break;
+            }
+        }
+        // release held-back text that never became a stop string
+        let tail = dec.finish();
+        pending.push_str(&tail);
+        if !pending.is_empty() && !matches!(out.finish, Finish::StopString(_)) {
+            out.text.push_str(&pending);
+            callback(&TokenEvent { token: NO_TOKEN, piece: pending, logprob: 0.0, top: vec![], experts_hit: 0, experts_missed: 0, bytes_read: 0, seconds: 0.0, io_seconds: 0.0 });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holdback;
+    #[test]
+    fn holdback_keeps_possible_stop_prefixes() {
+        let stops = vec!["END".to_string(), "\n\n".to_string()];
+        assert_eq!(holdback("abc E", &stops), 1);
+        assert_eq!(holdback("abc EN", &stops), 2);
+        assert_eq!(holdback("abc\n", &stops), 1);
+        assert_eq!(holdback("abc", &stops), 0);
+    }
+}

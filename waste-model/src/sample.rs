@@ -1,0 +1,158 @@
+//! Sampling: greedy, temperature, top-k, top-p, min-p, seeded.
+
+/// How to pick tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// Keep the k most likely (0 = off).
+    pub top_k: usize,
+    /// Nucleus mass (1 = off).
+    pub top_p: f32,
+    /// Drop tokens below `min_p × p(max)` (0 = off).
+    pub min_p: f32,
+    /// Seed (runs with the same seed and inputs are identical).
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 }
+    }
+}
+
+impl SamplingParams {
+    /// Check ranges; the message names the parameter.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(format!("temperature {} must be finite and ≥ 0", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top_p {} must be in (0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("min_p {} must be in [0, 1]", self.min_p));
+        }
+        Ok(())
+    }
+}
+
+/// A seeded sampler (splitmix64 stream).
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    p: SamplingParams,
+    state: u64,
+}
+
+/// Log-softmax of logits.
+pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = logits.iter().map(|&l| ((l - m) as f64).exp()).sum();
+    let lse = m + s.ln() as f32;
+    logits.iter().map(|&l| l - lse).collect()
+}
+
+/// Highest logit, lowest id on ties.
+pub fn argmax(l: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in l.iter().enumerate() {
+        if *v > l[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl Sampler {
+    /// A sampler.
+    pub fn new(p: SamplingParams) -> Sampler {
+        let state = p.seed ^ 0x9E37_79B9_7F4A_7C15;
+        Sampler { p, state }
+    }
+    fn next_f64(&mut self) -> f64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Pick a token from logits; `allowed` masks tokens (constrained decoding).
+    pub fn pick(&mut self, logits: &[f32], allowed: Option<&dyn Fn(u32) -> bool>) -> u32 {
+        let ok = |i: usize| allowed.is_none_or(|f| f(i as u32)) && logits[i].is_finite();
+        if self.p.temperature == 0.0 {
+            let mut best: Option<usize> = None;
+            for i in 0..logits.len() {
+                if ok(i) && best.is_none_or(|b| logits[i] > logits[b]) {
+                    best = Some(i);
+                }
+            }
+            return best.unwrap_or(0) as u32;
+        }
+        let mut cand: Vec<(usize, f32)> = (0..logits.len()).filter(|&i| ok(i)).map(|i| (i, logits[i] / self.p.temperature)).collect();
+        if cand.is_empty() {
+            return 0;
+        }
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if self.p.top_k > 0 {
+            cand.truncate(self.p.top_k);
+        }
+        let m = cand[0].1;
+        let mut probs: Vec<f64> = cand.iter().map(|c| ((c.1 - m) as f64).exp()).collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+        let mut keep = probs.len();
+        if self.p.min_p > 0.0 {
+            let thr = self.p.min_p as f64 * probs[0];
+            keep = keep.min(probs.iter().take_while(|&&p| p >= thr).count().max(1));
+        }
+        if self.p.top_p < 1.0 {
+            let mut acc = 0.0;
+            let mut n = 0;
+            for &p in &probs[..keep] {
+                acc += p;
+                n += 1;
+                if acc >= self.p.top_p as f64 {
+                    break;
+                }
+            }
+            keep = n.max(1);
+        }
+        let total: f64 = probs[..keep].iter().sum();
+        let mut r = self.next_f64() * total;
+        for (i, &p) in probs[..keep].iter().enumerate() {
+            r -= p;
+            if r <= 0.0 {
+                return cand[i].0 as u32;
+            }
+        }
+        cand[keep - 1].0 as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_seeded_and_filters() {
+        let l = [1.0, 3.0, 2.0, 3.0];
+        assert_eq!(Sampler::new(SamplingParams::default()).pick(&l, None), 1);
+        let p = SamplingParams { temperature: 1.0, seed: 42, ..Default::default() };
+        let a: Vec<u32> = { let mut s = Sampler::new(p.clone()); (0..50).map(|_| s.pick(&l, None)).collect() };
+        let b: Vec<u32> = { let mut s = Sampler::new(p.clone()); (0..50).map(|_| s.pick(&l, None)).collect() };
+        assert_eq!(a, b);
+        assert!(a.contains(&2) && a.contains(&3));
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 2, seed: 1, ..Default::default() });
+        assert!((0..100).all(|_| matches!(s.pick(&l, None), 1 | 3)));
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, min_p: 0.9, seed: 1, ..Default::default() });
+        assert!((0..100).all(|_| matches!(s.pick(&l, None), 1 | 3)));
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_p: 0.01, seed: 3, ..Default::default() });
+        assert!((0..100).all(|_| s.pick(&l, None) == 1));
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, seed: 3, ..Default::default() });
+        assert!((0..100).all(|_| s.pick(&l, Some(&|t| t == 0)) == 0));
+        let lp = log_softmax(&l);
+        assert!((lp.iter().map(|x| x.exp()).sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+}

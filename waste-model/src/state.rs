@@ -1,0 +1,138 @@
+//! Session state files: every shape the state depends on plus a model
+//! fingerprint, validated in full (and the exact length) before the live
+//! session is touched; written atomically.
+
+use crate::session::LayerStateRef;
+use crate::{Error, Result, Session};
+use std::path::Path;
+use waste_format::Error as FErr;
+
+/// State file magic "WSTA".
+pub const STATE_MAGIC: u32 = 0x4154_5357;
+/// State file version.
+pub const STATE_VERSION: u32 = 1;
+
+fn bad(path: &Path, msg: String) -> Error {
+    Error::Format(FErr::manifest(format!("state file {}", path.display()), msg))
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+impl Reader<'_> {
+    fn u32(&mut self) -> Option<u32> {
+        let v = self.b.get(self.at..self.at + 4)?;
+        self.at += 4;
+        Some(u32::from_le_bytes(v.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        let v = self.b.get(self.at..self.at + 8)?;
+        self.at += 8;
+        Some(u64::from_le_bytes(v.try_into().ok()?))
+    }
+}
+
+impl Session<'_> {
+    /// Save the state (position, every layer's state, the last logits) atomically.
+    pub fn save_state(&self, path: impl AsRef<Path>) -> Result<()> {
+        let m = self.model();
+        let mut out = Vec::new();
+        let put32 = |o: &mut Vec<u8>, v: u32| o.extend_from_slice(&v.to_le_bytes());
+        let put64 = |o: &mut Vec<u8>, v: u64| o.extend_from_slice(&v.to_le_bytes());
+        put32(&mut out, STATE_MAGIC);
+        put32(&mut out, STATE_VERSION);
+        put64(&mut out, m.fingerprint());
+        put64(&mut out, self.position() as u64);
+        let layers = self.layer_states();
+        put32(&mut out, layers.len() as u32);
+        for l in &layers {
+            match l {
+                LayerStateRef::Kda { conv, s } => {
+                    put32(&mut out, 0);
+                    put64(&mut out, conv.len() as u64);
+                    put64(&mut out, s.len() as u64);
+                }
+                LayerStateRef::Mla { cache, len, width } => {
+                    put32(&mut out, 1);
+                    put64(&mut out, *width as u64);
+                    put64(&mut out, *len as u64);
+                    let _ = cache;
+                }
+            }
+        }
+        put64(&mut out, self.logits().len() as u64);
+        for l in &layers {
+            match l {
+                LayerStateRef::Kda { conv, s } => {
+                    out.extend(conv.iter().flat_map(|v| v.to_le_bytes()));
+                    out.extend(s.iter().flat_map(|v| v.to_le_bytes()));
+                }
+                LayerStateRef::Mla { cache, len, width } => out.extend(cache[..len * width].iter().flat_map(|v| v.to_le_bytes())),
+            }
+        }
+        out.extend(self.logits().iter().flat_map(|v| v.to_le_bytes()));
+        waste_format::write_atomic(path.as_ref(), &out)?;
+        Ok(())
+    }
+
+    /// Load a state saved by [`Session::save_state`]. Everything is checked
+    /// (magic, version, model fingerprint, every shape, the exact length)
+    /// before the session changes; on error the session is as it was.
+    pub fn load_state(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let b = std::fs::read(path).map_err(|e| Error::Format(FErr::io(path, e)))?;
+        let mut r = Reader { b: &b, at: 0 };
+        let trunc = || bad(path, "truncated".into());
+        if r.u32().ok_or_else(trunc)? != STATE_MAGIC {
+            return Err(bad(path, "not a WASTE state file (bad magic)".into()));
+        }
+        let ver = r.u32().ok_or_else(trunc)?;
+        if ver != STATE_VERSION {
+            return Err(bad(path, format!("version {ver}, expected {STATE_VERSION}")));
+        }
+        let fp = r.u64().ok_or_else(trunc)?;
+        if fp != self.model().fingerprint() {
+            return Err(bad(path, "saved from a different model (fingerprint mismatch)".into()));
+        }
+        let pos = r.u64().ok_or_else(trunc)?;
+        let ctx = self.model().options().ctx as u64;
+        if pos > ctx {
+            return Err(bad(path, format!("position {pos} exceeds this session's ctx {ctx}")));
+        }
+        let n = r.u32().ok_or_else(trunc)? as usize;
+        let cur = self.layer_states();
+        if n != cur.len() {
+            return Err(bad(path, format!("{n} layers, the model has {}", cur.len())));
+        }
+        let mut need: u64 = 0;
+        let mut mla_lens = Vec::with_capacity(n);
+        for (i, l) in cur.iter().enumerate() {
+            let kind = r.u32().ok_or_else(trunc)?;
+            let (a, c) = (r.u64().ok_or_else(trunc)?, r.u64().ok_or_else(trunc)?);
+            match (kind, l) {
+                (0, LayerStateRef::Kda { conv, s }) if a == conv.len() as u64 && c == s.len() as u64 => {
+                    need += 4 * (a + c);
+                    mla_lens.push(0);
+                }
+                (1, LayerStateRef::Mla { width, .. }) if a == *width as u64 && c <= ctx && c <= pos => {
+                    need += 4 * a * c;
+                    mla_lens.push(c as usize);
+                }
+                _ => return Err(bad(path, format!("layer {i}: state shape (kind {kind}, {a}, {c}) does not match this model"))),
+            }
+        }
+        let nl = r.u64().ok_or_else(trunc)?;
+        if nl != self.logits().len() as u64 {
+            return Err(bad(path, format!("{nl} logits, the model has {}", self.logits().len())));
+        }
+        need += 4 * nl;
+        if (b.len() - r.at) as u64 != need {
+            return Err(bad(path, format!("{} payload bytes, the shapes need {need}", b.len() - r.at)));
+        }
+        // validated: apply
+        let mut vals = b[r.at..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        self.restore(pos as usize, &mla_lens, &mut vals);
+        Ok(())
+    }
+}

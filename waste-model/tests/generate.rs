@@ -1,0 +1,116 @@
+//! Generation on the C WASTE's anchor container: stop strings across token
+//! boundaries, seeded sampling, context-full signal, cancellation, state
+//! save/load (exactness and validation).
+
+use std::path::{Path, PathBuf};
+use waste_model::{Control, Finish, GenerateParams, Model, ModelOptions, SamplingParams};
+
+fn anchor() -> PathBuf {
+    let base = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    base.join("anchor-tiny/kimi-linear-tiny.waste")
+}
+
+fn open(ctx: usize) -> Model {
+    Model::open(anchor(), ModelOptions { ctx, threads: 1, ..Default::default() }).unwrap()
+}
+
+fn params(n: usize) -> GenerateParams {
+    GenerateParams { max_tokens: n, ..Default::default() }
+}
+
+#[test]
+fn stop_strings_split_across_tokens_are_honoured_and_never_emitted() {
+    let m = open(256);
+    let tok = m.tokenizer().unwrap();
+    let prompt = m.encode_raw("The city of Paris is").unwrap();
+    let full = m.session().generate(&prompt, &params(40), |_| Control::Continue).unwrap();
+    // a stop string made of the last char of one token and the first of the next
+    let pieces: Vec<String> = full.tokens.iter().map(|&t| String::from_utf8_lossy(tok.token_bytes(t)).into_owned()).collect();
+    let mut found = None;
+    let mut at = 0;
+    for i in 0..pieces.len() - 1 {
+        at += pieces[i].len();
+        let (a, b) = (&pieces[i], &pieces[i + 1]);
+        if let (Some(x), Some(y)) = (a.chars().last(), b.chars().next()) {
+            let s = format!("{x}{y}");
+            if full.text.find(&s) == Some(at - x.len_utf8()) && x.is_ascii_graphic() && y.is_ascii_graphic() {
+                found = Some(s);
+                break;
+            }
+        }
+    }
+    let stop = found.expect("a stop string spanning two tokens");
+    let p = GenerateParams { stop_strings: vec!["never-appears-xyz".into(), stop.clone()], ..params(40) };
+    let mut streamed = String::new();
+    let g = m.session().generate(&prompt, &p, |ev| {
+        streamed.push_str(&ev.piece);
+        Control::Continue
+    }).unwrap();
+    let want = &full.text[..full.text.find(&stop).unwrap()];
+    assert_eq!(g.finish, Finish::StopString(1));
+    assert_eq!(g.text, want);
+    assert_eq!(streamed, want, "the stream must never show the stop string");
+    assert!(!streamed.contains(&stop));
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let m = open(256);
+    let prompt = m.encode_raw("hello world").unwrap();
+    let p = |seed| GenerateParams { sampling: SamplingParams { temperature: 1.0, top_p: 0.95, seed, ..Default::default() }, ..params(24) };
+    let a = m.session().generate(&prompt, &p(7), |_| Control::Continue).unwrap();
+    let b = m.session().generate(&prompt, &p(7), |_| Control::Continue).unwrap();
+    let c = m.session().generate(&prompt, &p(8), |_| Control::Continue).unwrap();
+    assert_eq!(a.tokens, b.tokens);
+    assert_ne!(a.tokens, c.tokens);
+}
+
+#[test]
+fn context_full_and_cancel_are_signalled() {
+    let m = open(12);
+    let g = m.session().generate(&[305, 1, 2, 3], &params(100), |_| Control::Continue).unwrap();
+    assert_eq!(g.finish, Finish::ContextFull);
+    assert_eq!(g.tokens.len(), 12 - 4 + 1);
+    let mut n = 0;
+    let g = open(64).session().generate(&[305], &params(100), |_| {
+        n += 1;
+        if n == 3 { Control::Cancel } else { Control::Continue }
+    }).unwrap();
+    assert_eq!((g.finish, g.tokens.len()), (Finish::Cancelled, 3));
+}
+
+#[test]
+fn state_roundtrip_is_exact_and_bad_files_leave_the_session_untouched() {
+    let m = open(128);
+    let dir = std::env::temp_dir().join(format!("waste-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("s.state");
+    let mut a = m.session();
+    a.eval(&[305, 12, 40, 77, 256, 101]).unwrap();
+    a.save_state(&f).unwrap();
+    let cont = a.generate(&[33, 290], &params(10), |_| Control::Continue).unwrap();
+    let mut b = m.session();
+    b.eval(&[305, 9]).unwrap();
+    let before = (b.position(), b.logits().to_vec());
+    // damaged files: each refused, b unchanged
+    let good = std::fs::read(&f).unwrap();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated", good[..good.len() - 4].to_vec()),
+        ("extra", [good.clone(), vec![0; 4]].concat()),
+        ("magic", [b"XXXX".to_vec(), good[4..].to_vec()].concat()),
+        ("fingerprint", { let mut g = good.clone(); g[8] ^= 1; g }),
+        ("layer shape", { let mut g = good.clone(); g[28 + 4] ^= 1; g }),
+        ("empty", vec![]),
+    ];
+    for (what, bytes) in cases {
+        std::fs::write(&f, &bytes).unwrap();
+        assert!(b.load_state(&f).is_err(), "{what} accepted");
+        assert_eq!((b.position(), b.logits().to_vec()), before, "{what} touched the session");
+    }
+    std::fs::write(&f, &good).unwrap();
+    b.load_state(&f).unwrap();
+    assert_eq!(b.position(), 6);
+    let again = b.generate(&[33, 290], &params(10), |_| Control::Continue).unwrap();
+    assert_eq!(again.tokens, cont.tokens);
+    std::fs::remove_dir_all(&dir).ok();
+}
