@@ -114,7 +114,10 @@ fn demo() -> Result<()> {
     synth(&dir, &opts, &|_, _| {})?;
     let waste = root.join("target/release/waste");
     run(Command::new(&waste).arg("info").arg(&dir))?;
-    run(Command::new(&waste).arg("verify").arg(&dir))?;
+    run(Command::new(&waste).arg("verify").arg(&dir).arg("-q"))?;
+    // a real generation: chat template, streaming, status line
+    run(Command::new(&waste).arg("run").arg(&dir).args(["Tell me about streaming experts.", "-n", "48", "--temp", "0.8", "--seed", "1"]))?;
+    run(Command::new(&waste).arg("bench").arg(&dir).args(["-n", "16"]))?;
     Ok(())
 }
 
@@ -132,6 +135,7 @@ fn check(quick: bool) -> Result<()> {
         run(Command::new(&cargo).current_dir(&root).args(["run", "--quiet", "--release", "-p", "xtask", "--", "synth", "--shape", "tiny", "--out"]).arg(&tmp))?;
         run(Command::new(&waste).arg("info").arg(&tmp))?;
         run(Command::new(&waste).arg("verify").arg(&tmp))?;
+        run(Command::new(&waste).arg("run").arg(&tmp).args(["hello", "-n", "16"]))?;
         std::fs::remove_dir_all(&tmp).ok();
     }
     eprintln!("xtask check: all checks passed");
