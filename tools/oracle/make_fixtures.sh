@@ -12,3 +12,12 @@ cargo xtask synth --shape tiny-c --seed 13 --experts f16  --out $F/tiny-c.waste
 for s in tiny tiny-b tiny-c; do
   $PY tools/oracle/kimi_linear_oracle.py $F/$s.waste $F/$s.logits.json --seed 5 --len 40
 done
+# Kimi K3: component fixtures and two tiny K3-shaped containers (AttnRes block 2
+# not dividing 5 layers, and dividing 4), both with latent MoE, SiTU, 2 shared
+# experts, q-LoRA, output gates, a KDA/MLA mix.
+cargo xtask synth --shape tiny-k3 --seed 21 --experts vq3r --out $F/tiny-k3.waste
+cargo xtask synth --shape tiny-k3 --seed 22 --experts f16 --layers 4 --out $F/tiny-k3-4.waste
+$PY tools/oracle/k3_oracle.py components $F/k3-components.json
+for s in tiny-k3 tiny-k3-4; do
+  $PY tools/oracle/k3_oracle.py model $F/$s.waste $F/$s.logits.json --len 36
+done

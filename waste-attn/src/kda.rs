@@ -150,11 +150,7 @@ pub fn step(pool: &Pool, c: &KdaConfig, w: &KdaWeights, st: &mut KdaState, sc: &
     pool.matvec(&w.f_b.view(), &sc.lo, &mut sc.z);
     for (i, zi) in sc.z.iter_mut().enumerate() {
         let z = *zi + w.dt_bias[i];
-        let a = w.a_log[i / d].exp();
-        *zi = match c.lower_bound {
-            None => -a * softplus(z),
-            Some(lb) => lb * sigmoid(a * z),
-        };
+        *zi = decay_gate(z, w.a_log[i / d], c.lower_bound);
     }
     // 4. beta
     pool.matvec(&w.b.view(), x, &mut sc.beta);
@@ -193,6 +189,18 @@ pub fn step(pool: &Pool, c: &KdaConfig, w: &KdaWeights, st: &mut KdaState, sc: &
     }
     // 7. output projection
     pool.matvec(&w.o.view(), &sc.o, out);
+}
+
+/// The log-decay of one channel from its pre-activation `z` (with `dt_bias`
+/// added): Kimi-Linear `-exp(A_log)·softplus(z)`, or K3's bounded
+/// `lower_bound·σ(exp(A_log)·z)` — a different function, not a clamp.
+#[inline]
+pub fn decay_gate(z: f32, a_log: f32, lower_bound: Option<f32>) -> f32 {
+    let a = a_log.exp();
+    match lower_bound {
+        None => -a * softplus(z),
+        Some(lb) => lb * sigmoid(a * z),
+    }
 }
 
 /// The per-head recurrence (state rows indexed by key dim).

@@ -296,6 +296,13 @@ pub fn synth(dir: &Path, opts: &SynthOptions, progress: &(dyn Fn(u64, u64) + Syn
             crate::schema::Expect::Mat(r, c) => (r, c),
             _ => (1, n),
         };
+        if sparse {
+            let vector = is_vector(&req.name) || rows == 1;
+            let fmt = if vector { Fmt::F32 } else if req.name.contains("embed_tokens") || req.name == "lm_head.weight" { Fmt::Q8G } else { Fmt::Q4G };
+            let shape: Vec<usize> = if vector { vec![n] } else { vec![rows, cols] };
+            tw.add_sparse(&name, fmt, &shape, 128)?;
+            continue;
+        }
         if is_vector(&req.name) || rows == 1 {
             let v = if sparse { vec![0f32; n] } else { vector_values(&req.name, n, &mut rng, opts.skewed) };
             let shape: Vec<usize> = if req.name.contains("conv1d") { vec![n / cfg.conv_kernel, 1, cfg.conv_kernel] } else { vec![n] };

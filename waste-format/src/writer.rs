@@ -62,9 +62,46 @@ impl TrunkWriter {
         Ok(())
     }
 
+    /// Record a tensor without writing its bytes (a hole in a sparse file):
+    /// for manifest-only containers that `plan`/`info` can read.
+    pub fn add_sparse(&mut self, name: &str, fmt: Fmt, shape: &[usize], group: usize) -> Result<()> {
+        let grouped = fmt.is_grouped();
+        let probe = TensorEntry {
+            name: name.into(),
+            fmt: fmt.id(),
+            off: 0,
+            shape: shape.iter().map(|&d| d as u64).collect(),
+            group: grouped.then_some(group as u64),
+            scale_off: grouped.then_some(0),
+            bytes: 0,
+            dtype: None,
+        };
+        // sizes from the same rules the reader applies
+        let numel: u64 = probe.shape.iter().product();
+        let cols = *probe.shape.last().unwrap_or(&1);
+        let rows = numel / cols.max(1);
+        let (payload, scales) = match fmt {
+            Fmt::F32 => (numel * 4, 0),
+            Fmt::F16 | Fmt::Bf16 => (numel * 2, 0),
+            Fmt::Q8G | Fmt::Q4G => {
+                let g = group as u64;
+                let np = cols.div_ceil(g) * g;
+                (rows * if fmt == Fmt::Q8G { np } else { np / 2 }, rows * (np / g) * 2)
+            }
+        };
+        let e = TensorEntry { off: self.off, scale_off: grouped.then_some(self.off + payload), bytes: payload + scales, ..probe };
+        e.validate(self.off + e.bytes)?;
+        self.out.flush().map_err(|er| Error::io(&self.path, er))?;
+        self.off += e.bytes;
+        std::io::Seek::seek(self.out.get_mut(), std::io::SeekFrom::Start(self.off)).map_err(|er| Error::io(&self.path, er))?;
+        self.entries.push(e);
+        Ok(())
+    }
+
     /// Flush and return the manifest entries.
     pub fn finish(mut self) -> Result<Vec<TensorEntry>> {
         self.out.flush().map_err(|e| Error::io(&self.path, e))?;
+        self.out.get_ref().set_len(self.off).map_err(|e| Error::io(&self.path, e))?;
         self.out.get_ref().sync_all().map_err(|e| Error::io(&self.path, e))?;
         Ok(self.entries)
     }

@@ -61,7 +61,7 @@ pub use state::{STATE_MAGIC, STATE_VERSION};
 pub use waste_tokenizer as tokenizer;
 pub use plan::{plan, Plan};
 pub use waste_cache::{parse_size, physical_ram, usable_ram, CacheStats, Policy};
-pub use session::{attn_res, Session, Stats};
+pub use session::{attn_res, attn_res_in_place, Session, Stats, CHUNK};
 
 /// In-place softmax (probabilities from logits).
 pub fn softmax_in_place(x: &mut [f32]) {

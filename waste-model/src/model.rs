@@ -306,7 +306,7 @@ impl Model {
     pub fn allocated_bytes(&self) -> (u64, u64) {
         let mut t = 0u64;
         let v = |x: &Vec<f32>| 4 * x.capacity() as u64;
-        let mx = |m: &Matrix| (m.data.capacity() + 4 * m.scales.capacity()) as u64;
+        let mx = |m: &Matrix| (m.data.capacity() + 2 * m.scales.capacity()) as u64;
         for l in &self.layers {
             t += v(&l.in_norm) + v(&l.post_norm);
             match &l.attn {

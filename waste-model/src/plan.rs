@@ -82,7 +82,7 @@ impl Plan {
             let Ok(t) = ct.tensor(&req.name) else { continue };
             let is_res = req.name.contains("_res_");
             trunk += match req.expect {
-                Expect::Mat(..) => t.payload_len + t.scale_len * 2,
+                Expect::Mat(..) => t.payload_len + t.scale_len,
                 Expect::Vec(n) if is_res => {
                     // norm ⊙ proj pairs are stored as one product vector
                     if req.name.ends_with("_res_norm.weight") { f(n) } else { 0 }
@@ -93,7 +93,7 @@ impl Plan {
         }
         if c.tie_embeddings {
             if let Ok(t) = ct.tensor(embed_name) {
-                trunk += t.payload_len + t.scale_len * 2;
+                trunk += t.payload_len + t.scale_len;
             }
         }
         let (rec, vq_scratch) = match &ct.experts {

@@ -626,6 +626,13 @@ fn add(a: &mut [f32], b: &[f32]) {
     }
 }
 
+/// [`attn_res`] with the live candidate and the output in one buffer (the
+/// output aggregation's form): alias-safe.
+pub fn attn_res_in_place(blocks: &[f32], h: usize, x: &mut [f32], w: &[f32], eps: f32) {
+    let p = x.to_vec();
+    attn_res(blocks, h, &p, w, eps, x);
+}
+
 /// Attention Residuals: softmax over candidates (the `blocks`, each `h`
 /// wide, then `p`) of `rsqrt(mean v² + eps) · Σ v ⊙ w`, returning the mix of
 /// the raw candidates. `out` must not alias the inputs.

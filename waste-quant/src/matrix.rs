@@ -19,8 +19,8 @@ pub struct MatRef<'a> {
     pub group: usize,
     /// Payload, `rows × row_bytes`.
     pub data: &'a [u8],
-    /// Per-group scales, `rows × groups_per_row` (Q8G/Q4G), already f32.
-    pub scales: &'a [f32],
+    /// Per-group scales, `rows × groups_per_row` (Q8G/Q4G), f16 bits (as stored).
+    pub scales: &'a [u16],
 }
 
 /// Errors building a matrix view from untrusted sizes.
@@ -53,7 +53,7 @@ impl<'a> MatRef<'a> {
         if self.fmt.is_grouped() { self.cols_padded() / self.group } else { 0 }
     }
     /// Build a view, checking every size.
-    pub fn new(fmt: Fmt, rows: usize, cols: usize, group: usize, data: &'a [u8], scales: &'a [f32]) -> Result<Self, ShapeError> {
+    pub fn new(fmt: Fmt, rows: usize, cols: usize, group: usize, data: &'a [u8], scales: &'a [u16]) -> Result<Self, ShapeError> {
         let m = MatRef { fmt, rows, cols, group, data, scales };
         if fmt.is_grouped() && (group == 0 || group % 2 != 0) {
             return Err(ShapeError(format!("group {group} must be even and non-zero")));
@@ -89,7 +89,7 @@ impl<'a> MatRef<'a> {
                 let sc = &self.scales[r * self.groups()..];
                 for (i, o) in out.iter_mut().enumerate() {
                     let c = c0 + i;
-                    *o = (rb[c] as i8) as f32 * sc[c / self.group];
+                    *o = (rb[c] as i8) as f32 * f16_to_f32(sc[c / self.group]);
                 }
             }
             Fmt::Q4G => {
@@ -98,7 +98,7 @@ impl<'a> MatRef<'a> {
                     let c = c0 + i;
                     let b = rb[c / 2];
                     let nib = if c % 2 == 0 { b & 15 } else { b >> 4 };
-                    *o = (nib as i32 - 8) as f32 * sc[c / self.group];
+                    *o = (nib as i32 - 8) as f32 * f16_to_f32(sc[c / self.group]);
                 }
             }
         }
@@ -163,14 +163,14 @@ pub struct Matrix {
     pub group: usize,
     /// Payload.
     pub data: Vec<u8>,
-    /// Scales as f32.
-    pub scales: Vec<f32>,
+    /// Scales as f16 bits (converted in the kernels; half the memory of f32).
+    pub scales: Vec<u16>,
 }
 
 impl Matrix {
     /// Build from stored bytes: payload and raw f16 scale bytes.
     pub fn from_stored(fmt: Fmt, rows: usize, cols: usize, group: usize, data: Vec<u8>, scale_bytes: &[u8]) -> Result<Matrix, ShapeError> {
-        let scales = scale_bytes.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect();
+        let scales = scale_bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
         let m = Matrix { fmt, rows, cols, group, data, scales };
         m.view_checked()?;
         Ok(m)
@@ -193,6 +193,6 @@ impl Matrix {
     }
     /// Bytes held in RAM.
     pub fn heap_bytes(&self) -> usize {
-        self.data.len() + self.scales.len() * 4
+        self.data.len() + self.scales.len() * 2
     }
 }

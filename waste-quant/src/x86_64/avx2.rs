@@ -87,7 +87,7 @@ unsafe fn row_dot(m: &MatRef<'_>, r: usize, x: &[f32]) -> f32 {
         let g = m.groups();
         let mut c = 0;
         while c < full {
-            let scale = if m.fmt.is_grouped() { m.scales[r * g + c / m.group] } else { 0.0 };
+            let scale = if m.fmt.is_grouped() { waste_format::half::f16_to_f32(m.scales[r * g + c / m.group]) } else { 0.0 };
             // SAFETY: c + 32 <= cols <= row length; x has cols floats.
             unsafe { fma4(&mut acc, load32(m.fmt, rb, c, scale), x.as_ptr().add(c)) };
             c += LANES;

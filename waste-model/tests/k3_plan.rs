@@ -1,0 +1,34 @@
+//! `plan` on a manifest with Kimi K3's real shape (93 layers, hidden 7168,
+//! 896 experts top-16, latent 3584, moe_intermediate 3072, 2 shared experts,
+//! KDA 96×128, 24 MLA layers with q_lora 1536 / kv_lora 512, VQ3R experts, Q4G
+//! trunk, Q8G embedding/head): the C WASTE's record size, its trunk within 2%,
+//! and a floor that grows with the context by exactly the MLA latent cache.
+
+use waste_format::synth::{shape_config, synth, SynthOptions};
+use waste_format::ExpertFmt;
+
+/// The C WASTE's measured resident trunk for K3 (it prints GiB as "GB").
+const C_TRUNK_GIB: f64 = 27.28;
+
+#[test]
+fn k3_shaped_plan() {
+    let dir = std::env::temp_dir().join(format!("waste-k3-plan-{}", std::process::id()));
+    let o = SynthOptions { config: shape_config("k3").unwrap(), layers: None, experts: ExpertFmt::Vq3r, seed: 0, manifest_only: true, skewed: false, jobs: 2 };
+    synth(&dir, &o, &|_, _| {}).unwrap();
+    let p4 = waste_model::plan(&dir, 4096).unwrap();
+    assert_eq!(p4.record_bytes, 12_406_784);
+    let trunk_gib = p4.trunk_bytes as f64 / (1u64 << 30) as f64;
+    assert!((trunk_gib / C_TRUNK_GIB - 1.0).abs() < 0.02, "trunk {trunk_gib:.3} GiB vs the C engine's {C_TRUNK_GIB}");
+    // min cache: top_k × record × 2
+    assert_eq!(p4.min_expert_cache_bytes, 2 * 16 * 12_406_784);
+    // 24 MLA layers × (512 + 64) f32 per position
+    let per_token = 24 * (512 + 64) * 4;
+    for ctx in [32 << 10, 128 << 10, 1 << 20] {
+        let p = waste_model::plan(&dir, ctx).unwrap();
+        assert_eq!(p.state_bytes - p4.state_bytes, (ctx as u64 - 4096) * per_token);
+        assert_eq!(p.trunk_bytes, p4.trunk_bytes);
+        assert!(p.floor_bytes > p4.floor_bytes);
+        assert_eq!(p.working_set_bytes, 16 * 12_406_784 * 92);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
