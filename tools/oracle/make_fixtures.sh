@@ -21,3 +21,7 @@ $PY tools/oracle/k3_oracle.py components $F/k3-components.json
 for s in tiny-k3 tiny-k3-4; do
   $PY tools/oracle/k3_oracle.py model $F/$s.waste $F/$s.logits.json --len 36
 done
+# Converter: a tiny HF-form Kimi-Linear made by transformers + its logits; MXFP4 decoding.
+rm -rf $F/hf-tiny
+$PY tools/oracle/make_hf_tiny.py $F/hf-tiny
+$PY tools/oracle/mxfp4.py $F/mxfp4.json

@@ -30,6 +30,9 @@ pub struct VerifyArgs {
     /// No progress bar.
     #[arg(short, long)]
     quiet: bool,
+    /// Also re-check every expert's reconstruction error against this source directory.
+    #[arg(long)]
+    src: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -116,6 +119,14 @@ pub fn verify(a: VerifyArgs) -> Result<ExitCode> {
             let gbps = if r.seconds > 0.0 { r.bytes as f64 / r.seconds / 1e9 } else { 0.0 };
             println!("{}: {} records, {} bytes in {:.2} s ({gbps:.2} GB/s, direct I/O {}): {}", a.model.display(), r.records, r.bytes, r.seconds, if r.direct_io { "yes" } else { "no" },
                 if problems.is_empty() { "OK".to_string() } else { format!("{} problem(s)", problems.len()) });
+        }
+    }
+    if let (Some(src), true) = (&a.src, problems.is_empty()) {
+        let r = waste_convert::verify_against_source(&a.model, src)?;
+        if a.json {
+            print_json(&json!({"source": src.display().to_string(), "experts": r.experts, "rel_error": {"gate": r.rel_error[0], "up": r.rel_error[1], "down": r.rel_error[2]}}))?;
+        } else {
+            println!("against {}: {} experts, relative error gate {:.4} up {:.4} down {:.4}", src.display(), r.experts, r.rel_error[0], r.rel_error[1], r.rel_error[2]);
         }
     }
     Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_PROBLEMS) })

@@ -2,6 +2,7 @@
 //! call the library, print, map errors to an exit code and one clear line.
 
 mod cmd_cache;
+mod cmd_convert;
 mod cmd_eval;
 mod cmd_info;
 mod cmd_plan;
@@ -28,6 +29,8 @@ enum Cmd {
     Version(cmd_info::VersionArgs),
     /// Measure this disk's read bandwidth (direct I/O, given record size and queue depth).
     Diskbench(cmd_info::DiskbenchArgs),
+    /// Convert safetensors weights into a container.
+    Convert(cmd_convert::ConvertArgs),
     /// Memory plan: floor breakdown and what a budget buys.
     Plan(cmd_plan::PlanArgs),
     /// Decode speed, hit rate, bytes per token, direct I/O.
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Cmd::Diskbench(a) => cmd_info::diskbench(a),
         Cmd::Cachesim(a) => cmd_cache::cachesim(a),
         Cmd::Plan(a) => cmd_plan::plan(a),
+        Cmd::Convert(a) => cmd_convert::convert(a),
         Cmd::Bench(a) => cmd_plan::bench(a),
         Cmd::Eval(a) => cmd_eval::eval(a),
         Cmd::Run(a) => cmd_eval::run(a),

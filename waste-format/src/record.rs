@@ -144,6 +144,28 @@ impl ExpertQuantEntry {
 }
 
 impl ExpertQuant {
+    /// The standard scheme of a format, as the C WASTE writes it: VQ3R and
+    /// VQ2R with 256-entry books, VQ4P with 64 entries and 6-bit packed
+    /// indices, all 8-dim vectors blocked by 64 rows; F16/BF16 exact.
+    pub fn standard(fmt: ExpertFmt) -> ExpertQuant {
+        match fmt {
+            ExpertFmt::Vq3r => ExpertQuant { fmt, stages: 3, vec_dim: 8, entries: 256, index_block: 64, index_bits: 8 },
+            ExpertFmt::Vq2r => ExpertQuant { fmt, stages: 2, vec_dim: 8, entries: 256, index_block: 64, index_bits: 8 },
+            ExpertFmt::Vq4p => ExpertQuant { fmt, stages: 4, vec_dim: 8, entries: 64, index_block: 64, index_bits: 6 },
+            ExpertFmt::F16 | ExpertFmt::Bf16 => ExpertQuant { fmt, stages: 0, vec_dim: 1, entries: 0, index_block: 0, index_bits: 16 },
+        }
+    }
+    /// Parse `vq3r | vq2r | vq4p | f16 | bf16`.
+    pub fn parse_fmt(s: &str) -> Option<ExpertFmt> {
+        match s.to_ascii_lowercase().as_str() {
+            "vq3r" => Some(ExpertFmt::Vq3r),
+            "vq2r" => Some(ExpertFmt::Vq2r),
+            "vq4p" => Some(ExpertFmt::Vq4p),
+            "f16" => Some(ExpertFmt::F16),
+            "bf16" => Some(ExpertFmt::Bf16),
+            _ => None,
+        }
+    }
     /// Bytes of stage indices per (row, vector position).
     pub fn index_bytes_per_vec(&self) -> usize {
         if self.index_bits == 6 { self.stages * 6 / 8 } else { self.stages }

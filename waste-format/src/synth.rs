@@ -8,7 +8,7 @@ use crate::config::{AttnKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::half::{f32_to_bf16, f32_to_f16};
 use crate::manifest::{LayerEntry, Manifest, FORMAT_VERSION};
-use crate::record::{ExpertFmt, ExpertQuantEntry, RecordLayout};
+use crate::record::{ExpertFmt, RecordLayout};
 use crate::schema::required_tensors;
 use crate::tensor::Fmt;
 use crate::writer::{write_manifest, BankWriter, TrunkWriter};
@@ -274,13 +274,7 @@ pub fn synth(dir: &Path, opts: &SynthOptions, progress: &(dyn Fn(u64, u64) + Syn
         }
     }
     let cfg = ModelConfig::from_json(&config)?;
-    let q = match opts.experts {
-        ExpertFmt::Vq3r => ExpertQuantEntry { fmt: "VQ3R".into(), stages: 3, vec_dim: 8, entries: 256, index_block: 64, index_bits: None, bits_per_weight: 3.0 },
-        ExpertFmt::Vq2r => ExpertQuantEntry { fmt: "VQ2R".into(), stages: 2, vec_dim: 8, entries: 256, index_block: 64, index_bits: None, bits_per_weight: 2.0 },
-        ExpertFmt::Vq4p => ExpertQuantEntry { fmt: "VQ4P".into(), stages: 4, vec_dim: 8, entries: 64, index_block: 64, index_bits: Some(6), bits_per_weight: 3.0 },
-        ExpertFmt::F16 | ExpertFmt::Bf16 => ExpertQuantEntry { fmt: opts.experts.name().into(), stages: 0, vec_dim: 0, entries: 0, index_block: 0, index_bits: None, bits_per_weight: 16.0 },
-    }
-    .validate()?;
+    let q = crate::record::ExpertQuant::standard(opts.experts);
     let lay = RecordLayout::new(&cfg, q)?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
 

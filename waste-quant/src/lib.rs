@@ -43,3 +43,4 @@ pub fn f32_matrix(rows: usize, cols: usize, data: &[f32]) -> MatRef<'_> {
     MatRef { fmt: waste_format::Fmt::F32, rows, cols, group: 0, data: bytemuck::cast_slice(&data[..rows * cols]), scales: &[] }
 }
 pub mod ops;
+pub mod vq_encode;

@@ -1,0 +1,412 @@
+//! The conversion pipeline.
+
+use crate::names::{read, read_expert};
+use crate::source::Source;
+use crate::{Error, Result};
+use std::path::Path;
+use std::time::Instant;
+use waste_format::half::{f32_to_bf16, f32_to_f16};
+use waste_format::synth::quantize_groups;
+use waste_format::{flatten_text_config, required_tensors, write_atomic, write_manifest, Codebooks, Expect, ExpertFmt, ExpertQuant, Fmt, LayerEntry, Manifest, ModelConfig, RecordLayout, TensorEntry, TrunkWriter, FORMAT_VERSION};
+use waste_quant::vq::{VqBook, VqLayout};
+use waste_quant::vq_encode::{encode_matrix, fit_books, sample_vectors};
+
+/// How trunk tensors are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrunkMode {
+    /// Q4G matrices, Q8G embedding/head, F32 small tensors (default).
+    Q4,
+    /// Q8G matrices.
+    Q8,
+    /// Every tensor F16 (exact comparisons when the source is f16-exact).
+    F16,
+    /// Every tensor F32.
+    F32,
+}
+
+impl TrunkMode {
+    /// Parse `q4 | q8 | f16 | f32`.
+    pub fn parse(s: &str) -> Option<TrunkMode> {
+        match s {
+            "q4" => Some(TrunkMode::Q4),
+            "q8" => Some(TrunkMode::Q8),
+            "f16" => Some(TrunkMode::F16),
+            "f32" => Some(TrunkMode::F32),
+            _ => None,
+        }
+    }
+}
+
+/// Conversion options.
+#[derive(Clone, Debug)]
+pub struct ConvertOptions {
+    /// Expert format.
+    pub experts: ExpertFmt,
+    /// Trunk format.
+    pub trunk: TrunkMode,
+    /// Convert only the MoE banks of layers `A..=B` in this run.
+    pub layers: Option<(usize, usize)>,
+    /// Encoder threads.
+    pub jobs: usize,
+    /// Seed (same seed and source → byte-identical container).
+    pub seed: u64,
+    /// Experts sampled per layer to fit the codebooks.
+    pub cb_sample: usize,
+    /// k-means iterations.
+    pub kmeans_iters: usize,
+    /// Stop after this many banks (to test resumption).
+    pub stop_after_banks: Option<usize>,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions { experts: ExpertFmt::Vq3r, trunk: TrunkMode::Q4, layers: None, jobs: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), seed: 0, cb_sample: 8, kmeans_iters: 10, stop_after_banks: None }
+    }
+}
+
+/// Progress events.
+#[derive(Clone, Copy, Debug)]
+pub enum Progress {
+    /// Trunk tensors written.
+    Trunk {
+        /// Done.
+        done: usize,
+        /// Total.
+        total: usize,
+    },
+    /// Experts encoded, over all banks of this run.
+    Experts {
+        /// Done.
+        done: usize,
+        /// Total.
+        total: usize,
+    },
+}
+
+/// What a conversion (or a verification) measured.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// Relative Frobenius error per matrix kind (gate, up, down) over all converted experts.
+    pub rel_error: [f64; 3],
+    /// Per layer `(layer, [gate, up, down])`.
+    pub per_layer: Vec<(usize, [f64; 3])>,
+    /// Experts encoded in this run.
+    pub experts: usize,
+    /// Banks skipped because a previous run finished them.
+    pub resumed_layers: Vec<usize>,
+    /// Seconds.
+    pub seconds: f64,
+    /// Whether the manifest was written (all layers done).
+    pub complete: bool,
+}
+
+fn kind_names() -> [&'static str; 3] {
+    ["gate", "up", "down"]
+}
+
+/// Convert `src` into a container at `out`.
+pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn Fn(Progress) + Sync)) -> Result<Report> {
+    let t0 = Instant::now();
+    let src = Source::open(src_dir)?;
+    let config = flatten_text_config(&src.config);
+    let prefix = if src.names().any(|n| n.starts_with("language_model.")) { "language_model." } else { "" }.to_string();
+    let cfg = ModelConfig::from_json(&config)?;
+    let q = ExpertQuant::standard(o.experts);
+    let lay = RecordLayout::new(&cfg, q)?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let mut rep = Report::default();
+
+    // --- trunk (once; the sidecar marks it finished)
+    let side = out.join("trunk.entries.json");
+    let trunk: Vec<TensorEntry> = match std::fs::read(&side).ok().and_then(|b| serde_json::from_slice(&b).ok()) {
+        Some(t) => t,
+        None => {
+            let reqs: Vec<_> = required_tensors(&cfg);
+            let mut tw = TrunkWriter::create(out)?;
+            for (i, req) in reqs.iter().enumerate() {
+                let (shape, v) = read(&src, &prefix, &req.name, cfg.conv_kernel)?;
+                let n: usize = shape.iter().product();
+                if n != req.expect.numel() && !matches!(req.expect, Expect::AtLeast(_)) {
+                    return Err(Error::Source(format!("{}: {n} elements, the config needs {:?}", req.name, req.expect)));
+                }
+                let name = format!("{prefix}{}", req.name);
+                let (rows, cols) = match req.expect {
+                    Expect::Mat(r, c) => (r, c),
+                    _ => (1, n),
+                };
+                let small = rows == 1 || n < 65_536 || ["norm", "bias", "A_log", "dt_bias", "conv1d", "_res_proj"].iter().any(|k| req.name.contains(k));
+                let ends = req.name.contains("embed_tokens") || req.name == "lm_head.weight";
+                let fmt = match o.trunk {
+                    TrunkMode::F32 => Fmt::F32,
+                    TrunkMode::F16 => Fmt::F16,
+                    _ if small && !ends => Fmt::F32,
+                    _ if ends || o.trunk == TrunkMode::Q8 => Fmt::Q8G,
+                    _ => Fmt::Q4G,
+                };
+                let stored_shape: Vec<usize> = if rows == 1 { shape.clone() } else { vec![rows, cols] };
+                match fmt {
+                    Fmt::F32 => tw.add(&name, fmt, &stored_shape, 0, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(), &[])?,
+                    Fmt::F16 => tw.add(&name, fmt, &stored_shape, 0, &v.iter().flat_map(|x| f32_to_f16(*x).to_le_bytes()).collect::<Vec<_>>(), &[])?,
+                    _ => {
+                        let (d, s) = quantize_groups(fmt, rows, cols, 128, &v);
+                        tw.add(&name, fmt, &[rows, cols], 128, &d, &s)?
+                    }
+                }
+                progress(Progress::Trunk { done: i + 1, total: reqs.len() });
+            }
+            let entries = tw.finish()?;
+            write_atomic(&side, &serde_json::to_vec(&entries).map_err(|e| Error::Source(e.to_string()))?)?;
+            entries
+        }
+    };
+
+    // --- expert banks, one layer at a time (resumable)
+    let moe: Vec<usize> = cfg.moe_layers().collect();
+    let bpl = q.books_per_layer();
+    let todo: Vec<(usize, usize)> = moe.iter().copied().enumerate().filter(|(_, l)| o.layers.is_none_or(|(a, b)| (a..=b).contains(l))).collect();
+    let total = todo.len() * cfg.experts;
+    let mut done_experts = 0usize;
+    let mut banks_this_run = 0usize;
+    let mut err = [0f64; 3];
+    let mut tot = [0f64; 3];
+    for &(mi, l) in &todo {
+        let bank = out.join(format!("experts-L{l}.bin"));
+        let cbp = out.join(format!("codebooks-L{l}.part"));
+        let want = (cfg.experts * lay.rec_bytes) as u64;
+        if std::fs::metadata(&bank).is_ok_and(|m| m.len() == want) && (!q.fmt.is_vq() || cbp.exists()) {
+            rep.resumed_layers.push(l);
+            done_experts += cfg.experts;
+            continue;
+        }
+        if o.stop_after_banks.is_some_and(|k| banks_this_run >= k) {
+            return Err(Error::Interrupted(banks_this_run));
+        }
+        let base = mi * bpl;
+        let books = if q.fmt.is_vq() { fit_layer_books(&src, &prefix, l, &cfg, &q, o)? } else { vec![] };
+        if q.fmt.is_vq() {
+            let mut cb = Vec::new();
+            for (k, b) in books.iter().enumerate() {
+                Codebooks::encode_record(base + k, &q, b, &mut cb);
+            }
+            write_atomic(&cbp, &cb)?;
+        }
+        let vbooks: Vec<VqBook> = books.iter().map(|b| VqBook::from_f16(b, q.entries, q.vec_dim)).collect();
+        let part = out.join(format!("experts-L{l}.bin.part"));
+        let mut bw = waste_format::BankWriter::create(&part, l, lay, base as u16)?;
+        let mut lerr = [0f64; 3];
+        let mut ltot = [0f64; 3];
+        let batch = o.jobs.max(1) * 2;
+        let mut e0 = 0;
+        while e0 < cfg.experts {
+            let n = batch.min(cfg.experts - e0);
+            let results: Vec<Result<(Vec<u8>, [f64; 3], [f64; 3])>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..o.jobs.max(1))
+                    .map(|j| {
+                        let (src, prefix, vbooks, lay) = (&src, &prefix, &vbooks, &lay);
+                        s.spawn(move || (e0 + j..e0 + n).step_by(o.jobs.max(1)).map(|e| (e, encode_expert(src, prefix, l, e, lay, vbooks))).collect::<Vec<_>>())
+                    })
+                    .collect();
+                let mut all: Vec<(usize, Result<_>)> = hs.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect();
+                all.sort_by_key(|x| x.0);
+                all.into_iter().map(|x| x.1).collect()
+            });
+            for r in results {
+                let (mut rec, e2, t2) = r?;
+                for k in 0..3 {
+                    lerr[k] += e2[k];
+                    ltot[k] += t2[k];
+                }
+                bw.write(&mut rec)?;
+                done_experts += 1;
+                rep.experts += 1;
+                progress(Progress::Experts { done: done_experts, total });
+            }
+            e0 += n;
+        }
+        bw.finish()?;
+        std::fs::rename(&part, &bank).map_err(|e| Error::io(&bank, e))?;
+        for k in 0..3 {
+            err[k] += lerr[k];
+            tot[k] += ltot[k];
+        }
+        rep.per_layer.push((l, std::array::from_fn(|k| (lerr[k] / ltot[k].max(1e-300)).sqrt())));
+        banks_this_run += 1;
+    }
+    rep.rel_error = std::array::from_fn(|k| (err[k] / tot[k].max(1e-300)).sqrt());
+
+    // --- finish when every bank exists
+    let all_done = moe.iter().all(|l| std::fs::metadata(out.join(format!("experts-L{l}.bin"))).is_ok_and(|m| m.len() == (cfg.experts * lay.rec_bytes) as u64));
+    if all_done {
+        if q.fmt.is_vq() {
+            let mut cb = Vec::new();
+            for l in &moe {
+                let p = out.join(format!("codebooks-L{l}.part"));
+                cb.extend(std::fs::read(&p).map_err(|e| Error::io(&p, e))?);
+            }
+            write_atomic(&out.join("codebooks.bin"), &cb)?;
+        }
+        copy_tokenizer(src_dir, out)?;
+        let layers = moe
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (l.to_string(), LayerEntry { file: format!("experts-L{l}.bin"), experts: cfg.experts as u64, bytes: (cfg.experts * lay.rec_bytes) as u64, codebook_base: (i * bpl) as u64 }))
+            .collect();
+        let arch = config.get("model_type").and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let m = Manifest { format_version: FORMAT_VERSION, arch, tensor_prefix: prefix, config, expert_quant: (!moe.is_empty()).then(|| q.to_entry()), layers, trunk };
+        write_manifest(out, &m)?;
+        for l in &moe {
+            let _ = std::fs::remove_file(out.join(format!("codebooks-L{l}.part")));
+        }
+        let _ = std::fs::remove_file(&side);
+        rep.complete = true;
+    }
+    rep.seconds = t0.elapsed().as_secs_f64();
+    let _ = kind_names();
+    Ok(rep)
+}
+
+/// Codebooks of one layer: for each kind and stage, k-means on a sample.
+fn fit_layer_books(src: &Source, prefix: &str, l: usize, cfg: &ModelConfig, q: &ExpertQuant, o: &ConvertOptions) -> Result<Vec<Vec<u16>>> {
+    let ns = o.cb_sample.clamp(1, cfg.experts);
+    // a deterministic spread of experts
+    let chosen: Vec<usize> = (0..ns).map(|i| (i * cfg.experts / ns + (o.seed as usize + l) % (cfg.experts / ns).max(1)) % cfg.experts).collect();
+    let mut samples: [Vec<f32>; 3] = Default::default();
+    // at most 2^15 vectors per kind in total, spread over the sampled experts
+    for &e in &chosen {
+        let m = read_expert(src, prefix, l, e)?;
+        for (k, (rows, cols, w)) in m.iter().enumerate() {
+            let max_rows = ((1usize << 15) * q.vec_dim / cols / ns).max(1);
+            sample_vectors(w, *rows, *cols, q.vec_dim, max_rows, o.seed ^ ((l * 1000 + e * 3 + k) as u64), &mut samples[k]);
+        }
+    }
+    let mut books = Vec::with_capacity(3 * q.stages);
+    for (k, s) in samples.iter().enumerate() {
+        books.extend(fit_books(s, q.vec_dim, q.stages, q.entries, o.kmeans_iters, o.seed ^ ((l * 31 + k) as u64)));
+    }
+    Ok(books)
+}
+
+/// Encode one expert into a record body (header sealed by the bank writer).
+#[allow(clippy::type_complexity)]
+fn encode_expert(src: &Source, prefix: &str, l: usize, e: usize, lay: &RecordLayout, books: &[VqBook]) -> Result<(Vec<u8>, [f64; 3], [f64; 3])> {
+    let m = read_expert(src, prefix, l, e)?;
+    let q = lay.quant;
+    let mut rec = vec![0u8; lay.rec_bytes];
+    let offs = [lay.gate_off, lay.up_off, lay.down_off];
+    let shapes = [(lay.m, lay.lat), (lay.m, lay.lat), (lay.lat, lay.m)];
+    let mut e2 = [0f64; 3];
+    let mut t2 = [0f64; 3];
+    for k in 0..3 {
+        let (rows, cols, w) = &m[k];
+        if (*rows, *cols) != shapes[k] {
+            return Err(Error::Source(format!("expert {e} of layer {l}: {} is {rows}x{cols}, the config needs {}x{}", kind_names()[k], shapes[k].0, shapes[k].1)));
+        }
+        if q.fmt.is_vq() {
+            let vl = VqLayout { rows: *rows, nvec: cols / q.vec_dim, stages: q.stages, block: q.index_block, packed6: q.index_bits == 6 };
+            let br: Vec<&VqBook> = books[k * q.stages..(k + 1) * q.stages].iter().collect();
+            let so = lay.scales_off + 2 * [0, lay.m, 2 * lay.m][k];
+            let (idx, rest) = rec.split_at_mut(lay.scales_off);
+            let (a, b) = encode_matrix(w, *cols, &br, &vl, &mut idx[offs[k]..offs[k] + vl.index_bytes()], &mut rest[so - lay.scales_off..so - lay.scales_off + 2 * rows]);
+            e2[k] = a;
+            t2[k] = b;
+        } else {
+            for (i, v) in w.iter().enumerate() {
+                let h = if q.fmt == ExpertFmt::Bf16 { f32_to_bf16(*v) } else { f32_to_f16(*v) };
+                rec[offs[k] + 2 * i..offs[k] + 2 * i + 2].copy_from_slice(&h.to_le_bytes());
+                let back = if q.fmt == ExpertFmt::Bf16 { waste_format::half::bf16_to_f32(h) } else { waste_format::half::f16_to_f32(h) };
+                e2[k] += ((back - v) as f64).powi(2);
+                t2[k] += (*v as f64).powi(2);
+            }
+        }
+    }
+    Ok((rec, e2, t2))
+}
+
+/// Copy the tokenizer: `tiktoken.model` (or `tokenizer.model`) → `tokenizer.model`,
+/// specials from `tokenizer_config.json`'s `added_tokens_decoder` → `specials.json`,
+/// and `chat_template.jinja` when present.
+fn copy_tokenizer(src: &Path, out: &Path) -> Result<()> {
+    for name in ["tiktoken.model", "tokenizer.model"] {
+        let p = src.join(name);
+        if p.exists() {
+            std::fs::copy(&p, out.join("tokenizer.model")).map_err(|e| Error::io(&p, e))?;
+            break;
+        }
+    }
+    let tc = src.join("tokenizer_config.json");
+    if let Ok(t) = std::fs::read_to_string(&tc) {
+        let v: serde_json::Value = serde_json::from_str(&t).map_err(|e| Error::Source(format!("{}: {e}", tc.display())))?;
+        if let Some(m) = v.get("added_tokens_decoder").and_then(|m| m.as_object()) {
+            let mut sp: Vec<(u64, String)> = m.iter().filter_map(|(id, e)| Some((id.parse().ok()?, e.get("content")?.as_str()?.to_string()))).collect();
+            sp.sort();
+            let j: Vec<serde_json::Value> = sp.into_iter().map(|(id, text)| serde_json::json!({"id": id, "text": text})).collect();
+            write_atomic(&out.join("specials.json"), serde_json::to_string_pretty(&j).unwrap_or_default().as_bytes())?;
+        }
+    }
+    for name in ["chat_template.jinja", "chat.json"] {
+        let p = src.join(name);
+        if p.exists() {
+            std::fs::copy(&p, out.join(name)).map_err(|e| Error::io(&p, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Re-check a finished container against its source: the relative
+/// reconstruction error of every expert, per kind.
+pub fn verify_against_source(container: &Path, src_dir: &Path) -> Result<Report> {
+    let t0 = Instant::now();
+    let c = waste_format::Container::open(container)?;
+    let src = Source::open(src_dir)?;
+    let Some((q, lay)) = c.experts else { return Ok(Report { complete: true, ..Default::default() }) };
+    let prefix = c.manifest.tensor_prefix.clone();
+    let mut rep = Report::default();
+    let (mut err, mut tot) = ([0f64; 3], [0f64; 3]);
+    for bank in c.banks.iter().flatten() {
+        let data = std::fs::read(&bank.path).map_err(|e| Error::io(&bank.path, e))?;
+        let books: Vec<VqBook> = if q.fmt.is_vq() {
+            (0..3 * q.stages).map(|k| VqBook::from_f16(c.codebooks.book(bank.codebook_base + k).unwrap_or(&[]), q.entries, q.vec_dim)).collect()
+        } else {
+            vec![]
+        };
+        let (mut le, mut lt) = ([0f64; 3], [0f64; 3]);
+        for e in 0..bank.experts {
+            let rec = &data[e * lay.rec_bytes..(e + 1) * lay.rec_bytes];
+            let hdr = waste_format::check_record(rec, bank.layer, e, &lay, bank.codebook_base, c.codebooks.count, true)?;
+            let m = read_expert(&src, &prefix, bank.layer, e)?;
+            let secs = hdr.sections();
+            for k in 0..3 {
+                let (rows, cols, w) = &m[k];
+                let mut row = vec![0f32; *cols];
+                for r in 0..*rows {
+                    if q.fmt.is_vq() {
+                        let vl = VqLayout { rows: *rows, nvec: cols / q.vec_dim, stages: q.stages, block: q.index_block, packed6: q.index_bits == 6 };
+                        let br: Vec<&VqBook> = books[k * q.stages..(k + 1) * q.stages].iter().collect();
+                        let so = secs[3] + 2 * [0, lay.m, 2 * lay.m][k];
+                        waste_quant::vq::dequant_row(&br, &vl, &rec[secs[k]..], &rec[so..], r, &mut row);
+                    } else {
+                        for (c2, x) in row.iter_mut().enumerate() {
+                            let o = secs[k] + 2 * (r * cols + c2);
+                            let h = u16::from_le_bytes([rec[o], rec[o + 1]]);
+                            *x = if q.fmt == ExpertFmt::Bf16 { waste_format::half::bf16_to_f32(h) } else { waste_format::half::f16_to_f32(h) };
+                        }
+                    }
+                    for (a, b) in row.iter().zip(&w[r * cols..(r + 1) * cols]) {
+                        le[k] += ((a - b) as f64).powi(2);
+                        lt[k] += (*b as f64).powi(2);
+                    }
+                }
+            }
+            rep.experts += 1;
+        }
+        for k in 0..3 {
+            err[k] += le[k];
+            tot[k] += lt[k];
+        }
+        rep.per_layer.push((bank.layer, std::array::from_fn(|k| (le[k] / lt[k].max(1e-300)).sqrt())));
+    }
+    rep.rel_error = std::array::from_fn(|k| (err[k] / tot[k].max(1e-300)).sqrt());
+    rep.seconds = t0.elapsed().as_secs_f64();
+    rep.complete = true;
+    Ok(rep)
+}

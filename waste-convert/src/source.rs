@@ -1,0 +1,218 @@
+//! A Hugging Face-style source directory: config.json and safetensors files
+//! (with or without an index), read one tensor at a time.
+
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use waste_format::half::{bf16_to_f32, f16_to_f32};
+
+/// Where one tensor lives.
+#[derive(Clone, Debug)]
+pub struct TensorLoc {
+    /// File.
+    pub file: PathBuf,
+    /// safetensors dtype name (`BF16`, `F16`, `F32`, `U8`, `I8`).
+    pub dtype: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Absolute byte range in the file.
+    pub start: u64,
+    /// End (exclusive).
+    pub end: u64,
+}
+
+/// An opened source.
+pub struct Source {
+    /// The directory.
+    pub dir: PathBuf,
+    /// config.json (as written; `text_config` not yet flattened).
+    pub config: serde_json::Value,
+    tensors: HashMap<String, TensorLoc>,
+}
+
+/// E2M1 (MXFP4) value of a nibble: sign bit 3, exponent bits 2..1, mantissa bit 0.
+pub fn e2m1(n: u8) -> f32 {
+    const MAG: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let v = MAG[(n & 7) as usize];
+    if n & 8 != 0 { -v } else { v }
+}
+
+/// E8M0 scale: `2^(e − 127)` (255 is NaN).
+pub fn e8m0(e: u8) -> f32 {
+    if e == 255 { f32::NAN } else { f32::from_bits(if e == 0 { 0x0040_0000 } else { (e as u32) << 23 }) }
+}
+
+/// Decode MXFP4: `packed` `[rows, cols/2]` (low nibble first), `scales`
+/// `[rows, cols/32]` E8M0 → `[rows, cols]` f32.
+pub fn decode_mxfp4(packed: &[u8], scales: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>> {
+    if cols % 32 != 0 || packed.len() != rows * cols / 2 || scales.len() != rows * cols / 32 {
+        return Err(Error::Source(format!("MXFP4 sizes: {rows}x{cols} needs {} packed and {} scale bytes, got {} and {}", rows * cols / 2, rows * cols / 32, packed.len(), scales.len())));
+    }
+    let mut out = vec![0f32; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            let b = packed[r * cols / 2 + c / 2];
+            let n = if c % 2 == 0 { b & 15 } else { b >> 4 };
+            out[r * cols + c] = e2m1(n) * e8m0(scales[r * cols / 32 + c / 32]);
+        }
+    }
+    Ok(out)
+}
+
+impl Source {
+    /// Open a source directory.
+    pub fn open(dir: &Path) -> Result<Source> {
+        let cpath = dir.join("config.json");
+        let text = std::fs::read_to_string(&cpath).map_err(|e| Error::io(&cpath, e))?;
+        let config: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Source(format!("{}: {e}", cpath.display())))?;
+        let mut files: Vec<PathBuf> = Vec::new();
+        let idx = dir.join("model.safetensors.index.json");
+        if idx.exists() {
+            let t = std::fs::read_to_string(&idx).map_err(|e| Error::io(&idx, e))?;
+            let v: serde_json::Value = serde_json::from_str(&t).map_err(|e| Error::Source(format!("{}: {e}", idx.display())))?;
+            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::Source(format!("{}: no weight_map", idx.display())))?;
+            for f in map.values().filter_map(|f| f.as_str()) {
+                let p = dir.join(f);
+                if !files.contains(&p) {
+                    files.push(p);
+                }
+            }
+        } else {
+            for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+                let p = e.map_err(|e| Error::io(dir, e))?.path();
+                if p.extension().is_some_and(|x| x == "safetensors") {
+                    files.push(p);
+                }
+            }
+        }
+        files.sort();
+        if files.is_empty() {
+            return Err(Error::Source(format!("{}: no *.safetensors files", dir.display())));
+        }
+        let mut tensors = HashMap::new();
+        for f in &files {
+            for (name, loc) in read_header(f)? {
+                tensors.insert(name, loc);
+            }
+        }
+        Ok(Source { dir: dir.into(), config, tensors })
+    }
+
+    /// Whether a tensor exists.
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+    /// A tensor's location.
+    pub fn loc(&self, name: &str) -> Option<&TensorLoc> {
+        self.tensors.get(name)
+    }
+    /// All tensor names.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.tensors.keys()
+    }
+
+    fn bytes(&self, loc: &TensorLoc) -> Result<Vec<u8>> {
+        let f = File::open(&loc.file).map_err(|e| Error::io(&loc.file, e))?;
+        let mut b = vec![0u8; (loc.end - loc.start) as usize];
+        read_exact_at(&f, &mut b, loc.start).map_err(|e| Error::io(&loc.file, e))?;
+        Ok(b)
+    }
+
+    /// Read a tensor as f32 `(shape, values)`. A name whose `.weight` is
+    /// stored as MXFP4 (`.weight_packed` + `.weight_scale`) is decoded.
+    pub fn read_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        if let Some(loc) = self.tensors.get(name) {
+            let b = self.bytes(loc)?;
+            let v: Vec<f32> = match loc.dtype.as_str() {
+                "F32" => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+                "F16" => b.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
+                "BF16" => b.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
+                d => return Err(Error::Source(format!("tensor {name}: dtype {d} is not a float type"))),
+            };
+            return Ok((loc.shape.clone(), v));
+        }
+        if let Some(base) = name.strip_suffix(".weight") {
+            let (p, s) = (format!("{base}.weight_packed"), format!("{base}.weight_scale"));
+            if let (Some(pl), Some(sl)) = (self.tensors.get(&p), self.tensors.get(&s)) {
+                let rows = pl.shape.first().copied().unwrap_or(0);
+                let cols = pl.shape.get(1).copied().unwrap_or(0) * 2;
+                let v = decode_mxfp4(&self.bytes(pl)?, &self.bytes(sl)?, rows, cols).map_err(|e| Error::Source(format!("tensor {name}: {e}")))?;
+                return Ok((vec![rows, cols], v));
+            }
+        }
+        Err(Error::Source(format!("tensor {name} not found in {}", self.dir.display())))
+    }
+}
+
+#[cfg(unix)]
+fn read_exact_at(f: &File, b: &mut [u8], off: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(f, b, off)
+}
+#[cfg(windows)]
+fn read_exact_at(f: &File, mut b: &mut [u8], mut off: u64) -> std::io::Result<()> {
+    while !b.is_empty() {
+        let n = std::os::windows::fs::FileExt::seek_read(f, b, off)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        b = &mut b[n..];
+        off += n as u64;
+    }
+    Ok(())
+}
+
+fn read_header(path: &Path) -> Result<Vec<(String, TensorLoc)>> {
+    let f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+    let mut n8 = [0u8; 8];
+    read_exact_at(&f, &mut n8, 0).map_err(|e| Error::io(path, e))?;
+    let n = u64::from_le_bytes(n8);
+    if n > 100 << 20 || 8 + n > len {
+        return Err(Error::Source(format!("{}: header of {n} bytes does not fit", path.display())));
+    }
+    let mut buf = vec![0u8; 8 + n as usize];
+    read_exact_at(&f, &mut buf, 0).map_err(|e| Error::io(path, e))?;
+    // The header is `u64 length` + JSON `{name: {dtype, shape, data_offsets}}`.
+    // (safetensors' own read_metadata wants the whole file in memory; we stream.)
+    let meta: serde_json::Value = serde_json::from_slice(&buf[8..]).map_err(|e| Error::Source(format!("{}: header: {e}", path.display())))?;
+    let obj = meta.as_object().ok_or_else(|| Error::Source(format!("{}: header is not an object", path.display())))?;
+    let base = 8 + n;
+    let mut out = Vec::new();
+    for (name, info) in obj {
+        if name == "__metadata__" {
+            continue;
+        }
+        let bad = |m: &str| Error::Source(format!("{}: tensor {name}: {m}", path.display()));
+        let dtype = info.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| bad("no dtype"))?.to_string();
+        let shape: Vec<usize> = info.get("shape").and_then(|s| s.as_array()).ok_or_else(|| bad("no shape"))?.iter().map(|d| d.as_u64().map(|x| x as usize).ok_or_else(|| bad("bad shape"))).collect::<Result<_>>()?;
+        let off = info.get("data_offsets").and_then(|s| s.as_array()).filter(|a| a.len() == 2).ok_or_else(|| bad("no data_offsets"))?;
+        let (s0, e0) = (off[0].as_u64().ok_or_else(|| bad("bad offset"))?, off[1].as_u64().ok_or_else(|| bad("bad offset"))?);
+        let elem = match dtype.as_str() {
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
+            "F64" | "I64" | "U64" => 8,
+            _ => 0,
+        };
+        let numel: u64 = shape.iter().map(|&d| d as u64).product();
+        if e0 < s0 || base + e0 > len || (elem > 0 && numel * elem != e0 - s0) {
+            return Err(bad(&format!("byte range [{s0}, {e0}) does not fit the file or the shape {shape:?}")));
+        }
+        out.push((name.clone(), TensorLoc { file: path.into(), dtype, shape, start: base + s0, end: base + e0 }));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn e2m1_and_e8m0() {
+        assert_eq!((0..16).map(e2m1).collect::<Vec<_>>(), vec![0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]);
+        assert_eq!(e8m0(127), 1.0);
+        assert_eq!(e8m0(128), 2.0);
+        assert_eq!(e8m0(120), 2f32.powi(-7));
+        assert!(e8m0(255).is_nan());
+    }
+}

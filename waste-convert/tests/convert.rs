@@ -1,0 +1,109 @@
+//! The converter end to end against transformers: a tiny random
+//! Kimi-Linear saved by transformers (weights f16-exact) converted with F16
+//! experts and an F32 trunk gives transformers' logits within 1e-4 relative
+//! and its greedy continuation; VQ3R gives the expected 3-bit error and
+//! `verify_against_source` agrees; MXFP4 decodes bit-exactly; a killed
+//! conversion resumes to a byte-identical container.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use waste_convert::{convert, verify_against_source, ConvertOptions, TrunkMode};
+use waste_format::ExpertFmt;
+use waste_model::{Model, ModelOptions};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures")
+}
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("waste-convert-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn f16_experts_f32_trunk_match_transformers() {
+    let out = tmp("exact");
+    let o = ConvertOptions { experts: ExpertFmt::F16, trunk: TrunkMode::F32, jobs: 2, ..Default::default() };
+    let rep = convert(&fixtures().join("hf-tiny"), &out, &o, &|_| {}).unwrap();
+    assert!(rep.complete);
+    assert!(rep.rel_error.iter().all(|&e| e == 0.0), "f16-exact weights must convert losslessly: {:?}", rep.rel_error);
+    let f: Value = serde_json::from_slice(&std::fs::read(fixtures().join("hf-tiny/reference.json")).unwrap()).unwrap();
+    let ids: Vec<u32> = f["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let m = Model::open(&out, ModelOptions { ctx: 64, threads: 2, ..Default::default() }).unwrap();
+    let mut s = m.session();
+    for (p, &t) in ids.iter().enumerate() {
+        let got = s.eval(&[t]).unwrap();
+        let want: Vec<f32> = f["logits"][p].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let ma = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let mr = want.iter().fold(0f32, |a, b| a.max(b.abs()));
+        assert!(ma / mr <= 1e-4, "position {p}: relative {}", ma / mr);
+    }
+    let greedy: Vec<u32> = f["greedy"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let mut next = waste_model::argmax(s.logits());
+    let mut cont = vec![];
+    for _ in 0..greedy.len() {
+        cont.push(next);
+        next = waste_model::argmax(s.eval(&[next]).unwrap());
+    }
+    assert_eq!(cont, greedy);
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn vq3r_error_is_in_the_3_bit_range_and_verify_agrees() {
+    let out = tmp("vq3r");
+    let o = ConvertOptions { experts: ExpertFmt::Vq3r, trunk: TrunkMode::Q4, jobs: 2, seed: 5, ..Default::default() };
+    let rep = convert(&fixtures().join("hf-tiny"), &out, &o, &|_| {}).unwrap();
+    eprintln!("VQ3R relative error gate/up/down: {:?}", rep.rel_error);
+    // 3 bits per weight on Gaussian weights: well above f16 noise, well below 1
+    for e in rep.rel_error {
+        assert!((0.02..0.35).contains(&e), "{:?}", rep.rel_error);
+    }
+    let v = verify_against_source(&out, &fixtures().join("hf-tiny")).unwrap();
+    for k in 0..3 {
+        assert!((v.rel_error[k] - rep.rel_error[k]).abs() < 1e-3, "verify {:?} vs convert {:?}", v.rel_error, rep.rel_error);
+    }
+    // the converted model runs
+    let m = Model::open(&out, ModelOptions { ctx: 16, ..Default::default() }).unwrap();
+    assert!(m.session().eval(&[256, 1, 2]).unwrap().iter().all(|x| x.is_finite()));
+    let vr = waste_model::verify(&out, Default::default(), &|_, _| {}).unwrap();
+    assert!(vr.problems.is_empty());
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn mxfp4_decodes_bit_exactly() {
+    let f: Value = serde_json::from_slice(&std::fs::read(fixtures().join("mxfp4.json")).unwrap()).unwrap();
+    let (rows, cols) = (f["rows"].as_u64().unwrap() as usize, f["cols"].as_u64().unwrap() as usize);
+    let b = |k: &str| f[k].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u8).collect::<Vec<u8>>();
+    let got = waste_convert::decode_mxfp4(&b("packed"), &b("scales"), rows, cols).unwrap();
+    let want: Vec<u32> = f["bits"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
+    assert!(waste_convert::decode_mxfp4(&[0; 3], &[0; 1], 1, 32).is_err());
+}
+
+fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap()).map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_killed_conversion_resumes_to_a_byte_identical_container() {
+    let src = fixtures().join("hf-tiny");
+    let o = ConvertOptions { experts: ExpertFmt::Vq4p, jobs: 2, seed: 9, ..Default::default() };
+    let whole = tmp("whole");
+    convert(&src, &whole, &o, &|_| {}).unwrap();
+    let resumed = tmp("resumed");
+    let e = convert(&src, &resumed, &ConvertOptions { stop_after_banks: Some(1), ..o.clone() }, &|_| {}).unwrap_err();
+    assert!(matches!(e, waste_convert::Error::Interrupted(1)), "{e}");
+    assert!(!resumed.join("manifest.json").exists());
+    // a half-written bank from the killed run
+    std::fs::write(resumed.join("experts-L2.bin.part"), b"partial garbage").unwrap();
+    let rep = convert(&src, &resumed, &ConvertOptions { jobs: 1, ..o.clone() }, &|_| {}).unwrap();
+    assert_eq!(rep.resumed_layers, vec![1]);
+    let _ = std::fs::remove_file(resumed.join("experts-L2.bin.part"));
+    assert_eq!(files(&whole), files(&resumed));
+    std::fs::remove_dir_all(&whole).ok();
+    std::fs::remove_dir_all(&resumed).ok();
+}
