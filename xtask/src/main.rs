@@ -7,6 +7,7 @@ use std::process::Command;
 use waste_format::synth::{shape_config, synth, SynthOptions, SHAPES};
 use waste_format::ExpertFmt;
 
+mod synth_source;
 mod tidy;
 
 #[derive(Parser)]
@@ -55,6 +56,24 @@ enum Cmd {
     Tidy,
     /// The main job on a synthetic model made on the fly.
     Demo,
+    /// A synthetic Hugging Face-style source (bf16 or MXFP4 experts) at real expert shapes.
+    SynthSource {
+        /// kimi-linear or k3 (expert shapes).
+        #[arg(long)]
+        shape: String,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Experts in the one MoE layer.
+        #[arg(long, default_value_t = 16)]
+        experts: usize,
+        /// MXFP4 experts (weight_packed + weight_scale) instead of bf16.
+        #[arg(long)]
+        mxfp4: bool,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -89,6 +108,7 @@ fn main() -> Result<()> {
         }
         Cmd::Tidy => tidy::run(&root()),
         Cmd::Demo => demo(),
+        Cmd::SynthSource { shape, out, experts, mxfp4, seed } => synth_source::run(&out, &shape, experts, mxfp4, seed),
     }
 }
 
