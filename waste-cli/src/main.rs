@@ -6,6 +6,7 @@ mod cmd_convert;
 mod cmd_eval;
 mod cmd_info;
 mod cmd_plan;
+mod cmd_serve;
 mod cmd_text;
 mod progress;
 
@@ -29,6 +30,8 @@ enum Cmd {
     Version(cmd_info::VersionArgs),
     /// Measure this disk's read bandwidth (direct I/O, given record size and queue depth).
     Diskbench(cmd_info::DiskbenchArgs),
+    /// The OpenAI-compatible server.
+    Serve(cmd_serve::ServeArgs),
     /// Convert safetensors weights into a container.
     Convert(cmd_convert::ConvertArgs),
     /// Memory plan: floor breakdown and what a budget buys.
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
         Cmd::Cachesim(a) => cmd_cache::cachesim(a),
         Cmd::Plan(a) => cmd_plan::plan(a),
         Cmd::Convert(a) => cmd_convert::convert(a),
+        Cmd::Serve(a) => cmd_serve::serve(a),
         Cmd::Bench(a) => cmd_plan::bench(a),
         Cmd::Eval(a) => cmd_eval::eval(a),
         Cmd::Run(a) => cmd_eval::run(a),

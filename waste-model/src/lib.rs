@@ -57,7 +57,7 @@ mod weights;
 pub use generate::{Control, Finish, GenerateParams, Generation, TokenEvent, NO_TOKEN};
 pub use model::{Model, ModelOptions};
 pub use sample::{argmax, log_softmax, Sampler, SamplingParams};
-pub use state::{STATE_MAGIC, STATE_VERSION};
+pub use state::{Snapshot, STATE_MAGIC, STATE_VERSION};
 pub use waste_tokenizer as tokenizer;
 pub use plan::{plan, Plan};
 pub use waste_cache::{parse_size, physical_ram, usable_ram, CacheStats, Policy};

@@ -136,3 +136,51 @@ impl Session<'_> {
         Ok(())
     }
 }
+
+/// An in-memory copy of a session's state (for prefix reuse).
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pos: usize,
+    mla_lens: Vec<usize>,
+    values: Vec<f32>,
+}
+
+impl Snapshot {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.values.len() * 4
+    }
+    /// Position it was taken at.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+}
+
+impl Session<'_> {
+    /// Copy the state (positions, layer states, last logits).
+    pub fn snapshot(&self) -> Snapshot {
+        let mut values = Vec::new();
+        let mut mla_lens = Vec::new();
+        for l in self.layer_states() {
+            match l {
+                LayerStateRef::Kda { conv, s } => {
+                    values.extend_from_slice(conv);
+                    values.extend_from_slice(s);
+                    mla_lens.push(0);
+                }
+                LayerStateRef::Mla { cache, len, width } => {
+                    values.extend_from_slice(&cache[..len * width]);
+                    mla_lens.push(len);
+                }
+            }
+        }
+        values.extend_from_slice(self.logits());
+        Snapshot { pos: self.position(), mla_lens, values }
+    }
+
+    /// Return to a snapshot taken from a session of the same model.
+    pub fn restore_snapshot(&mut self, snap: &Snapshot) {
+        let mut it = snap.values.iter().copied();
+        self.restore(snap.pos, &snap.mla_lens, &mut it);
+    }
+}

@@ -1,0 +1,260 @@
+//! `waste serve` over raw HTTP: error paths in OpenAI's shape, 16 concurrent
+//! streaming clients each getting exactly their own answer, a disconnect
+//! stopping its generation, prefix reuse giving the same tokens as a fresh
+//! prefill.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn anchor() -> PathBuf {
+    let base = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    base.join("anchor-tiny/kimi-linear-tiny.waste")
+}
+
+struct Server {
+    child: Child,
+    addr: String,
+}
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_waste"))
+        .args(["serve", anchor().to_str().unwrap(), "--port", "0", "--ctx", "4096"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().rsplit("http://").next().unwrap().to_string();
+    Server { child, addr }
+}
+
+/// One HTTP/1.1 request; returns (status, body).
+fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\nContent-Type: application/json\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let _ = s.write_all(body);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|x| x.1.to_string()).unwrap_or_default();
+    let body = if text.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(&body) } else { body };
+    (status, body)
+}
+
+fn dechunk(b: &str) -> String {
+    let mut out = String::new();
+    let mut rest = b;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = &after[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn post(addr: &str, path: &str, v: &Value) -> (u16, Value) {
+    let (st, body) = http(addr, "POST", path, &[], v.to_string().as_bytes());
+    (st, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+fn assert_error(st: u16, v: &Value, want: u16, param: Option<&str>) {
+    assert_eq!(st, want, "{v}");
+    let e = &v["error"];
+    assert!(e["message"].is_string() && e["type"].is_string() && e.get("param").is_some() && e.get("code").is_some(), "{v}");
+    if let Some(p) = param {
+        assert_eq!(e["param"], p, "{v}");
+    }
+}
+
+/// Content of an SSE chat stream.
+fn sse_content(body: &str) -> (String, Value) {
+    let mut text = String::new();
+    let mut last = Value::Null;
+    for line in body.lines() {
+        if let Some(d) = line.strip_prefix("data: ") {
+            if d == "[DONE]" {
+                break;
+            }
+            let v: Value = serde_json::from_str(d).unwrap();
+            if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
+                text.push_str(c);
+            }
+            last = v;
+        }
+    }
+    (text, last)
+}
+
+#[test]
+fn error_paths_use_openai_error_shape() {
+    let s = start(&["--body-limit", "2000"]);
+    let a = &s.addr;
+    let (st, body) = http(a, "POST", "/v1/chat/completions", &[], b"{not json");
+    assert_error(st, &serde_json::from_str(&body).unwrap(), 400, Some("body"));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}));
+    assert_error(st, &v, 400, Some("temperature"));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"model": "x"}));
+    assert_error(st, &v, 400, Some("messages"));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "wizard", "content": "hi"}]}));
+    assert_error(st, &v, 400, Some("messages[0].role"));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "x".repeat(5000)}]}));
+    assert_error(st, &v, 413, None);
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}));
+    assert_error(st, &v, 400, Some("tools"));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}));
+    assert_error(st, &v, 400, Some("response_format"));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://example.com/x.png"}}]}]}));
+    assert_error(st, &v, 400, None);
+    let (st, body) = http(a, "GET", "/v2/nothing", &[], b"");
+    assert_error(st, &serde_json::from_str(&body).unwrap(), 404, None);
+    // unknown fields are ignored
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "frobnicate": true}));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    assert!(v["waste"]["experts_hit"].is_u64());
+}
+
+#[test]
+fn api_key_is_required_when_set() {
+    let s = start(&["--api-key", "sekret"]);
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).to_string();
+    let (st, b) = http(&s.addr, "POST", "/v1/chat/completions", &[("Authorization", "Bearer wrong")], body.as_bytes());
+    assert_error(st, &serde_json::from_str(&b).unwrap(), 401, None);
+    let (st, _) = http(&s.addr, "POST", "/v1/chat/completions", &[("Authorization", "Bearer sekret")], body.as_bytes());
+    assert_eq!(st, 200);
+    let (st, _) = http(&s.addr, "GET", "/health", &[], b"");
+    assert_eq!(st, 200, "health needs no auth");
+    let (st, _) = http(&s.addr, "GET", "/v1/models", &[], b"");
+    assert_eq!(st, 401);
+}
+
+#[test]
+fn concurrent_streaming_clients_each_get_their_own_answer() {
+    let s = start(&[]);
+    let prompts: Vec<String> = (0..16).map(|i| format!("question number {i}: tell me about {}", ["Paris", "the weather", "json", "cities"][i % 4])).collect();
+    // references, one at a time, not streamed
+    let want: Vec<String> = prompts.iter().map(|p| post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": p}], "max_tokens": 12, "temperature": 0}))).map(|(_, v)| v["choices"][0]["message"]["content"].as_str().unwrap().to_string()).collect();
+    let got: Vec<String> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let addr = s.addr.clone();
+                sc.spawn(move || {
+                    let body = json!({"messages": [{"role": "user", "content": p}], "max_tokens": 12, "temperature": 0, "stream": true}).to_string();
+                    let (st, b) = http(&addr, "POST", "/v1/chat/completions", &[], body.as_bytes());
+                    assert_eq!(st, 200);
+                    let (text, last) = sse_content(&b);
+                    assert_eq!(last["choices"][0]["finish_reason"], "length", "{b}");
+                    text
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_disconnected_client_stops_its_generation() {
+    let s = start(&[]);
+    let body = json!({"messages": [{"role": "user", "content": "go on forever"}], "max_tokens": 3500, "temperature": 0, "stream": true}).to_string();
+    {
+        let mut c = TcpStream::connect(&s.addr).unwrap();
+        write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut r = BufReader::new(c.try_clone().unwrap());
+        let mut events = 0;
+        let mut line = String::new();
+        while events < 4 {
+            line.clear();
+            if r.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+            if line.starts_with("data: ") {
+                events += 1;
+            }
+        }
+        c.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+    let t0 = Instant::now();
+    let health = |a: &str| serde_json::from_str::<Value>(&http(a, "GET", "/health", &[], b"").1).unwrap();
+    while health(&s.addr)["busy"] == true && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let h = health(&s.addr);
+    assert_eq!(h["busy"], false);
+    let n = h["generated_tokens"].as_u64().unwrap();
+    assert!(n < 3000, "generation went on after the client left: {n} tokens");
+    // the engine is free for the next client
+    let (st, _) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}));
+    assert_eq!(st, 200);
+}
+
+#[test]
+fn prefix_reuse_gives_the_same_tokens_as_a_fresh_prefill() {
+    let s = start(&[]);
+    let turn1 = json!([{"role": "user", "content": "hello there"}]);
+    let (_, v1) = post(&s.addr, "/v1/chat/completions", &json!({"messages": turn1, "max_tokens": 8, "temperature": 0}));
+    let answer = v1["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let turn2 = json!([{"role": "user", "content": "hello there"}, {"role": "assistant", "content": answer}, {"role": "user", "content": "and then?"}]);
+    let (_, v2) = post(&s.addr, "/v1/chat/completions", &json!({"messages": turn2, "max_tokens": 8, "temperature": 0}));
+    let reused = v2["waste"]["reused_prompt_tokens"].as_u64().unwrap();
+    // a fresh server computes the same answer from scratch
+    let fresh = start(&[]);
+    let (_, v3) = post(&fresh.addr, "/v1/chat/completions", &json!({"messages": turn2, "max_tokens": 8, "temperature": 0}));
+    assert_eq!(v3["waste"]["reused_prompt_tokens"], 0);
+    assert_eq!(v2["choices"][0]["message"]["content"], v3["choices"][0]["message"]["content"]);
+    assert!(reused > 0, "turn 2 should continue from turn 1's state: {v2}");
+}
+
+#[test]
+fn completions_models_and_logprobs() {
+    let s = start(&["--model-id", "tiny"]);
+    let (st, v) = post(&s.addr, "/v1/completions", &json!({"prompt": "The city of", "max_tokens": 4, "temperature": 0, "logprobs": 2}));
+    assert_eq!(st, 200);
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["choices"][0]["text"].is_string());
+    let (st, b) = http(&s.addr, "GET", "/v1/models", &[], b"");
+    assert_eq!(st, 200);
+    assert_eq!(serde_json::from_str::<Value>(&b).unwrap()["data"][0]["id"], "tiny");
+    let (st, _) = http(&s.addr, "GET", "/v1/models/tiny", &[], b"");
+    assert_eq!(st, 200);
+    let (st, _) = http(&s.addr, "GET", "/v1/models/other", &[], b"");
+    assert_eq!(st, 404);
+    let (_, v) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": true, "top_logprobs": 3, "temperature": 0}));
+    let c = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(c.len(), 3);
+    for e in c {
+        assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+        assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 3);
+    }
+    // several stop strings are never emitted
+    let (_, full) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0}));
+    let text = full["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let stop: String = text.chars().skip(3).take(2).collect();
+    let (_, v) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0, "stop": ["zzzq", stop]}));
+    let got = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(got, &text[..text.find(&stop).unwrap()]);
+}

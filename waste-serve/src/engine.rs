@@ -1,0 +1,140 @@
+//! The engine thread: owns the model and one session, serves jobs in FIFO
+//! order, reuses the session state for a prompt that extends the previous
+//! conversation, and cancels a job as soon as its client is gone.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedSender;
+use waste_model::{Control, GenerateParams, Model};
+
+/// Engine counters, readable from the HTTP side.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Tokens generated so far.
+    pub generated: std::sync::atomic::AtomicU64,
+    /// Whether a job is running.
+    pub busy: AtomicBool,
+    /// Jobs waiting or running.
+    pub queued: std::sync::atomic::AtomicU64,
+}
+
+/// One generation request.
+pub struct Job {
+    /// Prompt token ids (template applied).
+    pub prompt: Vec<u32>,
+    /// Generation parameters.
+    pub params: GenerateParams,
+    /// Where events go; a failed send means the client left.
+    pub tx: UnboundedSender<Event>,
+    /// Set to cancel.
+    pub cancel: Arc<AtomicBool>,
+}
+
+/// Events of a job.
+#[derive(Debug)]
+pub enum Event {
+    /// A token (piece may be empty while text is held back).
+    Token {
+        /// Id.
+        token: u32,
+        /// Text released with it.
+        piece: String,
+        /// Its logprob.
+        logprob: f32,
+        /// Alternatives.
+        top: Vec<(u32, f32)>,
+    },
+    /// Finished.
+    Done {
+        /// OpenAI finish reason.
+        finish: &'static str,
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// Completion tokens.
+        completion_tokens: usize,
+        /// Prompt tokens served from the reused state.
+        reused_tokens: usize,
+        /// Engine statistics for this job.
+        stats: waste_model::Stats,
+        /// Whether expert reads bypass the page cache.
+        direct_io: bool,
+    },
+    /// Failed.
+    Error(String),
+}
+
+/// Run jobs until the channel closes.
+pub fn run(model: &Model, rx: std::sync::mpsc::Receiver<Job>, counters: &Counters) {
+    let mut s = model.session();
+    // the tokens whose state the session holds, and a snapshot taken right
+    // after the last prompt (a follow-up turn extends the prompt, not the
+    // generated tokens, which the client re-sends as text)
+    let mut held: Vec<u32> = Vec::new();
+    let mut snap: Option<(Vec<u32>, waste_model::Snapshot)> = None;
+    for job in rx {
+        counters.queued.fetch_sub(1, Ordering::Relaxed);
+        if job.cancel.load(Ordering::Relaxed) || job.tx.is_closed() {
+            continue;
+        }
+        counters.busy.store(true, Ordering::Relaxed);
+        let extends = |base: &[u32]| !base.is_empty() && base.len() < job.prompt.len() && job.prompt.starts_with(base);
+        let start = if extends(&held) {
+            held.len()
+        } else if let Some((toks, sn)) = snap.as_ref().filter(|(t, _)| extends(t)) {
+            s.restore_snapshot(sn);
+            toks.len()
+        } else {
+            s.reset();
+            0
+        };
+        let st0 = s.stats();
+        let mut generated = Vec::new();
+        let r = s.eval(&job.prompt[start..]).map(|_| ()).and_then(|_| {
+            snap = Some((job.prompt.clone(), s.snapshot()));
+            Ok(())
+        });
+        let r = r.and_then(|_| s.generate(&[], &job.params, |ev| {
+            if ev.token != waste_model::NO_TOKEN {
+                generated.push(ev.token);
+                counters.generated.fetch_add(1, Ordering::Relaxed);
+            }
+            let ok = job.tx.send(Event::Token { token: ev.token, piece: ev.piece.clone(), logprob: ev.logprob, top: ev.top.clone() }).is_ok();
+            if !ok || job.cancel.load(Ordering::Relaxed) { Control::Cancel } else { Control::Continue }
+        }));
+        match r {
+            Ok(g) => {
+                let mut all = job.prompt.clone();
+                all.extend(&g.tokens);
+                all.truncate(s.position());
+                held = all;
+                let st = s.stats();
+                let stats = waste_model::Stats {
+                    tokens: st.tokens - st0.tokens,
+                    experts_hit: st.experts_hit - st0.experts_hit,
+                    experts_missed: st.experts_missed - st0.experts_missed,
+                    bytes_read: st.bytes_read - st0.bytes_read,
+                    prefetch_issued: st.prefetch_issued - st0.prefetch_issued,
+                    io_seconds: st.io_seconds - st0.io_seconds,
+                    trunk_seconds: st.trunk_seconds - st0.trunk_seconds,
+                    attn_seconds: st.attn_seconds - st0.attn_seconds,
+                    expert_seconds: st.expert_seconds - st0.expert_seconds,
+                };
+                let _ = job.tx.send(Event::Done {
+                    finish: g.finish.reason(),
+                    prompt_tokens: job.prompt.len(),
+                    completion_tokens: g.tokens.len(),
+                    reused_tokens: start,
+                    stats,
+                    direct_io: model.direct_io(),
+                });
+            }
+            Err(e) => {
+                s.reset();
+                held.clear();
+                snap = None;
+                let _ = job.tx.send(Event::Error(e.to_string()));
+            }
+        }
+        counters.busy.store(false, Ordering::Relaxed);
+    }
+}
