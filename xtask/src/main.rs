@@ -141,6 +141,26 @@ fn demo() -> Result<()> {
     Ok(())
 }
 
+/// The server against the official `openai` Python client, in a throwaway
+/// venv (PyPI is reachable where CI runs). Without python3 it is a SKIP, said
+/// loudly, never a pass.
+fn openai_client_test(root: &Path, waste: &Path) -> Result<()> {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIP: openai client test: python3 not found");
+        return Ok(());
+    }
+    let venv = std::env::temp_dir().join("waste-ci-openai-venv");
+    if !venv.join("bin/python").exists() {
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    }
+    let py = venv.join("bin/python");
+    if Command::new(&py).args(["-c", "import openai"]).output().map(|o| !o.status.success()).unwrap_or(true) {
+        run(Command::new(&py).args(["-m", "pip", "install", "-q", "openai"]))?;
+    }
+    let anchor = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| root.join("../shared/data")).join("anchor-tiny/kimi-linear-tiny.waste");
+    run(Command::new(&py).arg(root.join("tools/serve_test/openai_client.py")).arg(waste).arg(anchor))
+}
+
 fn check(quick: bool) -> Result<()> {
     let root = root();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -157,6 +177,7 @@ fn check(quick: bool) -> Result<()> {
         run(Command::new(&waste).arg("verify").arg(&tmp))?;
         run(Command::new(&waste).arg("run").arg(&tmp).args(["hello", "-n", "16"]))?;
         std::fs::remove_dir_all(&tmp).ok();
+        openai_client_test(&root, &waste)?;
     }
     eprintln!("xtask check: all checks passed");
     Ok(())
