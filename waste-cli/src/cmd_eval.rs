@@ -78,7 +78,13 @@ impl EngineArgs {
             max_chunk: self.chunk,
             usage: self.usage.clone(),
         };
-        let m = Model::open(model, opts).with_context(|| format!("opening {}", model.display()))?;
+        let bar = crate::progress::count_bar("loading", false);
+        let m = Model::open_with_progress(model, opts, &|done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        })
+        .with_context(|| format!("opening {}", model.display()))?;
+        bar.finish_and_clear();
         if let Some(w) = m.budget_warning() {
             eprintln!("warning: {w}");
         }
@@ -227,6 +233,19 @@ pub struct RunArgs {
     engine: EngineArgs,
 }
 
+/// Evaluate a prompt, with a progress bar on a terminal for long prompts.
+pub fn prefill_with_bar(s: &mut waste_model::Session<'_>, ids: &[u32]) -> Result<()> {
+    let bar = crate::progress::count_bar("prefill", ids.len() < 64);
+    bar.set_length(ids.len() as u64);
+    let step = waste_model::CHUNK * 4;
+    for (i, c) in ids.chunks(step).enumerate() {
+        s.eval(c)?;
+        bar.set_position(((i + 1) * step).min(ids.len()) as u64);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
 /// The prompt text from the argument, `--file`, or stdin.
 pub fn read_prompt(arg: &Option<String>, file: &Option<PathBuf>) -> Result<Option<String>> {
     use std::io::{IsTerminal, Read};
@@ -275,10 +294,11 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     };
     let mut s = model.session();
     let t0 = std::time::Instant::now();
+    prefill_with_bar(&mut s, &ids)?;
     let stream = !a.json;
     let mut out = std::io::stdout().lock();
     let mut io_err = None;
-    let g = s.generate(&ids, &a.sample.params(), |ev| {
+    let g = s.generate(&[], &a.sample.params(), |ev| {
         if stream && !ev.piece.is_empty() {
             if let Err(e) = out.write_all(ev.piece.as_bytes()).and_then(|_| out.flush()) {
                 io_err = Some(e);
