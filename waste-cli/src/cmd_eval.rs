@@ -333,13 +333,4 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Greedy choice: highest logit, lowest id on ties.
-pub fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in l.iter().enumerate() {
-        if *v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+pub use waste_model::argmax;

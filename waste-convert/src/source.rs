@@ -3,7 +3,7 @@
 
 use crate::{Error, Result};
 use std::collections::HashMap;
-use std::fs::File;
+use waste_io::DirectFile;
 use std::path::{Path, PathBuf};
 use waste_format::half::{bf16_to_f32, f16_to_f32};
 
@@ -113,9 +113,9 @@ impl Source {
     }
 
     fn bytes(&self, loc: &TensorLoc) -> Result<Vec<u8>> {
-        let f = File::open(&loc.file).map_err(|e| Error::io(&loc.file, e))?;
+        let f = open(&loc.file)?;
         let mut b = vec![0u8; (loc.end - loc.start) as usize];
-        read_exact_at(&f, &mut b, loc.start).map_err(|e| Error::io(&loc.file, e))?;
+        read_exact_at(&f, &mut b, loc.start)?;
         Ok(b)
     }
 
@@ -145,34 +145,26 @@ impl Source {
     }
 }
 
-#[cfg(unix)]
-fn read_exact_at(f: &File, b: &mut [u8], off: u64) -> std::io::Result<()> {
-    std::os::unix::fs::FileExt::read_exact_at(f, b, off)
+/// Positional read through waste-io (buffered: the source is read once).
+fn read_exact_at(f: &DirectFile, b: &mut [u8], off: u64) -> Result<()> {
+    f.read_exact_at(b, off).map_err(|e| Error::Source(e.to_string()))
 }
-#[cfg(windows)]
-fn read_exact_at(f: &File, mut b: &mut [u8], mut off: u64) -> std::io::Result<()> {
-    while !b.is_empty() {
-        let n = std::os::windows::fs::FileExt::seek_read(f, b, off)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        b = &mut b[n..];
-        off += n as u64;
-    }
-    Ok(())
+
+fn open(path: &Path) -> Result<DirectFile> {
+    DirectFile::open(path, false).map_err(|e| Error::Source(e.to_string()))
 }
 
 fn read_header(path: &Path) -> Result<Vec<(String, TensorLoc)>> {
-    let f = File::open(path).map_err(|e| Error::io(path, e))?;
-    let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+    let f = open(path)?;
+    let len = f.len();
     let mut n8 = [0u8; 8];
-    read_exact_at(&f, &mut n8, 0).map_err(|e| Error::io(path, e))?;
+    read_exact_at(&f, &mut n8, 0)?;
     let n = u64::from_le_bytes(n8);
     if n > 100 << 20 || 8 + n > len {
         return Err(Error::Source(format!("{}: header of {n} bytes does not fit", path.display())));
     }
     let mut buf = vec![0u8; 8 + n as usize];
-    read_exact_at(&f, &mut buf, 0).map_err(|e| Error::io(path, e))?;
+    read_exact_at(&f, &mut buf, 0)?;
     // The header is `u64 length` + JSON `{name: {dtype, shape, data_offsets}}`.
     // (safetensors' own read_metadata wants the whole file in memory; we stream.)
     let meta: serde_json::Value = serde_json::from_slice(&buf[8..]).map_err(|e| Error::Source(format!("{}: header: {e}", path.display())))?;

@@ -1,7 +1,7 @@
 //! Loading the resident trunk from a container, tensor by tensor.
 
 use crate::{Error, Result};
-use std::fs::File;
+use waste_io::DirectFile;
 use waste_attn::{KdaConfig, KdaGate, KdaWeights, MlaConfig, MlaQuery, MlaWeights};
 use waste_format::{AttnKind, Container, ModelConfig, TensorInfo};
 use waste_moe::{DenseGlu, LayerBooks, RouterConfig};
@@ -10,39 +10,21 @@ use waste_quant::{Matrix, VqBook};
 /// Read tensors from trunk.bin with positional reads (never the whole file).
 pub struct TrunkReader<'c> {
     c: &'c Container,
-    file: File,
+    file: DirectFile,
     /// Bytes of resident tensors loaded so far.
     pub loaded: u64,
-}
-
-#[cfg(unix)]
-fn pread_exact(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-    std::os::unix::fs::FileExt::read_exact_at(f, buf, off)
-}
-#[cfg(windows)]
-fn pread_exact(f: &File, mut buf: &mut [u8], mut off: u64) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        let n = std::os::windows::fs::FileExt::seek_read(f, buf, off)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        buf = &mut buf[n..];
-        off += n as u64;
-    }
-    Ok(())
 }
 
 impl<'c> TrunkReader<'c> {
     /// Open trunk.bin.
     pub fn new(c: &'c Container) -> Result<Self> {
-        let p = c.trunk_path();
-        let file = File::open(&p).map_err(|e| waste_format::Error::io(&p, e))?;
+        let file = DirectFile::open(&c.trunk_path(), false)?;
         Ok(TrunkReader { c, file, loaded: 0 })
     }
 
     fn read(&self, off: u64, len: u64) -> Result<Vec<u8>> {
         let mut v = vec![0u8; len as usize];
-        pread_exact(&self.file, &mut v, off).map_err(|e| waste_format::Error::io(self.c.trunk_path(), e))?;
+        self.file.read_exact_at(&mut v, off)?;
         Ok(v)
     }
 
@@ -64,17 +46,15 @@ impl<'c> TrunkReader<'c> {
 /// The on-disk embedding table: one row read per token.
 pub struct Embedding {
     info: TensorInfo,
-    file: File,
-    path: std::path::PathBuf,
+    file: DirectFile,
 }
 
 impl Embedding {
     /// Open.
     pub fn new(c: &Container) -> Result<Self> {
         let info = c.tensor("model.embed_tokens.weight")?.clone();
-        let path = c.trunk_path();
-        let file = File::open(&path).map_err(|e| waste_format::Error::io(&path, e))?;
-        Ok(Embedding { info, file, path })
+        let file = DirectFile::open(&c.trunk_path(), false)?;
+        Ok(Embedding { info, file })
     }
     /// Rows (vocabulary).
     pub fn rows(&self) -> usize {
@@ -88,14 +68,13 @@ impl Embedding {
             return Err(Error::Arg(format!("token id {tok} is outside the vocabulary (0..{})", t.rows)));
         }
         let rb = t.payload_len as usize / t.rows;
-        let io = |e| Error::Format(waste_format::Error::io(&self.path, e));
         let mut data = vec![0u8; rb];
-        pread_exact(&self.file, &mut data, t.off + (r * rb) as u64).map_err(io)?;
+        self.file.read_exact_at(&mut data, t.off + (r * rb) as u64)?;
         let mut sc = vec![];
         if t.fmt.is_grouped() {
             let sb = t.scale_len as usize / t.rows;
             sc = vec![0u8; sb];
-            pread_exact(&self.file, &mut sc, t.scale_off + (r * sb) as u64).map_err(io)?;
+            self.file.read_exact_at(&mut sc, t.scale_off + (r * sb) as u64)?;
         }
         let m = Matrix::from_stored(t.fmt, 1, t.cols, t.group, data, &sc).map_err(|e| Error::Format(waste_format::Error::tensor(&t.name, e.to_string())))?;
         m.view().row(0, out);
