@@ -56,6 +56,12 @@ enum Cmd {
     Tidy,
     /// The main job on a synthetic model made on the fly.
     Demo,
+    /// A short cargo-fuzz run of every target (needs nightly and cargo-fuzz; SKIP otherwise).
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+    },
     /// A synthetic Hugging Face-style source (bf16 or MXFP4 experts) at real expert shapes.
     SynthSource {
         /// kimi-linear or k3 (expert shapes).
@@ -108,6 +114,7 @@ fn main() -> Result<()> {
         }
         Cmd::Tidy => tidy::run(&root()),
         Cmd::Demo => demo(),
+        Cmd::Fuzz { seconds } => fuzz(seconds),
         Cmd::SynthSource { shape, out, experts, mxfp4, seed } => synth_source::run(&out, &shape, experts, mxfp4, seed),
     }
 }
@@ -121,6 +128,19 @@ fn run(cmd: &mut Command) -> Result<()> {
     let st = cmd.status().with_context(|| format!("spawn {cmd:?}"))?;
     if !st.success() {
         bail!("{cmd:?} failed: {st}");
+    }
+    Ok(())
+}
+
+fn fuzz(seconds: u64) -> Result<()> {
+    let root = root();
+    let ok = Command::new("cargo").args(["+nightly", "fuzz", "--version"]).output().map(|o| o.status.success()).unwrap_or(false);
+    if !ok {
+        eprintln!("SKIP: cargo fuzz needs a nightly toolchain and `cargo install cargo-fuzz`");
+        return Ok(());
+    }
+    for t in ["manifest", "record_header", "usage_file"] {
+        run(Command::new("cargo").current_dir(root.join("fuzz")).args(["+nightly", "fuzz", "run", t, "--", &format!("-max_total_time={seconds}")]))?;
     }
     Ok(())
 }
