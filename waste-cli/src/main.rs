@@ -58,9 +58,15 @@ pub const EXIT_PROBLEMS: u8 = 3;
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
+        Err(e) if e.use_stderr() => {
+            // one clear line (clap's first), not a page of usage
+            let msg = e.to_string();
+            eprintln!("{} (see --help)", msg.lines().next().unwrap_or("bad arguments").trim_end());
+            return ExitCode::from(2);
+        }
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            return ExitCode::SUCCESS;
         }
     };
     let r = match cli.cmd {

@@ -64,6 +64,12 @@ fn bad_arguments_get_one_line_not_a_panic() {
     let (code, _, err) = waste(&["info"]);
     assert_eq!(code, 2);
     assert!(!err.contains("panicked"));
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // a value that looks like an option is a missing value: still one line
+    let (code, _, err) = waste(&["run", "m", "x", "--temp", "-1"]);
+    assert_eq!((code, err.trim().lines().count()), (2, 1), "{err}");
+    let (code, _, err) = waste(&["bench", "m", "--budget"]);
+    assert_eq!((code, err.trim().lines().count()), (2, 1), "{err}");
     let (code, _, err) = waste(&["info", "/nonexistent/model.waste"]);
     assert_eq!(code, 1);
     assert!(err.starts_with("error: ") && err.contains("/nonexistent/model.waste"), "{err}");
