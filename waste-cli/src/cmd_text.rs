@@ -120,9 +120,10 @@ fn assistant_close(model: &waste_model::Model) -> Result<Vec<u32>> {
 
 #[derive(Args)]
 pub struct TokenizeArgs {
-    /// Container directory (or use --tiktoken).
-    model: Option<PathBuf>,
-    /// Text (`-` = stdin).
+    /// `MODEL TEXT`, or just `TEXT` with --tiktoken (`-` = stdin; stdin also when piped).
+    #[arg(num_args = 0..=2)]
+    args: Vec<String>,
+    /// Text (alternative to the positional).
     #[arg(long, short)]
     text: Option<String>,
     /// A tiktoken rank file instead of a container.
@@ -149,9 +150,26 @@ fn load_tokenizer(model: &Option<PathBuf>, tiktoken: &Option<PathBuf>, pattern: 
     }
 }
 
+/// Split `[MODEL] [VALUE]` positionals: with --tiktoken there is no MODEL.
+fn split_positionals(args: &[String], tiktoken: bool, named: &Option<String>) -> Result<(Option<PathBuf>, Option<String>)> {
+    let (model, value) = match (tiktoken, args) {
+        (true, [v]) => (None, Some(v.clone())),
+        (true, []) => (None, None),
+        (true, _) => bail!("with --tiktoken give only the text"),
+        (false, [m]) => (Some(PathBuf::from(m)), None),
+        (false, [m, v]) => (Some(PathBuf::from(m)), Some(v.clone())),
+        (false, _) => (None, None),
+    };
+    match (value, named) {
+        (Some(_), Some(_)) => bail!("give the value once (positional or option)"),
+        (v, n) => Ok((model, v.or_else(|| n.clone()))),
+    }
+}
+
 pub fn tokenize(a: TokenizeArgs) -> Result<ExitCode> {
-    let t = load_tokenizer(&a.model, &a.tiktoken, &a.pattern)?;
-    let text = read_prompt(&a.text, &None)?.context("no text: pass --text TEXT or - for stdin")?;
+    let (model, text) = split_positionals(&a.args, a.tiktoken.is_some(), &a.text)?;
+    let t = load_tokenizer(&model, &a.tiktoken, &a.pattern)?;
+    let text = read_prompt(&text, &None)?.context("no text: give it as an argument, or - for stdin")?;
     let ids = if a.markup { t.encode_markup(&text) } else { t.encode_plain(&text) };
     if a.json {
         print_json(&json!({"ids": ids}))?;
@@ -163,9 +181,10 @@ pub fn tokenize(a: TokenizeArgs) -> Result<ExitCode> {
 
 #[derive(Args)]
 pub struct DetokenizeArgs {
-    /// Container directory (or use --tiktoken).
-    model: Option<PathBuf>,
-    /// Ids, comma- or space-separated (`-` = stdin).
+    /// `MODEL IDS`, or just `IDS` with --tiktoken; ids comma- or space-separated (`-` = stdin).
+    #[arg(num_args = 0..=2)]
+    args: Vec<String>,
+    /// Ids (alternative to the positional).
     #[arg(long)]
     ids: Option<String>,
     /// A tiktoken rank file instead of a container.
@@ -180,8 +199,9 @@ pub struct DetokenizeArgs {
 }
 
 pub fn detokenize(a: DetokenizeArgs) -> Result<ExitCode> {
-    let t = load_tokenizer(&a.model, &a.tiktoken, &a.pattern)?;
-    let raw = read_prompt(&a.ids, &None)?.context("no ids: pass --ids 1,2,3 or - for stdin")?;
+    let (model, ids) = split_positionals(&a.args, a.tiktoken.is_some(), &a.ids)?;
+    let t = load_tokenizer(&model, &a.tiktoken, &a.pattern)?;
+    let raw = read_prompt(&ids, &None)?.context("no ids: give them as an argument (1,2,3), or - for stdin")?;
     let ids = parse_ids(&raw.replace(|c: char| c.is_whitespace(), ","))?;
     let text = t.decode(&ids);
     if a.json {

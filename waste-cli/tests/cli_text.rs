@@ -61,7 +61,7 @@ fn run_reads_argument_or_stdin_and_prints_json() {
 fn tokenize_detokenize_roundtrip_and_modes() {
     let a = anchor();
     let m = a.to_str().unwrap();
-    let (code, out, _) = waste(&["tokenize", m, "--text", "<|open|>hello", "--json"], "");
+    let (code, out, _) = waste(&["tokenize", m, "<|open|>hello", "--json"], "");
     assert_eq!(code, 0);
     let plain: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(!plain["ids"].as_array().unwrap().contains(&serde_json::json!(308)));
@@ -69,8 +69,16 @@ fn tokenize_detokenize_roundtrip_and_modes() {
     let markup: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(markup["ids"][0], 308);
     let ids: Vec<String> = plain["ids"].as_array().unwrap().iter().map(|x| x.to_string()).collect();
-    let (_, out, _) = waste(&["detokenize", m, "--ids", &ids.join(",")], "");
+    let (_, out, _) = waste(&["detokenize", m, &ids.join(",")], "");
     assert_eq!(out.trim_end(), "<|open|>hello");
+    // stdin with `-`, and the standalone tiktoken form
+    let (_, out2, _) = waste(&["tokenize", m, "-", "--json"], "<|open|>hello");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out2).unwrap(), plain);
+    let o200k = anchor().join("../../tokenizers/o200k_base.tiktoken");
+    let (code, out, err) = waste(&["tokenize", "--tiktoken", o200k.to_str().unwrap(), "--pattern", "o200k", "hello world", "--json"], "");
+    assert_eq!(code, 0, "{err}");
+    let ids: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(ids["ids"], serde_json::json!([24912, 2375]), "tiktoken's o200k ids for 'hello world'");
     let (code, _, err) = waste(&["tokenize", "--pattern", "nope", "--tiktoken", "/x"], "");
     assert_ne!(code, 0);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
