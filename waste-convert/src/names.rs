@@ -83,12 +83,12 @@ pub fn read_expert(src: &Source, prefix: &str, l: usize, e: usize) -> Result<[(u
                         if e >= ne {
                             return Err(Error::Source(format!("{fused}: expert {e} of {ne}")));
                         }
-                        let (_, all) = src.read_f32(&fused)?;
-                        let mat = &all[e * rows * cols..(e + 1) * rows * cols];
+                        // only this expert's (half) slice is read
+                        let base = e * rows * cols;
                         found = Some(match w {
-                            "w1" => (rows / 2, cols, mat[..rows / 2 * cols].to_vec()),
-                            "w3" => (rows / 2, cols, mat[rows / 2 * cols..].to_vec()),
-                            _ => (rows, cols, mat.to_vec()),
+                            "w1" => (rows / 2, cols, src.read_f32_range(&fused, base, rows / 2 * cols)?),
+                            "w3" => (rows / 2, cols, src.read_f32_range(&fused, base + rows / 2 * cols, rows / 2 * cols)?),
+                            _ => (rows, cols, src.read_f32_range(&fused, base, rows * cols)?),
                         });
                     }
                 }

@@ -119,18 +119,31 @@ impl Source {
         Ok(b)
     }
 
+    /// Read elements `[start, start + n)` of a float tensor (row-major), only
+    /// those bytes: one expert's slice of a fused `[E, rows, cols]` tensor.
+    pub fn read_f32_range(&self, name: &str, start: usize, n: usize) -> Result<Vec<f32>> {
+        let loc = self.tensors.get(name).ok_or_else(|| Error::Source(format!("tensor {name} not found in {}", self.dir.display())))?;
+        let es = match loc.dtype.as_str() {
+            "F32" => 4u64,
+            "F16" | "BF16" => 2,
+            d => return Err(Error::Source(format!("tensor {name}: dtype {d} is not a float type"))),
+        };
+        let (a, b) = (loc.start + start as u64 * es, loc.start + (start + n) as u64 * es);
+        if b > loc.end {
+            return Err(Error::Source(format!("tensor {name}: elements {start}..{} beyond its {} bytes", start + n, loc.end - loc.start)));
+        }
+        let sub = TensorLoc { start: a, end: b, shape: vec![n], ..loc.clone() };
+        Ok(decode_floats(&self.bytes(&sub)?, &sub.dtype))
+    }
+
     /// Read a tensor as f32 `(shape, values)`. A name whose `.weight` is
     /// stored as MXFP4 (`.weight_packed` + `.weight_scale`) is decoded.
     pub fn read_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
         if let Some(loc) = self.tensors.get(name) {
-            let b = self.bytes(loc)?;
-            let v: Vec<f32> = match loc.dtype.as_str() {
-                "F32" => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-                "F16" => b.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
-                "BF16" => b.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
-                d => return Err(Error::Source(format!("tensor {name}: dtype {d} is not a float type"))),
-            };
-            return Ok((loc.shape.clone(), v));
+            if !matches!(loc.dtype.as_str(), "F32" | "F16" | "BF16") {
+                return Err(Error::Source(format!("tensor {name}: dtype {} is not a float type", loc.dtype)));
+            }
+            return Ok((loc.shape.clone(), decode_floats(&self.bytes(loc)?, &loc.dtype)));
         }
         if let Some(base) = name.strip_suffix(".weight") {
             let (p, s) = (format!("{base}.weight_packed"), format!("{base}.weight_scale"));
@@ -142,6 +155,15 @@ impl Source {
             }
         }
         Err(Error::Source(format!("tensor {name} not found in {}", self.dir.display())))
+    }
+}
+
+/// f32 values of little-endian F32 / F16 / BF16 bytes (dtype checked by the caller).
+fn decode_floats(b: &[u8], dtype: &str) -> Vec<f32> {
+    match dtype {
+        "F32" => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        "F16" => b.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
+        _ => b.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
     }
 }
 

@@ -107,3 +107,13 @@ fn a_killed_conversion_resumes_to_a_byte_identical_container() {
     std::fs::remove_dir_all(&whole).ok();
     std::fs::remove_dir_all(&resumed).ok();
 }
+
+#[test]
+fn a_range_read_equals_the_slice_of_a_full_read() {
+    // the path that reads one expert out of a fused [E, rows, cols] tensor
+    let src = waste_convert::Source::open(&fixtures().join("hf-tiny")).unwrap();
+    let name = "model.layers.1.block_sparse_moe.experts.3.w1.weight";
+    let (_, all) = src.read_f32(name).unwrap();
+    assert_eq!(src.read_f32_range(name, 100, 500).unwrap(), all[100..600].to_vec());
+    assert!(src.read_f32_range(name, all.len() - 10, 11).is_err());
+}

@@ -327,11 +327,14 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// Authorization, then the JSON body.
+async fn prologue(st: &AppState, h: &HeaderMap, body: Body) -> Result<Value, Response> {
+    authorize(st, h)?;
+    read_json(st, body).await
+}
+
 async fn chat(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Response {
-    if let Err(r) = authorize(&st, &h) {
-        return r;
-    }
-    let v = match read_json(&st, body).await {
+    let v = match prologue(&st, &h, body).await {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -351,10 +354,7 @@ async fn chat(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Resp
 }
 
 async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Response {
-    if let Err(r) = authorize(&st, &h) {
-        return r;
-    }
-    let v = match read_json(&st, body).await {
+    let v = match prologue(&st, &h, body).await {
         Ok(v) => v,
         Err(r) => return r,
     };

@@ -184,8 +184,9 @@ impl Tokenizer {
         out
     }
 
-    fn encode_ordinary_into(&self, text: &str, out: &mut Vec<u32>) {
-        // exactly tiktoken's loop: every regex match is one piece
+    /// Exactly tiktoken's loop: every regex match is one piece. Returns the
+    /// offset where the regex engine gave up, if it did.
+    fn encode_matches(&self, text: &str, out: &mut Vec<u32>) -> Option<usize> {
         let mut last = 0;
         for m in self.regex.find_iter(text) {
             match m {
@@ -193,42 +194,32 @@ impl Tokenizer {
                     self.bpe(m.as_str().as_bytes(), out);
                     last = m.end();
                 }
-                Err(_) => {
-                    // The backtracking VM gave up (its stack is bounded: tiktoken
-                    // itself panics here, e.g. on a megabyte of spaces). Continue
-                    // on bounded windows so the result stays sensible.
-                    self.encode_windows(&text[last..], out);
-                    return;
-                }
+                Err(_) => return Some(last),
             }
         }
+        None
     }
 
-    fn encode_windows(&self, mut text: &str, out: &mut Vec<u32>) {
+    fn encode_ordinary_into(&self, text: &str, out: &mut Vec<u32>) {
+        // The backtracking VM's stack is bounded (tiktoken itself panics here,
+        // e.g. on a megabyte of spaces): continue on bounded windows, and
+        // inside a window that still fails, one piece per character.
         const WINDOW: usize = 1 << 16;
-        while !text.is_empty() {
-            let mut cut = text.len().min(WINDOW);
-            while !text.is_char_boundary(cut) {
+        let Some(at) = self.encode_matches(text, out) else { return };
+        let mut rest = &text[at..];
+        while !rest.is_empty() {
+            let mut cut = rest.len().min(WINDOW);
+            while !rest.is_char_boundary(cut) {
                 cut -= 1;
             }
-            let (w, rest) = text.split_at(cut);
-            let mut last = 0;
-            for m in self.regex.find_iter(w) {
-                match m {
-                    Ok(m) => {
-                        self.bpe(m.as_str().as_bytes(), out);
-                        last = m.end();
-                    }
-                    Err(_) => {
-                        let mut buf = [0u8; 4];
-                        for ch in w[last..].chars() {
-                            self.bpe(ch.encode_utf8(&mut buf).as_bytes(), out);
-                        }
-                        break;
-                    }
+            let (w, r) = rest.split_at(cut);
+            if let Some(fail) = self.encode_matches(w, out) {
+                let mut buf = [0u8; 4];
+                for ch in w[fail..].chars() {
+                    self.bpe(ch.encode_utf8(&mut buf).as_bytes(), out);
                 }
             }
-            text = rest;
+            rest = r;
         }
     }
 
