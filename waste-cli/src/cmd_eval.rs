@@ -199,6 +199,7 @@ impl SampleArgs {
             stop_tokens: vec![],
             stop_strings: self.stop.clone(),
             top_logprobs: 0,
+            mark_specials: false,
         }
     }
 }

@@ -23,6 +23,26 @@ pub struct GenerateParams {
     pub stop_strings: Vec<String>,
     /// Alternatives to report with each token's logprob (0 = none).
     pub top_logprobs: usize,
+    /// Emit special tokens into the text wrapped in [`MARK_OPEN`]…[`MARK_CLOSE`]
+    /// (and replace those two characters in ordinary text with U+FFFD), so a
+    /// parser of the output can tell markup from text that merely looks like it.
+    pub mark_specials: bool,
+}
+
+/// Opens a special token in marked text (see [`GenerateParams::mark_specials`]).
+pub const MARK_OPEN: char = '\u{F8F2}';
+/// Closes a special token in marked text.
+pub const MARK_CLOSE: char = '\u{F8F3}';
+
+/// Restricts which token may come next (constrained decoding: a JSON schema,
+/// a grammar). [`Session::generate_constrained`] asks before every sample and
+/// reports every token it commits.
+pub trait TokenConstraint {
+    /// Fill `mask` (one entry per vocabulary id) with the tokens allowed next;
+    /// return `false` when this step is unconstrained (the mask is ignored).
+    fn allowed(&mut self, mask: &mut [bool]) -> std::result::Result<bool, String>;
+    /// The token that was chosen.
+    fn commit(&mut self, token: u32) -> std::result::Result<(), String>;
 }
 
 /// Why generation ended.
@@ -112,7 +132,13 @@ fn holdback(s: &str, stops: &[String]) -> usize {
 impl Session<'_> {
     /// Evaluate `prompt` (may be empty to continue from the current state's
     /// last logits) and generate. The callback sees every token.
-    pub fn generate(&mut self, prompt: &[u32], p: &GenerateParams, mut callback: impl FnMut(&TokenEvent) -> Control) -> Result<Generation> {
+    pub fn generate(&mut self, prompt: &[u32], p: &GenerateParams, callback: impl FnMut(&TokenEvent) -> Control) -> Result<Generation> {
+        self.generate_constrained(prompt, p, None, callback)
+    }
+
+    /// [`Session::generate`] with an optional constraint on every sampled
+    /// token. Logprobs stay those of the unconstrained model.
+    pub fn generate_constrained(&mut self, prompt: &[u32], p: &GenerateParams, mut constraint: Option<&mut dyn TokenConstraint>, mut callback: impl FnMut(&TokenEvent) -> Control) -> Result<Generation> {
         p.sampling.validate().map_err(Error::Arg)?;
         let tok = self.model().tokenizer();
         if !p.stop_strings.is_empty() && tok.is_none() {
@@ -129,11 +155,26 @@ impl Session<'_> {
         let mut dec = StreamDecoder::new();
         let mut pending = String::new();
         let ctx = self.model().options().ctx;
+        let mut mask = Vec::new();
         while out.tokens.len() < p.max_tokens {
             let st0 = self.stats();
             let t0 = Instant::now();
             let logits = self.logits();
-            let id = sampler.pick(logits, None);
+            let constrained = match constraint.as_deref_mut() {
+                Some(c) => {
+                    mask.clear();
+                    mask.resize(logits.len(), false);
+                    c.allowed(&mut mask).map_err(|e| Error::Arg(format!("constraint: {e}")))?
+                }
+                None => false,
+            };
+            if constrained && !mask.iter().any(|&a| a) {
+                return Err(Error::Arg("constraint: no token is allowed next".into()));
+            }
+            let id = if constrained { sampler.pick(logits, Some(&|i: u32| mask[i as usize])) } else { sampler.pick(logits, None) };
+            if let Some(c) = constraint.as_deref_mut() {
+                c.commit(id).map_err(|e| Error::Arg(format!("constraint: {e}")))?;
+            }
             let lp = log_softmax(logits);
             let mut top = Vec::new();
             if p.top_logprobs > 0 {
@@ -151,7 +192,16 @@ impl Session<'_> {
             out.tokens.push(id);
             // text: decode, then hold back what could start a stop string
             if let Some(t) = tok {
-                pending.push_str(&dec.push(t.token_bytes(id)));
+                if p.mark_specials && t.is_special(id) {
+                    pending.push_str(&dec.finish());
+                    pending.push(MARK_OPEN);
+                    pending.push_str(&String::from_utf8_lossy(t.token_bytes(id)));
+                    pending.push(MARK_CLOSE);
+                } else if p.mark_specials {
+                    pending.push_str(&dec.push(t.token_bytes(id)).replace([MARK_OPEN, MARK_CLOSE], "\u{FFFD}"));
+                } else {
+                    pending.push_str(&dec.push(t.token_bytes(id)));
+                }
             }
             let mut stopped = None;
             for (si, s) in p.stop_strings.iter().enumerate() {

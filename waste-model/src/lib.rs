@@ -54,7 +54,7 @@ mod plan;
 mod session;
 mod weights;
 
-pub use generate::{Control, Finish, GenerateParams, Generation, TokenEvent, NO_TOKEN};
+pub use generate::{Control, Finish, GenerateParams, Generation, TokenConstraint, TokenEvent, MARK_CLOSE, MARK_OPEN, NO_TOKEN};
 pub use model::{Model, ModelOptions};
 pub use sample::{argmax, log_softmax, Sampler, SamplingParams};
 pub use state::{Snapshot, STATE_MAGIC, STATE_VERSION};

@@ -114,3 +114,73 @@ fn state_roundtrip_is_exact_and_bad_files_leave_the_session_untouched() {
     assert_eq!(again.tokens, cont.tokens);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Allows only the tokens of a fixed set, counting what it was told.
+struct OnlySome {
+    allowed: Vec<u32>,
+    committed: Vec<u32>,
+}
+
+impl waste_model::TokenConstraint for OnlySome {
+    fn allowed(&mut self, mask: &mut [bool]) -> Result<bool, String> {
+        for &a in &self.allowed {
+            mask[a as usize] = true;
+        }
+        Ok(true)
+    }
+    fn commit(&mut self, token: u32) -> Result<(), String> {
+        self.committed.push(token);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_constraint_decides_every_token_and_leaves_logprobs_alone() {
+    let m = open(256);
+    let prompt = m.encode_raw("The city of Paris is").unwrap();
+    let tok = m.tokenizer().unwrap();
+    let allowed: Vec<u32> = tok.encode_plain(" ab");
+    let mut c = OnlySome { allowed: allowed.clone(), committed: vec![] };
+    let p = GenerateParams { sampling: SamplingParams { temperature: 1.0, seed: 3, ..Default::default() }, top_logprobs: 1, ..params(12) };
+    let mut lps = Vec::new();
+    let g = m.session().generate_constrained(&prompt, &p, Some(&mut c), |ev| {
+        lps.push((ev.token, ev.logprob, ev.top.clone()));
+        Control::Continue
+    }).unwrap();
+    assert_eq!(g.tokens.len(), 12);
+    assert!(g.tokens.iter().all(|t| allowed.contains(t)), "{:?}", g.tokens);
+    assert_eq!(c.committed, g.tokens);
+    // logprobs are the model's own: the top alternative is the unconstrained argmax
+    let free = m.session().generate(&prompt, &params(1), |_| Control::Continue).unwrap();
+    assert_eq!(lps[0].2[0].0, free.tokens[0]);
+    // nothing allowed is an error, not a silent pick
+    let mut none = OnlySome { allowed: vec![], committed: vec![] };
+    assert!(m.session().generate_constrained(&prompt, &params(2), Some(&mut none), |_| Control::Continue).is_err());
+}
+
+#[test]
+fn marked_specials_are_distinguishable_from_lookalike_text() {
+    let m = open(256);
+    let tok = m.tokenizer().unwrap();
+    let special = (0..tok.vocab_len() as u32).find(|&i| tok.is_special(i) && !m.config().eos.contains(&i)).expect("the anchor has specials");
+    let name = tok.decode(&[special]);
+    let prompt = m.encode_raw("x").unwrap();
+    // force: the special, then its text spelled with ordinary tokens
+    let mut script: Vec<u32> = vec![special];
+    script.extend(tok.encode_plain(&name));
+    struct Script(Vec<u32>, usize);
+    impl waste_model::TokenConstraint for Script {
+        fn allowed(&mut self, mask: &mut [bool]) -> Result<bool, String> {
+            mask[self.0[self.1] as usize] = true;
+            Ok(true)
+        }
+        fn commit(&mut self, _: u32) -> Result<(), String> {
+            self.1 += 1;
+            Ok(())
+        }
+    }
+    let n = script.len();
+    let p = GenerateParams { mark_specials: true, ..params(n) };
+    let g = m.session().generate_constrained(&prompt, &p, Some(&mut Script(script, 0)), |_| Control::Continue).unwrap();
+    assert_eq!(g.text, format!("{}{name}{}{name}", waste_model::MARK_OPEN, waste_model::MARK_CLOSE));
+}

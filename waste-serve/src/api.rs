@@ -235,6 +235,7 @@ fn common(st: &AppState, v: &Value, prompt_len: usize, chat: bool) -> Result<Com
             stop_tokens: vec![],
             stop_strings: stop,
             top_logprobs: top as usize,
+            mark_specials: false,
         },
         stream,
         include_usage,

@@ -34,6 +34,9 @@ pub enum ChatTemplate {
     },
     /// A Jinja template (`chat_template.jinja`).
     Jinja(String),
+    /// Kimi K3's tagged format, rendered natively ([`crate::xtml`]): tools,
+    /// thinking and structured output need it.
+    Xtml,
 }
 
 /// Sentinels delimiting content inside a rendered Jinja template (private-use code points).
@@ -90,11 +93,8 @@ impl ChatTemplate {
                 open: "<|im_assistant|>assistant<|im_middle|>".into(),
             };
         }
-        if tok.special_id("<|open|>").is_some() && tok.special_id("<|sep|>").is_some() && tok.special_id("<|close|>").is_some() {
-            return ChatTemplate::Affix {
-                roles: roles.iter().map(|r| (r.to_string(), format!("<|open|>message role=\"{r}\"<|sep|>"), "<|close|>message<|sep|>".to_string())).collect(),
-                open: "<|open|>message role=\"assistant\"<|sep|>".into(),
-            };
+        if crate::xtml::supported(tok) {
+            return ChatTemplate::Xtml;
         }
         ChatTemplate::Affix { roles: roles.iter().map(|r| (r.to_string(), format!("{r}: "), "\n".to_string())).collect(), open: "assistant: ".into() }
     }
@@ -114,6 +114,10 @@ impl ChatTemplate {
                     out.extend(tok.encode_markup(gen));
                 }
                 Ok(out)
+            }
+            ChatTemplate::Xtml => {
+                let msgs: Vec<crate::xtml::ChatMessage> = messages.iter().map(|m| crate::xtml::ChatMessage::new(&m.role, &m.content)).collect();
+                crate::xtml::encode(tok, &msgs, &crate::xtml::XtmlOptions::default(), open)
             }
             ChatTemplate::Jinja(src) => {
                 let mut env = minijinja::Environment::new();

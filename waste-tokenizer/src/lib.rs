@@ -25,6 +25,7 @@
 mod bpe;
 mod chat;
 mod decode;
+pub mod xtml;
 
 pub use bpe::{Pattern, Tokenizer};
 pub use chat::{ChatTemplate, Message};

@@ -14,9 +14,10 @@ pub const LAYERS: &[(&str, u8)] = &[
     ("waste-tokenizer", 2),
     ("waste-model", 3),
     ("waste-convert", 4),
-    ("waste-serve", 4),
-    ("waste-cli", 5),
-    ("xtask", 6),
+    ("waste-grammar", 4),
+    ("waste-serve", 5),
+    ("waste-cli", 6),
+    ("xtask", 7),
 ];
 
 fn layer(name: &str) -> Option<u8> {

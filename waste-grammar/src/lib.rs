@@ -1,0 +1,284 @@
+//! Constrained decoding for WASTE: a [`Constraint`] masks the next token so
+//! the output stays inside a grammar (llguidance: Lark grammars with embedded
+//! JSON schemas), and goes to `Session::generate_constrained`.
+//!
+//! The grammars for K3's chat format are written here: a JSON answer
+//! ([`json_lark`]), forced tool calls ([`tool_calls_lark`]) and the body of a
+//! tool section the model opened itself ([`tool_section_lark`], used with
+//! [`Grammars::lazy`]).
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use waste_model::tokenizer::Tokenizer;
+
+/// Errors of grammar construction and matching.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The grammar or schema is not accepted.
+    #[error("{0}")]
+    Grammar(String),
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, Error>;
+
+struct Env {
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for Env {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        self.trie.greedy_tokenize(s)
+    }
+}
+
+/// The token trie and parser factory of one model; build once, then make
+/// constraints cheaply.
+pub struct Grammars {
+    factory: Arc<ParserFactory>,
+    env: TokEnv,
+}
+
+impl Grammars {
+    /// From the model's tokenizer, its vocabulary size (logit count) and the
+    /// token that ends a constrained output. Special tokens are entered with
+    /// llguidance's 0xFF marker, so only a grammar naming them (`<|open|>`)
+    /// can allow them; ids without a token are unreachable specials.
+    pub fn new(tok: &Tokenizer, vocab: usize, eos: u32) -> Result<Grammars> {
+        let words: Vec<Vec<u8>> = (0..vocab as u32)
+            .map(|id| {
+                let b = tok.token_bytes(id);
+                if tok.is_special(id) || b.is_empty() {
+                    let name = if b.is_empty() { format!("<|unused_{id}|>").into_bytes() } else { b.to_vec() };
+                    let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    w.extend(name);
+                    w
+                } else {
+                    b.to_vec()
+                }
+            })
+            .collect();
+        let info = TokRxInfo::new(vocab as u32, eos);
+        let env: TokEnv = Arc::new(Env { trie: TokTrie::from(&info, &words) });
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Grammar(e.to_string()))?;
+        factory.set_stderr_log_level(0);
+        Ok(Grammars { factory: Arc::new(factory), env })
+    }
+
+    fn matcher(&self, lark: &str) -> Result<Matcher> {
+        let parser = self.factory.create_parser(TopLevelGrammar::from_lark(lark.to_string())).map_err(|e| Error::Grammar(e.to_string()))?;
+        Ok(Matcher::new(Ok(parser)))
+    }
+
+    /// A constraint active from the first token.
+    pub fn constraint(&self, lark: &str) -> Result<Constraint> {
+        Ok(Constraint { state: State::Active(self.matcher(lark)?), env: self.env.clone() })
+    }
+
+    /// A constraint that lets the model write freely until its output ends
+    /// with `trigger` (token bytes; specials as 0xFF + name, see
+    /// [`marker_bytes`]), then holds the rest to `lark`. The grammar is
+    /// checked now, so a bad one fails before generation.
+    pub fn lazy(&self, trigger: Vec<u8>, lark: &str) -> Result<Constraint> {
+        self.matcher(lark)?;
+        Ok(Constraint { state: State::Waiting { trigger, recent: Vec::new(), lark: lark.to_string(), factory: self.factory.clone() }, env: self.env.clone() })
+    }
+}
+
+/// Bytes of a special token as the trie holds it (for lazy triggers).
+pub fn marker_bytes(name: &str) -> Vec<u8> {
+    let mut v = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+    v.extend(name.as_bytes());
+    v
+}
+
+enum State {
+    Waiting { trigger: Vec<u8>, recent: Vec<u8>, lark: String, factory: Arc<ParserFactory> },
+    Active(Matcher),
+}
+
+/// One generation's constraint (see [`Grammars`]).
+pub struct Constraint {
+    state: State,
+    env: TokEnv,
+}
+
+impl Constraint {
+    /// Whether the grammar is in force (a lazy one after its trigger).
+    pub fn active(&self) -> bool {
+        matches!(self.state, State::Active(_))
+    }
+}
+
+impl waste_model::TokenConstraint for Constraint {
+    fn allowed(&mut self, mask: &mut [bool]) -> std::result::Result<bool, String> {
+        let State::Active(m) = &mut self.state else {
+            return Ok(false);
+        };
+        let v = m.compute_mask_or_eos().map_err(|e| e.to_string())?;
+        for (i, a) in mask.iter_mut().enumerate() {
+            *a = v.is_allowed(i as u32);
+        }
+        Ok(true)
+    }
+
+    fn commit(&mut self, token: u32) -> std::result::Result<(), String> {
+        match &mut self.state {
+            // the grammar is complete: only its end (EOS) may follow
+            State::Active(m) if m.is_stopped() => match token == self.env.tok_trie().eos_token() {
+                true => Ok(()),
+                false => Err(format!("token {token} after the grammar finished")),
+            },
+            State::Active(m) => m.consume_token(token).map_err(|e| e.to_string()),
+            State::Waiting { trigger, recent, lark, factory } => {
+                recent.extend(self.env.tok_trie().token(token));
+                if recent.ends_with(trigger) {
+                    let parser = factory.create_parser(TopLevelGrammar::from_lark(lark.clone())).map_err(|e| e.to_string())?;
+                    self.state = State::Active(Matcher::new(Ok(parser)));
+                } else if recent.len() > 4 * trigger.len() + 64 {
+                    let cut = recent.len() - trigger.len();
+                    recent.drain(..cut);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A Lark string literal.
+fn lit(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+/// The schema with compact, fixed JSON layout (no free whitespace: a model
+/// cannot pad the output forever).
+fn compact(schema: &Value) -> Value {
+    let mut s = schema.clone();
+    if let Value::Object(o) = &mut s {
+        o.insert("x-guidance".into(), json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}));
+    }
+    s
+}
+
+const CLOSE_MESSAGE: &str = "<|close|> \"message\" <|sep|>";
+
+/// The prefix that leads from the generation prompt to the response body:
+/// with thinking, free reasoning, then the closed `think` and an open `response`.
+fn to_response(thinking: bool) -> &'static str {
+    if thinking {
+        "/(?s:.*)/ <|close|> \"think\" <|sep|> <|open|> \"response\" <|sep|> "
+    } else {
+        ""
+    }
+}
+
+/// A JSON answer (any object when `schema` is `None`). With `xtml`, the
+/// answer is the K3 `response` section, closed with the message (`thinking`:
+/// the prompt opened `think`, which is written freely first); without, the
+/// output is the JSON alone.
+pub fn json_lark(schema: Option<&Value>, xtml: bool, thinking: bool) -> String {
+    let schema = compact(schema.unwrap_or(&json!({"type": "object"})));
+    if xtml {
+        format!("start: {}answer <|close|> \"response\" <|sep|> {CLOSE_MESSAGE}\nanswer: %json {schema}\n", to_response(thinking))
+    } else {
+        format!("start: answer\nanswer: %json {schema}\n")
+    }
+}
+
+fn function(tool: &Value) -> Result<(&str, &Value)> {
+    let f = tool.get("function").unwrap_or(tool);
+    let name = f.get("name").and_then(|n| n.as_str()).ok_or_else(|| Error::Grammar("a tool has no function name".into()))?;
+    static EMPTY: Value = Value::Null;
+    Ok((name, f.get("parameters").unwrap_or(&EMPTY)))
+}
+
+/// The XTML `type` attribute and the value rule for one argument schema.
+fn argument_value(p: &Value) -> (&'static str, String) {
+    let ty = p.get("type").and_then(|t| t.as_str());
+    let strings: Option<Vec<&str>> = p.get("enum").and_then(|e| e.as_array()).and_then(|a| a.iter().map(|x| x.as_str()).collect());
+    match ty {
+        Some("string") | None if strings.is_some() => ("string", format!("({})", strings.unwrap_or_default().iter().map(|s| lit(s)).collect::<Vec<_>>().join(" | "))),
+        Some("string") | None => {
+            let max = p.get("maxLength").and_then(|m| m.as_u64());
+            let min = p.get("minLength").and_then(|m| m.as_u64()).unwrap_or(0);
+            match max {
+                Some(max) => ("string", format!("/(?s:.{{{min},{max}}})/")),
+                None => ("string", format!("/(?s:.{{{min},}})/")),
+            }
+        }
+        Some("integer") | Some("number") => ("number", format!("%json {}", compact(p))),
+        Some("boolean") => ("boolean", format!("%json {}", compact(p))),
+        Some("array") => ("array", format!("%json {}", compact(p))),
+        Some("null") => ("null", "\"null\"".into()),
+        Some(_) => ("object", format!("%json {}", compact(p))),
+    }
+}
+
+/// Rules for calls of `tools` (all, or only `only`): returns the name of the
+/// rule matching one call.
+fn call_rules(tools: &[Value], only: Option<&str>, g: &mut String) -> Result<String> {
+    let mut alts = Vec::new();
+    for (ti, t) in tools.iter().enumerate() {
+        let (name, params) = function(t)?;
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
+        let required: Vec<&str> = params.get("required").and_then(|r| r.as_array()).map(|a| a.iter().filter_map(|x| x.as_str()).collect()).unwrap_or_default();
+        let mut args = Vec::new();
+        if let Some(props) = params.get("properties").and_then(|p| p.as_object()) {
+            for (pi, (key, p)) in props.iter().enumerate() {
+                let (ty, value) = argument_value(p);
+                let rule = format!("arg_{ti}_{pi}");
+                let head = format!("argument key=\"{}\" type=\"{ty}\"", key.replace('&', "&amp;").replace('"', "&quot;"));
+                g.push_str(&format!("{rule}: <|open|> {} <|sep|> {value} <|close|> \"argument\" <|sep|>\n", lit(&head)));
+                args.push(if required.contains(&key.as_str()) { rule } else { format!("{rule}?") });
+            }
+        }
+        let head = format!("call tool=\"{}\" index=\"", name.replace('&', "&amp;").replace('"', "&quot;"));
+        g.push_str(&format!("call_{ti}: <|open|> {} /[1-9][0-9]{{0,2}}/ \"\\\"\" <|sep|> {} <|close|> \"call\" <|sep|>\n", lit(&head), args.join(" ")));
+        alts.push(format!("call_{ti}"));
+    }
+    if alts.is_empty() {
+        return Err(Error::Grammar(match only {
+            Some(o) => format!("tool_choice names {o:?}, which is not among the tools"),
+            None => "no tools".into(),
+        }));
+    }
+    g.push_str(&format!("call: {}\n", alts.join(" | ")));
+    Ok("call".into())
+}
+
+/// Forced tool calls, from the generation prompt on: (reasoning, then) an
+/// empty response and a tools section with one call of `only`, or one or
+/// more calls of any tool.
+pub fn tool_calls_lark(tools: &[Value], only: Option<&str>, thinking: bool) -> Result<String> {
+    let mut g = String::new();
+    let call = call_rules(tools, only, &mut g)?;
+    let calls = if only.is_some() { call } else { format!("{call}+") };
+    Ok(format!(
+        "start: {}<|close|> \"response\" <|sep|> <|open|> \"tools\" <|sep|> {calls} <|close|> \"tools\" <|sep|> {CLOSE_MESSAGE}\n{g}",
+        to_response(thinking)
+    ))
+}
+
+/// The body of a tools section after the model opened it
+/// (`<|open|>tools<|sep|>`): one or more well-formed calls, then the closers.
+pub fn tool_section_lark(tools: &[Value]) -> Result<String> {
+    let mut g = String::new();
+    let call = call_rules(tools, None, &mut g)?;
+    Ok(format!("start: {call}+ <|close|> \"tools\" <|sep|> {CLOSE_MESSAGE}\n{g}"))
+}
+
+/// The trigger of [`tool_section_lark`]: `<|open|>tools<|sep|>`.
+pub fn tool_section_trigger() -> Vec<u8> {
+    let mut t = marker_bytes("<|open|>");
+    t.extend(b"tools");
+    t.extend(marker_bytes("<|sep|>"));
+    t
+}
