@@ -2,19 +2,28 @@
 
     python tools/serve_test/openai_client.py WASTE_BINARY CONTAINER
 
-Starts the server on a free port, runs the checks, prints
-"N passed, N failed", exits non-zero on any failure.
+CONTAINER uses K3's tagged chat format (the C engine's anchor or a synthetic
+model): chat, streaming, thinking, tools, structured output. Prints "N passed, N failed", exits non-zero on any failure.
 """
 import json
 import subprocess
 import sys
 
+import jsonschema
 import openai
 
 waste, container = sys.argv[1], sys.argv[2]
-proc = subprocess.Popen([waste, "serve", container, "--port", "0", "--model-id", "tiny"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-addr = proc.stdout.readline().strip().rsplit("http://", 1)[1]
-client = openai.OpenAI(base_url=f"http://{addr}/v1", api_key="unused")
+procs = []
+
+
+def start(path, model_id):
+    proc = subprocess.Popen([waste, "serve", path, "--port", "0", "--model-id", model_id], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    procs.append(proc)
+    addr = proc.stdout.readline().strip().rsplit("http://", 1)[1]
+    return openai.OpenAI(base_url=f"http://{addr}/v1", api_key="unused")
+
+
+client = start(container, "tiny")
 passed, failed = 0, 0
 
 
@@ -30,36 +39,61 @@ def check(name, fn):
 
 
 msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me about Paris."}]
+NO_THINK = {"reasoning_effort": "none"}
+
+
+def create(**kw):
+    args = {"model": "tiny", "messages": msgs, "temperature": 0}
+    args.update(kw)
+    return client.chat.completions.create(**args)
 
 
 def chat():
-    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0)
-    assert r.choices[0].message.role == "assistant" and isinstance(r.choices[0].message.content, str)
+    r = create(max_tokens=8, **NO_THINK)
+    m = r.choices[0].message
+    assert m.role == "assistant" and isinstance(m.content, str) and m.content
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
 
 
 def stream():
-    full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0).choices[0].message.content
+    full = create(max_tokens=8, **NO_THINK).choices[0].message.content
     parts, usage = [], None
-    for ch in client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}):
+    for ch in create(max_tokens=8, stream=True, stream_options={"include_usage": True}, **NO_THINK):
         if ch.usage:
             usage = ch.usage
         for c in ch.choices:
             if c.delta.content:
                 parts.append(c.delta.content)
-    assert "".join(parts) == full, ("".join(parts), full)
+    assert full and "".join(parts) == full, ("".join(parts), full)
     assert usage is not None and usage.completion_tokens == 8
 
 
+def thinking():
+    # thinking is on by default (K3's template): the text goes to reasoning_content
+    r = create(max_tokens=12)
+    m = r.choices[0].message
+    reasoning = getattr(m, "reasoning_content", None)
+    assert reasoning, m
+    parts = []
+    for ch in create(max_tokens=12, stream=True):
+        for c in ch.choices:
+            rc = getattr(c.delta, "reasoning_content", None)
+            if rc:
+                parts.append(rc)
+    assert "".join(parts) == reasoning, ("".join(parts), reasoning)
+    # turned off, the same request answers in content
+    assert create(max_tokens=12, **NO_THINK).choices[0].message.content
+
+
 def stops():
-    full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=0).choices[0].message.content
+    full = create(max_tokens=24, **NO_THINK).choices[0].message.content
     stop = full[4:6]
-    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=0, stop=["never-xyz", stop, "also-not"])
+    r = create(max_tokens=24, stop=["never-xyz", stop, "also-not"], **NO_THINK)
     assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == full[: full.index(stop)]
 
 
 def logprobs():
-    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
+    r = create(max_tokens=4, logprobs=True, top_logprobs=2, **NO_THINK)
     c = r.choices[0].logprobs.content
     assert len(c) == 4 and all(len(x.top_logprobs) == 2 and x.logprob <= 0 for x in c)
 
@@ -75,15 +109,86 @@ def models():
 
 
 def seeded():
-    a = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=10, temperature=1.0, seed=7).choices[0].message.content
-    b = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=10, temperature=1.0, seed=7).choices[0].message.content
+    a = create(max_tokens=10, temperature=1.0, seed=7, **NO_THINK).choices[0].message.content
+    b = create(max_tokens=10, temperature=1.0, seed=7, **NO_THINK).choices[0].message.content
     assert a == b
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                                            "metric": {"type": "boolean"}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Forecast for a city.", "parameters": WEATHER}}]
+
+
+def tool_round_trip():
+    ask = [{"role": "user", "content": "What's the weather in Paris for 3 days?"}]
+    r = create(messages=ask, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=1, seed=11, max_tokens=300, **NO_THINK)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    calls = ch.message.tool_calls
+    assert len(calls) == 1 and calls[0].function.name == "get_weather" and calls[0].id
+    args = json.loads(calls[0].function.arguments)
+    jsonschema.validate(args, WEATHER)
+    # the same call, streamed as tool_calls deltas
+    got = {}
+    for chunk in create(messages=ask, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=1, seed=11, max_tokens=300, stream=True, **NO_THINK):
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                e = got.setdefault(d.index, {"name": "", "arguments": ""})
+                e["name"] += d.function.name or ""
+                e["arguments"] += d.function.arguments or ""
+    assert got == {0: {"name": "get_weather", "arguments": calls[0].function.arguments}}, got
+    # the tool's result goes back; the model answers (no further call allowed)
+    follow = ask + [{"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]},
+                    {"role": "tool", "tool_call_id": calls[0].id, "content": json.dumps({"forecast": "sunny", "high_c": 21})}]
+    r2 = create(messages=follow, tools=TOOLS, tool_choice="none", max_tokens=8, **NO_THINK)
+    assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
+    assert r2.usage.prompt_tokens > r.usage.prompt_tokens
+    # the conversation extends the previous one's messages: their state is reused
+    # (not the tool_choice notice, which the template puts after the messages)
+    assert r2.model_extra["waste"]["reused_prompt_tokens"] > 0, r2.model_extra["waste"]
+
+
+def named_tool():
+    r = create(messages=[{"role": "user", "content": "hi"}], tools=TOOLS + [{"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}}],
+               tool_choice={"type": "function", "function": {"name": "noop"}}, temperature=1, seed=2, max_tokens=200, **NO_THINK)
+    calls = r.choices[0].message.tool_calls
+    assert [c.function.name for c in calls] == ["noop"] and json.loads(calls[0].function.arguments) == {}
+
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 8},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "pet": {"enum": ["cat", "dog", None]},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
+    "home": {"type": "object", "properties": {"lat": {"type": "number", "minimum": -90, "maximum": 90}}, "required": ["lat"], "additionalProperties": False}},
+    "required": ["name", "age", "pet", "home"], "additionalProperties": False}
+
+
+def json_schema_samples(c, model, think):
+    def f():
+        for seed in range(20):
+            r = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Describe a person."}], temperature=1, seed=seed, max_tokens=400,
+                                          response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}, **think)
+            ch = r.choices[0]
+            assert ch.finish_reason == "stop", (seed, ch)
+            jsonschema.validate(json.loads(ch.message.content), PERSON)
+    return f
+
+
+def json_object():
+    r = create(temperature=0, max_tokens=400, response_format={"type": "json_object"}, **NO_THINK)
+    text = r.choices[0].message.content
+    assert text.startswith("{"), text
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
 
 
 def refused(**kw):
     def f():
         try:
-            client.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, **kw)
+            create(max_tokens=4, **kw)
         except openai.BadRequestError as e:
             assert e.status_code == 400
             return
@@ -93,18 +198,24 @@ def refused(**kw):
 
 def bad_request():
     try:
-        client.chat.completions.create(model="tiny", messages=[], max_tokens=4)
+        create(messages=[], max_tokens=4)
     except openai.BadRequestError as e:
         assert e.body["param"] == "messages" if isinstance(e.body, dict) else True
         return
     raise AssertionError("empty messages accepted")
 
 
-for n, f in [("chat", chat), ("stream + include_usage", stream), ("several stop strings", stops), ("logprobs", logprobs),
-             ("completions", completions), ("models", models), ("seeded sampling", seeded), ("empty messages -> 400", bad_request),
-             ("tools refused, not ignored", refused(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
-             ("json_schema refused, not ignored", refused(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}))]:
+checks = [("chat", chat), ("stream + include_usage", stream), ("thinking -> reasoning_content", thinking), ("several stop strings", stops),
+          ("logprobs", logprobs), ("completions", completions), ("models", models), ("seeded sampling", seeded),
+          ("tool call round trip", tool_round_trip), ("named tool_choice", named_tool),
+          ("json_schema: 20 seeded samples at temperature 1 validate", json_schema_samples(client, "tiny", NO_THINK)),
+          ("json_object", json_object), ("empty messages -> 400", bad_request),
+          ("tool_choice naming an unknown function -> 400", refused(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})),
+          ("json_schema without a schema -> 400", refused(response_format={"type": "json_schema", "json_schema": {"name": "x"}})),
+          ("remote image URL -> 400", refused(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}]}]))]
+for n, f in checks:
     check(n, f)
-proc.kill()
+for p in procs:
+    p.kill()
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -121,10 +121,20 @@ fn error_paths_use_openai_error_shape() {
     assert_error(st, &v, 400, Some("messages[0].role"));
     let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "x".repeat(5000)}]}));
     assert_error(st, &v, 413, None);
-    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}));
-    assert_error(st, &v, 400, Some("tools"));
-    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "bad name!"}}]}));
+    assert_error(st, &v, 400, Some("tools[0].function.name"));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "retrieval"}]}));
+    assert_error(st, &v, 400, Some("tools[0]"));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}));
+    assert_error(st, &v, 400, Some("tool_choice"));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}}));
     assert_error(st, &v, 400, Some("response_format"));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "oneOf": [{"type": "object"}, {"type": "object"}]}}}}));
+    assert_error(st, &v, 400, Some("response_format"));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "extreme"}));
+    assert_error(st, &v, 400, Some("reasoning_effort"));
+    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "tool", "content": "orphan result"}]}));
+    assert_error(st, &v, 400, Some("messages"));
     let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://example.com/x.png"}}]}]}));
     assert_error(st, &v, 400, None);
     let (st, body) = http(a, "GET", "/v2/nothing", &[], b"");
@@ -155,14 +165,14 @@ fn concurrent_streaming_clients_each_get_their_own_answer() {
     let s = start(&[]);
     let prompts: Vec<String> = (0..16).map(|i| format!("question number {i}: tell me about {}", ["Paris", "the weather", "json", "cities"][i % 4])).collect();
     // references, one at a time, not streamed
-    let want: Vec<String> = prompts.iter().map(|p| post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": p}], "max_tokens": 12, "temperature": 0}))).map(|(_, v)| v["choices"][0]["message"]["content"].as_str().unwrap().to_string()).collect();
+    let want: Vec<String> = prompts.iter().map(|p| post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": p}], "max_tokens": 12, "temperature": 0, "reasoning_effort": "none"}))).map(|(_, v)| v["choices"][0]["message"]["content"].as_str().unwrap().to_string()).collect();
     let got: Vec<String> = std::thread::scope(|sc| {
         let hs: Vec<_> = prompts
             .iter()
             .map(|p| {
                 let addr = s.addr.clone();
                 sc.spawn(move || {
-                    let body = json!({"messages": [{"role": "user", "content": p}], "max_tokens": 12, "temperature": 0, "stream": true}).to_string();
+                    let body = json!({"messages": [{"role": "user", "content": p}], "max_tokens": 12, "temperature": 0, "stream": true, "reasoning_effort": "none"}).to_string();
                     let (st, b) = http(&addr, "POST", "/v1/chat/completions", &[], body.as_bytes());
                     assert_eq!(st, 200);
                     let (text, last) = sse_content(&b);
@@ -173,6 +183,7 @@ fn concurrent_streaming_clients_each_get_their_own_answer() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    assert!(want.iter().all(|w| !w.is_empty()));
     assert_eq!(got, want);
 }
 
@@ -215,14 +226,14 @@ fn a_disconnected_client_stops_its_generation() {
 fn prefix_reuse_gives_the_same_tokens_as_a_fresh_prefill() {
     let s = start(&[]);
     let turn1 = json!([{"role": "user", "content": "hello there"}]);
-    let (_, v1) = post(&s.addr, "/v1/chat/completions", &json!({"messages": turn1, "max_tokens": 8, "temperature": 0}));
+    let (_, v1) = post(&s.addr, "/v1/chat/completions", &json!({"messages": turn1, "max_tokens": 8, "temperature": 0, "reasoning_effort": "none"}));
     let answer = v1["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     let turn2 = json!([{"role": "user", "content": "hello there"}, {"role": "assistant", "content": answer}, {"role": "user", "content": "and then?"}]);
-    let (_, v2) = post(&s.addr, "/v1/chat/completions", &json!({"messages": turn2, "max_tokens": 8, "temperature": 0}));
+    let (_, v2) = post(&s.addr, "/v1/chat/completions", &json!({"messages": turn2, "max_tokens": 8, "temperature": 0, "reasoning_effort": "none"}));
     let reused = v2["waste"]["reused_prompt_tokens"].as_u64().unwrap();
     // a fresh server computes the same answer from scratch
     let fresh = start(&[]);
-    let (_, v3) = post(&fresh.addr, "/v1/chat/completions", &json!({"messages": turn2, "max_tokens": 8, "temperature": 0}));
+    let (_, v3) = post(&fresh.addr, "/v1/chat/completions", &json!({"messages": turn2, "max_tokens": 8, "temperature": 0, "reasoning_effort": "none"}));
     assert_eq!(v3["waste"]["reused_prompt_tokens"], 0);
     assert_eq!(v2["choices"][0]["message"]["content"], v3["choices"][0]["message"]["content"]);
     assert!(reused > 0, "turn 2 should continue from turn 1's state: {v2}");
@@ -242,7 +253,7 @@ fn completions_models_and_logprobs() {
     assert_eq!(st, 200);
     let (st, _) = http(&s.addr, "GET", "/v1/models/other", &[], b"");
     assert_eq!(st, 404);
-    let (_, v) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": true, "top_logprobs": 3, "temperature": 0}));
+    let (_, v) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": true, "top_logprobs": 3, "temperature": 0, "reasoning_effort": "none"}));
     let c = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
     assert_eq!(c.len(), 3);
     for e in c {
@@ -250,10 +261,10 @@ fn completions_models_and_logprobs() {
         assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 3);
     }
     // several stop strings are never emitted
-    let (_, full) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0}));
+    let (_, full) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0, "reasoning_effort": "none"}));
     let text = full["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     let stop: String = text.chars().skip(3).take(2).collect();
-    let (_, v) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0, "stop": ["zzzq", stop]}));
+    let (_, v) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0, "stop": ["zzzq", stop], "reasoning_effort": "none"}));
     let got = v["choices"][0]["message"]["content"].as_str().unwrap();
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(got, &text[..text.find(&stop).unwrap()]);

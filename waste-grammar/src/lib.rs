@@ -220,10 +220,16 @@ fn argument_value(p: &Value) -> (&'static str, String) {
     }
 }
 
-/// Rules for calls of `tools` (all, or only `only`): returns the name of the
-/// rule matching one call.
-fn call_rules(tools: &[Value], only: Option<&str>, g: &mut String) -> Result<String> {
-    let mut alts = Vec::new();
+/// Most calls in one tools section.
+pub const MAX_PARALLEL_CALLS: usize = 16;
+
+/// Rules for the calls of `tools` (all, or only `only`), numbered from 1 in
+/// their `index` attribute as the reference template writes them: one call,
+/// or with `parallel` up to [`MAX_PARALLEL_CALLS`]. Returns the rule of the
+/// whole sequence.
+fn call_rules(tools: &[Value], only: Option<&str>, parallel: bool, g: &mut String) -> Result<String> {
+    let most = if parallel { MAX_PARALLEL_CALLS } else { 1 };
+    let mut alts: Vec<Vec<String>> = vec![Vec::new(); most];
     for (ti, t) in tools.iter().enumerate() {
         let (name, params) = function(t)?;
         if only.is_some_and(|o| o != name) {
@@ -240,27 +246,34 @@ fn call_rules(tools: &[Value], only: Option<&str>, g: &mut String) -> Result<Str
                 args.push(if required.contains(&key.as_str()) { rule } else { format!("{rule}?") });
             }
         }
-        let head = format!("call tool=\"{}\" index=\"", name.replace('&', "&amp;").replace('"', "&quot;"));
-        g.push_str(&format!("call_{ti}: <|open|> {} /[1-9][0-9]{{0,2}}/ \"\\\"\" <|sep|> {} <|close|> \"call\" <|sep|>\n", lit(&head), args.join(" ")));
-        alts.push(format!("call_{ti}"));
+        let tool = name.replace('&', "&amp;").replace('"', "&quot;");
+        for (k, alt) in alts.iter_mut().enumerate() {
+            let head = format!("call tool=\"{tool}\" index=\"{}\"", k + 1);
+            g.push_str(&format!("call_{ti}_{k}: <|open|> {} <|sep|> {} <|close|> \"call\" <|sep|>\n", lit(&head), args.join(" ")));
+            alt.push(format!("call_{ti}_{k}"));
+        }
     }
-    if alts.is_empty() {
+    if alts[0].is_empty() {
         return Err(Error::Grammar(match only {
             Some(o) => format!("tool_choice names {o:?}, which is not among the tools"),
             None => "no tools".into(),
         }));
     }
-    g.push_str(&format!("call: {}\n", alts.join(" | ")));
-    Ok("call".into())
+    let mut seq = String::new();
+    for (k, alt) in alts.iter().enumerate().rev() {
+        g.push_str(&format!("at_{k}: {}\n", alt.join(" | ")));
+        seq = if seq.is_empty() { format!("at_{k}") } else { format!("at_{k} ({seq})?") };
+    }
+    g.push_str(&format!("calls: {seq}\n"));
+    Ok("calls".into())
 }
 
 /// Forced tool calls, from the generation prompt on: (reasoning, then) an
-/// empty response and a tools section with one call of `only`, or one or
-/// more calls of any tool.
-pub fn tool_calls_lark(tools: &[Value], only: Option<&str>, thinking: bool) -> Result<String> {
+/// empty response and a tools section with calls of `only` (or of any
+/// tool) — one or more with `parallel`, else exactly one.
+pub fn tool_calls_lark(tools: &[Value], only: Option<&str>, parallel: bool, thinking: bool) -> Result<String> {
     let mut g = String::new();
-    let call = call_rules(tools, only, &mut g)?;
-    let calls = if only.is_some() { call } else { format!("{call}+") };
+    let calls = call_rules(tools, only, parallel, &mut g)?;
     Ok(format!(
         "start: {}<|close|> \"response\" <|sep|> <|open|> \"tools\" <|sep|> {calls} <|close|> \"tools\" <|sep|> {CLOSE_MESSAGE}\n{g}",
         to_response(thinking)
@@ -268,11 +281,12 @@ pub fn tool_calls_lark(tools: &[Value], only: Option<&str>, thinking: bool) -> R
 }
 
 /// The body of a tools section after the model opened it
-/// (`<|open|>tools<|sep|>`): one or more well-formed calls, then the closers.
-pub fn tool_section_lark(tools: &[Value]) -> Result<String> {
+/// (`<|open|>tools<|sep|>`): well-formed calls (one or more with `parallel`,
+/// else one), then the closers.
+pub fn tool_section_lark(tools: &[Value], parallel: bool) -> Result<String> {
     let mut g = String::new();
-    let call = call_rules(tools, None, &mut g)?;
-    Ok(format!("start: {call}+ <|close|> \"tools\" <|sep|> {CLOSE_MESSAGE}\n{g}"))
+    let calls = call_rules(tools, None, parallel, &mut g)?;
+    Ok(format!("start: {calls} <|close|> \"tools\" <|sep|> {CLOSE_MESSAGE}\n{g}"))
 }
 
 /// The trigger of [`tool_section_lark`]: `<|open|>tools<|sep|>`.

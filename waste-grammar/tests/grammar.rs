@@ -133,10 +133,14 @@ fn forced_calls_are_well_formed() {
     let eos = tok.special_id(xtml::END_OF_MSG).unwrap();
     let g = Grammars::new(&tok, 320, eos).unwrap();
     for seed in 1..=6u64 {
-        let mut c = g.constraint(&tool_calls_lark(&tools(), None, false).unwrap()).unwrap();
+        let mut c = g.constraint(&tool_calls_lark(&tools(), None, true, false).unwrap()).unwrap();
         let text = walk(&mut c, &tok, eos, seed, 4000, &[]).expect("finished");
         let calls = calls_of(&text);
         assert!(!calls.is_empty());
+        // numbered 1, 2, … as the template renders them
+        for (k, _) in calls.iter().enumerate() {
+            assert!(text.contains(&format!("index=\"{}\"\u{F8F2}", k + 1)), "{text}");
+        }
         for (name, args) in calls {
             match name.as_str() {
                 "get_weather" => {
@@ -148,12 +152,12 @@ fn forced_calls_are_well_formed() {
             }
         }
     }
-    // a named function: exactly one call, of it
-    let mut c = g.constraint(&tool_calls_lark(&tools(), Some("note"), false).unwrap()).unwrap();
+    // a named function without parallel calls: exactly one call, of it
+    let mut c = g.constraint(&tool_calls_lark(&tools(), Some("note"), false, false).unwrap()).unwrap();
     let calls = calls_of(&walk(&mut c, &tok, eos, 9, 400, &[]).unwrap());
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].0, "note");
-    assert!(tool_calls_lark(&tools(), Some("missing"), false).is_err());
+    assert!(tool_calls_lark(&tools(), Some("missing"), true, false).is_err());
 }
 
 #[test]
@@ -161,7 +165,7 @@ fn lazy_constraint_waits_for_the_tools_section() {
     let tok = tokenizer();
     let eos = tok.special_id(xtml::END_OF_MSG).unwrap();
     let g = Grammars::new(&tok, 320, eos).unwrap();
-    let mut c = g.lazy(tool_section_trigger(), &tool_section_lark(&tools()).unwrap()).unwrap();
+    let mut c = g.lazy(tool_section_trigger(), &tool_section_lark(&tools(), true).unwrap()).unwrap();
     let sp = |s: &str| tok.special_id(s).unwrap();
     // free text and the section opener, scripted; then the grammar takes over
     let mut free: Vec<u32> = tok.encode_plain("Hi.");

@@ -255,6 +255,21 @@ impl Model {
         ids.extend(tpl.encode(t, messages, open).map_err(|e| Error::Arg(e.to_string()))?);
         Ok(ids)
     }
+    /// Whether the chat template is K3's tagged format (tools, thinking).
+    pub fn is_xtml(&self) -> bool {
+        matches!(self.template, Some(waste_tokenizer::ChatTemplate::Xtml))
+    }
+    /// Encode a conversation in K3's tagged format with tools, thinking and
+    /// response-format notices (BOS first when the config has one).
+    pub fn encode_xtml(&self, messages: &[waste_tokenizer::xtml::ChatMessage], opts: &waste_tokenizer::xtml::XtmlOptions, open: bool) -> Result<Vec<u32>> {
+        let t = match (&self.tokenizer, self.is_xtml()) {
+            (Some(t), true) => t,
+            _ => return Err(Error::Unsupported("this model's chat template is not K3's tagged format".into())),
+        };
+        let mut ids = self.bos().into_iter().collect::<Vec<_>>();
+        ids.extend(waste_tokenizer::xtml::encode(t, messages, opts, open).map_err(|e| Error::Arg(e.to_string()))?);
+        Ok(ids)
+    }
     /// Encode raw text as plain tokens (BOS first when the config has one).
     pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
         let t = self.tokenizer.as_ref().ok_or_else(|| Error::Unsupported("this container has no tokenizer".into()))?;

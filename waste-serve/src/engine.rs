@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
-use waste_model::{Control, GenerateParams, Model};
+use waste_model::{Control, GenerateParams, Model, TokenConstraint};
 
 /// Engine counters, readable from the HTTP side.
 #[derive(Debug, Default)]
@@ -28,6 +28,13 @@ pub struct Job {
     pub tx: UnboundedSender<Event>,
     /// Set to cancel.
     pub cancel: Arc<AtomicBool>,
+    /// Where the conversation's messages end in `prompt` (before trailing
+    /// notices and the generation prompt): the state there is kept, so the
+    /// next turn — which extends the messages, not this request's notices —
+    /// resumes from it. 0 = after the whole prompt.
+    pub boundary: usize,
+    /// Constrained decoding (JSON schema, tool calls), if any.
+    pub constraint: Option<Box<dyn TokenConstraint + Send>>,
 }
 
 /// Events of a job.
@@ -71,7 +78,7 @@ pub fn run(model: &Model, rx: std::sync::mpsc::Receiver<Job>, counters: &Counter
     // generated tokens, which the client re-sends as text)
     let mut held: Vec<u32> = Vec::new();
     let mut snap: Option<(Vec<u32>, waste_model::Snapshot)> = None;
-    for job in rx {
+    for mut job in rx {
         counters.queued.fetch_sub(1, Ordering::Relaxed);
         if job.cancel.load(Ordering::Relaxed) || job.tx.is_closed() {
             continue;
@@ -89,11 +96,20 @@ pub fn run(model: &Model, rx: std::sync::mpsc::Receiver<Job>, counters: &Counter
         };
         let st0 = s.stats();
         let mut generated = Vec::new();
-        let r = s.eval(&job.prompt[start..]).map(|_| ()).and_then(|_| {
-            snap = Some((job.prompt.clone(), s.snapshot()));
+        let boundary = if job.boundary == 0 { job.prompt.len() } else { job.boundary.min(job.prompt.len()) };
+        let r = if boundary > start {
+            let r = s.eval(&job.prompt[start..boundary]).map(|_| ());
+            if r.is_ok() {
+                snap = Some((job.prompt[..boundary].to_vec(), s.snapshot()));
+            }
+            r
+        } else {
             Ok(())
-        });
-        let r = r.and_then(|_| s.generate(&[], &job.params, |ev| {
+        };
+        let rest = &job.prompt[boundary.max(start)..];
+        let r = r.and_then(|_| if rest.is_empty() { Ok(()) } else { s.eval(rest).map(|_| ()) });
+        let constraint = job.constraint.as_deref_mut().map(|c| c as &mut dyn TokenConstraint);
+        let r = r.and_then(|_| s.generate_constrained(&[], &job.params, constraint, |ev| {
             if ev.token != waste_model::NO_TOKEN {
                 generated.push(ev.token);
                 counters.generated.fetch_add(1, Ordering::Relaxed);

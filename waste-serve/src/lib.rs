@@ -9,11 +9,17 @@
 //! engine state (prefix reuse). Message content is encoded as plain text, so
 //! it can never forge control tokens.
 //!
-//! Not yet supported, and refused with a 400 rather than ignored: `tools`,
-//! `response_format` other than `text`, images, `n > 1`.
+//! With K3's tagged chat format: `tools` and `tool_choice` (calls parsed
+//! from the output and streamed as `tool_calls` deltas; `required` / a named
+//! function and the arguments of every call held to the tool's schema by
+//! constrained decoding), thinking with `reasoning_content` apart from
+//! `content`. `response_format` `json_object` / `json_schema` is enforced by
+//! constrained decoding (waste-grammar) on every model. Refused with a 400
+//! rather than ignored: images (no vision tower yet), `n > 1`.
 #![deny(missing_docs)]
 
 mod api;
+mod chat;
 mod engine;
 
 pub use api::{router, AppState, ServeOptions};

@@ -174,8 +174,8 @@ fn openai_client_test(root: &Path, waste: &Path) -> Result<()> {
         run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     }
     let py = venv.join("bin/python");
-    if Command::new(&py).args(["-c", "import openai"]).output().map(|o| !o.status.success()).unwrap_or(true) {
-        run(Command::new(&py).args(["-m", "pip", "install", "-q", "openai"]))?;
+    if Command::new(&py).args(["-c", "import openai, jsonschema"]).output().map(|o| !o.status.success()).unwrap_or(true) {
+        run(Command::new(&py).args(["-m", "pip", "install", "-q", "openai", "jsonschema"]))?;
     }
     let anchor = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| root.join("../shared/data")).join("anchor-tiny/kimi-linear-tiny.waste");
     run(Command::new(&py).arg(root.join("tools/serve_test/openai_client.py")).arg(waste).arg(anchor))

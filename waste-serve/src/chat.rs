@@ -1,0 +1,267 @@
+//! The chat-specific parts of a request — messages with tool calls, `tools`,
+//! `tool_choice`, `response_format`, thinking — and the assembly of the
+//! model's output into `content`, `reasoning_content` and `tool_calls`.
+
+use serde_json::{json, Value};
+use waste_model::tokenizer::xtml::{self, ChatMessage, Effort, OutputParser, Part, ResponseFormat, ToolCall, ToolChoice, XtmlOptions};
+
+/// A 400's message and parameter.
+pub type Bad = (String, String);
+
+fn bad<T>(msg: impl Into<String>, param: impl Into<String>) -> Result<T, Bad> {
+    Err((msg.into(), param.into()))
+}
+
+fn content_text(m: &Value, i: usize) -> Result<String, Bad> {
+    let param = format!("messages[{i}].content");
+    match m.get("content") {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut s = String::new();
+            for p in parts {
+                match p.get("type").and_then(|t| t.as_str()) {
+                    Some("text") => match p.get("text").and_then(|t| t.as_str()) {
+                        Some(t) => s.push_str(t),
+                        None => return bad("text parts need a text string", param),
+                    },
+                    Some("image_url") => {
+                        let url = p.get("image_url").and_then(|u| u.get("url").or(Some(u))).and_then(|u| u.as_str()).unwrap_or("");
+                        if !url.starts_with("data:") {
+                            return bad("only base64 data: image URLs are accepted (no fetching)", param);
+                        }
+                        return bad("this model has no vision tower", param);
+                    }
+                    _ => return bad("unknown content part type", param),
+                }
+            }
+            Ok(s)
+        }
+        Some(_) => bad("content must be a string or an array of parts", param),
+    }
+}
+
+/// OpenAI function names: letters, digits, `_`, `-`, at most 64.
+fn valid_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}
+
+fn tool_calls(m: &Value, i: usize) -> Result<Vec<ToolCall>, Bad> {
+    let param = format!("messages[{i}].tool_calls");
+    let Some(tc) = m.get("tool_calls").filter(|t| !t.is_null()) else {
+        return Ok(vec![]);
+    };
+    let Some(arr) = tc.as_array() else {
+        return bad("tool_calls must be an array", param);
+    };
+    let mut out = Vec::new();
+    for (k, c) in arr.iter().enumerate() {
+        let f = c.get("function").ok_or_else(|| (format!("tool_calls[{k}] needs a function"), param.clone()))?;
+        let name = f.get("name").and_then(|n| n.as_str()).ok_or_else(|| (format!("tool_calls[{k}].function needs a name"), param.clone()))?;
+        let arguments = match f.get("arguments") {
+            None | Some(Value::Null) => "{}".to_string(),
+            Some(Value::String(s)) => s.clone(),
+            Some(v @ Value::Object(_)) => v.to_string(),
+            Some(_) => return bad(format!("tool_calls[{k}].function.arguments must be a JSON string"), param),
+        };
+        let id = c.get("id").and_then(|x| x.as_str()).unwrap_or_default().to_string();
+        out.push(ToolCall { id, name: name.to_string(), arguments });
+    }
+    Ok(out)
+}
+
+/// `messages`.
+pub fn messages(v: &Value) -> Result<Vec<ChatMessage>, Bad> {
+    let arr = match v.get("messages") {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => return bad("messages must not be empty", "messages"),
+        Some(_) => return bad("messages must be an array", "messages"),
+        None => return bad("messages is required", "messages"),
+    };
+    let mut out = Vec::with_capacity(arr.len());
+    for (i, m) in arr.iter().enumerate() {
+        let role = m.get("role").and_then(|r| r.as_str()).ok_or_else(|| ("each message needs a role".to_string(), format!("messages[{i}].role")))?;
+        let role = match role {
+            "system" | "developer" => "system",
+            "user" | "assistant" | "tool" => role,
+            r => return bad(format!("unknown role {r:?}"), format!("messages[{i}].role")),
+        };
+        let mut msg = ChatMessage::new(role, &content_text(m, i)?);
+        if role == "assistant" {
+            msg.tool_calls = tool_calls(m, i)?;
+            msg.reasoning = m.get("reasoning_content").or(m.get("reasoning")).and_then(|r| r.as_str()).unwrap_or_default().to_string();
+        }
+        if role == "tool" {
+            msg.tool_call_id = m.get("tool_call_id").and_then(|x| x.as_str()).map(str::to_string);
+        }
+        msg.name = m.get("name").and_then(|x| x.as_str()).map(str::to_string);
+        out.push(msg);
+    }
+    Ok(out)
+}
+
+/// `tools`, `tool_choice`, `response_format`, thinking.
+pub fn options(v: &Value) -> Result<XtmlOptions, Bad> {
+    let mut o = XtmlOptions::default();
+    match v.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a)) => {
+            for (i, t) in a.iter().enumerate() {
+                let p = format!("tools[{i}]");
+                if t.get("type").and_then(|x| x.as_str()) != Some("function") {
+                    return bad("only tools of type \"function\" are supported", p);
+                }
+                let f = t.get("function").filter(|f| f.is_object()).ok_or_else(|| ("a tool needs a function object".to_string(), p.clone()))?;
+                let name = f.get("name").and_then(|n| n.as_str()).unwrap_or_default();
+                if !valid_name(name) {
+                    return bad("function names are 1-64 letters, digits, '_', '-' or '.'", format!("{p}.function.name"));
+                }
+                if f.get("parameters").is_some_and(|x| !x.is_object() && !x.is_null()) {
+                    return bad("function parameters must be a JSON schema object", format!("{p}.function.parameters"));
+                }
+                if o.tools.iter().any(|x| x["function"]["name"] == name) {
+                    return bad(format!("two tools are named {name:?}"), p);
+                }
+                o.tools.push(t.clone());
+            }
+        }
+        Some(_) => return bad("tools must be an array", "tools"),
+    }
+    if v.get("functions").is_some_and(|f| !f.is_null()) {
+        return bad("the deprecated functions parameter is not supported; use tools", "functions");
+    }
+    o.tool_choice = match v.get("tool_choice") {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            _ => return bad("tool_choice must be none, auto, required or a function", "tool_choice"),
+        },
+        Some(x) => match x.get("function").and_then(|f| f.get("name")).and_then(|n| n.as_str()) {
+            Some(n) => ToolChoice::Function(n.to_string()),
+            None => return bad("tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice"),
+        },
+    };
+    match &o.tool_choice {
+        ToolChoice::Required if o.tools.is_empty() => return bad("tool_choice required needs tools", "tool_choice"),
+        ToolChoice::Function(n) if !o.tools.iter().any(|t| t["function"]["name"] == n.as_str()) => return bad(format!("tool_choice names {n:?}, which is not among the tools"), "tool_choice"),
+        _ => {}
+    }
+    o.response_format = match v.get("response_format") {
+        None | Some(Value::Null) => None,
+        Some(rf) => match rf.get("type").and_then(|t| t.as_str()) {
+            Some("text") => None,
+            Some("json_object") => Some(ResponseFormat::JsonObject),
+            Some("json_schema") => match rf.get("json_schema").and_then(|j| j.get("schema")) {
+                Some(s) if s.is_object() => Some(ResponseFormat::JsonSchema(s.clone())),
+                _ => return bad("response_format json_schema needs json_schema.schema (an object)", "response_format"),
+            },
+            _ => return bad("response_format type must be text, json_object or json_schema", "response_format"),
+        },
+    };
+    if o.response_format.is_some() && matches!(o.tool_choice, ToolChoice::Required | ToolChoice::Function(_)) {
+        return bad("response_format cannot be combined with a forced tool_choice", "response_format");
+    }
+    // thinking: on (K3's default, effort max) unless turned off
+    o.thinking = Some(Effort::Max);
+    if let Some(e) = v.get("reasoning_effort").filter(|e| !e.is_null()) {
+        o.thinking = match e.as_str() {
+            Some("none") => None,
+            Some("minimal") | Some("low") => Some(Effort::Low),
+            Some("medium") | Some("high") => Some(Effort::High),
+            Some("xhigh") | Some("max") => Some(Effort::Max),
+            _ => return bad("reasoning_effort must be none, minimal, low, medium, high, xhigh or max", "reasoning_effort"),
+        };
+    }
+    let kw = v.get("chat_template_kwargs");
+    match kw.and_then(|k| k.get("thinking")).or_else(|| kw.and_then(|k| k.get("enable_thinking"))) {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(false)) => o.thinking = None,
+        Some(Value::Bool(true)) => o.thinking = o.thinking.or(Some(Effort::Max)),
+        Some(_) => return bad("chat_template_kwargs.thinking must be a boolean", "chat_template_kwargs"),
+    }
+    if let Some(t) = v.get("thinking").and_then(|t| t.get("type")).and_then(|t| t.as_str()) {
+        match t {
+            "disabled" => o.thinking = None,
+            "enabled" => o.thinking = o.thinking.or(Some(Effort::Max)),
+            _ => return bad("thinking.type must be enabled or disabled", "thinking"),
+        }
+    }
+    Ok(o)
+}
+
+/// The output of one generation, parsed as it streams.
+pub struct Assembler {
+    parser: Option<OutputParser>,
+    keep_calls: bool,
+    id_base: String,
+    /// Answer text.
+    pub content: String,
+    /// Reasoning text.
+    pub reasoning: String,
+    /// Tool calls as OpenAI objects.
+    pub calls: Vec<Value>,
+}
+
+impl Assembler {
+    /// For XTML output (`xtml`, with thinking or not) or plain text.
+    pub fn new(xtml: bool, thinking: bool, keep_calls: bool, id_base: &str) -> Assembler {
+        Assembler { parser: xtml.then(|| OutputParser::new(thinking)), keep_calls, id_base: id_base.to_string(), content: String::new(), reasoning: String::new(), calls: Vec::new() }
+    }
+
+    /// Feed a piece; returns the delta objects it produced (for streaming).
+    pub fn push(&mut self, piece: &str) -> Vec<Value> {
+        let Some(p) = self.parser.as_mut() else {
+            self.content.push_str(piece);
+            return if piece.is_empty() { vec![] } else { vec![json!({"content": piece})] };
+        };
+        let mut out = Vec::new();
+        for part in p.push(piece) {
+            match part {
+                Part::Reasoning(r) => {
+                    self.reasoning.push_str(&r);
+                    out.push(json!({"reasoning_content": r}));
+                }
+                Part::Content(c) => {
+                    self.content.push_str(&c);
+                    out.push(json!({"content": c}));
+                }
+                Part::ToolCall { index, name, arguments } if self.keep_calls => {
+                    let call = json!({"id": format!("call_{}_{index}", self.id_base), "type": "function", "function": {"name": name, "arguments": arguments}});
+                    let mut d = call.clone();
+                    d["index"] = json!(index);
+                    self.calls.push(call);
+                    out.push(json!({"tool_calls": [d]}));
+                }
+                Part::ToolCall { .. } => {}
+            }
+        }
+        out
+    }
+
+    /// OpenAI's finish reason given the engine's.
+    pub fn finish_reason(&self, engine: &str) -> &'static str {
+        match engine {
+            "stop" if !self.calls.is_empty() => "tool_calls",
+            "stop" => "stop",
+            "length" => "length",
+            _ => "stop",
+        }
+    }
+
+    /// The assistant message of a non-streamed response.
+    pub fn message(&self) -> Value {
+        let mut m = json!({"role": "assistant", "content": if self.content.is_empty() && !self.calls.is_empty() { Value::Null } else { json!(self.content) }});
+        if !self.reasoning.is_empty() {
+            m["reasoning_content"] = json!(self.reasoning);
+        }
+        if !self.calls.is_empty() {
+            m["tool_calls"] = json!(self.calls);
+        }
+        m
+    }
+}
+
+/// The special-token name that ends an assistant message in XTML.
+pub const END_OF_MSG: &str = xtml::END_OF_MSG;
