@@ -25,3 +25,13 @@ done
 rm -rf $F/hf-tiny
 $PY tools/oracle/make_hf_tiny.py $F/hf-tiny
 $PY tools/oracle/mxfp4.py $F/mxfp4.json
+# Kimi K3 in the release's HF form (MXFP4 experts) + llama.cpp's kimi-k3 logits.
+# Needs llama.cpp's source (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp,
+# LLAMA_CPP_SRC) and that llama-cpp-python installed in the oracle venv.
+if [ -n "${LLAMA_CPP_SRC:-}" ]; then
+  rm -rf $F/hf-k3
+  $PY tools/oracle/make_hf_k3.py $F/tiny-k3.waste $F/hf-k3
+  $PY tools/oracle/llama_k3.py "$LLAMA_CPP_SRC" $F/hf-k3 $F/hf-k3/llama-cpp.json --len 32 --greedy 8
+else
+  echo "LLAMA_CPP_SRC not set: hf-k3 (llama.cpp cross-check) not regenerated" >&2
+fi

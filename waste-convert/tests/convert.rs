@@ -20,24 +20,24 @@ fn tmp(tag: &str) -> PathBuf {
     d
 }
 
-#[test]
-fn f16_experts_f32_trunk_match_transformers() {
-    let out = tmp("exact");
-    let o = ConvertOptions { experts: ExpertFmt::F16, trunk: TrunkMode::F32, jobs: 2, ..Default::default() };
-    let rep = convert(&fixtures().join("hf-tiny"), &out, &o, &|_| {}).unwrap();
-    assert!(rep.complete);
-    assert!(rep.rel_error.iter().all(|&e| e == 0.0), "f16-exact weights must convert losslessly: {:?}", rep.rel_error);
-    let f: Value = serde_json::from_slice(&std::fs::read(fixtures().join("hf-tiny/reference.json")).unwrap()).unwrap();
+/// The container's logits at every position (token by token, and the last
+/// one by chunked prefill) within 1e-4 relative of a reference file's, and
+/// its greedy continuation; returns the worst relative error.
+fn agrees_with(container: &Path, reference: &Path) -> f32 {
+    let f: Value = serde_json::from_slice(&std::fs::read(reference).unwrap()).unwrap();
     let ids: Vec<u32> = f["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
-    let m = Model::open(&out, ModelOptions { ctx: 64, threads: 2, ..Default::default() }).unwrap();
+    let m = Model::open(container, ModelOptions { ctx: 96, threads: 2, ..Default::default() }).unwrap();
     let mut s = m.session();
+    let mut worst = 0f32;
     for (p, &t) in ids.iter().enumerate() {
         let got = s.eval(&[t]).unwrap();
         let want: Vec<f32> = f["logits"][p].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
         let ma = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         let mr = want.iter().fold(0f32, |a, b| a.max(b.abs()));
-        assert!(ma / mr <= 1e-4, "position {p}: relative {}", ma / mr);
+        worst = worst.max(ma / mr);
+        assert!(ma / mr <= 1e-4, "{}: position {p}: relative {}", reference.display(), ma / mr);
     }
+    assert_eq!(m.session().eval(&ids).unwrap(), s.logits(), "chunked prefill differs from steps");
     let greedy: Vec<u32> = f["greedy"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
     let mut next = waste_model::argmax(s.logits());
     let mut cont = vec![];
@@ -45,7 +45,38 @@ fn f16_experts_f32_trunk_match_transformers() {
         cont.push(next);
         next = waste_model::argmax(s.eval(&[next]).unwrap());
     }
-    assert_eq!(cont, greedy);
+    assert_eq!(cont, greedy, "{}: greedy continuation", reference.display());
+    worst
+}
+
+#[test]
+fn f16_experts_f32_trunk_match_transformers() {
+    let out = tmp("exact");
+    let o = ConvertOptions { experts: ExpertFmt::F16, trunk: TrunkMode::F32, jobs: 2, ..Default::default() };
+    let rep = convert(&fixtures().join("hf-tiny"), &out, &o, &|_| {}).unwrap();
+    assert!(rep.complete);
+    assert!(rep.rel_error.iter().all(|&e| e == 0.0), "f16-exact weights must convert losslessly: {:?}", rep.rel_error);
+    let worst = agrees_with(&out, &fixtures().join("hf-tiny/reference.json"));
+    eprintln!("hf-tiny vs transformers: worst relative error {worst:.2e}");
+    std::fs::remove_dir_all(&out).ok();
+}
+
+/// Kimi K3 in the release's form (`KimiK3ForConditionalGeneration`,
+/// `text_config`, `language_model.` names, MXFP4 experts) against llama.cpp's
+/// `kimi-k3` model on the same directory (tools/oracle/llama_k3.py).
+#[test]
+fn k3_release_form_matches_llama_cpp() {
+    let out = tmp("k3");
+    let o = ConvertOptions { experts: ExpertFmt::F16, trunk: TrunkMode::F32, jobs: 2, ..Default::default() };
+    let rep = convert(&fixtures().join("hf-k3"), &out, &o, &|_| {}).unwrap();
+    assert!(rep.complete);
+    assert!(rep.rel_error.iter().all(|&e| e == 0.0), "MXFP4 experts must land in F16 exactly: {:?}", rep.rel_error);
+    let m = Model::open(&out, ModelOptions { ctx: 96, threads: 2, ..Default::default() }).unwrap();
+    let c = m.config();
+    assert!(c.latent.is_some() && c.attn_res_block.is_some() && c.q_lora.is_some() && c.mla_output_gate && c.kda_full_rank_gate && c.shared_experts == 2);
+    drop(m);
+    let worst = agrees_with(&out, &fixtures().join("hf-k3/llama-cpp.json"));
+    eprintln!("hf-k3 vs llama.cpp: worst relative error {worst:.2e}");
     std::fs::remove_dir_all(&out).ok();
 }
 
