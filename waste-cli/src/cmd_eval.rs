@@ -222,6 +222,13 @@ pub struct RunArgs {
     /// No chat template: the prompt is plain text.
     #[arg(long)]
     raw: bool,
+    /// Think first (K3's tagged format): low, high or max (the default);
+    /// the reasoning goes to stderr.
+    #[arg(long, num_args = 0..=1, default_missing_value = "max", value_name = "LEVEL", value_parser = ["low", "high", "max"])]
+    think: Option<String>,
+    /// Answer in JSON matching this JSON schema file (constrained decoding).
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<PathBuf>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -278,7 +285,13 @@ pub fn status_line(tokens: usize, secs: f64, st: &waste_model::Stats) {
 pub fn run(a: RunArgs) -> Result<ExitCode> {
     use std::io::Write;
     let text = if a.ids.is_none() { read_prompt(&a.prompt, &a.file)? } else { None };
+    let schema = match &a.json_schema {
+        Some(f) => Some(serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?).with_context(|| format!("{}: not JSON", f.display()))?),
+        None => None,
+    };
     let model = a.engine.open(&a.model)?;
+    let chat = crate::answer::Chat::new(&model, crate::answer::effort(a.think.as_deref())?, schema);
+    let templated = a.ids.is_none() && !a.raw;
     let ids = match (&a.ids, &text) {
         (Some(i), None) => parse_ids(i)?,
         (None, Some(t)) if a.raw => model.encode_raw(t)?,
@@ -288,23 +301,25 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
                 msgs.push(waste_model::tokenizer::Message::new("system", s));
             }
             msgs.push(waste_model::tokenizer::Message::new("user", t));
-            model.encode_chat(&msgs, true)?
+            chat.encode(&msgs, false)?
         }
         (Some(_), Some(_)) => bail!("give either --ids or a prompt, not both"),
         (None, None) => bail!("no prompt: give it as an argument, with --file, on stdin, or as --ids"),
     };
+    let mut constraint = chat.constraint(templated)?;
+    let params = if templated { chat.params(a.sample.params()) } else { a.sample.params() };
+    let mut printer = chat.printer(templated);
     let mut s = model.session();
     let t0 = std::time::Instant::now();
     prefill_with_bar(&mut s, &ids)?;
     let stream = !a.json;
     let mut out = std::io::stdout().lock();
     let mut io_err = None;
-    let g = s.generate(&[], &a.sample.params(), |ev| {
-        if stream && !ev.piece.is_empty() {
-            if let Err(e) = out.write_all(ev.piece.as_bytes()).and_then(|_| out.flush()) {
-                io_err = Some(e);
-                return waste_model::Control::Cancel;
-            }
+    let c = constraint.as_mut().map(|c| c as &mut dyn waste_model::TokenConstraint);
+    let g = s.generate_constrained(&[], &params, c, |ev| {
+        if let Err(e) = printer.push(&ev.piece, &mut out, stream) {
+            io_err = Some(e);
+            return waste_model::Control::Cancel;
         }
         waste_model::Control::Continue
     })?;
@@ -315,7 +330,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let st = s.stats();
     a.engine.finish(&model, &a.model, st.tokens)?;
     if a.json {
-        print_json(&json!({"prompt_ids": ids, "tokens": g.tokens, "text": g.text, "finish_reason": g.finish.reason(),
+        print_json(&json!({"prompt_ids": ids, "tokens": g.tokens, "text": printer.answer, "reasoning": printer.reasoning, "finish_reason": g.finish.reason(),
             "context_full": g.finish == waste_model::Finish::ContextFull, "seconds": secs,
             "experts_hit": st.experts_hit, "experts_missed": st.experts_missed, "bytes_read": st.bytes_read,
             "direct_io": model.direct_io(), "threads": model.threads(), "simd": model.simd().name(),

@@ -17,6 +17,10 @@ pub struct ChatArgs {
     /// System message.
     #[arg(long)]
     system: Option<String>,
+    /// Think first (K3's tagged format): low, high or max (the default);
+    /// the reasoning is shown dimmed on stderr.
+    #[arg(long, num_args = 0..=1, default_missing_value = "max", value_name = "LEVEL", value_parser = ["low", "high", "max"])]
+    think: Option<String>,
     #[command(flatten)]
     sample: SampleArgs,
     #[command(flatten)]
@@ -26,6 +30,8 @@ pub struct ChatArgs {
 /// The chat REPL: state is kept across turns; `/reset`, `/save F`, `/load F`, `/stats`, Ctrl-D.
 pub fn chat(a: ChatArgs) -> Result<ExitCode> {
     let model = a.engine.open(&a.model)?;
+    let chat = crate::answer::Chat::new(&model, crate::answer::effort(a.think.as_deref())?, None);
+    let params = chat.params(a.sample.params());
     let mut s = model.session();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
@@ -80,7 +86,7 @@ pub fn chat(a: ChatArgs) -> Result<ExitCode> {
             }
         }
         msgs.push(Message::new("user", line));
-        let ids = if first { model.encode_chat(&msgs, true)? } else { model.encode_chat(&msgs, true)?.split_off(model.bos().map_or(0, |_| 1)) };
+        let ids = chat.encode(&msgs, !first)?;
         first = false;
         if s.position() + ids.len() >= model.options().ctx {
             eprintln!("[the context is full: /reset or /save]");
@@ -88,14 +94,14 @@ pub fn chat(a: ChatArgs) -> Result<ExitCode> {
         }
         let t0 = std::time::Instant::now();
         let st0 = s.stats();
-        let g = s.generate(&ids, &a.sample.params(), |ev| {
-            let _ = out.write_all(ev.piece.as_bytes());
-            let _ = out.flush();
+        let mut printer = chat.printer(true);
+        let g = s.generate(&ids, &params, |ev| {
+            let _ = printer.push(&ev.piece, &mut out, true);
             waste_model::Control::Continue
         })?;
         writeln!(out)?;
         // close the assistant turn so the next one starts clean
-        let close = assistant_close(&model)?;
+        let close = chat.close(&printer, &g.finish)?;
         if !close.is_empty() && s.position() + close.len() < model.options().ctx {
             s.eval(&close)?;
         }
@@ -107,15 +113,6 @@ pub fn chat(a: ChatArgs) -> Result<ExitCode> {
         status_line(g.tokens.len(), t0.elapsed().as_secs_f64(), &d);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Tokens that close an assistant turn: the template's assistant suffix
-/// (the encoding of an empty assistant message minus its prefix).
-fn assistant_close(model: &waste_model::Model) -> Result<Vec<u32>> {
-    let (Some(tok), Some(tpl)) = (model.tokenizer(), model.chat_template()) else { return Ok(vec![]) };
-    let msg = tpl.encode(tok, &[Message::new("assistant", "")], false)?;
-    let open = tpl.encode(tok, &[], true)?;
-    Ok(if msg.starts_with(&open) { msg[open.len()..].to_vec() } else { vec![] })
 }
 
 #[derive(Args)]

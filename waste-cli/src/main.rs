@@ -1,6 +1,7 @@
 //! `waste`: the command-line client of the WASTE engine. Thin: parse,
 //! call the library, print, map errors to an exit code and one clear line.
 
+mod answer;
 mod cmd_cache;
 mod cmd_convert;
 mod cmd_eval;

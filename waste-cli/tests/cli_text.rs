@@ -83,3 +83,38 @@ fn tokenize_detokenize_roundtrip_and_modes() {
     assert_ne!(code, 0);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+#[test]
+fn run_json_schema_is_enforced_and_thinking_goes_to_stderr() {
+    let a = anchor();
+    let m = a.to_str().unwrap();
+    let schema = std::env::temp_dir().join(format!("waste-schema-{}.json", std::process::id()));
+    std::fs::write(&schema, r#"{"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}, "k": {"enum": ["a", "b"]}}, "required": ["n", "k"], "additionalProperties": false}"#).unwrap();
+    let sc = schema.to_str().unwrap();
+    for seed in ["1", "2", "3"] {
+        for raw in [false, true] {
+            let mut args = vec!["run", m, "give me json", "--json-schema", sc, "--temp", "1", "--seed", seed, "-n", "200", "--json"];
+            if raw {
+                args.push("--raw");
+            }
+            let (code, out, err) = waste(&args, "");
+            assert_eq!(code, 0, "{err}");
+            let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(r["finish_reason"], "stop", "{out}");
+            let v: serde_json::Value = serde_json::from_str(r["text"].as_str().unwrap()).unwrap_or_else(|e| panic!("{out}: {e}"));
+            assert!((1..=9).contains(&v["n"].as_i64().unwrap()) && ["a", "b"].contains(&v["k"].as_str().unwrap()), "{v}");
+            assert_eq!(v.as_object().unwrap().len(), 2);
+        }
+    }
+    std::fs::remove_file(&schema).ok();
+    // thinking: the reasoning is apart from the answer (stderr when streamed)
+    let (code, out, err) = waste(&["run", m, "hello", "--think", "-n", "12", "--json"], "");
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(!r["reasoning"].as_str().unwrap().is_empty(), "{out}");
+    let (_, plain_out, plain_err) = waste(&["run", m, "hello", "--think", "-n", "12", "-q"], "");
+    assert!(plain_err.contains(r["reasoning"].as_str().unwrap()), "{plain_err:?}");
+    assert_eq!(plain_out.trim_end_matches('\n'), r["text"].as_str().unwrap());
+    let (code, _, err) = waste(&["run", m, "hello", "--think", "huge"], "");
+    assert_eq!(code, 2, "{err}");
+}
