@@ -284,6 +284,14 @@ struct ChatPlan {
     constraint: Option<waste_grammar::Constraint>,
 }
 
+impl AppState {
+    /// Build the constrained-decoding tables now (about a second for a
+    /// 200K vocabulary) instead of in the first request that needs them.
+    pub fn warm_grammars(&self) {
+        let _ = grammars(self, self.model.is_xtml());
+    }
+}
+
 fn grammars(st: &AppState, xtml: bool) -> Result<&waste_grammar::Grammars, Response> {
     let g = st.grammars.get_or_init(|| {
         let tok = st.model.tokenizer().ok_or("this container has no tokenizer")?;
