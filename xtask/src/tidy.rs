@@ -16,6 +16,7 @@ pub const LAYERS: &[(&str, u8)] = &[
     ("waste-convert", 4),
     ("waste-grammar", 4),
     ("waste-serve", 5),
+    ("waste-capi", 5),
     ("waste-cli", 6),
     ("xtask", 7),
 ];

@@ -1,0 +1,148 @@
+/* waste.h — the C ABI of WASTE-rs (libwaste).
+ *
+ * Opaque handles, status codes, and waste_last_error() for the message of
+ * the last failure on the calling thread. Nothing prints, nothing exits.
+ * Strings are UTF-8, NUL-terminated. Buffers follow the two-call pattern:
+ * a function that fills (buf, cap) sets *len to the size it needs and
+ * returns WASTE_E_ARG when cap is too small.
+ *
+ * Lifetimes: a session keeps its model alive; free sessions and close
+ * models in any order. A handle must not be used from two threads at once.
+ */
+#ifndef WASTE_H
+#define WASTE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum waste_status {
+    WASTE_OK = 0,
+    WASTE_E_IO = 1,          /* file or device error */
+    WASTE_E_FORMAT = 2,      /* malformed or damaged container / state / usage file */
+    WASTE_E_BUDGET = 3,      /* the RAM budget is below the model's floor */
+    WASTE_E_OOM = 4,         /* an allocation failed */
+    WASTE_E_ARG = 5,         /* a bad argument (or a buffer too small) */
+    WASTE_E_UNSUPPORTED = 6, /* not implemented by the engine */
+    WASTE_E_CANCELLED = 7,   /* the caller cancelled */
+    WASTE_E_INTERNAL = 8     /* an engine bug (a caught panic) */
+} waste_status;
+
+typedef enum waste_finish {
+    WASTE_FINISH_STOP = 0,         /* an end token or a stop string */
+    WASTE_FINISH_LENGTH = 1,       /* max_tokens reached */
+    WASTE_FINISH_CONTEXT_FULL = 2, /* the context bound filled first */
+    WASTE_FINISH_CANCELLED = 3     /* the callback asked to stop */
+} waste_finish;
+
+typedef struct waste_model waste_model;
+typedef struct waste_session waste_session;
+
+typedef struct waste_options {
+    uint64_t budget_bytes;  /* 0 = pick from the machine's RAM */
+    uint32_t ctx_tokens;    /* hard context bound */
+    uint32_t threads;       /* 0 = all cores */
+    uint32_t io_threads;    /* 0 = default */
+    int32_t direct_io;      /* 1 = bypass the page cache for experts */
+    int32_t verify_records; /* 1 = CRC every expert read */
+    const char *usage_path; /* usage hotlist to preload, or NULL */
+} waste_options;
+
+typedef struct waste_plan {
+    uint64_t trunk_bytes, state_bytes, scratch_bytes, min_expert_cache_bytes;
+    uint64_t floor_bytes, working_set_bytes, recommended_bytes, record_bytes, ctx;
+} waste_plan;
+
+typedef struct waste_info {
+    uint32_t layers, moe_layers, experts, top_k, shared_experts, hidden, vocab;
+    uint64_t params_total, params_active;
+    uint64_t expert_record_bytes;
+} waste_info;
+
+typedef struct waste_stats {
+    uint64_t tokens, experts_hit, experts_missed, bytes_read, prefetch_issued;
+    double io_seconds, trunk_seconds, attn_seconds, expert_seconds;
+} waste_stats;
+
+typedef struct waste_message {
+    const char *role;    /* "system", "user", "assistant", "tool" */
+    const char *content; /* plain text: can never become control tokens */
+} waste_message;
+
+typedef struct waste_generate_params {
+    float temperature;   /* 0 = greedy */
+    float top_p;         /* 1 = off */
+    float min_p;         /* 0 = off */
+    uint32_t top_k;      /* 0 = off */
+    uint64_t seed;
+    uint32_t max_tokens;
+    const char *const *stop_strings; /* never emitted; matched across tokens */
+    size_t n_stop_strings;
+    const uint32_t *stop_tokens;     /* in addition to the model's end tokens */
+    size_t n_stop_tokens;
+    const char *json_schema;         /* constrain the output to this JSON schema, or NULL */
+    uint32_t top_logprobs;           /* alternatives per token in the event (0..20) */
+} waste_generate_params;
+
+typedef struct waste_token_event {
+    uint32_t token;       /* UINT32_MAX for a final flush of held-back text */
+    const char *piece;    /* text that became final with this token (not NUL-terminated) */
+    size_t piece_len;
+    float logprob;
+    const uint32_t *top_ids; /* top_logprobs alternatives */
+    const float *top_logprobs;
+    size_t n_top;
+    uint64_t experts_hit, experts_missed, bytes_read;
+    double seconds, io_seconds;
+} waste_token_event;
+
+/* Return non-zero to cancel the generation. */
+typedef int (*waste_token_callback)(const waste_token_event *event, void *user);
+
+typedef struct waste_generate_result {
+    waste_finish finish;
+    uint32_t stop_token;   /* with WASTE_FINISH_STOP by a token */
+    size_t n_tokens;       /* tokens generated */
+    size_t prompt_tokens;
+} waste_generate_result;
+
+/* Library */
+const char *waste_version(void);          /* "0.1.0 (avx2)" */
+const char *waste_last_error(void);       /* "" when the last call succeeded */
+uint64_t waste_physical_ram(void);
+uint64_t waste_usable_ram(void);          /* cgroup-aware */
+void waste_options_init(waste_options *options);
+waste_status waste_plan_for(const char *path, uint32_t ctx_tokens, waste_plan *out);
+
+/* Models */
+waste_status waste_open(const char *path, const waste_options *options, waste_model **out);
+void waste_close(waste_model *model);
+waste_status waste_model_info(const waste_model *model, waste_info *out);
+uint64_t waste_memory_used(const waste_model *model);
+waste_status waste_save_usage(const waste_model *model, const char *path, uint64_t tokens);
+
+/* Text */
+waste_status waste_tokenize(const waste_model *model, const char *text, int32_t markup, uint32_t *ids, size_t cap, size_t *n);
+waste_status waste_detokenize(const waste_model *model, const uint32_t *ids, size_t n_ids, char *buf, size_t cap, size_t *len);
+waste_status waste_chat_encode(const waste_model *model, const waste_message *messages, size_t n_messages, int32_t open, uint32_t *ids, size_t cap, size_t *n);
+
+/* Sessions */
+waste_status waste_session_new(waste_model *model, waste_session **out);
+void waste_session_free(waste_session *session);
+waste_status waste_session_reset(waste_session *session);
+size_t waste_session_position(const waste_session *session);
+waste_status waste_session_stats(const waste_session *session, waste_stats *out);
+waste_status waste_eval(waste_session *session, const uint32_t *ids, size_t n_ids, const float **logits, size_t *n_logits);
+void waste_generate_params_init(waste_generate_params *params);
+waste_status waste_generate(waste_session *session, const uint32_t *prompt, size_t n_prompt, const waste_generate_params *params,
+                            waste_token_callback callback, void *user, waste_generate_result *out);
+waste_status waste_state_save(const waste_session *session, const char *path);
+waste_status waste_state_load(waste_session *session, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WASTE_H */

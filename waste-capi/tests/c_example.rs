@@ -1,0 +1,107 @@
+//! The C ABI from C: `examples/hello.c` compiled against `include/waste.h`
+//! and `libwaste`, run on the anchor container; its greedy tokens and
+//! argmax must equal the Rust API's, its JSON must satisfy the schema, its
+//! state must reload. And the header declares exactly the exported functions.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use waste_model::{Control, GenerateParams, Model, ModelOptions};
+
+fn anchor() -> PathBuf {
+    let base = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    base.join("anchor-tiny/kimi-linear-tiny.waste")
+}
+
+fn here() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+}
+
+/// Names of `waste_*` functions exported by the crate and declared in the header.
+fn names() -> (Vec<String>, Vec<String>) {
+    let src = std::fs::read_to_string(here().join("src/lib.rs")).unwrap();
+    let mut exported: Vec<String> = src
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub unsafe extern \"C\" fn ").or_else(|| l.trim().strip_prefix("pub extern \"C\" fn ")))
+        .map(|r| r.split('(').next().unwrap().to_string())
+        .collect();
+    let raw = std::fs::read_to_string(here().join("include/waste.h")).unwrap();
+    // drop /* comments */
+    let mut h = String::new();
+    let mut rest = raw.as_str();
+    while let Some(a) = rest.find("/*") {
+        h.push_str(&rest[..a]);
+        rest = rest[a..].split_once("*/").map_or("", |(_, r)| r);
+    }
+    h.push_str(rest);
+    let mut declared: Vec<String> = Vec::new();
+    for stmt in h.split(';') {
+        let s = stmt.trim();
+        if s.contains("typedef") || s.contains('{') || !s.contains('(') {
+            continue;
+        }
+        let before = s.split('(').next().unwrap();
+        if let Some(name) = before.split(|c: char| !(c.is_alphanumeric() || c == '_')).filter(|w| !w.is_empty()).last() {
+            if name.starts_with("waste_") {
+                declared.push(name.to_string());
+            }
+        }
+    }
+    exported.sort();
+    declared.sort();
+    (exported, declared)
+}
+
+#[test]
+fn the_header_declares_exactly_the_exported_functions() {
+    let (exported, declared) = names();
+    assert!(exported.len() >= 20, "{exported:?}");
+    assert_eq!(exported, declared);
+}
+
+#[test]
+fn the_c_example_runs_and_agrees_with_the_rust_api() {
+    // the library built with this crate (cargo builds every crate type of the lib)
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().to_path_buf();
+    let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
+    let lib_dir = target.join(profile);
+    assert!(lib_dir.join("libwaste.so").exists() || lib_dir.join("libwaste.dylib").exists(), "no libwaste in {}", lib_dir.display());
+    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("capi-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let exe = work.join("hello");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(&cc)
+        .arg(here().join("examples/hello.c"))
+        .arg("-I")
+        .arg(here().join("include"))
+        .args(["-std=c99", "-Wall", "-Wextra", "-Werror"])
+        .arg("-L")
+        .arg(&lib_dir)
+        .arg("-lwaste")
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .unwrap_or_else(|e| panic!("the C compiler ({cc}) is needed for the C ABI test: {e}"));
+    assert!(st.success(), "hello.c did not compile");
+    let prompt = "The city of Paris";
+    let o = Command::new(&exe).current_dir(&work).arg(anchor()).arg(prompt).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    let line = |k: &str| out.lines().find_map(|l| l.strip_prefix(k)).unwrap_or_else(|| panic!("no {k:?} in {out}")).trim().to_string();
+    // the same through the Rust API
+    let m = Model::open(anchor(), ModelOptions { ctx: 256, threads: 1, ..Default::default() }).unwrap();
+    let ids = m.encode_chat(&[waste_model::tokenizer::Message::new("user", prompt)], true).unwrap();
+    let g = m.session().generate(&ids, &GenerateParams { max_tokens: 8, ..Default::default() }, |_| Control::Continue).unwrap();
+    let want: Vec<String> = g.tokens.iter().map(|t| t.to_string()).collect();
+    assert_eq!(line("generated"), want.join(" "));
+    let mut s = m.session();
+    let best = waste_model::argmax(s.eval(&ids).unwrap());
+    assert_eq!(line("argmax "), format!("{best} of {}", m.config().vocab));
+    assert_eq!(line("state "), "ok");
+    let v: serde_json::Value = serde_json::from_str(&line("json ")).unwrap_or_else(|e| panic!("{out}: {e}"));
+    assert!((1..=9).contains(&v["n"].as_i64().unwrap()) && v.as_object().unwrap().len() == 1, "{v}");
+    let err = line("error ");
+    assert!(!err.starts_with("0 ") && err.contains("nonexistent"), "{err}");
+    assert!(line("version ").starts_with(env!("CARGO_PKG_VERSION")));
+    std::fs::remove_dir_all(&work).ok();
+}
