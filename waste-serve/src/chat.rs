@@ -265,3 +265,74 @@ impl Assembler {
 
 /// The special-token name that ends an assistant message in XTML.
 pub const END_OF_MSG: &str = xtml::END_OF_MSG;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const KEYS: &[&str] = &["role", "content", "tool_calls", "function", "name", "arguments", "type", "tools", "tool_choice", "response_format", "json_schema", "schema", "reasoning_effort", "chat_template_kwargs", "thinking", "enable_thinking", "parameters", "messages", "id", "tool_call_id", "text", "image_url", "url", "reasoning_content", "functions"];
+    const WORDS: &[&str] = &["user", "assistant", "system", "tool", "developer", "function", "auto", "none", "required", "json_object", "json_schema", "text", "image_url", "low", "max", "disabled", "enabled", "f", "data:x", "{}", "{\"a\":1}"];
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i32>().prop_map(|i| json!(i)),
+            prop::sample::select(WORDS).prop_map(|w| json!(w)),
+            "\\PC{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                prop::collection::vec((prop::sample::select(KEYS), inner), 0..6).prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Any request body: a value or a 400, never a panic.
+        #[test]
+        fn any_request_is_parsed_or_refused(v in json()) {
+            let _ = messages(&v);
+            let _ = options(&v);
+        }
+    }
+
+    #[test]
+    fn assembler_reports_tool_calls_and_reasoning() {
+        let mk = |s: &str| format!("\u{F8F2}{s}\u{F8F3}");
+        let mut a = Assembler::new(true, true, true, "7");
+        let text = format!("hm{}think{}{}call tool=\"f\" index=\"1\"{}{}call{}", mk("<|close|>"), mk("<|sep|>"), mk("<|open|>"), mk("<|sep|>"), mk("<|close|>"), mk("<|sep|>"));
+        let deltas = a.push(&text);
+        assert_eq!(deltas[0], json!({"reasoning_content": "hm"}));
+        assert_eq!(deltas[1]["tool_calls"][0]["function"]["name"], "f");
+        assert_eq!(deltas[1]["tool_calls"][0]["index"], 0);
+        assert_eq!(a.finish_reason("stop"), "tool_calls");
+        assert_eq!(a.message()["content"], Value::Null);
+        assert_eq!(a.message()["tool_calls"][0]["id"], "call_7_0");
+        // with tool_choice none, calls are not reported
+        let mut b = Assembler::new(true, true, false, "8");
+        b.push(&text);
+        assert_eq!(b.finish_reason("stop"), "stop");
+        assert!(b.message().get("tool_calls").is_none());
+    }
+
+    #[test]
+    fn options_validate_what_openai_validates() {
+        let t = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+        assert!(options(&json!({"tools": t, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})).is_ok());
+        assert_eq!(options(&json!({"tools": t, "tool_choice": {"type": "function", "function": {"name": "other"}}})).unwrap_err().1, "tool_choice");
+        assert_eq!(options(&json!({"tool_choice": "required"})).unwrap_err().1, "tool_choice");
+        assert_eq!(options(&json!({"tools": [{"type": "function", "function": {"name": "a b"}}]})).unwrap_err().1, "tools[0].function.name");
+        assert_eq!(options(&json!({"tools": t.as_array().unwrap().iter().chain(t.as_array().unwrap()).collect::<Vec<_>>()})).unwrap_err().1, "tools[1]");
+        assert_eq!(options(&json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})).unwrap_err().1, "response_format");
+        assert!(options(&json!({"reasoning_effort": "none"})).unwrap().thinking.is_none());
+        assert_eq!(options(&json!({})).unwrap().thinking, Some(Effort::Max));
+        assert!(options(&json!({"chat_template_kwargs": {"thinking": false}})).unwrap().thinking.is_none());
+        assert!(options(&json!({"thinking": {"type": "disabled"}})).unwrap().thinking.is_none());
+        let m = messages(&json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}}]}, {"role": "tool", "tool_call_id": "c", "content": "ok"}]})).unwrap();
+        assert_eq!(m[0].tool_calls[0].arguments, "{\"x\":1}");
+        assert_eq!(m[1].tool_call_id.as_deref(), Some("c"));
+    }
+}

@@ -678,3 +678,39 @@ mod tests {
         assert!(!p.ended());
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(format!("{MARK_OPEN}{OPEN}{MARK_CLOSE}")),
+            Just(format!("{MARK_OPEN}{CLOSE}{MARK_CLOSE}")),
+            Just(format!("{MARK_OPEN}{SEP}{MARK_CLOSE}")),
+            Just(format!("{MARK_OPEN}{END_OF_MSG}{MARK_CLOSE}")),
+            Just(MARK_OPEN.to_string()),
+            Just(MARK_CLOSE.to_string()),
+            prop::sample::select(vec!["think", "response", "tools", "call tool=\"f\" index=\"1\"", "argument key=\"k\" type=\"number\"", "json type=\"object\"", "message", "x=\"", "\""]).prop_map(str::to_string),
+            "\\PC{0,6}",
+        ]
+    }
+
+    proptest! {
+        /// Whatever the model writes, the parser neither panics nor depends
+        /// on how the text is split into pieces.
+        #[test]
+        fn any_output_parses_the_same_whole_or_split(pieces in prop::collection::vec(piece(), 0..40), cut in 0usize..64, thinking: bool) {
+            let all: String = pieces.concat();
+            let mut whole = OutputParser::new(thinking);
+            let a = merge(whole.push(&all));
+            let mut split = OutputParser::new(thinking);
+            let cut = all.char_indices().map(|(i, _)| i).nth(cut).unwrap_or(all.len());
+            let mut b = split.push(&all[..cut]);
+            b.extend(split.push(&all[cut..]));
+            prop_assert_eq!(a, merge(b));
+            prop_assert_eq!(whole.ended(), split.ended());
+        }
+    }
+}
