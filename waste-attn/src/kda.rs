@@ -93,102 +93,150 @@ impl KdaState {
     }
 }
 
-/// Scratch buffers for [`step`].
+/// Scratch buffers for [`chunk`] (and [`step`]).
 #[derive(Debug)]
 pub struct KdaScratch {
-    qkv: Vec<f32>,
+    /// Most tokens per [`chunk`] call.
+    tokens: usize,
+    /// `[3][tokens][C]`: q, k, v projections of every token.
+    proj: Vec<f32>,
+    /// The current token's `[q | k | v]` (the conv ring's unit).
+    cur: Vec<f32>,
     conv_out: Vec<f32>,
+    /// `[tokens][D]`: low-rank intermediates.
     lo: Vec<f32>,
+    /// `[tokens][C]`: decay pre-activations, then log-decays.
     z: Vec<f32>,
+    /// `[tokens][H]`.
     beta: Vec<f32>,
+    /// `[tokens][C]`: output gate pre-activations.
     gate: Vec<f32>,
+    /// `[tokens][C]`: gated, normed outputs.
     o: Vec<f32>,
 }
 
 impl KdaScratch {
-    /// Buffers for a config.
-    pub fn new(c: &KdaConfig) -> Self {
-        let ch = c.channels();
-        KdaScratch { qkv: vec![0.0; 3 * ch], conv_out: vec![0.0; 3 * ch], lo: vec![0.0; c.dim], z: vec![0.0; ch], beta: vec![0.0; c.heads], gate: vec![0.0; ch], o: vec![0.0; ch] }
+    /// Buffers for a config and at most `tokens` tokens per [`chunk`].
+    pub fn new(c: &KdaConfig, tokens: usize) -> Self {
+        let (ch, t) = (c.channels(), tokens.max(1));
+        KdaScratch {
+            tokens: t,
+            proj: vec![0.0; 3 * t * ch],
+            cur: vec![0.0; 3 * ch],
+            conv_out: vec![0.0; 3 * ch],
+            lo: vec![0.0; t * c.dim],
+            z: vec![0.0; t * ch],
+            beta: vec![0.0; t * c.heads],
+            gate: vec![0.0; t * ch],
+            o: vec![0.0; t * ch],
+        }
+    }
+    /// Bytes [`KdaScratch::new`] allocates (for memory plans).
+    pub fn bytes(c: &KdaConfig, tokens: usize) -> usize {
+        let (ch, t) = (c.channels(), tokens.max(1));
+        4 * (3 * t * ch + 6 * ch + t * c.dim + 3 * t * ch + t * c.heads)
     }
     /// Bytes allocated.
     pub fn allocated_bytes(&self) -> usize {
-        4 * [&self.qkv, &self.conv_out, &self.lo, &self.z, &self.beta, &self.gate, &self.o].iter().map(|v| v.capacity()).sum::<usize>()
+        4 * [&self.proj, &self.cur, &self.conv_out, &self.lo, &self.z, &self.beta, &self.gate, &self.o].iter().map(|v| v.capacity()).sum::<usize>()
     }
 }
 
 /// One token through a KDA layer: `out = KDA(x)` (x already normed).
 pub fn step(pool: &Pool, c: &KdaConfig, w: &KdaWeights, st: &mut KdaState, sc: &mut KdaScratch, x: &[f32], out: &mut [f32]) {
+    chunk(pool, c, w, st, sc, x, 1, out);
+}
+
+/// `nt` consecutive tokens through a KDA layer (`xs`: `nt × hidden`, already
+/// normed; `outs`: `nt × hidden`). Every projection reads its weights once
+/// for all `nt` tokens; the conv and the delta rule run token after token.
+/// Bit-identical to `nt` calls of [`step`].
+#[allow(clippy::too_many_arguments)]
+pub fn chunk(pool: &Pool, c: &KdaConfig, w: &KdaWeights, st: &mut KdaState, sc: &mut KdaScratch, xs: &[f32], nt: usize, outs: &mut [f32]) {
     let ch = c.channels();
     let (d, h, k) = (c.dim, c.heads, c.kernel);
-    // 1. projections
-    pool.matvec(&w.q.view(), x, &mut sc.qkv[..ch]);
-    pool.matvec(&w.k.view(), x, &mut sc.qkv[ch..2 * ch]);
-    pool.matvec(&w.v.view(), x, &mut sc.qkv[2 * ch..]);
-    // 2. causal depthwise conv over the ring + current input, then SiLU
-    for part in 0..3 {
-        let taps = &w.conv[part];
-        for i in 0..ch {
-            let cidx = part * ch + i;
-            let t = &taps[i * k..(i + 1) * k];
-            let mut acc = 0f32;
-            for j in 0..k - 1 {
-                acc += t[j] * st.conv[j * 3 * ch + cidx];
-            }
-            acc += t[k - 1] * sc.qkv[cidx];
-            sc.conv_out[cidx] = silu(acc);
-        }
+    assert!(nt >= 1 && nt <= sc.tokens, "chunk of {nt} tokens, scratch for {}", sc.tokens);
+    // 1. projections of every token
+    {
+        let (q, rest) = sc.proj.split_at_mut(sc.tokens * ch);
+        let (kp, v) = rest.split_at_mut(sc.tokens * ch);
+        pool.matmat(&w.q.view(), xs, nt, &mut q[..nt * ch]);
+        pool.matmat(&w.k.view(), xs, nt, &mut kp[..nt * ch]);
+        pool.matmat(&w.v.view(), xs, nt, &mut v[..nt * ch]);
     }
-    // shift the ring: drop the oldest, append the current input
-    if k > 1 {
-        st.conv.copy_within(3 * ch.., 0);
-        let last = (k - 2) * 3 * ch;
-        st.conv[last..last + 3 * ch].copy_from_slice(&sc.qkv);
-    }
-    // 3. decay pre-activation and gate
-    pool.matvec(&w.f_a.view(), x, &mut sc.lo);
-    pool.matvec(&w.f_b.view(), &sc.lo, &mut sc.z);
-    for (i, zi) in sc.z.iter_mut().enumerate() {
-        let z = *zi + w.dt_bias[i];
-        *zi = decay_gate(z, w.a_log[i / d], c.lower_bound);
-    }
-    // 4. beta
-    pool.matvec(&w.b.view(), x, &mut sc.beta);
-    for b in sc.beta.iter_mut() {
-        *b = sigmoid(*b);
-    }
-    // 5. delta rule per head
-    let (q, rest) = sc.conv_out.split_at_mut(ch);
-    let (kk, v) = rest.split_at_mut(ch);
-    let qscale = 1.0 / (d as f32).sqrt();
-    let s_all = waste_quant::SyncSlice::new(&mut st.s);
-    let o_all = waste_quant::SyncSlice::new(&mut sc.o);
-    let (q, kk, v, z, beta) = (&*q, &*kk, &*v, &sc.z, &sc.beta);
-    pool.chunks(h, &|h0, h1| {
-        for hh in h0..h1 {
-            // SAFETY: each head owns its D×D state block and D outputs.
-            let s = unsafe { s_all.range(hh * d * d, (hh + 1) * d * d) };
-            let o = unsafe { o_all.range(hh * d, (hh + 1) * d) };
-            head_update(d, s, &q[hh * d..(hh + 1) * d], &kk[hh * d..(hh + 1) * d], &v[hh * d..(hh + 1) * d], &z[hh * d..(hh + 1) * d], beta[hh], qscale, o);
-        }
-    });
-    // 6. output gate and gated norm
+    // 3. decay pre-activations, 4. beta, 6. output gate: all tokens at once
+    let dl = w.f_a.rows;
+    pool.matmat(&w.f_a.view(), xs, nt, &mut sc.lo[..nt * dl]);
+    pool.matmat(&w.f_b.view(), &sc.lo[..nt * dl], nt, &mut sc.z[..nt * ch]);
+    pool.matmat(&w.b.view(), xs, nt, &mut sc.beta[..nt * h]);
     match &w.gate {
         KdaGate::LowRank { a, b } => {
-            pool.matvec(&a.view(), x, &mut sc.lo);
-            pool.matvec(&b.view(), &sc.lo, &mut sc.gate);
+            pool.matmat(&a.view(), xs, nt, &mut sc.lo[..nt * a.rows]);
+            pool.matmat(&b.view(), &sc.lo[..nt * a.rows], nt, &mut sc.gate[..nt * ch]);
         }
-        KdaGate::Full(g) => pool.matvec(&g.view(), x, &mut sc.gate),
+        KdaGate::Full(g) => pool.matmat(&g.view(), xs, nt, &mut sc.gate[..nt * ch]),
     }
-    for hh in 0..h {
-        let o = &mut sc.o[hh * d..(hh + 1) * d];
-        rmsnorm_inplace(o, &w.o_norm, c.eps);
-        for (oi, gi) in o.iter_mut().zip(&sc.gate[hh * d..(hh + 1) * d]) {
-            *oi *= sigmoid(*gi);
+    let qscale = 1.0 / (d as f32).sqrt();
+    for t in 0..nt {
+        for part in 0..3 {
+            let src = &sc.proj[(part * sc.tokens + t) * ch..(part * sc.tokens + t + 1) * ch];
+            sc.cur[part * ch..(part + 1) * ch].copy_from_slice(src);
+        }
+        // 2. causal depthwise conv over the ring + current input, then SiLU
+        for part in 0..3 {
+            let taps = &w.conv[part];
+            for i in 0..ch {
+                let cidx = part * ch + i;
+                let tp = &taps[i * k..(i + 1) * k];
+                let mut acc = 0f32;
+                for j in 0..k - 1 {
+                    acc += tp[j] * st.conv[j * 3 * ch + cidx];
+                }
+                acc += tp[k - 1] * sc.cur[cidx];
+                sc.conv_out[cidx] = silu(acc);
+            }
+        }
+        // shift the ring: drop the oldest, append the current input
+        if k > 1 {
+            st.conv.copy_within(3 * ch.., 0);
+            let last = (k - 2) * 3 * ch;
+            st.conv[last..last + 3 * ch].copy_from_slice(&sc.cur);
+        }
+        let z = &mut sc.z[t * ch..(t + 1) * ch];
+        for (i, zi) in z.iter_mut().enumerate() {
+            let zz = *zi + w.dt_bias[i];
+            *zi = decay_gate(zz, w.a_log[i / d], c.lower_bound);
+        }
+        let beta = &mut sc.beta[t * h..(t + 1) * h];
+        for b in beta.iter_mut() {
+            *b = sigmoid(*b);
+        }
+        // 5. delta rule per head
+        let (q, rest) = sc.conv_out.split_at(ch);
+        let (kk, v) = rest.split_at(ch);
+        let s_all = waste_quant::SyncSlice::new(&mut st.s);
+        let o_all = waste_quant::SyncSlice::new(&mut sc.o[t * ch..(t + 1) * ch]);
+        let (z, beta) = (&*z, &*beta);
+        pool.chunks(h, &|h0, h1| {
+            for hh in h0..h1 {
+                // SAFETY: each head owns its D×D state block and D outputs.
+                let s = unsafe { s_all.range(hh * d * d, (hh + 1) * d * d) };
+                let o = unsafe { o_all.range(hh * d, (hh + 1) * d) };
+                head_update(d, s, &q[hh * d..(hh + 1) * d], &kk[hh * d..(hh + 1) * d], &v[hh * d..(hh + 1) * d], &z[hh * d..(hh + 1) * d], beta[hh], qscale, o);
+            }
+        });
+        // 6. gated norm
+        let gate = &sc.gate[t * ch..(t + 1) * ch];
+        for hh in 0..h {
+            let o = &mut sc.o[t * ch + hh * d..t * ch + (hh + 1) * d];
+            rmsnorm_inplace(o, &w.o_norm, c.eps);
+            for (oi, gi) in o.iter_mut().zip(&gate[hh * d..(hh + 1) * d]) {
+                *oi *= sigmoid(*gi);
+            }
         }
     }
-    // 7. output projection
-    pool.matvec(&w.o.view(), &sc.o, out);
+    // 7. output projection of every token
+    pool.matmat(&w.o.view(), &sc.o[..nt * ch], nt, outs);
 }
 
 /// The log-decay of one channel from its pre-activation `z` (with `dt_bias`

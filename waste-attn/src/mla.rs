@@ -88,33 +88,46 @@ impl MlaState {
     }
 }
 
-/// Scratch for [`step`].
+/// Scratch for [`chunk`] (and [`step`]).
 #[derive(Debug)]
 pub struct MlaScratch {
+    /// Most tokens per [`chunk`] call.
+    tokens: usize,
+    /// `[tokens][H·(nope+rope)]`.
     q: Vec<f32>,
+    /// `[tokens][q_lora]`.
     qa: Vec<f32>,
+    /// `[tokens][latent]`.
     c: Vec<f32>,
     qcat: Vec<f32>,
     scores: Vec<f32>,
     cbar: Vec<f32>,
+    /// `[tokens][H·v]`.
     o: Vec<f32>,
+    /// `[tokens][H·v]`.
     g: Vec<f32>,
 }
 
 impl MlaScratch {
-    /// Buffers.
-    pub fn new(c: &MlaConfig, q_lora: usize) -> Self {
-        let h = c.heads;
+    /// Buffers for at most `tokens` tokens per [`chunk`].
+    pub fn new(c: &MlaConfig, q_lora: usize, tokens: usize) -> Self {
+        let (h, t) = (c.heads, tokens.max(1));
         MlaScratch {
-            q: vec![0.0; h * (c.nope + c.rope)],
-            qa: vec![0.0; q_lora],
-            c: vec![0.0; c.latent()],
+            tokens: t,
+            q: vec![0.0; t * h * (c.nope + c.rope)],
+            qa: vec![0.0; t * q_lora],
+            c: vec![0.0; t * c.latent()],
             qcat: vec![0.0; h * c.latent()],
             scores: vec![0.0; h * c.max_ctx],
             cbar: vec![0.0; h * c.kv_lora],
-            o: vec![0.0; h * c.v],
-            g: vec![0.0; h * c.v],
+            o: vec![0.0; t * h * c.v],
+            g: vec![0.0; t * h * c.v],
         }
+    }
+    /// Bytes [`MlaScratch::new`] allocates (for memory plans).
+    pub fn bytes(c: &MlaConfig, q_lora: usize, tokens: usize) -> usize {
+        let (h, t) = (c.heads, tokens.max(1));
+        4 * (t * (h * (c.nope + c.rope) + q_lora + c.latent() + 2 * h * c.v) + h * c.latent() + h * c.max_ctx + h * c.kv_lora)
     }
     /// Bytes allocated.
     pub fn allocated_bytes(&self) -> usize {
@@ -129,74 +142,93 @@ pub struct ContextFull(pub usize);
 /// One token through an MLA layer. Fails (leaving state untouched) when the
 /// cache already holds `max_ctx` positions.
 pub fn step(pool: &Pool, c: &MlaConfig, w: &MlaWeights, st: &mut MlaState, sc: &mut MlaScratch, x: &[f32], out: &mut [f32]) -> Result<(), ContextFull> {
-    if st.len >= c.max_ctx {
+    chunk(pool, c, w, st, sc, x, 1, out)
+}
+
+/// `nt` consecutive tokens through an MLA layer (`xs`: `nt × hidden`,
+/// normed; `outs`: `nt × hidden`). The projections read their weights once
+/// for all tokens; each token attends over the cache up to itself.
+/// Bit-identical to `nt` calls of [`step`]. Fails (leaving state untouched)
+/// when the tokens do not fit in `max_ctx`.
+#[allow(clippy::too_many_arguments)]
+pub fn chunk(pool: &Pool, c: &MlaConfig, w: &MlaWeights, st: &mut MlaState, sc: &mut MlaScratch, xs: &[f32], nt: usize, outs: &mut [f32]) -> Result<(), ContextFull> {
+    assert!(nt >= 1 && nt <= sc.tokens, "chunk of {nt} tokens, scratch for {}", sc.tokens);
+    if st.len + nt > c.max_ctx {
         return Err(ContextFull(c.max_ctx));
     }
     let (h, nope, rope, vd, kvl) = (c.heads, c.nope, c.rope, c.v, c.kv_lora);
     let lat = c.latent();
     let qd = nope + rope;
-    // 1. query
+    // 1. queries of every token
     match &w.q {
-        MlaQuery::Plain(q) => pool.matvec(&q.view(), x, &mut sc.q),
+        MlaQuery::Plain(q) => pool.matmat(&q.view(), xs, nt, &mut sc.q[..nt * h * qd]),
         MlaQuery::Lora { a, norm, b } => {
-            pool.matvec(&a.view(), x, &mut sc.qa);
-            rmsnorm_inplace(&mut sc.qa, norm, c.latent_eps);
-            pool.matvec(&b.view(), &sc.qa, &mut sc.q);
+            let r = a.rows;
+            pool.matmat(&a.view(), xs, nt, &mut sc.qa[..nt * r]);
+            for t in 0..nt {
+                rmsnorm_inplace(&mut sc.qa[t * r..(t + 1) * r], norm, c.latent_eps);
+            }
+            pool.matmat(&b.view(), &sc.qa[..nt * r], nt, &mut sc.q[..nt * h * qd]);
         }
     }
-    // 2. latent for this position
-    pool.matvec(&w.kv_a.view(), x, &mut sc.c);
-    let pos = st.len;
-    {
-        let dst = &mut st.cache[pos * lat..(pos + 1) * lat];
-        rmsnorm(&sc.c[..kvl], &w.kv_a_norm, c.latent_eps, &mut dst[..kvl]);
-        dst[kvl..].copy_from_slice(&sc.c[kvl..]);
-    }
-    st.len += 1;
-    let n = st.len;
+    // 2. latents of every token
+    pool.matmat(&w.kv_a.view(), xs, nt, &mut sc.c[..nt * lat]);
     let scale = 1.0 / (qd as f32).sqrt();
     let kv_b = w.kv_b.view();
-    let cache = f32_matrix(n, lat, &st.cache);
-    let qcat = SyncSlice::new(&mut sc.qcat);
-    let scores = SyncSlice::new(&mut sc.scores);
-    let cbar = SyncSlice::new(&mut sc.cbar);
-    let o = SyncSlice::new(&mut sc.o);
-    let q = &sc.q;
     let level = pool.level();
-    // 3. per head: absorbed query, scores over the cache, softmax, latent mix, value
-    pool.chunks(h, &|h0, h1| {
-        let mut row = vec![0f32; kvl];
-        for hh in h0..h1 {
-            // SAFETY: head hh owns its slices of every scratch buffer.
-            let (qc, sco, cb, oh) = unsafe { (qcat.range(hh * lat, (hh + 1) * lat), scores.range(hh * c.max_ctx, hh * c.max_ctx + n), cbar.range(hh * kvl, (hh + 1) * kvl), o.range(hh * vd, (hh + 1) * vd)) };
-            let qh = &q[hh * qd..(hh + 1) * qd];
-            // q̃ = W_kb,hᵀ q_nope
-            qc[..kvl].fill(0.0);
-            for i in 0..nope {
-                kv_b.row(hh * (nope + vd) + i, &mut row);
-                waste_quant::ops::axpy(qh[i], &row, &mut qc[..kvl]);
-            }
-            qc[kvl..].copy_from_slice(&qh[nope..]);
-            cache.matvec_rows(level, qc, 0, sco);
-            for s in sco.iter_mut() {
-                *s *= scale;
-            }
-            softmax(sco);
-            cb.fill(0.0);
-            for (s, &a) in sco.iter().enumerate() {
-                waste_quant::ops::axpy(a, &st_row(&st.cache, s, lat)[..kvl], cb);
-            }
-            kv_b.matvec_rows(level, cb, hh * (nope + vd) + nope, oh);
+    for t in 0..nt {
+        let pos = st.len;
+        {
+            let src = &sc.c[t * lat..(t + 1) * lat];
+            let dst = &mut st.cache[pos * lat..(pos + 1) * lat];
+            rmsnorm(&src[..kvl], &w.kv_a_norm, c.latent_eps, &mut dst[..kvl]);
+            dst[kvl..].copy_from_slice(&src[kvl..]);
         }
-    });
-    // 4. output gate (K3)
+        st.len += 1;
+        let n = st.len;
+        let cache = f32_matrix(n, lat, &st.cache);
+        let qcat = SyncSlice::new(&mut sc.qcat);
+        let scores = SyncSlice::new(&mut sc.scores);
+        let cbar = SyncSlice::new(&mut sc.cbar);
+        let o = SyncSlice::new(&mut sc.o[t * h * vd..(t + 1) * h * vd]);
+        let q = &sc.q[t * h * qd..(t + 1) * h * qd];
+        let stc = &st.cache;
+        // 3. per head: absorbed query, scores over the cache, softmax, latent mix, value
+        pool.chunks(h, &|h0, h1| {
+            let mut row = vec![0f32; kvl];
+            for hh in h0..h1 {
+                // SAFETY: head hh owns its slices of every scratch buffer.
+                let (qc, sco, cb, oh) = unsafe { (qcat.range(hh * lat, (hh + 1) * lat), scores.range(hh * c.max_ctx, hh * c.max_ctx + n), cbar.range(hh * kvl, (hh + 1) * kvl), o.range(hh * vd, (hh + 1) * vd)) };
+                let qh = &q[hh * qd..(hh + 1) * qd];
+                // q̃ = W_kb,hᵀ q_nope
+                qc[..kvl].fill(0.0);
+                for i in 0..nope {
+                    kv_b.row(hh * (nope + vd) + i, &mut row);
+                    waste_quant::ops::axpy(qh[i], &row, &mut qc[..kvl]);
+                }
+                qc[kvl..].copy_from_slice(&qh[nope..]);
+                cache.matvec_rows(level, qc, 0, sco);
+                for s in sco.iter_mut() {
+                    *s *= scale;
+                }
+                softmax(sco);
+                cb.fill(0.0);
+                for (s, &a) in sco.iter().enumerate() {
+                    waste_quant::ops::axpy(a, &st_row(stc, s, lat)[..kvl], cb);
+                }
+                kv_b.matvec_rows(level, cb, hh * (nope + vd) + nope, oh);
+            }
+        });
+    }
+    // 4. output gate (K3), 5. output projection: all tokens at once
+    let ho = h * vd;
     if let Some(g) = &w.g {
-        pool.matvec(&g.view(), x, &mut sc.g);
-        for (oi, gi) in sc.o.iter_mut().zip(&sc.g) {
+        pool.matmat(&g.view(), xs, nt, &mut sc.g[..nt * ho]);
+        for (oi, gi) in sc.o[..nt * ho].iter_mut().zip(&sc.g[..nt * ho]) {
             *oi *= sigmoid(*gi);
         }
     }
-    pool.matvec(&w.o.view(), &sc.o, out);
+    pool.matmat(&w.o.view(), &sc.o[..nt * ho], nt, outs);
     Ok(())
 }
 

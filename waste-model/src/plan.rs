@@ -45,21 +45,18 @@ pub(crate) fn session_scratch(c: &ModelConfig, ctx: usize) -> u64 {
     let has_kda = c.attn_kinds.contains(&AttnKind::Kda);
     let has_mla = c.n_mla_layers() > 0;
     let mut b = 0u64;
+    let chunk = crate::session::CHUNK;
     if has_kda {
-        let (ch, d, hh) = (c.kda_channels(), c.kda_head_dim, c.kda_heads);
-        b += f(3 * ch + 3 * ch + d + ch + hh + ch + ch);
+        b += waste_attn::kda::KdaScratch::bytes(&crate::weights::kda_config(c), chunk) as u64;
     }
     if has_mla {
-        let nh = c.mla_heads;
-        let latent = c.kv_lora + c.qk_rope;
-        b += f(nh * (c.qk_nope + c.qk_rope) + c.q_lora.unwrap_or(0) + latent + nh * latent + nh * ctx + nh * c.kv_lora + 2 * nh * c.v_head);
+        b += waste_attn::mla::MlaScratch::bytes(&crate::weights::mla_config(c, ctx), c.q_lora.unwrap_or(0), chunk) as u64;
     }
     if c.n_moe_layers() > 0 {
         // expert activations (gate, up) and one output per chosen expert
         b += f(2 * c.moe_intermediate + c.top_k * lat);
     }
     let ffn_w = c.intermediate.max(c.moe_intermediate * c.shared_experts);
-    let chunk = crate::session::CHUNK;
     // per chunk token: hidden, FFN input, FFN output; then x, xn, r
     b += f(3 * chunk * h + 3 * h + c.experts + 2 * lat + 2 * ffn_w + c.vocab);
     if let Some(bs) = c.attn_res_block {

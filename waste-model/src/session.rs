@@ -103,8 +103,8 @@ impl<'m> Session<'m> {
             m,
             pos: 0,
             states,
-            kda_sc: has_kda.then(|| KdaScratch::new(&kc)),
-            mla_sc: has_mla.then(|| MlaScratch::new(&mc, c.q_lora.unwrap_or(0))),
+            kda_sc: has_kda.then(|| KdaScratch::new(&kc, CHUNK)),
+            mla_sc: has_mla.then(|| MlaScratch::new(&mc, c.q_lora.unwrap_or(0), CHUNK)),
             ex_sc: m.kernel.as_ref().map(|k| k.scratch()),
             hs: vec![0.0; CHUNK * h],
             ps: vec![0.0; if nb > 0 { CHUNK * h } else { 0 }],
@@ -258,9 +258,10 @@ impl<'m> Session<'m> {
         self.nblocks = 0;
         for (l, layer) in m.layers.iter().enumerate() {
             let restarted = ar.is_some_and(|b| l % b == 0);
-            // --- attention, token after token (the recurrence)
+            // --- attention inputs of every token (they depend on earlier layers only)
             for t in 0..nt {
                 let hh = &mut self.hs[t * h..(t + 1) * h];
+                let xa = &mut self.xns[t * h..(t + 1) * h];
                 if ar.is_some() {
                     let p = &mut self.ps[t * h..(t + 1) * h];
                     let blocks = &mut self.blocks[t * nb * h..(t + 1) * nb * h];
@@ -274,30 +275,36 @@ impl<'m> Session<'m> {
                     if restarted {
                         blocks[self.nblocks * h..(self.nblocks + 1) * h].copy_from_slice(p);
                     }
-                    rmsnorm(&self.x, &layer.in_norm, c.rms_eps, &mut self.xn);
+                    rmsnorm(&self.x, &layer.in_norm, c.rms_eps, xa);
                 } else {
-                    rmsnorm(hh, &layer.in_norm, c.rms_eps, &mut self.xn);
+                    rmsnorm(hh, &layer.in_norm, c.rms_eps, xa);
                 }
-                let ta = Instant::now();
-                match (&layer.attn, &mut self.states[l]) {
-                    (Attn::Kda(w), LayerState::Kda(st)) => {
-                        let sc = self.kda_sc.as_mut().expect("kda scratch");
-                        kda::step(pool, &kda_config(c), w, st, sc, &self.xn, &mut self.r);
-                    }
-                    (Attn::Mla(w), LayerState::Mla(st)) => {
-                        let sc = self.mla_sc.as_mut().expect("mla scratch");
-                        mla::step(pool, &mla_config(c, m.opts.ctx), w, st, sc, &self.xn, &mut self.r).map_err(|e| Error::Arg(format!("context full at {} tokens", e.0)))?;
-                    }
-                    _ => unreachable!("layer state matches its kind"),
+            }
+            // --- attention for the chunk: projections batched, the recurrence token after token
+            let ta = Instant::now();
+            let (xs, outs) = (&self.xns[..nt * h], &mut self.rs[..nt * h]);
+            match (&layer.attn, &mut self.states[l]) {
+                (Attn::Kda(w), LayerState::Kda(st)) => {
+                    let sc = self.kda_sc.as_mut().expect("kda scratch");
+                    kda::chunk(pool, &kda_config(c), w, st, sc, xs, nt, outs);
                 }
-                self.stats.attn_seconds += ta.elapsed().as_secs_f64();
+                (Attn::Mla(w), LayerState::Mla(st)) => {
+                    let sc = self.mla_sc.as_mut().expect("mla scratch");
+                    mla::chunk(pool, &mla_config(c, m.opts.ctx), w, st, sc, xs, nt, outs).map_err(|e| Error::Arg(format!("context full at {} tokens", e.0)))?;
+                }
+                _ => unreachable!("layer state matches its kind"),
+            }
+            self.stats.attn_seconds += ta.elapsed().as_secs_f64();
+            // --- residuals and FFN inputs
+            for t in 0..nt {
+                let r = &self.rs[t * h..(t + 1) * h];
                 let xn_t = &mut self.xns[t * h..(t + 1) * h];
                 if ar.is_some() {
                     let p = &mut self.ps[t * h..(t + 1) * h];
                     if restarted {
-                        p.copy_from_slice(&self.r);
+                        p.copy_from_slice(r);
                     } else {
-                        add(p, &self.r);
+                        add(p, r);
                     }
                     let w = &layer.res.as_ref().expect("attn res weights").mlp;
                     let nbk = self.nblocks + restarted as usize;
@@ -305,7 +312,7 @@ impl<'m> Session<'m> {
                     rmsnorm(&self.x, &layer.post_norm, c.rms_eps, xn_t);
                 } else {
                     let hh = &mut self.hs[t * h..(t + 1) * h];
-                    add(hh, &self.r);
+                    add(hh, r);
                     rmsnorm(hh, &layer.post_norm, c.rms_eps, xn_t);
                 }
             }

@@ -126,6 +126,33 @@ impl<'a> MatRef<'a> {
         }
     }
 
+    /// Several inputs at once: `ys[t·ys_stride + i] = W[row0 + i] · xs[t·cols..]`
+    /// for `i < n`, `t < nt`. Each weight row is read once for all `nt` inputs
+    /// (it stays in L1 across them) and every element is the same dot as
+    /// [`MatRef::matvec_rows`] computes — bit-identical to `nt` matvecs.
+    ///
+    /// # Safety
+    /// `ys` must be valid for writes at every `t·ys_stride + i` (`t < nt`,
+    /// `i < n`), and no other thread may touch those elements meanwhile.
+    pub unsafe fn matmat_rows(&self, level: Level, xs: &[f32], nt: usize, row0: usize, n: usize, ys: *mut f32, ys_stride: usize) {
+        assert_eq!(xs.len(), nt * self.cols, "matmat input length");
+        assert!(row0 + n <= self.rows, "matmat rows out of range");
+        assert!(nt <= 1 || ys_stride >= n);
+        #[cfg(target_arch = "x86_64")]
+        if level == Level::Avx2 && Level::Avx2.supported() {
+            // SAFETY: AVX2/FMA/F16C verified just above; sizes asserted; ys per the contract.
+            unsafe { crate::x86_64::avx2::matmat_rows(self, xs, nt, row0, n, ys, ys_stride) };
+            return;
+        }
+        for i in 0..n {
+            for t in 0..nt {
+                let v = self.row_dot_scalar(row0 + i, &xs[t * self.cols..(t + 1) * self.cols]);
+                // SAFETY: per the contract.
+                unsafe { *ys.add(t * ys_stride + i) = v };
+            }
+        }
+    }
+
     /// Canonical scalar dot of row `r` with `x`.
     pub fn row_dot_scalar(&self, r: usize, x: &[f32]) -> f32 {
         const CH: usize = 8 * LANES;

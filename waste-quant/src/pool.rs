@@ -130,6 +130,25 @@ impl Pool {
         });
     }
 
+    /// `ys[t] = W · xs[t]` for `nt` token-major inputs (`xs`: `nt × cols`,
+    /// `ys`: `nt × rows`), rows split across the pool; each weight row is
+    /// read once for all inputs. Bit-identical to `nt` calls of [`Pool::matvec`].
+    pub fn matmat(&self, m: &MatRef<'_>, xs: &[f32], nt: usize, ys: &mut [f32]) {
+        let n = m.rows;
+        assert_eq!(ys.len(), nt * n, "matmat output length");
+        if nt == 1 {
+            return self.matvec(m, xs, ys);
+        }
+        let parts = self.threads.min(n / MIN_ROWS_SPLIT).max(1);
+        let out = SyncSlice::new(ys);
+        self.run(parts, &|p| {
+            let (a, b) = (n * p / parts, n * (p + 1) / parts);
+            // SAFETY: part p writes only rows [a, b) of every token's output;
+            // the parts' row ranges are disjoint and in bounds.
+            unsafe { m.matmat_rows(self.level, xs, nt, a, b - a, out.ptr_at(a), n) };
+        });
+    }
+
     /// Split `0..n` into contiguous chunks, one task per thread.
     pub fn chunks(&self, n: usize, f: &(dyn Fn(usize, usize) + Sync)) {
         let parts = self.threads.min(n).max(1);
@@ -150,6 +169,12 @@ impl<T> SyncSlice<T> {
     /// Wrap a slice.
     pub fn new(s: &mut [T]) -> Self {
         SyncSlice { ptr: s.as_mut_ptr(), len: s.len() }
+    }
+    /// A raw pointer to element `a` (for strided disjoint writes).
+    pub fn ptr_at(&self, a: usize) -> *mut T {
+        assert!(a <= self.len);
+        // SAFETY: in bounds.
+        unsafe { self.ptr.add(a) }
     }
     /// A sub-slice `[a, b)`.
     ///

@@ -71,6 +71,25 @@ proptest! {
         }
     }
 
+    /// Several inputs at once (prefill): every level, any thread count,
+    /// bit-identical to one scalar matvec per input.
+    #[test]
+    fn trunk_matmat_equals_matvecs(f in 0u8..5, rows in 1usize..70, cols in 1usize..200, nt in 1usize..7, threads in 1usize..4, g in prop::sample::select(vec![16usize, 32, 64]), seed in any::<u64>()) {
+        let fmt = fmt_of(f);
+        let m = random_matrix(fmt, rows, cols, g, seed);
+        let mut r = rng(seed + 2);
+        let xs: Vec<f32> = (0..nt * cols).map(|_| gauss(&mut r)).collect();
+        let mut want = vec![0f32; nt * rows];
+        for t in 0..nt {
+            m.view().matvec_rows(Level::Scalar, &xs[t * cols..(t + 1) * cols], 0, &mut want[t * rows..(t + 1) * rows]);
+        }
+        for lv in Level::available() {
+            let mut got = vec![0f32; nt * rows];
+            waste_quant::Pool::with_level(threads, lv).matmat(&m.view(), &xs, nt, &mut got);
+            prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "level {:?} fmt {:?}", lv, fmt);
+        }
+    }
+
     #[test]
     fn vq_matvec_bit_identical_across_levels(packed in any::<bool>(), two in any::<bool>(), rows in 1usize..140, nvec in 1usize..20, block in prop::sample::select(vec![0usize, 8, 64]), seed in any::<u64>()) {
         let stages = if packed { 4 } else if two { 2 } else { 3 };

@@ -131,6 +131,21 @@ pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32])
     }
 }
 
+/// AVX2 version of [`MatRef::matmat_rows`].
+///
+/// # Safety
+/// As [`matvec_rows`], with `xs.len() == nt · m.cols` and `ys` valid for
+/// writes at `t·ys_stride + i`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn matmat_rows(m: &MatRef<'_>, xs: &[f32], nt: usize, row0: usize, n: usize, ys: *mut f32, ys_stride: usize) {
+    for i in 0..n {
+        for t in 0..nt {
+            // SAFETY: forwarded contract.
+            unsafe { *ys.add(t * ys_stride + i) = row_dot(m, row0 + i, &xs[t * m.cols..(t + 1) * m.cols]) };
+        }
+    }
+}
+
 /// Table entries for one (v, s): `t[e] = x0·c0 (+ fma over d)`, 8 entries a lane.
 ///
 /// # Safety
