@@ -138,11 +138,68 @@ pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32])
 /// writes at `t·ys_stride + i`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn matmat_rows(m: &MatRef<'_>, xs: &[f32], nt: usize, row0: usize, n: usize, ys: *mut f32, ys_stride: usize) {
+    let fused = !m.fmt.is_grouped() || m.group % LANES == 0;
     for i in 0..n {
-        for t in 0..nt {
-            // SAFETY: forwarded contract.
-            unsafe { *ys.add(t * ys_stride + i) = row_dot(m, row0 + i, &xs[t * m.cols..(t + 1) * m.cols]) };
+        let mut t = 0;
+        while t < nt {
+            let k = (nt - t).min(MULTI);
+            if fused && k == MULTI {
+                let mut out = [0f32; MULTI];
+                // SAFETY: forwarded contract; tokens t..t+MULTI exist.
+                unsafe { row_dot_multi(m, row0 + i, &xs[t * m.cols..(t + MULTI) * m.cols], &mut out) };
+                for (j, v) in out.iter().enumerate() {
+                    // SAFETY: forwarded contract.
+                    unsafe { *ys.add((t + j) * ys_stride + i) = *v };
+                }
+            } else {
+                for j in t..t + k {
+                    // SAFETY: forwarded contract.
+                    unsafe { *ys.add(j * ys_stride + i) = row_dot(m, row0 + i, &xs[j * m.cols..(j + 1) * m.cols]) };
+                }
+            }
+            t += k;
         }
+    }
+}
+
+/// Tokens sharing one dequantization of a weight block in [`row_dot_multi`].
+const MULTI: usize = 3;
+
+/// [`row_dot`] of one row with `MULTI` inputs: each 32-weight block is
+/// dequantized once and multiplied into every input's own accumulators, in
+/// the same order as [`row_dot`] — so each result is bit-identical to it.
+/// Fused layouts only (`group % 32 == 0` or ungrouped).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row_dot_multi(m: &MatRef<'_>, r: usize, xs: &[f32], out: &mut [f32; MULTI]) {
+    let rbs = m.row_bytes();
+    let rb = m.data[r * rbs..(r + 1) * rbs].as_ptr();
+    let mut acc = [[_mm256_setzero_ps(); 4]; MULTI];
+    let full = m.cols / LANES * LANES;
+    let g = m.groups();
+    let mut c = 0;
+    while c < full {
+        let scale = if m.fmt.is_grouped() { waste_format::half::f16_to_f32(m.scales[r * g + c / m.group]) } else { 0.0 };
+        // SAFETY: c + 32 <= cols <= row length; each input has cols floats.
+        unsafe {
+            let w = load32(m.fmt, rb, c, scale);
+            for (t, a) in acc.iter_mut().enumerate() {
+                fma4(a, w, xs.as_ptr().add(t * m.cols + c));
+            }
+        }
+        c += LANES;
+    }
+    for (t, a) in acc.iter_mut().enumerate() {
+        if full < m.cols {
+            let mut wt = [0f32; LANES];
+            let mut xt = [0f32; LANES];
+            let n = m.cols - full;
+            m.dequant(r, full, &mut wt[..n]);
+            xt[..n].copy_from_slice(&xs[t * m.cols + full..(t + 1) * m.cols]);
+            // SAFETY: both tails are 32 floats.
+            unsafe { fma4(a, load32(Fmt::F32, wt.as_ptr() as *const u8, 0, 0.0), xt.as_ptr()) };
+        }
+        // SAFETY: features enabled on this function.
+        out[t] = unsafe { reduce(*a) };
     }
 }
 
