@@ -217,12 +217,13 @@ pub fn chunk(pool: &Pool, c: &KdaConfig, w: &KdaWeights, st: &mut KdaState, sc: 
         let s_all = waste_quant::SyncSlice::new(&mut st.s);
         let o_all = waste_quant::SyncSlice::new(&mut sc.o[t * ch..(t + 1) * ch]);
         let (z, beta) = (&*z, &*beta);
+        let level = pool.level();
         pool.chunks(h, &|h0, h1| {
             for hh in h0..h1 {
                 // SAFETY: each head owns its D×D state block and D outputs.
                 let s = unsafe { s_all.range(hh * d * d, (hh + 1) * d * d) };
                 let o = unsafe { o_all.range(hh * d, (hh + 1) * d) };
-                head_update(d, s, &q[hh * d..(hh + 1) * d], &kk[hh * d..(hh + 1) * d], &v[hh * d..(hh + 1) * d], &z[hh * d..(hh + 1) * d], beta[hh], qscale, o);
+                head_update(level, d, s, &q[hh * d..(hh + 1) * d], &kk[hh * d..(hh + 1) * d], &v[hh * d..(hh + 1) * d], &z[hh * d..(hh + 1) * d], beta[hh], qscale, o);
             }
         });
         // 6. gated norm
@@ -253,7 +254,7 @@ pub fn decay_gate(z: f32, a_log: f32, lower_bound: Option<f32>) -> f32 {
 
 /// The per-head recurrence (state rows indexed by key dim).
 #[allow(clippy::too_many_arguments)]
-pub fn head_update(d: usize, s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: f32, qscale: f32, o: &mut [f32]) {
+pub fn head_update(level: waste_quant::Level, d: usize, s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: f32, qscale: f32, o: &mut [f32]) {
     let kn = 1.0 / (scalar::dot(k, k) + 1e-6).sqrt();
     let qn = 1.0 / (scalar::dot(q, q) + 1e-6).sqrt();
     let mut khat = [0f32; 512];
@@ -268,11 +269,7 @@ pub fn head_update(d: usize, s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: 
     let u = &mut u[..d];
     for i in 0..d {
         let e = g[i].exp();
-        let row = &mut s[i * d..(i + 1) * d];
-        for (j, sv) in row.iter_mut().enumerate() {
-            *sv *= e;
-            u[j] = khat[i].mul_add(*sv, u[j]);
-        }
+        waste_quant::ops::decay_project(level, e, khat[i], &mut s[i * d..(i + 1) * d], u);
     }
     // S += k̂ dᵀ with d = beta (v - u); o = Sᵀ q̂
     o.fill(0.0);
@@ -280,11 +277,7 @@ pub fn head_update(d: usize, s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: 
         u[j] = beta * (v[j] - u[j]);
     }
     for i in 0..d {
-        let row = &mut s[i * d..(i + 1) * d];
-        for (j, sv) in row.iter_mut().enumerate() {
-            *sv = khat[i].mul_add(u[j], *sv);
-            o[j] = qhat[i].mul_add(*sv, o[j]);
-        }
+        waste_quant::ops::update_read(level, khat[i], u, &mut s[i * d..(i + 1) * d], qhat[i], o);
     }
 }
 

@@ -204,7 +204,7 @@ pub fn chunk(pool: &Pool, c: &MlaConfig, w: &MlaWeights, st: &mut MlaState, sc: 
                 qc[..kvl].fill(0.0);
                 for i in 0..nope {
                     kv_b.row(hh * (nope + vd) + i, &mut row);
-                    waste_quant::ops::axpy(qh[i], &row, &mut qc[..kvl]);
+                    waste_quant::ops::axpy_at(level, qh[i], &row, &mut qc[..kvl]);
                 }
                 qc[kvl..].copy_from_slice(&qh[nope..]);
                 cache.matvec_rows(level, qc, 0, sco);
@@ -214,7 +214,7 @@ pub fn chunk(pool: &Pool, c: &MlaConfig, w: &MlaWeights, st: &mut MlaState, sc: 
                 softmax(sco);
                 cb.fill(0.0);
                 for (s, &a) in sco.iter().enumerate() {
-                    waste_quant::ops::axpy(a, &st_row(stc, s, lat)[..kvl], cb);
+                    waste_quant::ops::axpy_at(level, a, &st_row(stc, s, lat)[..kvl], cb);
                 }
                 kv_b.matvec_rows(level, cb, hh * (nope + vd) + nope, oh);
             }

@@ -74,9 +74,81 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// [`axpy`] at a SIMD level (one fused multiply-add per element either
+/// way, so bit-identical).
+pub fn axpy_at(level: crate::Level, a: f32, x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len());
+    #[cfg(target_arch = "x86_64")]
+    if level == crate::Level::Avx2 && crate::Level::Avx2.supported() {
+        // SAFETY: AVX2/FMA verified; equal lengths asserted.
+        unsafe { crate::x86_64::avx2::axpy(a, x, y) };
+        return;
+    }
+    let _ = level;
+    axpy(a, x, y);
+}
+
+/// `row[j] *= e; u[j] = fma(k, row[j], u[j])` — the decay-and-project step
+/// of a delta-rule state row.
+pub fn decay_project(level: crate::Level, e: f32, k: f32, row: &mut [f32], u: &mut [f32]) {
+    assert_eq!(row.len(), u.len());
+    #[cfg(target_arch = "x86_64")]
+    if level == crate::Level::Avx2 && crate::Level::Avx2.supported() {
+        // SAFETY: AVX2/FMA verified; equal lengths asserted.
+        unsafe { crate::x86_64::avx2::decay_project(e, k, row, u) };
+        return;
+    }
+    let _ = level;
+    for (sv, uj) in row.iter_mut().zip(u.iter_mut()) {
+        *sv *= e;
+        *uj = k.mul_add(*sv, *uj);
+    }
+}
+
+/// `row[j] = fma(k, d[j], row[j]); o[j] = fma(q, row[j], o[j])` — the
+/// rank-one update of a delta-rule state row and its read-out.
+pub fn update_read(level: crate::Level, k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f32]) {
+    assert!(d.len() == row.len() && row.len() == o.len());
+    #[cfg(target_arch = "x86_64")]
+    if level == crate::Level::Avx2 && crate::Level::Avx2.supported() {
+        // SAFETY: AVX2/FMA verified; equal lengths asserted.
+        unsafe { crate::x86_64::avx2::update_read(k, d, row, q, o) };
+        return;
+    }
+    let _ = level;
+    for ((sv, &dj), oj) in row.iter_mut().zip(d).zip(o.iter_mut()) {
+        *sv = k.mul_add(dj, *sv);
+        *oj = q.mul_add(*sv, *oj);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn state_row_ops_are_bit_identical_across_levels() {
+        let n = 37;
+        let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 113) as f32 / 57.0 - 1.0).collect();
+        let d: Vec<f32> = (0..n).map(|i| ((i * 104729) % 97) as f32 / 31.0 - 1.5).collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut want = None;
+        for lv in crate::Level::available() {
+            let (mut y, mut row, mut u, mut o) = (d.clone(), x.clone(), d.clone(), x.clone());
+            axpy_at(lv, 0.37, &x, &mut y);
+            decay_project(lv, 0.93, -0.41, &mut row, &mut u);
+            update_read(lv, 0.21, &d, &mut row, 1.7, &mut o);
+            let got = (bits(&y), bits(&row), bits(&u), bits(&o));
+            if let Some(w) = &want {
+                assert_eq!(&got, w, "level {lv:?}");
+            }
+            want = Some(got);
+        }
+        // the scalar forms are the definition
+        let mut y = d.clone();
+        axpy(0.37, &x, &mut y);
+        assert_eq!(want.unwrap().0, bits(&y));
+    }
+
     #[test]
     fn formulas() {
         assert!((softplus(0.0) - 2f32.ln()).abs() < 1e-7);

@@ -314,3 +314,73 @@ pub unsafe fn vq_rows8(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: 
         r += 8 * ng;
     }
 }
+
+/// `y[j] = fma(a, x[j], y[j])`.
+///
+/// # Safety
+/// AVX2+FMA; `x.len() == y.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    let n8 = y.len() / 8 * 8;
+    let av = _mm256_set1_ps(a);
+    let mut j = 0;
+    while j < n8 {
+        // SAFETY: j + 8 <= len of both.
+        unsafe {
+            let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(x.as_ptr().add(j)), _mm256_loadu_ps(y.as_ptr().add(j)));
+            _mm256_storeu_ps(y.as_mut_ptr().add(j), r);
+        }
+        j += 8;
+    }
+    for j in n8..y.len() {
+        y[j] = a.mul_add(x[j], y[j]);
+    }
+}
+
+/// `row[j] *= e; u[j] = fma(k, row[j], u[j])`.
+///
+/// # Safety
+/// AVX2+FMA; `row.len() == u.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn decay_project(e: f32, k: f32, row: &mut [f32], u: &mut [f32]) {
+    let n8 = row.len() / 8 * 8;
+    let (ev, kv) = (_mm256_set1_ps(e), _mm256_set1_ps(k));
+    let mut j = 0;
+    while j < n8 {
+        // SAFETY: j + 8 <= len of both.
+        unsafe {
+            let s = _mm256_mul_ps(_mm256_loadu_ps(row.as_ptr().add(j)), ev);
+            _mm256_storeu_ps(row.as_mut_ptr().add(j), s);
+            _mm256_storeu_ps(u.as_mut_ptr().add(j), _mm256_fmadd_ps(kv, s, _mm256_loadu_ps(u.as_ptr().add(j))));
+        }
+        j += 8;
+    }
+    for j in n8..row.len() {
+        row[j] *= e;
+        u[j] = k.mul_add(row[j], u[j]);
+    }
+}
+
+/// `row[j] = fma(k, d[j], row[j]); o[j] = fma(q, row[j], o[j])`.
+///
+/// # Safety
+/// AVX2+FMA; equal lengths.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn update_read(k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f32]) {
+    let n8 = row.len() / 8 * 8;
+    let (kv, qv) = (_mm256_set1_ps(k), _mm256_set1_ps(q));
+    let mut j = 0;
+    while j < n8 {
+        // SAFETY: j + 8 <= len of all three.
+        unsafe {
+            let s = _mm256_fmadd_ps(kv, _mm256_loadu_ps(d.as_ptr().add(j)), _mm256_loadu_ps(row.as_ptr().add(j)));
+            _mm256_storeu_ps(row.as_mut_ptr().add(j), s);
+            _mm256_storeu_ps(o.as_mut_ptr().add(j), _mm256_fmadd_ps(qv, s, _mm256_loadu_ps(o.as_ptr().add(j))));
+        }
+        j += 8;
+    }
+    for j in n8..row.len() {
+        row[j] = k.mul_add(d[j], row[j]);
+        o[j] = q.mul_add(row[j], o[j]);
+    }
+}
