@@ -82,7 +82,13 @@ impl Session<'_> {
     pub fn load_state(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let b = std::fs::read(path).map_err(|e| Error::Format(FErr::io(path, e)))?;
-        let mut r = Reader { b: &b, at: 0 };
+        self.load_state_bytes(&b, path)
+    }
+
+    /// [`Session::load_state`] from bytes already in memory (`path` names
+    /// them in errors).
+    pub fn load_state_bytes(&mut self, b: &[u8], path: &Path) -> Result<()> {
+        let mut r = Reader { b, at: 0 };
         let trunc = || bad(path, "truncated".into());
         if r.u32().ok_or_else(trunc)? != STATE_MAGIC {
             return Err(bad(path, "not a WASTE state file (bad magic)".into()));

@@ -23,6 +23,16 @@ mod chat;
 mod engine;
 
 pub use api::{router, AppState, ServeOptions};
+
+/// Validate the chat-specific fields of a `/v1/chat/completions` body
+/// (`messages`, `tools`, `tool_choice`, `response_format`, thinking) as the
+/// server does: `Err((message, param))` is what becomes a 400. For fuzzing
+/// and for hosts that check requests before queueing them.
+pub fn check_chat_request(body: &serde_json::Value) -> Result<(), (String, String)> {
+    chat::messages(body)?;
+    chat::options(body)?;
+    Ok(())
+}
 pub use engine::{Counters, Event, Job};
 
 use std::sync::Arc;

@@ -451,7 +451,7 @@ impl OutputParser {
             self.text(&t, &mut out);
             self.marker(&m, &mut out);
         }
-        merge(out)
+        merge_parts(out)
     }
 
     fn text(&mut self, t: &str, out: &mut Vec<Part>) {
@@ -556,8 +556,9 @@ impl OutputParser {
     }
 }
 
-/// Join neighbouring text parts of the same kind.
-fn merge(parts: Vec<Part>) -> Vec<Part> {
+/// Join neighbouring text parts of the same kind (what a consumer that
+/// does not care about piece boundaries sees).
+pub fn merge_parts(parts: Vec<Part>) -> Vec<Part> {
     let mut out: Vec<Part> = Vec::new();
     for p in parts {
         match (out.last_mut(), p) {
@@ -662,7 +663,7 @@ mod tests {
         for ch in out.chars() {
             parts.extend(p.push(&ch.to_string()));
         }
-        let parts = merge(parts);
+        let parts = merge_parts(parts);
         assert_eq!(parts[0], Part::Reasoning("let me think".into()));
         assert_eq!(parts[1], Part::Content("Calling.".into()));
         assert_eq!(parts[2], Part::ToolCall { index: 0, name: "get_weather".into(), arguments: r#"{"city":"Par is","days":3}"#.into() });
@@ -704,12 +705,12 @@ mod props {
         fn any_output_parses_the_same_whole_or_split(pieces in prop::collection::vec(piece(), 0..40), cut in 0usize..64, thinking: bool) {
             let all: String = pieces.concat();
             let mut whole = OutputParser::new(thinking);
-            let a = merge(whole.push(&all));
+            let a = merge_parts(whole.push(&all));
             let mut split = OutputParser::new(thinking);
             let cut = all.char_indices().map(|(i, _)| i).nth(cut).unwrap_or(all.len());
             let mut b = split.push(&all[..cut]);
             b.extend(split.push(&all[cut..]));
-            prop_assert_eq!(a, merge(b));
+            prop_assert_eq!(a, merge_parts(b));
             prop_assert_eq!(whole.ended(), split.ended());
         }
     }

@@ -139,7 +139,7 @@ fn fuzz(seconds: u64) -> Result<()> {
         eprintln!("SKIP: cargo fuzz needs a nightly toolchain and `cargo install cargo-fuzz`");
         return Ok(());
     }
-    for t in ["manifest", "record_header", "usage_file"] {
+    for t in ["manifest", "record_header", "usage_file", "state_file", "tokenizer", "chat_request", "xtml_output"] {
         run(Command::new("cargo").current_dir(root.join("fuzz")).args(["+nightly", "fuzz", "run", t, "--", &format!("-max_total_time={seconds}")]))?;
     }
     Ok(())
