@@ -183,7 +183,7 @@ pub fn parse_size(s: &str) -> Option<u64> {
         None => (s, 1),
     };
     let v: f64 = num.trim().parse().ok()?;
-    (v.is_finite() && v >= 0.0).then(|| (v * mult as f64) as u64)
+    (v.is_finite() && v >= 0.0).then_some((v * mult as f64) as u64)
 }
 
 #[cfg(test)]

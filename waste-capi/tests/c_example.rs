@@ -40,7 +40,7 @@ fn names() -> (Vec<String>, Vec<String>) {
             continue;
         }
         let before = s.split('(').next().unwrap();
-        if let Some(name) = before.split(|c: char| !(c.is_alphanumeric() || c == '_')).filter(|w| !w.is_empty()).last() {
+        if let Some(name) = before.split(|c: char| !(c.is_alphanumeric() || c == '_')).filter(|w| !w.is_empty()).next_back() {
             if name.starts_with("waste_") {
                 declared.push(name.to_string());
             }

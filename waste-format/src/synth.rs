@@ -166,9 +166,7 @@ fn vector_values(name: &str, n: usize, rng: &mut Rng, skewed: bool) -> Vec<f32> 
         .map(|i| {
             if name.ends_with("A_log") {
                 (1.0 + 3.0 * rng.unif()).ln()
-            } else if name.ends_with("dt_bias") {
-                0.5 * rng.gauss()
-            } else if name.contains("conv1d") {
+            } else if name.ends_with("dt_bias") || name.contains("conv1d") {
                 0.5 * rng.gauss()
             } else if name.ends_with("e_score_correction_bias") {
                 if skewed { 2.0 / (1.0 + i as f32).sqrt() } else { 0.02 * rng.gauss() }

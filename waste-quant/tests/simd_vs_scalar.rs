@@ -23,7 +23,7 @@ fn rng(seed: u64) -> impl FnMut() -> u64 {
 fn gauss(r: &mut impl FnMut() -> u64) -> f32 {
     let u = (r() >> 11) as f64 / (1u64 << 53) as f64;
     let v = (r() >> 11) as f64 / (1u64 << 53) as f64;
-    ((-2.0 * (u + 1e-12).ln()).sqrt() * (6.283185307179586 * v).cos()) as f32
+    ((-2.0 * (u + 1e-12).ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
 }
 
 fn random_matrix(fmt: Fmt, rows: usize, cols: usize, group: usize, seed: u64) -> Matrix {
