@@ -425,7 +425,8 @@ pub unsafe extern "C" fn waste_open(path: *const c_char, options: *const waste_o
                 o.usage = Some(unsafe { text(x.usage_path, "usage_path")? }.into());
             }
         }
-        let ct = engine::format::Container::open(std::path::Path::new(path)).map_err(|e| fail(e.into()))?;
+        let model = Model::open(path, o).map_err(fail)?;
+        let ct = &model.container;
         let c = &ct.config;
         let p = ct.param_counts();
         let info = waste_info {
@@ -440,8 +441,6 @@ pub unsafe extern "C" fn waste_open(path: *const c_char, options: *const waste_o
             params_active: p.active,
             expert_record_bytes: ct.experts.as_ref().map_or(0, |(_, l)| l.rec_bytes as u64),
         };
-        drop(ct);
-        let model = Model::open(path, o).map_err(fail)?;
         *slot = Box::into_raw(Box::new(waste_model(Arc::new(Inner { model, info, grammars: OnceLock::new() }))));
         Ok(())
     })
@@ -669,11 +668,7 @@ pub unsafe extern "C" fn waste_generate_params_init(p: *mut waste_generate_param
 
 fn constraint(inner: &Inner, schema: &str) -> Result<waste_grammar::Constraint, Fail> {
     let schema: serde_json::Value = serde_json::from_str(schema).or_else(|e| arg(format!("json_schema: {e}")))?;
-    let g = inner.grammars.get_or_init(|| {
-        let tok = inner.model.tokenizer().ok_or("this container has no tokenizer")?;
-        let eos = inner.model.config().eos.first().copied().ok_or("the model has no end token")?;
-        waste_grammar::Grammars::new(tok, inner.model.config().vocab, eos).map_err(|e| e.to_string())
-    });
+    let g = inner.grammars.get_or_init(|| waste_grammar::Grammars::for_model(&inner.model, false).map_err(|e| e.to_string()));
     let g = g.as_ref().map_err(|e| (WASTE_E_UNSUPPORTED, e.clone()))?;
     g.constraint(&waste_grammar::json_lark(Some(&schema), false, false)).or_else(|e| arg(format!("json_schema: {e}")))
 }

@@ -3,7 +3,7 @@
 //! reasoning dimmed on stderr, generation ending at the end of the message;
 //! a JSON schema held by constrained decoding (`--json-schema`).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use std::io::{IsTerminal, Write};
 use waste_model::tokenizer::xtml::{self, ChatMessage, Effort, OutputParser, Part, ResponseFormat, XtmlOptions};
 use waste_model::tokenizer::Message;
@@ -46,12 +46,8 @@ impl<'m> Chat<'m> {
             return Ok(if follow_up { ids[self.model.bos().map_or(0, |_| 1)..].to_vec() } else { ids });
         }
         let cm: Vec<ChatMessage> = msgs.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect();
-        let ids = self.model.encode_xtml(&cm, &self.opts, true)?;
-        if !follow_up {
-            return Ok(ids);
-        }
-        let head = self.model.encode_xtml(&[], &XtmlOptions { response_format: None, ..self.opts.clone() }, false)?.len();
-        Ok(ids[head..].to_vec())
+        let e = self.model.encode_xtml(&cm, &self.opts, true)?;
+        Ok(if follow_up { e.ids[e.head..].to_vec() } else { e.ids })
     }
 
     /// Generation parameters: the tagged format marks its specials and ends
@@ -72,11 +68,8 @@ impl<'m> Chat<'m> {
     /// went through the chat template (else the output is the JSON alone).
     pub fn constraint(&self, templated: bool) -> Result<Option<waste_grammar::Constraint>> {
         let Some(rf) = &self.opts.response_format else { return Ok(None) };
-        let tok = self.model.tokenizer().context("this container has no tokenizer")?;
         let xtml = templated && self.xtml();
-        let eos = if xtml { self.end_of_msg() } else { self.model.config().eos.first().copied() };
-        let eos = eos.context("the model has no end-of-sequence token")?;
-        let g = waste_grammar::Grammars::new(tok, self.model.config().vocab, eos)?;
+        let g = waste_grammar::Grammars::for_model(self.model, xtml)?;
         let schema = match rf {
             ResponseFormat::JsonSchema(s) => Some(s),
             ResponseFormat::JsonObject => None,

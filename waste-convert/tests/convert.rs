@@ -20,6 +20,17 @@ fn tmp(tag: &str) -> PathBuf {
     d
 }
 
+/// Convert a fixture with F16 experts and an F32 trunk, which must hold its
+/// weights exactly (f16-exact or MXFP4 experts, bf16/f16/f32 trunk).
+fn convert_exact(fixture: &str, tag: &str) -> PathBuf {
+    let out = tmp(tag);
+    let o = ConvertOptions { experts: ExpertFmt::F16, trunk: TrunkMode::F32, jobs: 2, ..Default::default() };
+    let rep = convert(&fixtures().join(fixture), &out, &o, &|_| {}).unwrap();
+    assert!(rep.complete);
+    assert!(rep.rel_error.iter().all(|&e| e == 0.0), "{fixture}: the experts must convert losslessly: {:?}", rep.rel_error);
+    out
+}
+
 /// The container's logits at every position (token by token, and the last
 /// one by chunked prefill) within 1e-4 relative of a reference file's, and
 /// its greedy continuation; returns the worst relative error.
@@ -51,11 +62,7 @@ fn agrees_with(container: &Path, reference: &Path) -> f32 {
 
 #[test]
 fn f16_experts_f32_trunk_match_transformers() {
-    let out = tmp("exact");
-    let o = ConvertOptions { experts: ExpertFmt::F16, trunk: TrunkMode::F32, jobs: 2, ..Default::default() };
-    let rep = convert(&fixtures().join("hf-tiny"), &out, &o, &|_| {}).unwrap();
-    assert!(rep.complete);
-    assert!(rep.rel_error.iter().all(|&e| e == 0.0), "f16-exact weights must convert losslessly: {:?}", rep.rel_error);
+    let out = convert_exact("hf-tiny", "exact");
     let worst = agrees_with(&out, &fixtures().join("hf-tiny/reference.json"));
     eprintln!("hf-tiny vs transformers: worst relative error {worst:.2e}");
     std::fs::remove_dir_all(&out).ok();
@@ -66,11 +73,7 @@ fn f16_experts_f32_trunk_match_transformers() {
 /// `kimi-k3` model on the same directory (tools/oracle/llama_k3.py).
 #[test]
 fn k3_release_form_matches_llama_cpp() {
-    let out = tmp("k3");
-    let o = ConvertOptions { experts: ExpertFmt::F16, trunk: TrunkMode::F32, jobs: 2, ..Default::default() };
-    let rep = convert(&fixtures().join("hf-k3"), &out, &o, &|_| {}).unwrap();
-    assert!(rep.complete);
-    assert!(rep.rel_error.iter().all(|&e| e == 0.0), "MXFP4 experts must land in F16 exactly: {:?}", rep.rel_error);
+    let out = convert_exact("hf-k3", "k3");
     let m = Model::open(&out, ModelOptions { ctx: 96, threads: 2, ..Default::default() }).unwrap();
     let c = m.config();
     assert!(c.latent.is_some() && c.attn_res_block.is_some() && c.q_lora.is_some() && c.mla_output_gate && c.kda_full_rank_gate && c.shared_experts == 2);

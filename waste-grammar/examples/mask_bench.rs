@@ -14,9 +14,12 @@ fn main() {
     let path = std::env::args().nth(1).unwrap_or_else(|| "../shared/data/tokenizers/o200k_base.tiktoken".into());
     let tok = Tokenizer::from_files(std::path::Path::new(&path), None, Pattern::O200k).expect("o200k ranks");
     let vocab = tok.vocab_len() + 1;
+    let rss = || std::fs::read_to_string("/proc/self/statm").ok().and_then(|s| s.split_whitespace().nth(1).and_then(|x| x.parse::<u64>().ok())).unwrap_or(0) * 4096;
+    let rss0 = rss();
     let t0 = Instant::now();
     let g = Grammars::new(&tok, vocab, vocab as u32 - 1).expect("grammars");
     let build = t0.elapsed().as_secs_f64();
+    let rss1 = rss();
     let schema = json!({"type": "object", "properties": {
         "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
         "city": {"enum": ["Paris", "Tokyo", "Lima", "Oslo"]}, "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
@@ -44,7 +47,7 @@ fn main() {
             times.push((compile, per[per.len() / 2], per[0], per[per.len() - 1], per.iter().sum::<f64>() / per.len() as f64));
         }
     }
-    println!("vocab {vocab}: trie + factory {:.1} ms; document {} tokens", build * 1e3, ids.len());
+    println!("vocab {vocab}: trie + factory {:.1} ms, resident +{:.1} MiB; document {} tokens", build * 1e3, (rss1 as f64 - rss0 as f64) / 1048576.0, ids.len());
     for (compile, med, lo, hi, mean) in times {
         println!("grammar {:.2} ms | mask per token: median {:.3} ms, range {:.3}-{:.3} ms, mean {:.3} ms", compile * 1e3, med * 1e3, lo * 1e3, hi * 1e3, mean * 1e3);
     }

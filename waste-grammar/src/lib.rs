@@ -71,6 +71,16 @@ impl Grammars {
         Ok(Grammars { factory: Arc::new(factory), env })
     }
 
+    /// For a model: its tokenizer and logit count; a constrained output
+    /// ends with `<|end_of_msg|>` when `end_of_message` (an answer in K3's
+    /// tagged chat format), else with the model's first end token.
+    pub fn for_model(model: &waste_model::Model, end_of_message: bool) -> Result<Grammars> {
+        let tok = model.tokenizer().ok_or_else(|| Error::Grammar("this container has no tokenizer".into()))?;
+        let eos = if end_of_message { tok.special_id(waste_model::tokenizer::xtml::END_OF_MSG) } else { model.config().eos.first().copied() };
+        let eos = eos.ok_or_else(|| Error::Grammar("the model has no token to end a constrained output".into()))?;
+        Grammars::new(tok, model.config().vocab, eos)
+    }
+
     fn matcher(&self, lark: &str) -> Result<Matcher> {
         let parser = self.factory.create_parser(TopLevelGrammar::from_lark(lark.to_string())).map_err(|e| Error::Grammar(e.to_string()))?;
         Ok(Matcher::new(Ok(parser)))

@@ -38,8 +38,9 @@ pub const MARK_CLOSE: char = '\u{F8F3}';
 /// a grammar). [`Session::generate_constrained`] asks before every sample and
 /// reports every token it commits.
 pub trait TokenConstraint {
-    /// Fill `mask` (one entry per vocabulary id) with the tokens allowed next;
-    /// return `false` when this step is unconstrained (the mask is ignored).
+    /// Write every entry of `mask` (one per vocabulary id: allowed next or
+    /// not; it holds the previous step's values on entry); return `false`
+    /// when this step is unconstrained (the mask is then ignored).
     fn allowed(&mut self, mask: &mut [bool]) -> std::result::Result<bool, String>;
     /// The token that was chosen.
     fn commit(&mut self, token: u32) -> std::result::Result<(), String>;
@@ -162,7 +163,6 @@ impl Session<'_> {
             let logits = self.logits();
             let constrained = match constraint.as_deref_mut() {
                 Some(c) => {
-                    mask.clear();
                     mask.resize(logits.len(), false);
                     c.allowed(&mut mask).map_err(|e| Error::Arg(format!("constraint: {e}")))?
                 }

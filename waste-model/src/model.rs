@@ -260,15 +260,20 @@ impl Model {
         matches!(self.template, Some(waste_tokenizer::ChatTemplate::Xtml))
     }
     /// Encode a conversation in K3's tagged format with tools, thinking and
-    /// response-format notices (BOS first when the config has one).
-    pub fn encode_xtml(&self, messages: &[waste_tokenizer::xtml::ChatMessage], opts: &waste_tokenizer::xtml::XtmlOptions, open: bool) -> Result<Vec<u32>> {
+    /// response-format notices (BOS first when the config has one), with the
+    /// token counts of its parts (BOS included).
+    pub fn encode_xtml(&self, messages: &[waste_tokenizer::xtml::ChatMessage], opts: &waste_tokenizer::xtml::XtmlOptions, open: bool) -> Result<waste_tokenizer::xtml::Encoded> {
         let t = match (&self.tokenizer, self.is_xtml()) {
             (Some(t), true) => t,
             _ => return Err(Error::Unsupported("this model's chat template is not K3's tagged format".into())),
         };
-        let mut ids = self.bos().into_iter().collect::<Vec<_>>();
-        ids.extend(waste_tokenizer::xtml::encode(t, messages, opts, open).map_err(|e| Error::Arg(e.to_string()))?);
-        Ok(ids)
+        let mut e = waste_tokenizer::xtml::encode(t, messages, opts, open).map_err(|e| Error::Arg(e.to_string()))?;
+        if let Some(b) = self.bos() {
+            e.ids.insert(0, b);
+            e.head += 1;
+            e.messages_end += 1;
+        }
+        Ok(e)
     }
     /// Encode raw text as plain tokens (BOS first when the config has one).
     pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {

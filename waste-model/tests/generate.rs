@@ -123,6 +123,7 @@ struct OnlySome {
 
 impl waste_model::TokenConstraint for OnlySome {
     fn allowed(&mut self, mask: &mut [bool]) -> Result<bool, String> {
+        mask.fill(false);
         for &a in &self.allowed {
             mask[a as usize] = true;
         }
@@ -171,6 +172,7 @@ fn marked_specials_are_distinguishable_from_lookalike_text() {
     struct Script(Vec<u32>, usize);
     impl waste_model::TokenConstraint for Script {
         fn allowed(&mut self, mask: &mut [bool]) -> Result<bool, String> {
+            mask.fill(false);
             mask[self.0[self.1] as usize] = true;
             Ok(true)
         }

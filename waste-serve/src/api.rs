@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::chat::{self, Assembler};
 use waste_model::tokenizer::Message;
-use waste_model::tokenizer::xtml::{ResponseFormat, ToolChoice, XtmlOptions};
+use waste_model::tokenizer::xtml::{ResponseFormat, ToolChoice};
 use waste_model::{GenerateParams, Model, SamplingParams};
 
 /// Server options.
@@ -284,21 +284,11 @@ struct ChatPlan {
     constraint: Option<waste_grammar::Constraint>,
 }
 
-impl AppState {
-    /// Build the constrained-decoding tables now (about a second for a
-    /// 200K vocabulary) instead of in the first request that needs them.
-    pub fn warm_grammars(&self) {
-        let _ = grammars(self, self.model.is_xtml());
-    }
-}
-
-fn grammars(st: &AppState, xtml: bool) -> Result<&waste_grammar::Grammars, Response> {
-    let g = st.grammars.get_or_init(|| {
-        let tok = st.model.tokenizer().ok_or("this container has no tokenizer")?;
-        let eos = if xtml { tok.special_id(chat::END_OF_MSG) } else { st.model.config().eos.first().copied() };
-        let eos = eos.ok_or("the model has no end-of-sequence token to end a constrained output")?;
-        waste_grammar::Grammars::new(tok, st.model.config().vocab, eos).map_err(|e| e.to_string())
-    });
+/// The constrained-decoding tables, built by the first request that needs
+/// them (about 1 s and 87 MiB for a 200K vocabulary, outside the memory plan:
+/// a server whose clients never constrain never pays it).
+fn grammars(st: &AppState) -> Result<&waste_grammar::Grammars, Response> {
+    let g = st.grammars.get_or_init(|| waste_grammar::Grammars::for_model(&st.model, st.model.is_xtml()).map_err(|e| e.to_string()));
     g.as_ref().map_err(|e| err(StatusCode::BAD_REQUEST, &format!("constrained decoding is unavailable: {e}"), "invalid_request_error", Some("response_format"), None))
 }
 
@@ -308,11 +298,8 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan), Respons
     let opts = chat::options(v).map_err(to400)?;
     let xtml = st.model.is_xtml();
     let (prompt, boundary) = if xtml {
-        let p = st.model.encode_xtml(&msgs, &opts, true).map_err(|e| bad(e.to_string(), "messages"))?;
-        // the same conversation without this request's trailing notices
-        let base = XtmlOptions { tool_choice: ToolChoice::Auto, response_format: None, ..opts.clone() };
-        let b = st.model.encode_xtml(&msgs, &base, false).map_err(|e| bad(e.to_string(), "messages"))?;
-        (p, b)
+        let e = st.model.encode_xtml(&msgs, &opts, true).map_err(|e| bad(e.to_string(), "messages"))?;
+        (e.ids, e.messages_end)
     } else {
         if !opts.tools.is_empty() || msgs.iter().any(|m| !m.tool_calls.is_empty() || m.role == "tool") {
             return Err(bad("this model's chat template has no tool-call format (tools need K3's tagged format)", "tools"));
@@ -320,10 +307,10 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan), Respons
         let plain: Vec<Message> = msgs.iter().map(|m| Message::new(&m.role, &m.content)).collect();
         let p = st.model.encode_chat(&plain, true).map_err(|e| bad(e.to_string(), "messages"))?;
         let b = st.model.encode_chat(&plain, false).map_err(|e| bad(e.to_string(), "messages"))?;
+        // a template could render the messages differently when a turn is open
+        let b = if p.starts_with(&b) { b.len() } else { 0 };
         (p, b)
     };
-    // a template could render the messages differently when a turn is open
-    let boundary = if prompt.starts_with(&boundary) { boundary.len() } else { 0 };
     let thinking = xtml && opts.thinking.is_some();
     let parallel = match v.get("parallel_tool_calls") {
         None | Some(Value::Null) => true,
@@ -337,7 +324,7 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan), Respons
                 ResponseFormat::JsonSchema(s) => Some(s),
                 ResponseFormat::JsonObject => None,
             };
-            Some(grammars(st, xtml)?.constraint(&waste_grammar::json_lark(schema, xtml, thinking)).map_err(|e| grammar_err(e, "response_format"))?)
+            Some(grammars(st)?.constraint(&waste_grammar::json_lark(schema, xtml, thinking)).map_err(|e| grammar_err(e, "response_format"))?)
         }
         (None, ToolChoice::Required | ToolChoice::Function(_)) if xtml => {
             let only = match &opts.tool_choice {
@@ -345,11 +332,11 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan), Respons
                 _ => None,
             };
             let lark = waste_grammar::tool_calls_lark(&opts.tools, only, parallel && only.is_none(), thinking).map_err(|e| grammar_err(e, "tools"))?;
-            Some(grammars(st, xtml)?.constraint(&lark).map_err(|e| grammar_err(e, "tools"))?)
+            Some(grammars(st)?.constraint(&lark).map_err(|e| grammar_err(e, "tools"))?)
         }
         (None, ToolChoice::Auto) if xtml && !opts.tools.is_empty() => {
             let lark = waste_grammar::tool_section_lark(&opts.tools, parallel).map_err(|e| grammar_err(e, "tools"))?;
-            Some(grammars(st, xtml)?.lazy(waste_grammar::tool_section_trigger(), &lark).map_err(|e| grammar_err(e, "tools"))?)
+            Some(grammars(st)?.lazy(waste_grammar::tool_section_trigger(), &lark).map_err(|e| grammar_err(e, "tools"))?)
         }
         _ => None,
     };

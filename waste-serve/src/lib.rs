@@ -57,8 +57,6 @@ pub fn serve(model: Model, opts: ServeOptions, on_ready: impl FnOnce(std::net::S
     let c2 = counters.clone();
     std::thread::Builder::new().name("waste-engine".into()).spawn(move || engine::run(&m2, rx, &c2))?;
     let state = Arc::new(AppState::new(model, opts.clone(), jobs, counters));
-    let warm = state.clone();
-    std::thread::Builder::new().name("waste-grammar-warm".into()).spawn(move || warm.warm_grammars())?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port)).await?;

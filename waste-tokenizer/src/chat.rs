@@ -117,7 +117,7 @@ impl ChatTemplate {
             }
             ChatTemplate::Xtml => {
                 let msgs: Vec<crate::xtml::ChatMessage> = messages.iter().map(|m| crate::xtml::ChatMessage::new(&m.role, &m.content)).collect();
-                crate::xtml::encode(tok, &msgs, &crate::xtml::XtmlOptions::default(), open)
+                crate::xtml::encode(tok, &msgs, &crate::xtml::XtmlOptions::default(), open).map(|e| e.ids)
             }
             ChatTemplate::Jinja(src) => {
                 let mut env = minijinja::Environment::new();

@@ -241,9 +241,24 @@ fn render_assistant(o: &mut Out, m: &ChatMessage, thinking: bool) {
     o.close("tools");
 }
 
+/// A rendered conversation and where its parts end (segment indices).
+struct Rendered {
+    segs: Vec<Segment>,
+    /// End of the leading notices (tools, thinking effort).
+    head: usize,
+    /// End of the last message.
+    messages_end: usize,
+}
+
 /// Render a conversation; with `open`, end with the assistant's generation
 /// prompt (which opens `think` when thinking is on, else `response`).
 pub fn render(messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Result<Vec<Segment>> {
+    Ok(render_parts(messages, opts, open)?.segs)
+}
+
+// Every part ends with a marker (`<|end_of_msg|>`), so no text run spans
+// two parts and the parts tokenize independently.
+fn render_parts(messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Result<Rendered> {
     let mut o = Out(Vec::new());
     if !opts.tools.is_empty() {
         let body = format!("# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n{}\n```", json_sorted(&Value::Array(opts.tools.clone())));
@@ -252,6 +267,7 @@ pub fn render(messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Resul
     if let Some(e) = opts.thinking {
         o.system_notice("thinking-effort", &format!("`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), supported values include `low`, `medium`, `high`, and `max`.\nNow the system is invoked with `thinking_effort={}`.", e.name()));
     }
+    let head = o.0.len();
     let mut calls: &[ToolCall] = &[];
     let mut i = 0;
     while i < messages.len() {
@@ -308,6 +324,7 @@ pub fn render(messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Resul
         }
         i += 1;
     }
+    let messages_end = o.0.len();
     match opts.tool_choice {
         ToolChoice::Required => o.system_notice("tool-choice", "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message."),
         ToolChoice::None if !opts.tools.is_empty() => o.system_notice("tool-choice", "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message."),
@@ -322,17 +339,45 @@ pub fn render(messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Resul
         o.open("message", &[("role", "assistant")]);
         o.open(if opts.thinking.is_some() { "think" } else { "response" }, &[]);
     }
-    Ok(o.0)
+    Ok(Rendered { segs: o.0, head, messages_end })
+}
+
+/// A tokenized conversation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Encoded {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// Tokens before the first message (the tools and thinking notices).
+    pub head: usize,
+    /// Tokens up to the end of the last message — before the `tool_choice`
+    /// / `response_format` notices and the generation prompt, which change
+    /// from request to request (where a follow-up turn can resume).
+    pub messages_end: usize,
 }
 
 /// Render and tokenize: markers by id, each text run as plain text.
-pub fn encode(tok: &Tokenizer, messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Result<Vec<u32>> {
-    let mut out = Vec::new();
-    for s in render(messages, opts, open)? {
-        match s {
-            Segment::Marker(m) => out.push(tok.special_id(m).ok_or_else(|| Error::Template(format!("the tokenizer has no {m}")))?),
-            Segment::Text(t) => out.extend(tok.encode_plain(&t)),
+pub fn encode(tok: &Tokenizer, messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Result<Encoded> {
+    let r = render_parts(messages, opts, open)?;
+    let total = r.segs.len();
+    let mut out = Encoded { ids: Vec::new(), head: 0, messages_end: 0 };
+    for (k, s) in r.segs.into_iter().enumerate() {
+        if k == r.head {
+            out.head = out.ids.len();
         }
+        if k == r.messages_end {
+            out.messages_end = out.ids.len();
+        }
+        match s {
+            Segment::Marker(m) => out.ids.push(tok.special_id(m).ok_or_else(|| Error::Template(format!("the tokenizer has no {m}")))?),
+            Segment::Text(t) => out.ids.extend(tok.encode_plain(&t)),
+        }
+    }
+    // a part that ends the rendering ends at the last token
+    if r.head == total {
+        out.head = out.ids.len();
+    }
+    if r.messages_end == total {
+        out.messages_end = out.ids.len();
     }
     Ok(out)
 }
@@ -622,6 +667,25 @@ mod tests {
         assert!(got.contains("type=\"tool-choice\"<|sep|>The system is invoked with `tool_choice=required`."));
         assert!(got.contains("type=\"response-format\"<|sep|>The system is invoked with `response_format=json_object`."));
         assert!(got.ends_with("<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>"));
+    }
+
+    #[test]
+    fn parts_end_where_rendering_them_alone_ends() {
+        // a byte tokenizer with the markers
+        let ranks = (0..256u32).map(|b| (vec![b as u8], b)).collect();
+        let specials = [OPEN, CLOSE, SEP, END_OF_MSG].iter().enumerate().map(|(i, t)| (256 + i as u32, t.to_string())).collect();
+        let tok = Tokenizer::new(ranks, specials, crate::Pattern::O200k).unwrap();
+        let msgs = vec![ChatMessage::new("user", "hi"), ChatMessage::new("assistant", "yo"), ChatMessage::new("user", "more")];
+        let full = XtmlOptions { thinking: Some(Effort::Low), tool_choice: ToolChoice::Required, tools: vec![serde_json::json!({"type": "function", "function": {"name": "f"}})], ..Default::default() };
+        let e = encode(&tok, &msgs, &full, true).unwrap();
+        let notices = encode(&tok, &[], &XtmlOptions { tool_choice: ToolChoice::Auto, ..full.clone() }, false).unwrap();
+        assert_eq!(e.head, notices.ids.len());
+        assert_eq!(&e.ids[..e.head], &notices.ids[..]);
+        let base = encode(&tok, &msgs, &XtmlOptions { tool_choice: ToolChoice::Auto, ..full.clone() }, false).unwrap();
+        assert_eq!(e.messages_end, base.ids.len());
+        assert_eq!(&e.ids[..e.messages_end], &base.ids[..]);
+        assert!(e.messages_end < e.ids.len());
+        assert_eq!(base.messages_end, base.ids.len());
     }
 
     #[test]
