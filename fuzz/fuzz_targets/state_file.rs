@@ -10,7 +10,11 @@ fn model() -> &'static Model {
     static M: OnceLock<Model> = OnceLock::new();
     M.get_or_init(|| {
         let base = std::env::var("WASTE_SHARED_DATA").unwrap_or_else(|_| "../../shared/data".into());
-        Model::open(format!("{base}/anchor-tiny/kimi-linear-tiny.waste"), ModelOptions { ctx: 64, threads: 1, ..Default::default() }).expect("the anchor container")
+        Model::open(
+            format!("{base}/anchor-tiny/kimi-linear-tiny.waste"),
+            ModelOptions { ctx: 64, threads: 1, ..Default::default() },
+        )
+        .expect("the anchor container")
     })
 }
 

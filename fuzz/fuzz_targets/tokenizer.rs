@@ -9,7 +9,8 @@ fn tok() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
     T.get_or_init(|| {
         let base = std::env::var("WASTE_SHARED_DATA").unwrap_or_else(|_| "../../shared/data".into());
-        Tokenizer::from_container_dir(std::path::Path::new(&format!("{base}/anchor-tiny/kimi-linear-tiny.waste"))).expect("the anchor's tokenizer")
+        Tokenizer::from_container_dir(std::path::Path::new(&format!("{base}/anchor-tiny/kimi-linear-tiny.waste")))
+            .expect("the anchor's tokenizer")
     })
 }
 

@@ -138,12 +138,23 @@ impl KdaScratch {
     }
     /// Bytes allocated.
     pub fn allocated_bytes(&self) -> usize {
-        4 * [&self.proj, &self.cur, &self.conv_out, &self.lo, &self.z, &self.beta, &self.gate, &self.o].iter().map(|v| v.capacity()).sum::<usize>()
+        4 * [&self.proj, &self.cur, &self.conv_out, &self.lo, &self.z, &self.beta, &self.gate, &self.o]
+            .iter()
+            .map(|v| v.capacity())
+            .sum::<usize>()
     }
 }
 
 /// One token through a KDA layer: `out = KDA(x)` (x already normed).
-pub fn step(pool: &Pool, c: &KdaConfig, w: &KdaWeights, st: &mut KdaState, sc: &mut KdaScratch, x: &[f32], out: &mut [f32]) {
+pub fn step(
+    pool: &Pool,
+    c: &KdaConfig,
+    w: &KdaWeights,
+    st: &mut KdaState,
+    sc: &mut KdaScratch,
+    x: &[f32],
+    out: &mut [f32],
+) {
     chunk(pool, c, w, st, sc, x, 1, out);
 }
 
@@ -152,7 +163,16 @@ pub fn step(pool: &Pool, c: &KdaConfig, w: &KdaWeights, st: &mut KdaState, sc: &
 /// for all `nt` tokens; the conv and the delta rule run token after token.
 /// Bit-identical to `nt` calls of [`step`].
 #[allow(clippy::too_many_arguments)]
-pub fn chunk(pool: &Pool, c: &KdaConfig, w: &KdaWeights, st: &mut KdaState, sc: &mut KdaScratch, xs: &[f32], nt: usize, outs: &mut [f32]) {
+pub fn chunk(
+    pool: &Pool,
+    c: &KdaConfig,
+    w: &KdaWeights,
+    st: &mut KdaState,
+    sc: &mut KdaScratch,
+    xs: &[f32],
+    nt: usize,
+    outs: &mut [f32],
+) {
     let ch = c.channels();
     let (d, h, k) = (c.dim, c.heads, c.kernel);
     assert!(nt >= 1 && nt <= sc.tokens, "chunk of {nt} tokens, scratch for {}", sc.tokens);
@@ -223,7 +243,18 @@ pub fn chunk(pool: &Pool, c: &KdaConfig, w: &KdaWeights, st: &mut KdaState, sc: 
                 // SAFETY: each head owns its D×D state block and D outputs.
                 let s = unsafe { s_all.range(hh * d * d, (hh + 1) * d * d) };
                 let o = unsafe { o_all.range(hh * d, (hh + 1) * d) };
-                head_update(level, d, s, &q[hh * d..(hh + 1) * d], &kk[hh * d..(hh + 1) * d], &v[hh * d..(hh + 1) * d], &z[hh * d..(hh + 1) * d], beta[hh], qscale, o);
+                head_update(
+                    level,
+                    d,
+                    s,
+                    &q[hh * d..(hh + 1) * d],
+                    &kk[hh * d..(hh + 1) * d],
+                    &v[hh * d..(hh + 1) * d],
+                    &z[hh * d..(hh + 1) * d],
+                    beta[hh],
+                    qscale,
+                    o,
+                );
             }
         });
         // 6. gated norm
@@ -254,7 +285,18 @@ pub fn decay_gate(z: f32, a_log: f32, lower_bound: Option<f32>) -> f32 {
 
 /// The per-head recurrence (state rows indexed by key dim).
 #[allow(clippy::too_many_arguments)]
-pub fn head_update(level: waste_quant::Level, d: usize, s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: f32, qscale: f32, o: &mut [f32]) {
+pub fn head_update(
+    level: waste_quant::Level,
+    d: usize,
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    qscale: f32,
+    o: &mut [f32],
+) {
     let kn = 1.0 / (scalar::dot(k, k) + 1e-6).sqrt();
     let qn = 1.0 / (scalar::dot(q, q) + 1e-6).sqrt();
     let mut khat = [0f32; 512];

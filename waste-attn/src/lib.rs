@@ -40,7 +40,15 @@ mod chunk_tests {
         }
         fn m(&mut self, rows: usize, cols: usize) -> Matrix {
             let w = self.v(rows * cols, 1.0 / (cols as f32).sqrt());
-            Matrix::from_stored(waste_format::Fmt::F32, rows, cols, 0, w.iter().flat_map(|x| x.to_le_bytes()).collect(), &[]).unwrap()
+            Matrix::from_stored(
+                waste_format::Fmt::F32,
+                rows,
+                cols,
+                0,
+                w.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                &[],
+            )
+            .unwrap()
         }
     }
 
@@ -55,12 +63,24 @@ mod chunk_tests {
             let c = kda::KdaConfig { heads: 3, dim: 8, kernel: 4, eps: 1e-6, lower_bound: full_gate.then_some(-5.0) };
             let ch = c.channels();
             let mut r = Rng(7 + full_gate as u64);
-            let gate = if full_gate { kda::KdaGate::Full(r.m(ch, hid)) } else { kda::KdaGate::LowRank { a: r.m(c.dim, hid), b: r.m(ch, c.dim) } };
+            let gate = if full_gate {
+                kda::KdaGate::Full(r.m(ch, hid))
+            } else {
+                kda::KdaGate::LowRank { a: r.m(c.dim, hid), b: r.m(ch, c.dim) }
+            };
             let w = kda::KdaWeights {
-                q: r.m(ch, hid), k: r.m(ch, hid), v: r.m(ch, hid),
+                q: r.m(ch, hid),
+                k: r.m(ch, hid),
+                v: r.m(ch, hid),
                 conv: [r.v(ch * 4, 0.5), r.v(ch * 4, 0.5), r.v(ch * 4, 0.5)],
-                f_a: r.m(c.dim, hid), f_b: r.m(ch, c.dim), b: r.m(c.heads, hid),
-                a_log: r.v(c.heads, 0.5), dt_bias: r.v(ch, 0.5), gate, o_norm: r.v(c.dim, 1.0), o: r.m(hid, ch),
+                f_a: r.m(c.dim, hid),
+                f_b: r.m(ch, c.dim),
+                b: r.m(c.heads, hid),
+                a_log: r.v(c.heads, 0.5),
+                dt_bias: r.v(ch, 0.5),
+                gate,
+                o_norm: r.v(c.dim, 1.0),
+                o: r.m(hid, ch),
             };
             let xs = r.v(nt * hid, 1.0);
             for threads in 1..=3 {
@@ -70,7 +90,15 @@ mod chunk_tests {
                 let mut sb = kda::KdaScratch::new(&c, nt);
                 let mut want = vec![0f32; nt * hid];
                 for t in 0..nt {
-                    kda::step(&pool, &c, &w, &mut a, &mut sa, &xs[t * hid..(t + 1) * hid], &mut want[t * hid..(t + 1) * hid]);
+                    kda::step(
+                        &pool,
+                        &c,
+                        &w,
+                        &mut a,
+                        &mut sa,
+                        &xs[t * hid..(t + 1) * hid],
+                        &mut want[t * hid..(t + 1) * hid],
+                    );
                 }
                 let mut got = vec![0f32; nt * hid];
                 kda::chunk(&pool, &c, &w, &mut b, &mut sb, &xs, nt, &mut got);
@@ -88,8 +116,19 @@ mod chunk_tests {
         for lora in [false, true] {
             let mut r = Rng(11 + lora as u64);
             let qd = c.heads * (c.nope + c.rope);
-            let q = if lora { mla::MlaQuery::Lora { a: r.m(10, hid), norm: r.v(10, 1.0), b: r.m(qd, 10) } } else { mla::MlaQuery::Plain(r.m(qd, hid)) };
-            let w = mla::MlaWeights { q, kv_a: r.m(c.latent(), hid), kv_a_norm: r.v(c.kv_lora, 1.0), kv_b: r.m(c.heads * (c.nope + c.v), c.kv_lora), g: lora.then(|| r.m(c.heads * c.v, hid)), o: r.m(hid, c.heads * c.v) };
+            let q = if lora {
+                mla::MlaQuery::Lora { a: r.m(10, hid), norm: r.v(10, 1.0), b: r.m(qd, 10) }
+            } else {
+                mla::MlaQuery::Plain(r.m(qd, hid))
+            };
+            let w = mla::MlaWeights {
+                q,
+                kv_a: r.m(c.latent(), hid),
+                kv_a_norm: r.v(c.kv_lora, 1.0),
+                kv_b: r.m(c.heads * (c.nope + c.v), c.kv_lora),
+                g: lora.then(|| r.m(c.heads * c.v, hid)),
+                o: r.m(hid, c.heads * c.v),
+            };
             let xs = r.v(nt * hid, 1.0);
             for threads in 1..=3 {
                 let pool = Pool::new(threads);
@@ -98,7 +137,16 @@ mod chunk_tests {
                 let mut sb = mla::MlaScratch::new(&c, 10, nt);
                 let mut want = vec![0f32; nt * hid];
                 for t in 0..nt {
-                    mla::step(&pool, &c, &w, &mut a, &mut sa, &xs[t * hid..(t + 1) * hid], &mut want[t * hid..(t + 1) * hid]).unwrap();
+                    mla::step(
+                        &pool,
+                        &c,
+                        &w,
+                        &mut a,
+                        &mut sa,
+                        &xs[t * hid..(t + 1) * hid],
+                        &mut want[t * hid..(t + 1) * hid],
+                    )
+                    .unwrap();
                 }
                 let mut got = vec![0f32; nt * hid];
                 mla::chunk(&pool, &c, &w, &mut b, &mut sb, &xs, nt, &mut got).unwrap();

@@ -127,11 +127,17 @@ impl MlaScratch {
     /// Bytes [`MlaScratch::new`] allocates (for memory plans).
     pub fn bytes(c: &MlaConfig, q_lora: usize, tokens: usize) -> usize {
         let (h, t) = (c.heads, tokens.max(1));
-        4 * (t * (h * (c.nope + c.rope) + q_lora + c.latent() + 2 * h * c.v) + h * c.latent() + h * c.max_ctx + h * c.kv_lora)
+        4 * (t * (h * (c.nope + c.rope) + q_lora + c.latent() + 2 * h * c.v)
+            + h * c.latent()
+            + h * c.max_ctx
+            + h * c.kv_lora)
     }
     /// Bytes allocated.
     pub fn allocated_bytes(&self) -> usize {
-        4 * [&self.q, &self.qa, &self.c, &self.qcat, &self.scores, &self.cbar, &self.o, &self.g].iter().map(|v| v.capacity()).sum::<usize>()
+        4 * [&self.q, &self.qa, &self.c, &self.qcat, &self.scores, &self.cbar, &self.o, &self.g]
+            .iter()
+            .map(|v| v.capacity())
+            .sum::<usize>()
     }
 }
 
@@ -141,7 +147,15 @@ pub struct ContextFull(pub usize);
 
 /// One token through an MLA layer. Fails (leaving state untouched) when the
 /// cache already holds `max_ctx` positions.
-pub fn step(pool: &Pool, c: &MlaConfig, w: &MlaWeights, st: &mut MlaState, sc: &mut MlaScratch, x: &[f32], out: &mut [f32]) -> Result<(), ContextFull> {
+pub fn step(
+    pool: &Pool,
+    c: &MlaConfig,
+    w: &MlaWeights,
+    st: &mut MlaState,
+    sc: &mut MlaScratch,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), ContextFull> {
     chunk(pool, c, w, st, sc, x, 1, out)
 }
 
@@ -151,7 +165,16 @@ pub fn step(pool: &Pool, c: &MlaConfig, w: &MlaWeights, st: &mut MlaState, sc: &
 /// Bit-identical to `nt` calls of [`step`]. Fails (leaving state untouched)
 /// when the tokens do not fit in `max_ctx`.
 #[allow(clippy::too_many_arguments)]
-pub fn chunk(pool: &Pool, c: &MlaConfig, w: &MlaWeights, st: &mut MlaState, sc: &mut MlaScratch, xs: &[f32], nt: usize, outs: &mut [f32]) -> Result<(), ContextFull> {
+pub fn chunk(
+    pool: &Pool,
+    c: &MlaConfig,
+    w: &MlaWeights,
+    st: &mut MlaState,
+    sc: &mut MlaScratch,
+    xs: &[f32],
+    nt: usize,
+    outs: &mut [f32],
+) -> Result<(), ContextFull> {
     assert!(nt >= 1 && nt <= sc.tokens, "chunk of {nt} tokens, scratch for {}", sc.tokens);
     if st.len + nt > c.max_ctx {
         return Err(ContextFull(c.max_ctx));
@@ -198,7 +221,14 @@ pub fn chunk(pool: &Pool, c: &MlaConfig, w: &MlaWeights, st: &mut MlaState, sc: 
             let mut row = vec![0f32; kvl];
             for hh in h0..h1 {
                 // SAFETY: head hh owns its slices of every scratch buffer.
-                let (qc, sco, cb, oh) = unsafe { (qcat.range(hh * lat, (hh + 1) * lat), scores.range(hh * c.max_ctx, hh * c.max_ctx + n), cbar.range(hh * kvl, (hh + 1) * kvl), o.range(hh * vd, (hh + 1) * vd)) };
+                let (qc, sco, cb, oh) = unsafe {
+                    (
+                        qcat.range(hh * lat, (hh + 1) * lat),
+                        scores.range(hh * c.max_ctx, hh * c.max_ctx + n),
+                        cbar.range(hh * kvl, (hh + 1) * kvl),
+                        o.range(hh * vd, (hh + 1) * vd),
+                    )
+                };
                 let qh = &q[hh * qd..(hh + 1) * qd];
                 // q̃ = W_kb,hᵀ q_nope
                 qc[..kvl].fill(0.0);

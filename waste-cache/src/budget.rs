@@ -29,7 +29,11 @@ pub struct CgroupPaths {
 
 impl Default for CgroupPaths {
     fn default() -> Self {
-        CgroupPaths { proc_self_cgroup: "/proc/self/cgroup".into(), v2_root: "/sys/fs/cgroup".into(), v1_memory_root: "/sys/fs/cgroup/memory".into() }
+        CgroupPaths {
+            proc_self_cgroup: "/proc/self/cgroup".into(),
+            v2_root: "/sys/fs/cgroup".into(),
+            v1_memory_root: "/sys/fs/cgroup/memory".into(),
+        }
     }
 }
 

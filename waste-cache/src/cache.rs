@@ -157,7 +157,19 @@ impl ExpertCache {
         ExpertCache {
             arena,
             slot_bytes,
-            slots: (0..slots).map(|_| Slot { key: None, state: SlotState::Empty, freq: 0, last: 0, pins: 0, spec: false, window: false, next_use: u64::MAX, ticket: None }).collect(),
+            slots: (0..slots)
+                .map(|_| Slot {
+                    key: None,
+                    state: SlotState::Empty,
+                    freq: 0,
+                    last: 0,
+                    pins: 0,
+                    spec: false,
+                    window: false,
+                    next_use: u64::MAX,
+                    ticket: None,
+                })
+                .collect(),
             map: HashMap::with_capacity(slots * 2),
             history: HashMap::new(),
             free: (0..slots).rev().collect(),
@@ -318,7 +330,17 @@ impl ExpertCache {
         };
         let freq = self.history.get(&key).copied().unwrap_or(0);
         let s = &mut self.slots[slot];
-        *s = Slot { key: Some(key), state: SlotState::InFlight, freq, last: self.clock, pins: 1, spec: speculative, window: false, next_use: u64::MAX, ticket: None };
+        *s = Slot {
+            key: Some(key),
+            state: SlotState::InFlight,
+            freq,
+            last: self.clock,
+            pins: 1,
+            spec: speculative,
+            window: false,
+            next_use: u64::MAX,
+            ticket: None,
+        };
         self.map.insert(key, slot);
         if speculative {
             self.stats.prefetch_issued += 1;
@@ -391,12 +413,18 @@ impl ExpertCache {
     }
     /// In-flight slots whose read has finished (to be validated by the owner).
     pub fn finished_reads(&self) -> Vec<usize> {
-        (0..self.slots.len()).filter(|&i| self.slots[i].state == SlotState::InFlight && self.slots[i].ticket.as_ref().is_some_and(|t| t.is_done())).collect()
+        (0..self.slots.len())
+            .filter(|&i| {
+                self.slots[i].state == SlotState::InFlight && self.slots[i].ticket.as_ref().is_some_and(|t| t.is_done())
+            })
+            .collect()
     }
     /// An unpinned in-flight slot with its ticket still attached (a
     /// speculative read nobody waits for): waiting on it frees a victim.
     pub fn unclaimed_inflight(&self) -> Option<usize> {
-        (0..self.slots.len()).find(|&i| self.slots[i].state == SlotState::InFlight && self.slots[i].pins == 0 && self.slots[i].ticket.is_some())
+        (0..self.slots.len()).find(|&i| {
+            self.slots[i].state == SlotState::InFlight && self.slots[i].pins == 0 && self.slots[i].ticket.is_some()
+        })
     }
     /// Resident keys with their use counts.
     pub fn resident(&self) -> Vec<(Key, u32)> {
@@ -419,11 +447,17 @@ mod tests {
                 c.touch(s);
             }
             // expert 0 used often, expert 1 most recently
-            let s0 = match c.lookup((0, 0)) { Lookup::Ready(s) => s, _ => panic!() };
+            let s0 = match c.lookup((0, 0)) {
+                Lookup::Ready(s) => s,
+                _ => panic!(),
+            };
             for _ in 0..5 {
                 c.touch(s0);
             }
-            let s1 = match c.lookup((0, 1)) { Lookup::Ready(s) => s, _ => panic!() };
+            let s1 = match c.lookup((0, 1)) {
+                Lookup::Ready(s) => s,
+                _ => panic!(),
+            };
             c.touch(s1);
             let s = c.reserve((0, 9), false).unwrap();
             c.mark_ready(s);
@@ -461,7 +495,7 @@ mod tests {
         let d = c.reserve((0, 2), true).unwrap(); // evicts (0,1): fewer uses
         c.mark_ready(d);
         c.unpin(d).unwrap();
-        let e = c.reserve((0, 3), false).unwrap(); // evicts the unused speculative (0,2) even though (0,0)... 
+        let e = c.reserve((0, 3), false).unwrap(); // evicts the unused speculative (0,2) even though (0,0)...
         assert_eq!(c.lookup((0, 2)), Lookup::Miss);
         assert_eq!(c.lookup((0, 0)), Lookup::Ready(a));
         c.unpin(e).unwrap();

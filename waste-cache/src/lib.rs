@@ -13,6 +13,9 @@ mod budget;
 mod cache;
 mod sim;
 
-pub use budget::{cgroup_limit, parse_size, physical_ram, resolve, usable_ram, usable_ram_with, BelowFloor, Budget, CgroupPaths, Floor};
+pub use budget::{
+    cgroup_limit, parse_size, physical_ram, resolve, usable_ram, usable_ram_with, BelowFloor, Budget, CgroupPaths,
+    Floor,
+};
 pub use cache::{CacheError, CacheStats, ExpertCache, Key, Lookup, Policy, SlotState, VICTIM_SAMPLE};
 pub use sim::{parse_trace, simulate, SimResult, Trace};

@@ -14,11 +14,21 @@ pub fn parse_trace(text: &str) -> Result<Trace, String> {
             continue;
         }
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("line {}: {e}", n + 1))?;
-        let layers = v.get("layers").and_then(|l| l.as_array()).ok_or_else(|| format!("line {}: no \"layers\" array", n + 1))?;
+        let layers =
+            v.get("layers").and_then(|l| l.as_array()).ok_or_else(|| format!("line {}: no \"layers\" array", n + 1))?;
         let mut tok = Vec::with_capacity(layers.len());
         for l in layers {
             let ids = l.as_array().ok_or_else(|| format!("line {}: a layer is not an array", n + 1))?;
-            tok.push(ids.iter().map(|x| x.as_u64().filter(|&x| x < u32::MAX as u64).map(|x| x as u32).ok_or_else(|| format!("line {}: bad expert id {x}", n + 1))).collect::<Result<Vec<_>, _>>()?);
+            tok.push(
+                ids.iter()
+                    .map(|x| {
+                        x.as_u64()
+                            .filter(|&x| x < u32::MAX as u64)
+                            .map(|x| x as u32)
+                            .ok_or_else(|| format!("line {}: bad expert id {x}", n + 1))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            );
         }
         out.push(tok);
     }
@@ -39,7 +49,11 @@ pub struct SimResult {
 impl SimResult {
     /// Hit rate in [0, 1].
     pub fn hit_rate(&self) -> f64 {
-        if self.accesses == 0 { 0.0 } else { self.hits as f64 / self.accesses as f64 }
+        if self.accesses == 0 {
+            0.0
+        } else {
+            self.hits as f64 / self.accesses as f64
+        }
     }
 }
 

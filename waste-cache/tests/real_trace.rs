@@ -5,8 +5,13 @@ use std::path::{Path, PathBuf};
 use waste_cache::{parse_trace, simulate, Policy};
 
 fn trace() -> waste_cache::Trace {
-    let base = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
-    parse_trace(&std::fs::read_to_string(base.join("routing/kimi-linear-48b-300tok.jsonl")).expect("shared routing trace")).unwrap()
+    let base = std::env::var_os("WASTE_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    parse_trace(
+        &std::fs::read_to_string(base.join("routing/kimi-linear-48b-300tok.jsonl")).expect("shared routing trace"),
+    )
+    .unwrap()
 }
 
 #[test]

@@ -7,13 +7,13 @@
 #![allow(non_camel_case_types)]
 #![deny(missing_docs)]
 
+use ::waste_model as engine;
+use engine::tokenizer::Message;
+use engine::{Control, Finish, GenerateParams, Model, ModelOptions, SamplingParams, Session, TokenConstraint};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
-use ::waste_model as engine;
-use engine::tokenizer::Message;
-use engine::{Control, Finish, GenerateParams, Model, ModelOptions, SamplingParams, Session, TokenConstraint};
 
 /// Status codes (`waste_status`).
 #[repr(C)]
@@ -381,7 +381,15 @@ pub unsafe extern "C" fn waste_options_init(o: *mut waste_options) {
     let d = ModelOptions::default();
     // SAFETY: per the contract
     if let Some(o) = unsafe { o.as_mut() } {
-        *o = waste_options { budget_bytes: d.budget, ctx_tokens: d.ctx as u32, threads: d.threads as u32, io_threads: d.io_threads as u32, direct_io: d.direct_io as i32, verify_records: d.verify_records as i32, usage_path: std::ptr::null() };
+        *o = waste_options {
+            budget_bytes: d.budget,
+            ctx_tokens: d.ctx as u32,
+            threads: d.threads as u32,
+            io_threads: d.io_threads as u32,
+            direct_io: d.direct_io as i32,
+            verify_records: d.verify_records as i32,
+            usage_path: std::ptr::null(),
+        };
     }
 }
 
@@ -390,12 +398,26 @@ pub unsafe extern "C" fn waste_options_init(o: *mut waste_options) {
 /// # Safety
 /// `path` is a C string; `out` points to a `waste_plan`.
 #[no_mangle]
-pub unsafe extern "C" fn waste_plan_for(path: *const c_char, ctx_tokens: u32, out_plan: *mut waste_plan) -> waste_status {
+pub unsafe extern "C" fn waste_plan_for(
+    path: *const c_char,
+    ctx_tokens: u32,
+    out_plan: *mut waste_plan,
+) -> waste_status {
     guard(|| {
         // SAFETY: per the contract
         let (path, o) = unsafe { (text(path, "path")?, out(out_plan, "out")?) };
         let p = engine::plan(path, ctx_tokens as usize).map_err(fail)?;
-        *o = waste_plan { trunk_bytes: p.trunk_bytes, state_bytes: p.state_bytes, scratch_bytes: p.scratch_bytes, min_expert_cache_bytes: p.min_expert_cache_bytes, floor_bytes: p.floor_bytes, working_set_bytes: p.working_set_bytes, recommended_bytes: p.recommended_bytes, record_bytes: p.record_bytes, ctx: p.ctx };
+        *o = waste_plan {
+            trunk_bytes: p.trunk_bytes,
+            state_bytes: p.state_bytes,
+            scratch_bytes: p.scratch_bytes,
+            min_expert_cache_bytes: p.min_expert_cache_bytes,
+            floor_bytes: p.floor_bytes,
+            working_set_bytes: p.working_set_bytes,
+            recommended_bytes: p.recommended_bytes,
+            record_bytes: p.record_bytes,
+            ctx: p.ctx,
+        };
         Ok(())
     })
 }
@@ -406,7 +428,11 @@ pub unsafe extern "C" fn waste_plan_for(path: *const c_char, ctx_tokens: u32, ou
 /// `path` is a C string; `options` is NULL (defaults) or a `waste_options`;
 /// `out` points to a `waste_model *`.
 #[no_mangle]
-pub unsafe extern "C" fn waste_open(path: *const c_char, options: *const waste_options, out_model: *mut *mut waste_model) -> waste_status {
+pub unsafe extern "C" fn waste_open(
+    path: *const c_char,
+    options: *const waste_options,
+    out_model: *mut *mut waste_model,
+) -> waste_status {
     guard(|| {
         // SAFETY: per the contract
         let (path, slot) = unsafe { (text(path, "path")?, out(out_model, "out")?) };
@@ -478,11 +504,12 @@ pub unsafe extern "C" fn waste_model_info(m: *const waste_model, out_info: *mut 
 /// `m` is an open model.
 #[no_mangle]
 pub unsafe extern "C" fn waste_memory_used(m: *const waste_model) -> u64 {
-    model_ref(m).map(|i| {
-        let (a, b) = i.model.allocated_bytes();
-        a + b
-    })
-    .unwrap_or(0)
+    model_ref(m)
+        .map(|i| {
+            let (a, b) = i.model.allocated_bytes();
+            a + b
+        })
+        .unwrap_or(0)
 }
 
 /// Write the usage hotlist.
@@ -508,7 +535,14 @@ fn tokenizer(inner: &Inner) -> Result<&engine::tokenizer::Tokenizer, Fail> {
 /// # Safety
 /// `m` is an open model; `text_` a C string; `ids` has room for `cap`; `n` is valid.
 #[no_mangle]
-pub unsafe extern "C" fn waste_tokenize(m: *const waste_model, text_: *const c_char, markup: i32, ids: *mut u32, cap: usize, n: *mut usize) -> waste_status {
+pub unsafe extern "C" fn waste_tokenize(
+    m: *const waste_model,
+    text_: *const c_char,
+    markup: i32,
+    ids: *mut u32,
+    cap: usize,
+    n: *mut usize,
+) -> waste_status {
     guard(|| {
         let tok = tokenizer(model_ref(m)?)?;
         // SAFETY: per the contract
@@ -525,7 +559,14 @@ pub unsafe extern "C" fn waste_tokenize(m: *const waste_model, text_: *const c_c
 /// # Safety
 /// `m` is an open model; `ids` has `n_ids` ids; `buf` has room for `cap`.
 #[no_mangle]
-pub unsafe extern "C" fn waste_detokenize(m: *const waste_model, ids: *const u32, n_ids: usize, buf: *mut c_char, cap: usize, len: *mut usize) -> waste_status {
+pub unsafe extern "C" fn waste_detokenize(
+    m: *const waste_model,
+    ids: *const u32,
+    n_ids: usize,
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+) -> waste_status {
     guard(|| {
         let tok = tokenizer(model_ref(m)?)?;
         // SAFETY: per the contract
@@ -546,7 +587,15 @@ pub unsafe extern "C" fn waste_detokenize(m: *const waste_model, ids: *const u32
 /// # Safety
 /// `m` is an open model; `messages` has `n_messages` entries of C strings.
 #[no_mangle]
-pub unsafe extern "C" fn waste_chat_encode(m: *const waste_model, messages: *const waste_message, n_messages: usize, open: i32, ids: *mut u32, cap: usize, n: *mut usize) -> waste_status {
+pub unsafe extern "C" fn waste_chat_encode(
+    m: *const waste_model,
+    messages: *const waste_message,
+    n_messages: usize,
+    open: i32,
+    ids: *mut u32,
+    cap: usize,
+    n: *mut usize,
+) -> waste_status {
     guard(|| {
         let inner = model_ref(m)?;
         // SAFETY: per the contract
@@ -554,7 +603,9 @@ pub unsafe extern "C" fn waste_chat_encode(m: *const waste_model, messages: *con
         let mut v = Vec::with_capacity(msgs.len());
         for (i, x) in msgs.iter().enumerate() {
             // SAFETY: per the contract
-            let (r, c) = unsafe { (text(x.role, &format!("messages[{i}].role"))?, text(x.content, &format!("messages[{i}].content"))?) };
+            let (r, c) = unsafe {
+                (text(x.role, &format!("messages[{i}].role"))?, text(x.content, &format!("messages[{i}].content"))?)
+            };
             v.push(Message::new(r, c));
         }
         let out_ids = inner.model.encode_chat(&v, open != 0).map_err(fail)?;
@@ -628,7 +679,17 @@ pub unsafe extern "C" fn waste_session_stats(s: *const waste_session, out_stats:
         let s = unsafe { s.as_ref() }.ok_or_else(|| (WASTE_E_ARG, "the session is NULL".to_string()))?;
         let st = s.session.stats();
         // SAFETY: per the contract
-        *unsafe { out(out_stats, "out")? } = waste_stats { tokens: st.tokens, experts_hit: st.experts_hit, experts_missed: st.experts_missed, bytes_read: st.bytes_read, prefetch_issued: st.prefetch_issued, io_seconds: st.io_seconds, trunk_seconds: st.trunk_seconds, attn_seconds: st.attn_seconds, expert_seconds: st.expert_seconds };
+        *unsafe { out(out_stats, "out")? } = waste_stats {
+            tokens: st.tokens,
+            experts_hit: st.experts_hit,
+            experts_missed: st.experts_missed,
+            bytes_read: st.bytes_read,
+            prefetch_issued: st.prefetch_issued,
+            io_seconds: st.io_seconds,
+            trunk_seconds: st.trunk_seconds,
+            attn_seconds: st.attn_seconds,
+            expert_seconds: st.expert_seconds,
+        };
         Ok(())
     })
 }
@@ -639,7 +700,13 @@ pub unsafe extern "C" fn waste_session_stats(s: *const waste_session, out_stats:
 /// # Safety
 /// `s` is a live session; `ids` has `n_ids` ids; the out pointers are valid.
 #[no_mangle]
-pub unsafe extern "C" fn waste_eval(s: *mut waste_session, ids: *const u32, n_ids: usize, logits: *mut *const f32, n_logits: *mut usize) -> waste_status {
+pub unsafe extern "C" fn waste_eval(
+    s: *mut waste_session,
+    ids: *const u32,
+    n_ids: usize,
+    logits: *mut *const f32,
+    n_logits: *mut usize,
+) -> waste_status {
     guard(|| {
         let s = session_mut(s)?;
         // SAFETY: per the contract
@@ -662,13 +729,28 @@ pub unsafe extern "C" fn waste_eval(s: *mut waste_session, ids: *const u32, n_id
 pub unsafe extern "C" fn waste_generate_params_init(p: *mut waste_generate_params) {
     // SAFETY: per the contract
     if let Some(p) = unsafe { p.as_mut() } {
-        *p = waste_generate_params { temperature: 0.0, top_p: 1.0, min_p: 0.0, top_k: 0, seed: 0, max_tokens: 128, stop_strings: std::ptr::null(), n_stop_strings: 0, stop_tokens: std::ptr::null(), n_stop_tokens: 0, json_schema: std::ptr::null(), top_logprobs: 0 };
+        *p = waste_generate_params {
+            temperature: 0.0,
+            top_p: 1.0,
+            min_p: 0.0,
+            top_k: 0,
+            seed: 0,
+            max_tokens: 128,
+            stop_strings: std::ptr::null(),
+            n_stop_strings: 0,
+            stop_tokens: std::ptr::null(),
+            n_stop_tokens: 0,
+            json_schema: std::ptr::null(),
+            top_logprobs: 0,
+        };
     }
 }
 
 fn constraint(inner: &Inner, schema: &str) -> Result<waste_grammar::Constraint, Fail> {
     let schema: serde_json::Value = serde_json::from_str(schema).or_else(|e| arg(format!("json_schema: {e}")))?;
-    let g = inner.grammars.get_or_init(|| waste_grammar::Grammars::for_model(&inner.model, false).map_err(|e| e.to_string()));
+    let g = inner
+        .grammars
+        .get_or_init(|| waste_grammar::Grammars::for_model(&inner.model, false).map_err(|e| e.to_string()));
     let g = g.as_ref().map_err(|e| (WASTE_E_UNSUPPORTED, e.clone()))?;
     g.constraint(&waste_grammar::json_lark(Some(&schema), false, false)).or_else(|e| arg(format!("json_schema: {e}")))
 }
@@ -680,7 +762,15 @@ fn constraint(inner: &Inner, schema: &str) -> Result<waste_grammar::Constraint, 
 /// `s` is a live session; `prompt` has `n_prompt` ids; `params` is NULL
 /// (defaults) or valid with valid arrays; `out` points to a result.
 #[no_mangle]
-pub unsafe extern "C" fn waste_generate(s: *mut waste_session, prompt: *const u32, n_prompt: usize, params: *const waste_generate_params, callback: waste_token_callback, user: *mut c_void, out_result: *mut waste_generate_result) -> waste_status {
+pub unsafe extern "C" fn waste_generate(
+    s: *mut waste_session,
+    prompt: *const u32,
+    n_prompt: usize,
+    params: *const waste_generate_params,
+    callback: waste_token_callback,
+    user: *mut c_void,
+    out_result: *mut waste_generate_result,
+) -> waste_status {
     guard(|| {
         let s = session_mut(s)?;
         // SAFETY: per the contract
@@ -697,7 +787,13 @@ pub unsafe extern "C" fn waste_generate(s: *mut waste_session, prompt: *const u3
             stop_strings.push(unsafe { text(ptr, &format!("stop_strings[{i}]"))? }.to_string());
         }
         let gp = GenerateParams {
-            sampling: SamplingParams { temperature: p.temperature, top_p: p.top_p, top_k: p.top_k as usize, min_p: p.min_p, seed: p.seed },
+            sampling: SamplingParams {
+                temperature: p.temperature,
+                top_p: p.top_p,
+                top_k: p.top_k as usize,
+                min_p: p.min_p,
+                seed: p.seed,
+            },
             max_tokens: p.max_tokens as usize,
             // SAFETY: per the contract
             stop_tokens: unsafe { slice(p.stop_tokens, p.n_stop_tokens, "stop_tokens")? }.to_vec(),
@@ -728,7 +824,11 @@ pub unsafe extern "C" fn waste_generate(s: *mut waste_session, prompt: *const u3
                 io_seconds: ev.io_seconds,
             };
             // SAFETY: a C callback given by the host, called with a valid event
-            if unsafe { cb(&e, user) } != 0 { Control::Cancel } else { Control::Continue }
+            if unsafe { cb(&e, user) } != 0 {
+                Control::Cancel
+            } else {
+                Control::Continue
+            }
         });
         let g = g.map_err(fail)?;
         *res = waste_generate_result {
@@ -794,7 +894,10 @@ mod tests {
             assert!(last().contains("path is NULL"));
             assert!(m.is_null());
             assert_eq!(waste_model_info(std::ptr::null(), std::ptr::null_mut()), WASTE_E_ARG);
-            assert_eq!(waste_eval(std::ptr::null_mut(), std::ptr::null(), 0, std::ptr::null_mut(), std::ptr::null_mut()), WASTE_E_ARG);
+            assert_eq!(
+                waste_eval(std::ptr::null_mut(), std::ptr::null(), 0, std::ptr::null_mut(), std::ptr::null_mut()),
+                WASTE_E_ARG
+            );
             assert_eq!(waste_session_position(std::ptr::null()), 0);
             waste_close(std::ptr::null_mut());
             waste_session_free(std::ptr::null_mut());

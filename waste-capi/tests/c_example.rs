@@ -8,7 +8,9 @@ use std::process::Command;
 use waste_model::{Control, GenerateParams, Model, ModelOptions};
 
 fn anchor() -> PathBuf {
-    let base = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let base = std::env::var_os("WASTE_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
     base.join("anchor-tiny/kimi-linear-tiny.waste")
 }
 
@@ -21,7 +23,11 @@ fn names() -> (Vec<String>, Vec<String>) {
     let src = std::fs::read_to_string(here().join("src/lib.rs")).unwrap();
     let mut exported: Vec<String> = src
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("pub unsafe extern \"C\" fn ").or_else(|| l.trim().strip_prefix("pub extern \"C\" fn ")))
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("pub unsafe extern \"C\" fn ")
+                .or_else(|| l.trim().strip_prefix("pub extern \"C\" fn "))
+        })
         .map(|r| r.split('(').next().unwrap().to_string())
         .collect();
     let raw = std::fs::read_to_string(here().join("include/waste.h")).unwrap();
@@ -40,7 +46,9 @@ fn names() -> (Vec<String>, Vec<String>) {
             continue;
         }
         let before = s.split('(').next().unwrap();
-        if let Some(name) = before.split(|c: char| !(c.is_alphanumeric() || c == '_')).filter(|w| !w.is_empty()).next_back() {
+        if let Some(name) =
+            before.split(|c: char| !(c.is_alphanumeric() || c == '_')).filter(|w| !w.is_empty()).next_back()
+        {
             if name.starts_with("waste_") {
                 declared.push(name.to_string());
             }
@@ -64,7 +72,11 @@ fn the_c_example_runs_and_agrees_with_the_rust_api() {
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().to_path_buf();
     let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
     let lib_dir = target.join(profile);
-    assert!(lib_dir.join("libwaste.so").exists() || lib_dir.join("libwaste.dylib").exists(), "no libwaste in {}", lib_dir.display());
+    assert!(
+        lib_dir.join("libwaste.so").exists() || lib_dir.join("libwaste.dylib").exists(),
+        "no libwaste in {}",
+        lib_dir.display()
+    );
     let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("capi-{}", std::process::id()));
     std::fs::create_dir_all(&work).unwrap();
     let exe = work.join("hello");
@@ -87,11 +99,16 @@ fn the_c_example_runs_and_agrees_with_the_rust_api() {
     let o = Command::new(&exe).current_dir(&work).arg(anchor()).arg(prompt).output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
-    let line = |k: &str| out.lines().find_map(|l| l.strip_prefix(k)).unwrap_or_else(|| panic!("no {k:?} in {out}")).trim().to_string();
+    let line = |k: &str| {
+        out.lines().find_map(|l| l.strip_prefix(k)).unwrap_or_else(|| panic!("no {k:?} in {out}")).trim().to_string()
+    };
     // the same through the Rust API
     let m = Model::open(anchor(), ModelOptions { ctx: 256, threads: 1, ..Default::default() }).unwrap();
     let ids = m.encode_chat(&[waste_model::tokenizer::Message::new("user", prompt)], true).unwrap();
-    let g = m.session().generate(&ids, &GenerateParams { max_tokens: 8, ..Default::default() }, |_| Control::Continue).unwrap();
+    let g = m
+        .session()
+        .generate(&ids, &GenerateParams { max_tokens: 8, ..Default::default() }, |_| Control::Continue)
+        .unwrap();
     let want: Vec<String> = g.tokens.iter().map(|t| t.to_string()).collect();
     assert_eq!(line("generated"), want.join(" "));
     let mut s = m.session();

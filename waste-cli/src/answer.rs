@@ -30,7 +30,13 @@ impl<'m> Chat<'m> {
     /// For `model`, thinking at `think` (ignored without the tagged format),
     /// answering in JSON matching `schema` when given.
     pub fn new(model: &'m Model, think: Option<Effort>, schema: Option<serde_json::Value>) -> Chat<'m> {
-        let response_format = schema.map(|s| if s == serde_json::json!({"type": "object"}) { ResponseFormat::JsonObject } else { ResponseFormat::JsonSchema(s) });
+        let response_format = schema.map(|s| {
+            if s == serde_json::json!({"type": "object"}) {
+                ResponseFormat::JsonObject
+            } else {
+                ResponseFormat::JsonSchema(s)
+            }
+        });
         Chat { model, opts: XtmlOptions { thinking: think, response_format, ..Default::default() } }
     }
 

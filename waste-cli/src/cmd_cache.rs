@@ -27,7 +27,8 @@ pub struct CachesimArgs {
 }
 
 pub fn cachesim(a: CachesimArgs) -> Result<ExitCode> {
-    let policy = Policy::parse(&a.policy).with_context(|| format!("--policy {:?}: expected lfru, lru or belady", a.policy))?;
+    let policy =
+        Policy::parse(&a.policy).with_context(|| format!("--policy {:?}: expected lfru, lru or belady", a.policy))?;
     if a.slots == 0 {
         bail!("--slots must be at least 1");
     }
@@ -46,9 +47,19 @@ pub fn cachesim(a: CachesimArgs) -> Result<ExitCode> {
     }
     let r = simulate(&trace, a.slots, policy)?;
     if a.json {
-        print_json(&json!({"hit_rate": r.hit_rate(), "hits": r.hits, "accesses": r.accesses, "evictions": r.evictions, "policy": policy.name(), "slots": a.slots}))?;
+        print_json(
+            &json!({"hit_rate": r.hit_rate(), "hits": r.hits, "accesses": r.accesses, "evictions": r.evictions, "policy": policy.name(), "slots": a.slots}),
+        )?;
     } else {
-        println!("{}: {} slots: hit rate {:.2}% ({} / {} accesses, {} evictions)", policy.name(), a.slots, 100.0 * r.hit_rate(), r.hits, r.accesses, r.evictions);
+        println!(
+            "{}: {} slots: hit rate {:.2}% ({} / {} accesses, {} evictions)",
+            policy.name(),
+            a.slots,
+            100.0 * r.hit_rate(),
+            r.hits,
+            r.accesses,
+            r.evictions
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -45,19 +45,29 @@ pub struct ConvertArgs {
 }
 
 pub fn convert(a: ConvertArgs) -> Result<ExitCode> {
-    let experts = waste_model::format::ExpertQuant::parse_fmt(&a.experts).with_context(|| format!("--experts {:?}: expected vq3r, vq4p, vq2r, f16 or bf16", a.experts))?;
-    let trunk = TrunkMode::parse(&a.trunk).with_context(|| format!("--trunk {:?}: expected q4, q8, f16 or f32", a.trunk))?;
+    let experts = waste_model::format::ExpertQuant::parse_fmt(&a.experts)
+        .with_context(|| format!("--experts {:?}: expected vq3r, vq4p, vq2r, f16 or bf16", a.experts))?;
+    let trunk =
+        TrunkMode::parse(&a.trunk).with_context(|| format!("--trunk {:?}: expected q4, q8, f16 or f32", a.trunk))?;
     let layers = match &a.layers {
         None => None,
         Some(s) => {
             let (x, y) = s.split_once('-').unwrap_or((s, s));
-            Some((x.trim().parse().with_context(|| format!("--layers {s:?}: expected A-B"))?, y.trim().parse().with_context(|| format!("--layers {s:?}: expected A-B"))?))
+            Some((
+                x.trim().parse().with_context(|| format!("--layers {s:?}: expected A-B"))?,
+                y.trim().parse().with_context(|| format!("--layers {s:?}: expected A-B"))?,
+            ))
         }
     };
     let jobs = if a.jobs == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { a.jobs };
     let o = ConvertOptions { experts, trunk, layers, jobs, seed: a.seed, cb_sample: a.cb_sample, ..Default::default() };
-    let bar = if a.quiet || a.json || !std::io::stderr().is_terminal() { ProgressBar::hidden() } else { ProgressBar::new(0) };
-    bar.set_style(ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ETA {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "));
+    let bar =
+        if a.quiet || a.json || !std::io::stderr().is_terminal() { ProgressBar::hidden() } else { ProgressBar::new(0) };
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
     let rep = run_convert(&a.src, &a.out, &o, &|p| match p {
         Progress::Trunk { done, total } => {
             bar.set_message("trunk");
@@ -74,13 +84,23 @@ pub fn convert(a: ConvertArgs) -> Result<ExitCode> {
     bar.finish_and_clear();
     let per_expert = if rep.experts > 0 { rep.seconds / rep.experts as f64 } else { 0.0 };
     if a.json {
-        print_json(&json!({"complete": rep.complete, "experts": rep.experts, "seconds": rep.seconds, "seconds_per_expert": per_expert,
+        print_json(
+            &json!({"complete": rep.complete, "experts": rep.experts, "seconds": rep.seconds, "seconds_per_expert": per_expert,
             "rel_error": {"gate": rep.rel_error[0], "up": rep.rel_error[1], "down": rep.rel_error[2]},
             "per_layer": rep.per_layer.iter().map(|(l, e)| json!({"layer": l, "gate": e[0], "up": e[1], "down": e[2]})).collect::<Vec<_>>(),
-            "resumed_layers": rep.resumed_layers}))?;
+            "resumed_layers": rep.resumed_layers}),
+        )?;
     } else {
-        println!("{} experts in {:.1} s ({:.3} s/expert); relative error gate {:.4} up {:.4} down {:.4}{}", rep.experts, rep.seconds, per_expert, rep.rel_error[0], rep.rel_error[1], rep.rel_error[2],
-            if rep.complete { String::new() } else { " — incomplete: run again for the remaining layers".into() });
+        println!(
+            "{} experts in {:.1} s ({:.3} s/expert); relative error gate {:.4} up {:.4} down {:.4}{}",
+            rep.experts,
+            rep.seconds,
+            per_expert,
+            rep.rel_error[0],
+            rep.rel_error[1],
+            rep.rel_error[2],
+            if rep.complete { String::new() } else { " — incomplete: run again for the remaining layers".into() }
+        );
         for (l, e) in &rep.per_layer {
             println!("  layer {l:>3}: gate {:.4}  up {:.4}  down {:.4}", e[0], e[1], e[2]);
         }

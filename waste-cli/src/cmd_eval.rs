@@ -102,7 +102,8 @@ impl EngineArgs {
 }
 
 pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
-    let ids: Result<Vec<u32>, _> = s.split(',').map(|t| t.trim()).filter(|t| !t.is_empty()).map(|t| t.parse::<u32>()).collect();
+    let ids: Result<Vec<u32>, _> =
+        s.split(',').map(|t| t.trim()).filter(|t| !t.is_empty()).map(|t| t.parse::<u32>()).collect();
     let ids = ids.with_context(|| format!("--ids {s:?}: expected comma-separated token ids"))?;
     if ids.is_empty() {
         bail!("--ids is empty");
@@ -150,7 +151,8 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
     waste_model::softmax_in_place(&mut probs);
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&x, &y| logits[y].total_cmp(&logits[x]).then(x.cmp(&y)));
-    let top: Vec<_> = order.iter().take(a.top).map(|&i| json!({"id": i, "logit": logits[i], "prob": probs[i]})).collect();
+    let top: Vec<_> =
+        order.iter().take(a.top).map(|&i| json!({"id": i, "logit": logits[i], "prob": probs[i]})).collect();
     if a.json {
         let mut v = json!({"ids": ids, "argmax": order[0], "top": top});
         if a.logits {
@@ -194,7 +196,13 @@ pub struct SampleArgs {
 impl SampleArgs {
     pub fn params(&self) -> waste_model::GenerateParams {
         waste_model::GenerateParams {
-            sampling: waste_model::SamplingParams { temperature: self.temp, top_k: self.top_k, top_p: self.top_p, min_p: self.min_p, seed: self.seed },
+            sampling: waste_model::SamplingParams {
+                temperature: self.temp,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                seed: self.seed,
+            },
             max_tokens: self.n,
             stop_tokens: vec![],
             stop_strings: self.stop.clone(),
@@ -279,14 +287,24 @@ pub fn read_prompt(arg: &Option<String>, file: &Option<PathBuf>) -> Result<Optio
 pub fn status_line(tokens: usize, secs: f64, st: &waste_model::Stats) {
     let total = st.experts_hit + st.experts_missed;
     let pct = if total > 0 { 100.0 * st.experts_hit as f64 / total as f64 } else { 0.0 };
-    eprintln!("[{tokens} tokens, {secs:.2} s, {:.2} tok/s | experts {} hit / {} miss = {pct:.0}%]", tokens as f64 / secs.max(1e-9), st.experts_hit, st.experts_missed);
+    eprintln!(
+        "[{tokens} tokens, {secs:.2} s, {:.2} tok/s | experts {} hit / {} miss = {pct:.0}%]",
+        tokens as f64 / secs.max(1e-9),
+        st.experts_hit,
+        st.experts_missed
+    );
 }
 
 pub fn run(a: RunArgs) -> Result<ExitCode> {
     use std::io::Write;
     let text = if a.ids.is_none() { read_prompt(&a.prompt, &a.file)? } else { None };
     let schema = match &a.json_schema {
-        Some(f) => Some(serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?).with_context(|| format!("{}: not JSON", f.display()))?),
+        Some(f) => Some(
+            serde_json::from_str::<serde_json::Value>(
+                &std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
+            )
+            .with_context(|| format!("{}: not JSON", f.display()))?,
+        ),
         None => None,
     };
     let model = a.engine.open(&a.model)?;
@@ -330,13 +348,15 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let st = s.stats();
     a.engine.finish(&model, &a.model, st.tokens)?;
     if a.json {
-        print_json(&json!({"prompt_ids": ids, "tokens": g.tokens, "text": printer.answer, "reasoning": printer.reasoning, "finish_reason": g.finish.reason(),
+        print_json(
+            &json!({"prompt_ids": ids, "tokens": g.tokens, "text": printer.answer, "reasoning": printer.reasoning, "finish_reason": g.finish.reason(),
             "context_full": g.finish == waste_model::Finish::ContextFull, "seconds": secs,
             "experts_hit": st.experts_hit, "experts_missed": st.experts_missed, "bytes_read": st.bytes_read,
             "direct_io": model.direct_io(), "threads": model.threads(), "simd": model.simd().name(),
             "ms_per_token": {"total": 1e3 * secs / st.tokens.max(1) as f64, "trunk": 1e3 * st.trunk_seconds / st.tokens.max(1) as f64,
                 "attention": 1e3 * st.attn_seconds / st.tokens.max(1) as f64, "expert_compute": 1e3 * st.expert_seconds / st.tokens.max(1) as f64,
-                "expert_io": 1e3 * st.io_seconds / st.tokens.max(1) as f64}}))?;
+                "expert_io": 1e3 * st.io_seconds / st.tokens.max(1) as f64}}),
+        )?;
     } else {
         writeln!(out)?;
         if g.finish == waste_model::Finish::ContextFull {

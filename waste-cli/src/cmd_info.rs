@@ -46,7 +46,8 @@ pub fn info(a: InfoArgs) -> Result<ExitCode> {
     let c = Container::open(&a.model)?;
     let cfg = &c.config;
     let p = c.param_counts();
-    let kinds: String = cfg.attn_kinds.iter().map(|k| if *k == waste_model::format::AttnKind::Kda { 'K' } else { 'M' }).collect();
+    let kinds: String =
+        cfg.attn_kinds.iter().map(|k| if *k == waste_model::format::AttnKind::Kda { 'K' } else { 'M' }).collect();
     let (efmt, rec) = c.experts.as_ref().map(|(q, l)| (q.fmt.name(), l.rec_bytes)).unwrap_or(("none", 0));
     let v = json!({
         "path": a.model.display().to_string(),
@@ -75,9 +76,21 @@ pub fn info(a: InfoArgs) -> Result<ExitCode> {
     } else {
         println!("{}  ({})", a.model.display(), c.manifest.arch);
         println!("  layers {} ({} MoE), attention {kinds}", cfg.layers, cfg.n_moe_layers());
-        println!("  hidden {}, vocab {}, experts {} top-{} (+{} shared), expert width {}", cfg.hidden, cfg.vocab, cfg.experts, cfg.top_k, cfg.shared_experts, cfg.expert_width());
+        println!(
+            "  hidden {}, vocab {}, experts {} top-{} (+{} shared), expert width {}",
+            cfg.hidden,
+            cfg.vocab,
+            cfg.experts,
+            cfg.top_k,
+            cfg.shared_experts,
+            cfg.expert_width()
+        );
         println!("  parameters: {} total, {} active per token", group(p.total), group(p.active));
-        println!("  expert record {} bytes; resident trunk {} bytes", group(rec as u64), group(c.resident_trunk_bytes()));
+        println!(
+            "  expert record {} bytes; resident trunk {} bytes",
+            group(rec as u64),
+            group(c.resident_trunk_bytes())
+        );
         println!("  quantization: {}", c.quant_summary());
     }
     Ok(ExitCode::SUCCESS)
@@ -117,16 +130,32 @@ pub fn verify(a: VerifyArgs) -> Result<ExitCode> {
         }
         if let Some(r) = &rep {
             let gbps = if r.seconds > 0.0 { r.bytes as f64 / r.seconds / 1e9 } else { 0.0 };
-            println!("{}: {} records, {} bytes in {:.2} s ({gbps:.2} GB/s, direct I/O {}): {}", a.model.display(), r.records, r.bytes, r.seconds, if r.direct_io { "yes" } else { "no" },
-                if problems.is_empty() { "OK".to_string() } else { format!("{} problem(s)", problems.len()) });
+            println!(
+                "{}: {} records, {} bytes in {:.2} s ({gbps:.2} GB/s, direct I/O {}): {}",
+                a.model.display(),
+                r.records,
+                r.bytes,
+                r.seconds,
+                if r.direct_io { "yes" } else { "no" },
+                if problems.is_empty() { "OK".to_string() } else { format!("{} problem(s)", problems.len()) }
+            );
         }
     }
     if let (Some(src), true) = (&a.src, problems.is_empty()) {
         let r = waste_convert::verify_against_source(&a.model, src)?;
         if a.json {
-            print_json(&json!({"source": src.display().to_string(), "experts": r.experts, "rel_error": {"gate": r.rel_error[0], "up": r.rel_error[1], "down": r.rel_error[2]}}))?;
+            print_json(
+                &json!({"source": src.display().to_string(), "experts": r.experts, "rel_error": {"gate": r.rel_error[0], "up": r.rel_error[1], "down": r.rel_error[2]}}),
+            )?;
         } else {
-            println!("against {}: {} experts, relative error gate {:.4} up {:.4} down {:.4}", src.display(), r.experts, r.rel_error[0], r.rel_error[1], r.rel_error[2]);
+            println!(
+                "against {}: {} experts, relative error gate {:.4} up {:.4} down {:.4}",
+                src.display(),
+                r.experts,
+                r.rel_error[0],
+                r.rel_error[1],
+                r.rel_error[2]
+            );
         }
     }
     Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_PROBLEMS) })
@@ -135,9 +164,17 @@ pub fn verify(a: VerifyArgs) -> Result<ExitCode> {
 pub fn version(a: VersionArgs) -> Result<ExitCode> {
     let b = waste_model::build_info();
     if a.json {
-        print_json(&json!({"version": b.version, "simd": b.simd, "simd_available": b.simd_available, "format_version": b.format_version}))?;
+        print_json(
+            &json!({"version": b.version, "simd": b.simd, "simd_available": b.simd_available, "format_version": b.format_version}),
+        )?;
     } else {
-        println!("waste {} (simd {}; available: {}; container format v{})", b.version, b.simd, b.simd_available.join(", "), b.format_version);
+        println!(
+            "waste {} (simd {}; available: {}; container format v{})",
+            b.version,
+            b.simd,
+            b.simd_available.join(", "),
+            b.format_version
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -169,9 +206,14 @@ pub struct DiskbenchArgs {
 pub fn diskbench(a: DiskbenchArgs) -> Result<ExitCode> {
     let r = waste_model::io::probe_bandwidth(&a.file, a.record_size, a.qd, a.max_bytes, !a.no_direct_io, !a.no_huge)?;
     if a.json {
-        print_json(&json!({"gbps": r.gbps, "bytes": r.bytes, "seconds": r.seconds, "direct_io": r.direct, "huge_pages": r.huge, "record_size": a.record_size, "qd": a.qd}))?;
+        print_json(
+            &json!({"gbps": r.gbps, "bytes": r.bytes, "seconds": r.seconds, "direct_io": r.direct, "huge_pages": r.huge, "record_size": a.record_size, "qd": a.qd}),
+        )?;
     } else {
-        println!("{:.3} GB/s ({} bytes in {:.2} s; record {} B, qd {}, direct I/O {}, huge pages {})", r.gbps, r.bytes, r.seconds, a.record_size, a.qd, r.direct, r.huge);
+        println!(
+            "{:.3} GB/s ({} bytes in {:.2} s; record {} B, qd {}, direct I/O {}, huge pages {})",
+            r.gbps, r.bytes, r.seconds, a.record_size, a.qd, r.direct, r.huge
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -55,7 +55,13 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         println!("  recommended          {:>14} bytes  {}", p.recommended_bytes, gib(p.recommended_bytes));
         println!("  usable RAM           {:>14} bytes  {}", usable, gib(usable));
         match &resolved {
-            Ok(_) => println!("  budget {} buys an expert cache of {} ({} records of {} bytes)", gib(budget), gib(cache), slots, p.record_bytes),
+            Ok(_) => println!(
+                "  budget {} buys an expert cache of {} ({} records of {} bytes)",
+                gib(budget),
+                gib(cache),
+                slots,
+                p.record_bytes
+            ),
             Err(e) => println!("  {e}"),
         }
         if let (Ok(_), Some(n)) = (&resolved, &note) {
@@ -116,7 +122,8 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let hit = st.experts_hit - st0.experts_hit;
     let miss = st.experts_missed - st0.experts_missed;
     let hit_rate = if hit + miss > 0 { hit as f64 / (hit + miss) as f64 } else { 0.0 };
-    let bytes = (st.bytes_read - st0.bytes_read) + (cs.prefetch_issued - cs0.prefetch_issued) * model.plan().record_bytes;
+    let bytes =
+        (st.bytes_read - st0.bytes_read) + (cs.prefetch_issued - cs0.prefetch_issued) * model.plan().record_bytes;
     let v = json!({
         "tok_per_s": steps as f64 / dec_s, "ms_per_token": 1e3 * dec_s / n, "hit_rate": hit_rate,
         "bytes_per_token": bytes as f64 / n, "direct_io": model.direct_io(), "experts_hit": hit, "experts_missed": miss,
@@ -134,7 +141,14 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         print_json(&v)?;
     } else {
         println!("decode: {:.2} tok/s, {:.1} ms/token | hit rate {:.1}% | {:.1} MB read/token | direct I/O {} | huge pages {}", steps as f64 / dec_s, 1e3 * dec_s / n, 100.0 * hit_rate, bytes as f64 / n / 1e6, model.direct_io(), model.huge_pages());
-        println!("prefill: {} tokens in {:.2} s ({:.2} tok/s); cache {} slots, budget {} bytes", prompt.len(), prefill_s, prompt.len() as f64 / prefill_s, model.cache_slots(), model.budget());
+        println!(
+            "prefill: {} tokens in {:.2} s ({:.2} tok/s); cache {} slots, budget {} bytes",
+            prompt.len(),
+            prefill_s,
+            prompt.len() as f64 / prefill_s,
+            model.cache_slots(),
+            model.budget()
+        );
     }
     let _ = next;
     Ok(ExitCode::SUCCESS)

@@ -39,8 +39,17 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     if !loopback && api_key.is_none() {
         eprintln!("warning: serving on {} without an API key: anyone who can reach this port can use the model (set --api-key or WASTE_API_KEY)", a.host);
     }
-    let model_id = a.model_id.clone().unwrap_or_else(|| a.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "waste".into()));
-    let opts = waste_serve::ServeOptions { host: a.host.clone(), port: a.port, api_key, model_id: model_id.clone(), max_tokens: a.max_tokens, body_limit: a.body_limit };
+    let model_id = a.model_id.clone().unwrap_or_else(|| {
+        a.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "waste".into())
+    });
+    let opts = waste_serve::ServeOptions {
+        host: a.host.clone(),
+        port: a.port,
+        api_key,
+        model_id: model_id.clone(),
+        max_tokens: a.max_tokens,
+        body_limit: a.body_limit,
+    };
     waste_serve::serve(model, opts, |addr| {
         // one line on stdout so scripts can find the port
         println!("waste serve: {model_id} on http://{addr}");

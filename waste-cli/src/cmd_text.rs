@@ -106,7 +106,11 @@ pub fn chat(a: ChatArgs) -> Result<ExitCode> {
             s.eval(&close)?;
         }
         let st = s.stats();
-        let d = waste_model::Stats { experts_hit: st.experts_hit - st0.experts_hit, experts_missed: st.experts_missed - st0.experts_missed, ..st };
+        let d = waste_model::Stats {
+            experts_hit: st.experts_hit - st0.experts_hit,
+            experts_missed: st.experts_missed - st0.experts_missed,
+            ..st
+        };
         if g.finish == waste_model::Finish::ContextFull {
             eprintln!("[stopped: the context is full]");
         }
@@ -138,7 +142,8 @@ pub struct TokenizeArgs {
 }
 
 fn load_tokenizer(model: &Option<PathBuf>, tiktoken: &Option<PathBuf>, pattern: &str) -> Result<Tokenizer> {
-    let pat = Pattern::parse(pattern).with_context(|| format!("--pattern {pattern:?}: expected kimi, o200k or cl100k"))?;
+    let pat =
+        Pattern::parse(pattern).with_context(|| format!("--pattern {pattern:?}: expected kimi, o200k or cl100k"))?;
     match (model, tiktoken) {
         (Some(m), None) => Ok(Tokenizer::from_container_dir(m)?),
         (None, Some(f)) => Ok(Tokenizer::from_files(f, None, pat)?),
@@ -148,7 +153,11 @@ fn load_tokenizer(model: &Option<PathBuf>, tiktoken: &Option<PathBuf>, pattern: 
 }
 
 /// Split `[MODEL] [VALUE]` positionals: with --tiktoken there is no MODEL.
-fn split_positionals(args: &[String], tiktoken: bool, named: &Option<String>) -> Result<(Option<PathBuf>, Option<String>)> {
+fn split_positionals(
+    args: &[String],
+    tiktoken: bool,
+    named: &Option<String>,
+) -> Result<(Option<PathBuf>, Option<String>)> {
     let (model, value) = match (tiktoken, args) {
         (true, [v]) => (None, Some(v.clone())),
         (true, []) => (None, None),

@@ -15,7 +15,12 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "waste", version, about = "Run Mixture-of-Experts models far larger than RAM", propagate_version = true)]
+#[command(
+    name = "waste",
+    version,
+    about = "Run Mixture-of-Experts models far larger than RAM",
+    propagate_version = true
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

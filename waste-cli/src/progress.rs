@@ -24,7 +24,11 @@ pub fn count_bar(msg: &str, quiet: bool) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let b = ProgressBar::new(0);
-    b.set_style(ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ETA {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "));
+    b.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
     b.set_message(msg.to_string());
     b
 }

@@ -26,17 +26,41 @@ fn bench_peak_rss_stays_under_the_budget() {
         "num_attention_heads": 4, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "kv_lora_rank": 64, "vocab_size": 512,
         "rms_norm_eps": 1e-5, "bos_token_id": 256, "eos_token_id": 257,
         "linear_attn_config": {"head_dim": 64, "num_heads": 4, "short_conv_kernel_size": 4, "kda_layers": [1, 3], "full_attn_layers": [2]}});
-    let o = SynthOptions { config, layers: None, experts: ExpertFmt::Vq3r, seed: 3, manifest_only: false, skewed: false, jobs: 2 };
+    let o = SynthOptions {
+        config,
+        layers: None,
+        experts: ExpertFmt::Vq3r,
+        seed: 3,
+        manifest_only: false,
+        skewed: false,
+        jobs: 2,
+    };
     synth(&dir, &o, &|_, _| {}).unwrap();
     let waste = env!("CARGO_BIN_EXE_waste");
-    let plan_out = Command::new(waste).args(["plan", dir.to_str().unwrap(), "--ctx", "512", "--json"]).output().unwrap();
+    let plan_out =
+        Command::new(waste).args(["plan", dir.to_str().unwrap(), "--ctx", "512", "--json"]).output().unwrap();
     let plan: serde_json::Value = serde_json::from_slice(&plan_out.stdout).unwrap();
     let floor = plan["floor_bytes"].as_u64().unwrap();
     let rec = plan["expert_record_bytes"].as_u64().unwrap();
     let budget = floor + 24 * rec;
     let experts_bytes = 3 * 64 * rec;
     assert!(experts_bytes > 4 * budget, "experts {experts_bytes} should be several times the budget {budget}");
-    let out = Command::new(waste).args(["bench", dir.to_str().unwrap(), "--budget", &budget.to_string(), "--ctx", "512", "-n", "12", "--prompt-len", "20", "--json"]).output().unwrap();
+    let out = Command::new(waste)
+        .args([
+            "bench",
+            dir.to_str().unwrap(),
+            "--budget",
+            &budget.to_string(),
+            "--ctx",
+            "512",
+            "-n",
+            "12",
+            "--prompt-len",
+            "20",
+            "--json",
+        ])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["experts_missed"].as_u64().unwrap() > 0, "the run must stream experts");

@@ -7,15 +7,27 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 fn anchor() -> PathBuf {
-    let base = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let base = std::env::var_os("WASTE_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
     base.join("anchor-tiny/kimi-linear-tiny.waste")
 }
 
 fn waste(args: &[&str], stdin: &str) -> (i32, String, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_waste")).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_waste"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
     let o = c.wait_with_output().unwrap();
-    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
 }
 
 #[test]
@@ -24,7 +36,10 @@ fn chat_state_saved_after_two_turns_continues_identically_in_a_new_process() {
     let m = a.to_str().unwrap();
     let f = std::env::temp_dir().join(format!("waste-chat-{}.state", std::process::id()));
     let fs = f.to_str().unwrap();
-    let (code, out_a, err) = waste(&["chat", m, "-n", "10"], &format!("hello there\nwhat is the weather\n/save {fs}\ntell me about Paris\n"));
+    let (code, out_a, err) = waste(
+        &["chat", m, "-n", "10"],
+        &format!("hello there\nwhat is the weather\n/save {fs}\ntell me about Paris\n"),
+    );
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("[saved"), "{err}");
     let (code, out_b, err) = waste(&["chat", m, "-n", "10"], &format!("/load {fs}\ntell me about Paris\n"));
@@ -75,7 +90,8 @@ fn tokenize_detokenize_roundtrip_and_modes() {
     let (_, out2, _) = waste(&["tokenize", m, "-", "--json"], "<|open|>hello");
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out2).unwrap(), plain);
     let o200k = anchor().join("../../tokenizers/o200k_base.tiktoken");
-    let (code, out, err) = waste(&["tokenize", "--tiktoken", o200k.to_str().unwrap(), "--pattern", "o200k", "hello world", "--json"], "");
+    let (code, out, err) =
+        waste(&["tokenize", "--tiktoken", o200k.to_str().unwrap(), "--pattern", "o200k", "hello world", "--json"], "");
     assert_eq!(code, 0, "{err}");
     let ids: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(ids["ids"], serde_json::json!([24912, 2375]), "tiktoken's o200k ids for 'hello world'");
@@ -93,7 +109,20 @@ fn run_json_schema_is_enforced_and_thinking_goes_to_stderr() {
     let sc = schema.to_str().unwrap();
     for seed in ["1", "2", "3"] {
         for raw in [false, true] {
-            let mut args = vec!["run", m, "give me json", "--json-schema", sc, "--temp", "1", "--seed", seed, "-n", "200", "--json"];
+            let mut args = vec![
+                "run",
+                m,
+                "give me json",
+                "--json-schema",
+                sc,
+                "--temp",
+                "1",
+                "--seed",
+                seed,
+                "-n",
+                "200",
+                "--json",
+            ];
             if raw {
                 args.push("--raw");
             }
@@ -101,8 +130,12 @@ fn run_json_schema_is_enforced_and_thinking_goes_to_stderr() {
             assert_eq!(code, 0, "{err}");
             let r: serde_json::Value = serde_json::from_str(&out).unwrap();
             assert_eq!(r["finish_reason"], "stop", "{out}");
-            let v: serde_json::Value = serde_json::from_str(r["text"].as_str().unwrap()).unwrap_or_else(|e| panic!("{out}: {e}"));
-            assert!((1..=9).contains(&v["n"].as_i64().unwrap()) && ["a", "b"].contains(&v["k"].as_str().unwrap()), "{v}");
+            let v: serde_json::Value =
+                serde_json::from_str(r["text"].as_str().unwrap()).unwrap_or_else(|e| panic!("{out}: {e}"));
+            assert!(
+                (1..=9).contains(&v["n"].as_i64().unwrap()) && ["a", "b"].contains(&v["k"].as_str().unwrap()),
+                "{v}"
+            );
             assert_eq!(v.as_object().unwrap().len(), 2);
         }
     }

@@ -11,7 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn anchor() -> PathBuf {
-    let base = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let base = std::env::var_os("WASTE_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
     base.join("anchor-tiny/kimi-linear-tiny.waste")
 }
 
@@ -82,7 +84,10 @@ fn post(addr: &str, path: &str, v: &Value) -> (u16, Value) {
 fn assert_error(st: u16, v: &Value, want: u16, param: Option<&str>) {
     assert_eq!(st, want, "{v}");
     let e = &v["error"];
-    assert!(e["message"].is_string() && e["type"].is_string() && e.get("param").is_some() && e.get("code").is_some(), "{v}");
+    assert!(
+        e["message"].is_string() && e["type"].is_string() && e.get("param").is_some() && e.get("code").is_some(),
+        "{v}"
+    );
     if let Some(p) = param {
         assert_eq!(e["param"], p, "{v}");
     }
@@ -113,34 +118,71 @@ fn error_paths_use_openai_error_shape() {
     let a = &s.addr;
     let (st, body) = http(a, "POST", "/v1/chat/completions", &[], b"{not json");
     assert_error(st, &serde_json::from_str(&body).unwrap(), 400, Some("body"));
-    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}));
+    let (st, v) = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}),
+    );
     assert_error(st, &v, 400, Some("temperature"));
     let (st, v) = post(a, "/v1/chat/completions", &json!({"model": "x"}));
     assert_error(st, &v, 400, Some("messages"));
     let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "wizard", "content": "hi"}]}));
     assert_error(st, &v, 400, Some("messages[0].role"));
-    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "x".repeat(5000)}]}));
+    let (st, v) =
+        post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "x".repeat(5000)}]}));
     assert_error(st, &v, 413, None);
-    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "bad name!"}}]}));
+    let (st, v) = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "bad name!"}}]}),
+    );
     assert_error(st, &v, 400, Some("tools[0].function.name"));
-    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "retrieval"}]}));
+    let (st, v) = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "retrieval"}]}),
+    );
     assert_error(st, &v, 400, Some("tools[0]"));
-    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}));
+    let (st, v) = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}),
+    );
     assert_error(st, &v, 400, Some("tool_choice"));
-    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}}));
+    let (st, v) = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}}),
+    );
     assert_error(st, &v, 400, Some("response_format"));
-    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "oneOf": [{"type": "object"}, {"type": "object"}]}}}}));
+    let (st, v) = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "oneOf": [{"type": "object"}, {"type": "object"}]}}}}),
+    );
     assert_error(st, &v, 400, Some("response_format"));
-    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "extreme"}));
+    let (st, v) = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "extreme"}),
+    );
     assert_error(st, &v, 400, Some("reasoning_effort"));
     let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "tool", "content": "orphan result"}]}));
     assert_error(st, &v, 400, Some("messages"));
-    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://example.com/x.png"}}]}]}));
+    let (st, v) = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://example.com/x.png"}}]}]}),
+    );
     assert_error(st, &v, 400, None);
     let (st, body) = http(a, "GET", "/v2/nothing", &[], b"");
     assert_error(st, &serde_json::from_str(&body).unwrap(), 404, None);
     // unknown fields are ignored
-    let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "frobnicate": true}));
+    let (st, v) = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "frobnicate": true}),
+    );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 2);
     assert!(v["waste"]["experts_hit"].is_u64());
@@ -163,7 +205,9 @@ fn api_key_is_required_when_set() {
 #[test]
 fn concurrent_streaming_clients_each_get_their_own_answer() {
     let s = start(&[]);
-    let prompts: Vec<String> = (0..16).map(|i| format!("question number {i}: tell me about {}", ["Paris", "the weather", "json", "cities"][i % 4])).collect();
+    let prompts: Vec<String> = (0..16)
+        .map(|i| format!("question number {i}: tell me about {}", ["Paris", "the weather", "json", "cities"][i % 4]))
+        .collect();
     // references, one at a time, not streamed
     let want: Vec<String> = prompts.iter().map(|p| post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": p}], "max_tokens": 12, "temperature": 0, "reasoning_effort": "none"}))).map(|(_, v)| v["choices"][0]["message"]["content"].as_str().unwrap().to_string()).collect();
     let got: Vec<String> = std::thread::scope(|sc| {
@@ -193,7 +237,8 @@ fn a_disconnected_client_stops_its_generation() {
     let body = json!({"messages": [{"role": "user", "content": "go on forever"}], "max_tokens": 3500, "temperature": 0, "stream": true}).to_string();
     {
         let mut c = TcpStream::connect(&s.addr).unwrap();
-        write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+            .unwrap();
         let mut r = BufReader::new(c.try_clone().unwrap());
         let mut events = 0;
         let mut line = String::new();
@@ -218,7 +263,11 @@ fn a_disconnected_client_stops_its_generation() {
     let n = h["generated_tokens"].as_u64().unwrap();
     assert!(n < 3000, "generation went on after the client left: {n} tokens");
     // the engine is free for the next client
-    let (st, _) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}));
+    let (st, _) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    );
     assert_eq!(st, 200);
 }
 
@@ -226,14 +275,26 @@ fn a_disconnected_client_stops_its_generation() {
 fn prefix_reuse_gives_the_same_tokens_as_a_fresh_prefill() {
     let s = start(&[]);
     let turn1 = json!([{"role": "user", "content": "hello there"}]);
-    let (_, v1) = post(&s.addr, "/v1/chat/completions", &json!({"messages": turn1, "max_tokens": 8, "temperature": 0, "reasoning_effort": "none"}));
+    let (_, v1) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": turn1, "max_tokens": 8, "temperature": 0, "reasoning_effort": "none"}),
+    );
     let answer = v1["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     let turn2 = json!([{"role": "user", "content": "hello there"}, {"role": "assistant", "content": answer}, {"role": "user", "content": "and then?"}]);
-    let (_, v2) = post(&s.addr, "/v1/chat/completions", &json!({"messages": turn2, "max_tokens": 8, "temperature": 0, "reasoning_effort": "none"}));
+    let (_, v2) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": turn2, "max_tokens": 8, "temperature": 0, "reasoning_effort": "none"}),
+    );
     let reused = v2["waste"]["reused_prompt_tokens"].as_u64().unwrap();
     // a fresh server computes the same answer from scratch
     let fresh = start(&[]);
-    let (_, v3) = post(&fresh.addr, "/v1/chat/completions", &json!({"messages": turn2, "max_tokens": 8, "temperature": 0, "reasoning_effort": "none"}));
+    let (_, v3) = post(
+        &fresh.addr,
+        "/v1/chat/completions",
+        &json!({"messages": turn2, "max_tokens": 8, "temperature": 0, "reasoning_effort": "none"}),
+    );
     assert_eq!(v3["waste"]["reused_prompt_tokens"], 0);
     assert_eq!(v2["choices"][0]["message"]["content"], v3["choices"][0]["message"]["content"]);
     assert!(reused > 0, "turn 2 should continue from turn 1's state: {v2}");
@@ -242,7 +303,11 @@ fn prefix_reuse_gives_the_same_tokens_as_a_fresh_prefill() {
 #[test]
 fn completions_models_and_logprobs() {
     let s = start(&["--model-id", "tiny"]);
-    let (st, v) = post(&s.addr, "/v1/completions", &json!({"prompt": "The city of", "max_tokens": 4, "temperature": 0, "logprobs": 2}));
+    let (st, v) = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": "The city of", "max_tokens": 4, "temperature": 0, "logprobs": 2}),
+    );
     assert_eq!(st, 200);
     assert_eq!(v["object"], "text_completion");
     assert!(v["choices"][0]["text"].is_string());
@@ -253,7 +318,11 @@ fn completions_models_and_logprobs() {
     assert_eq!(st, 200);
     let (st, _) = http(&s.addr, "GET", "/v1/models/other", &[], b"");
     assert_eq!(st, 404);
-    let (_, v) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": true, "top_logprobs": 3, "temperature": 0, "reasoning_effort": "none"}));
+    let (_, v) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": true, "top_logprobs": 3, "temperature": 0, "reasoning_effort": "none"}),
+    );
     let c = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
     assert_eq!(c.len(), 3);
     for e in c {
@@ -261,10 +330,18 @@ fn completions_models_and_logprobs() {
         assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 3);
     }
     // several stop strings are never emitted
-    let (_, full) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0, "reasoning_effort": "none"}));
+    let (_, full) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0, "reasoning_effort": "none"}),
+    );
     let text = full["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     let stop: String = text.chars().skip(3).take(2).collect();
-    let (_, v) = post(&s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0, "stop": ["zzzq", stop], "reasoning_effort": "none"}));
+    let (_, v) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0, "stop": ["zzzq", stop], "reasoning_effort": "none"}),
+    );
     let got = v["choices"][0]["message"]["content"].as_str().unwrap();
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(got, &text[..text.find(&stop).unwrap()]);

@@ -7,7 +7,10 @@ use std::path::Path;
 use std::time::Instant;
 use waste_format::half::{f32_to_bf16, f32_to_f16};
 use waste_format::synth::quantize_groups;
-use waste_format::{flatten_text_config, required_tensors, write_atomic, write_manifest, Codebooks, Expect, ExpertFmt, ExpertQuant, Fmt, LayerEntry, Manifest, ModelConfig, RecordLayout, TensorEntry, TrunkWriter, FORMAT_VERSION};
+use waste_format::{
+    flatten_text_config, required_tensors, write_atomic, write_manifest, Codebooks, Expect, ExpertFmt, ExpertQuant,
+    Fmt, LayerEntry, Manifest, ModelConfig, RecordLayout, TensorEntry, TrunkWriter, FORMAT_VERSION,
+};
 use waste_quant::vq::{VqBook, VqLayout};
 use waste_quant::vq_encode::{encode_matrix, fit_books, sample_vectors};
 
@@ -60,7 +63,16 @@ pub struct ConvertOptions {
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { experts: ExpertFmt::Vq3r, trunk: TrunkMode::Q4, layers: None, jobs: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), seed: 0, cb_sample: 8, kmeans_iters: 10, stop_after_banks: None }
+        ConvertOptions {
+            experts: ExpertFmt::Vq3r,
+            trunk: TrunkMode::Q4,
+            layers: None,
+            jobs: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            seed: 0,
+            cb_sample: 8,
+            kmeans_iters: 10,
+            stop_after_banks: None,
+        }
     }
 }
 
@@ -127,14 +139,19 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
                 let (shape, v) = read(&src, &prefix, &req.name, cfg.conv_kernel)?;
                 let n: usize = shape.iter().product();
                 if n != req.expect.numel() && !matches!(req.expect, Expect::AtLeast(_)) {
-                    return Err(Error::Source(format!("{}: {n} elements, the config needs {:?}", req.name, req.expect)));
+                    return Err(Error::Source(format!(
+                        "{}: {n} elements, the config needs {:?}",
+                        req.name, req.expect
+                    )));
                 }
                 let name = format!("{prefix}{}", req.name);
                 let (rows, cols) = match req.expect {
                     Expect::Mat(r, c) => (r, c),
                     _ => (1, n),
                 };
-                let small = rows == 1 || n < 65_536 || ["norm", "bias", "A_log", "dt_bias", "conv1d", "_res_proj"].iter().any(|k| req.name.contains(k));
+                let small = rows == 1
+                    || n < 65_536
+                    || ["norm", "bias", "A_log", "dt_bias", "conv1d", "_res_proj"].iter().any(|k| req.name.contains(k));
                 let ends = req.name.contains("embed_tokens") || req.name == "lm_head.weight";
                 let fmt = match o.trunk {
                     TrunkMode::F32 => Fmt::F32,
@@ -145,8 +162,22 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
                 };
                 let stored_shape: Vec<usize> = if rows == 1 { shape.clone() } else { vec![rows, cols] };
                 match fmt {
-                    Fmt::F32 => tw.add(&name, fmt, &stored_shape, 0, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(), &[])?,
-                    Fmt::F16 => tw.add(&name, fmt, &stored_shape, 0, &v.iter().flat_map(|x| f32_to_f16(*x).to_le_bytes()).collect::<Vec<_>>(), &[])?,
+                    Fmt::F32 => tw.add(
+                        &name,
+                        fmt,
+                        &stored_shape,
+                        0,
+                        &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
+                        &[],
+                    )?,
+                    Fmt::F16 => tw.add(
+                        &name,
+                        fmt,
+                        &stored_shape,
+                        0,
+                        &v.iter().flat_map(|x| f32_to_f16(*x).to_le_bytes()).collect::<Vec<_>>(),
+                        &[],
+                    )?,
                     _ => {
                         let (d, s) = quantize_groups(fmt, rows, cols, 128, &v);
                         tw.add(&name, fmt, &[rows, cols], 128, &d, &s)?
@@ -163,7 +194,8 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
     // --- expert banks, one layer at a time (resumable)
     let moe: Vec<usize> = cfg.moe_layers().collect();
     let bpl = q.books_per_layer();
-    let todo: Vec<(usize, usize)> = moe.iter().copied().enumerate().filter(|(_, l)| o.layers.is_none_or(|(a, b)| (a..=b).contains(l))).collect();
+    let todo: Vec<(usize, usize)> =
+        moe.iter().copied().enumerate().filter(|(_, l)| o.layers.is_none_or(|(a, b)| (a..=b).contains(l))).collect();
     let total = todo.len() * cfg.experts;
     let mut done_experts = 0usize;
     let mut banks_this_run = 0usize;
@@ -203,10 +235,16 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
                 let hs: Vec<_> = (0..o.jobs.max(1))
                     .map(|j| {
                         let (src, prefix, vbooks, lay) = (&src, &prefix, &vbooks, &lay);
-                        s.spawn(move || (e0 + j..e0 + n).step_by(o.jobs.max(1)).map(|e| (e, encode_expert(src, prefix, l, e, lay, vbooks))).collect::<Vec<_>>())
+                        s.spawn(move || {
+                            (e0 + j..e0 + n)
+                                .step_by(o.jobs.max(1))
+                                .map(|e| (e, encode_expert(src, prefix, l, e, lay, vbooks)))
+                                .collect::<Vec<_>>()
+                        })
                     })
                     .collect();
-                let mut all: Vec<(usize, Result<_>)> = hs.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect();
+                let mut all: Vec<(usize, Result<_>)> =
+                    hs.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect();
                 all.sort_by_key(|x| x.0);
                 all.into_iter().map(|x| x.1).collect()
             });
@@ -235,7 +273,10 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
     rep.rel_error = std::array::from_fn(|k| (err[k] / tot[k].max(1e-300)).sqrt());
 
     // --- finish when every bank exists
-    let all_done = moe.iter().all(|l| std::fs::metadata(out.join(format!("experts-L{l}.bin"))).is_ok_and(|m| m.len() == (cfg.experts * lay.rec_bytes) as u64));
+    let all_done = moe.iter().all(|l| {
+        std::fs::metadata(out.join(format!("experts-L{l}.bin")))
+            .is_ok_and(|m| m.len() == (cfg.experts * lay.rec_bytes) as u64)
+    });
     if all_done {
         if q.fmt.is_vq() {
             let mut cb = Vec::new();
@@ -249,10 +290,28 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
         let layers = moe
             .iter()
             .enumerate()
-            .map(|(i, &l)| (l.to_string(), LayerEntry { file: format!("experts-L{l}.bin"), experts: cfg.experts as u64, bytes: (cfg.experts * lay.rec_bytes) as u64, codebook_base: (i * bpl) as u64 }))
+            .map(|(i, &l)| {
+                (
+                    l.to_string(),
+                    LayerEntry {
+                        file: format!("experts-L{l}.bin"),
+                        experts: cfg.experts as u64,
+                        bytes: (cfg.experts * lay.rec_bytes) as u64,
+                        codebook_base: (i * bpl) as u64,
+                    },
+                )
+            })
             .collect();
         let arch = config.get("model_type").and_then(|v| v.as_str()).unwrap_or("").to_string();
-        let m = Manifest { format_version: FORMAT_VERSION, arch, tensor_prefix: prefix, config, expert_quant: (!moe.is_empty()).then(|| q.to_entry()), layers, trunk };
+        let m = Manifest {
+            format_version: FORMAT_VERSION,
+            arch,
+            tensor_prefix: prefix,
+            config,
+            expert_quant: (!moe.is_empty()).then(|| q.to_entry()),
+            layers,
+            trunk,
+        };
         write_manifest(out, &m)?;
         for l in &moe {
             let _ = std::fs::remove_file(out.join(format!("codebooks-L{l}.part")));
@@ -266,17 +325,34 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
 }
 
 /// Codebooks of one layer: for each kind and stage, k-means on a sample.
-fn fit_layer_books(src: &Source, prefix: &str, l: usize, cfg: &ModelConfig, q: &ExpertQuant, o: &ConvertOptions) -> Result<Vec<Vec<u16>>> {
+fn fit_layer_books(
+    src: &Source,
+    prefix: &str,
+    l: usize,
+    cfg: &ModelConfig,
+    q: &ExpertQuant,
+    o: &ConvertOptions,
+) -> Result<Vec<Vec<u16>>> {
     let ns = o.cb_sample.clamp(1, cfg.experts);
     // a deterministic spread of experts
-    let chosen: Vec<usize> = (0..ns).map(|i| (i * cfg.experts / ns + (o.seed as usize + l) % (cfg.experts / ns).max(1)) % cfg.experts).collect();
+    let chosen: Vec<usize> = (0..ns)
+        .map(|i| (i * cfg.experts / ns + (o.seed as usize + l) % (cfg.experts / ns).max(1)) % cfg.experts)
+        .collect();
     let mut samples: [Vec<f32>; 3] = Default::default();
     // at most 2^15 vectors per kind in total, spread over the sampled experts
     for &e in &chosen {
         let m = read_expert(src, prefix, l, e)?;
         for (k, (rows, cols, w)) in m.iter().enumerate() {
             let max_rows = ((1usize << 15) * q.vec_dim / cols / ns).max(1);
-            sample_vectors(w, *rows, *cols, q.vec_dim, max_rows, o.seed ^ ((l * 1000 + e * 3 + k) as u64), &mut samples[k]);
+            sample_vectors(
+                w,
+                *rows,
+                *cols,
+                q.vec_dim,
+                max_rows,
+                o.seed ^ ((l * 1000 + e * 3 + k) as u64),
+                &mut samples[k],
+            );
         }
     }
     let mut books = Vec::with_capacity(3 * q.stages);
@@ -288,7 +364,14 @@ fn fit_layer_books(src: &Source, prefix: &str, l: usize, cfg: &ModelConfig, q: &
 
 /// Encode one expert into a record body (header sealed by the bank writer).
 #[allow(clippy::type_complexity)]
-fn encode_expert(src: &Source, prefix: &str, l: usize, e: usize, lay: &RecordLayout, books: &[VqBook]) -> Result<(Vec<u8>, [f64; 3], [f64; 3])> {
+fn encode_expert(
+    src: &Source,
+    prefix: &str,
+    l: usize,
+    e: usize,
+    lay: &RecordLayout,
+    books: &[VqBook],
+) -> Result<(Vec<u8>, [f64; 3], [f64; 3])> {
     let m = read_expert(src, prefix, l, e)?;
     let q = lay.quant;
     let mut rec = vec![0u8; lay.rec_bytes];
@@ -299,21 +382,43 @@ fn encode_expert(src: &Source, prefix: &str, l: usize, e: usize, lay: &RecordLay
     for k in 0..3 {
         let (rows, cols, w) = &m[k];
         if (*rows, *cols) != shapes[k] {
-            return Err(Error::Source(format!("expert {e} of layer {l}: {} is {rows}x{cols}, the config needs {}x{}", kind_names()[k], shapes[k].0, shapes[k].1)));
+            return Err(Error::Source(format!(
+                "expert {e} of layer {l}: {} is {rows}x{cols}, the config needs {}x{}",
+                kind_names()[k],
+                shapes[k].0,
+                shapes[k].1
+            )));
         }
         if q.fmt.is_vq() {
-            let vl = VqLayout { rows: *rows, nvec: cols / q.vec_dim, stages: q.stages, block: q.index_block, packed6: q.index_bits == 6 };
+            let vl = VqLayout {
+                rows: *rows,
+                nvec: cols / q.vec_dim,
+                stages: q.stages,
+                block: q.index_block,
+                packed6: q.index_bits == 6,
+            };
             let br: Vec<&VqBook> = books[k * q.stages..(k + 1) * q.stages].iter().collect();
             let so = lay.scales_off + 2 * [0, lay.m, 2 * lay.m][k];
             let (idx, rest) = rec.split_at_mut(lay.scales_off);
-            let (a, b) = encode_matrix(w, *cols, &br, &vl, &mut idx[offs[k]..offs[k] + vl.index_bytes()], &mut rest[so - lay.scales_off..so - lay.scales_off + 2 * rows]);
+            let (a, b) = encode_matrix(
+                w,
+                *cols,
+                &br,
+                &vl,
+                &mut idx[offs[k]..offs[k] + vl.index_bytes()],
+                &mut rest[so - lay.scales_off..so - lay.scales_off + 2 * rows],
+            );
             e2[k] = a;
             t2[k] = b;
         } else {
             for (i, v) in w.iter().enumerate() {
                 let h = if q.fmt == ExpertFmt::Bf16 { f32_to_bf16(*v) } else { f32_to_f16(*v) };
                 rec[offs[k] + 2 * i..offs[k] + 2 * i + 2].copy_from_slice(&h.to_le_bytes());
-                let back = if q.fmt == ExpertFmt::Bf16 { waste_format::half::bf16_to_f32(h) } else { waste_format::half::f16_to_f32(h) };
+                let back = if q.fmt == ExpertFmt::Bf16 {
+                    waste_format::half::bf16_to_f32(h)
+                } else {
+                    waste_format::half::f16_to_f32(h)
+                };
                 e2[k] += ((back - v) as f64).powi(2);
                 t2[k] += (*v as f64).powi(2);
             }
@@ -335,11 +440,16 @@ fn copy_tokenizer(src: &Path, out: &Path) -> Result<()> {
     }
     let tc = src.join("tokenizer_config.json");
     if let Ok(t) = std::fs::read_to_string(&tc) {
-        let v: serde_json::Value = serde_json::from_str(&t).map_err(|e| Error::Source(format!("{}: {e}", tc.display())))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&t).map_err(|e| Error::Source(format!("{}: {e}", tc.display())))?;
         if let Some(m) = v.get("added_tokens_decoder").and_then(|m| m.as_object()) {
-            let mut sp: Vec<(u64, String)> = m.iter().filter_map(|(id, e)| Some((id.parse().ok()?, e.get("content")?.as_str()?.to_string()))).collect();
+            let mut sp: Vec<(u64, String)> = m
+                .iter()
+                .filter_map(|(id, e)| Some((id.parse().ok()?, e.get("content")?.as_str()?.to_string())))
+                .collect();
             sp.sort();
-            let j: Vec<serde_json::Value> = sp.into_iter().map(|(id, text)| serde_json::json!({"id": id, "text": text})).collect();
+            let j: Vec<serde_json::Value> =
+                sp.into_iter().map(|(id, text)| serde_json::json!({"id": id, "text": text})).collect();
             write_atomic(&out.join("specials.json"), serde_json::to_string_pretty(&j).unwrap_or_default().as_bytes())?;
         }
     }
@@ -365,14 +475,19 @@ pub fn verify_against_source(container: &Path, src_dir: &Path) -> Result<Report>
     for bank in c.banks.iter().flatten() {
         let data = std::fs::read(&bank.path).map_err(|e| Error::io(&bank.path, e))?;
         let books: Vec<VqBook> = if q.fmt.is_vq() {
-            (0..3 * q.stages).map(|k| VqBook::from_f16(c.codebooks.book(bank.codebook_base + k).unwrap_or(&[]), q.entries, q.vec_dim)).collect()
+            (0..3 * q.stages)
+                .map(|k| {
+                    VqBook::from_f16(c.codebooks.book(bank.codebook_base + k).unwrap_or(&[]), q.entries, q.vec_dim)
+                })
+                .collect()
         } else {
             vec![]
         };
         let (mut le, mut lt) = ([0f64; 3], [0f64; 3]);
         for e in 0..bank.experts {
             let rec = &data[e * lay.rec_bytes..(e + 1) * lay.rec_bytes];
-            let hdr = waste_format::check_record(rec, bank.layer, e, &lay, bank.codebook_base, c.codebooks.count, true)?;
+            let hdr =
+                waste_format::check_record(rec, bank.layer, e, &lay, bank.codebook_base, c.codebooks.count, true)?;
             let m = read_expert(&src, &prefix, bank.layer, e)?;
             let secs = hdr.sections();
             for k in 0..3 {
@@ -380,7 +495,13 @@ pub fn verify_against_source(container: &Path, src_dir: &Path) -> Result<Report>
                 let mut row = vec![0f32; *cols];
                 for r in 0..*rows {
                     if q.fmt.is_vq() {
-                        let vl = VqLayout { rows: *rows, nvec: cols / q.vec_dim, stages: q.stages, block: q.index_block, packed6: q.index_bits == 6 };
+                        let vl = VqLayout {
+                            rows: *rows,
+                            nvec: cols / q.vec_dim,
+                            stages: q.stages,
+                            block: q.index_block,
+                            packed6: q.index_bits == 6,
+                        };
                         let br: Vec<&VqBook> = books[k * q.stages..(k + 1) * q.stages].iter().collect();
                         let so = secs[3] + 2 * [0, lay.m, 2 * lay.m][k];
                         waste_quant::vq::dequant_row(&br, &vl, &rec[secs[k]..], &rec[so..], r, &mut row);
@@ -388,7 +509,11 @@ pub fn verify_against_source(container: &Path, src_dir: &Path) -> Result<Report>
                         for (c2, x) in row.iter_mut().enumerate() {
                             let o = secs[k] + 2 * (r * cols + c2);
                             let h = u16::from_le_bytes([rec[o], rec[o + 1]]);
-                            *x = if q.fmt == ExpertFmt::Bf16 { waste_format::half::bf16_to_f32(h) } else { waste_format::half::f16_to_f32(h) };
+                            *x = if q.fmt == ExpertFmt::Bf16 {
+                                waste_format::half::bf16_to_f32(h)
+                            } else {
+                                waste_format::half::f16_to_f32(h)
+                            };
                         }
                     }
                     for (a, b) in row.iter().zip(&w[r * cols..(r + 1) * cols]) {

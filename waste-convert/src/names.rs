@@ -77,7 +77,11 @@ pub fn read_expert(src: &Source, prefix: &str, l: usize, e: usize) -> Result<[(u
             // transformers' fused in-memory form: gate_up_proj [E, 2I, H], down_proj [E, H, I]
             for p in [prefix, ""] {
                 for moe in ["mlp", "block_sparse_moe"] {
-                    let fused = if w == "w2" { format!("{p}model.layers.{l}.{moe}.experts.down_proj") } else { format!("{p}model.layers.{l}.{moe}.experts.gate_up_proj") };
+                    let fused = if w == "w2" {
+                        format!("{p}model.layers.{l}.{moe}.experts.down_proj")
+                    } else {
+                        format!("{p}model.layers.{l}.{moe}.experts.gate_up_proj")
+                    };
                     if let Some(loc) = src.loc(&fused) {
                         let (ne, rows, cols) = (loc.shape[0], loc.shape[1], loc.shape[2]);
                         if e >= ne {
@@ -87,7 +91,9 @@ pub fn read_expert(src: &Source, prefix: &str, l: usize, e: usize) -> Result<[(u
                         let base = e * rows * cols;
                         found = Some(match w {
                             "w1" => (rows / 2, cols, src.read_f32_range(&fused, base, rows / 2 * cols)?),
-                            "w3" => (rows / 2, cols, src.read_f32_range(&fused, base + rows / 2 * cols, rows / 2 * cols)?),
+                            "w3" => {
+                                (rows / 2, cols, src.read_f32_range(&fused, base + rows / 2 * cols, rows / 2 * cols)?)
+                            }
                             _ => (rows, cols, src.read_f32_range(&fused, base, rows * cols)?),
                         });
                     }

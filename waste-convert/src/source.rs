@@ -3,9 +3,9 @@
 
 use crate::{Error, Result};
 use std::collections::HashMap;
-use waste_io::DirectFile;
 use std::path::{Path, PathBuf};
 use waste_format::half::{bf16_to_f32, f16_to_f32};
+use waste_io::DirectFile;
 
 /// Where one tensor lives.
 #[derive(Clone, Debug)]
@@ -35,19 +35,33 @@ pub struct Source {
 pub fn e2m1(n: u8) -> f32 {
     const MAG: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
     let v = MAG[(n & 7) as usize];
-    if n & 8 != 0 { -v } else { v }
+    if n & 8 != 0 {
+        -v
+    } else {
+        v
+    }
 }
 
 /// E8M0 scale: `2^(e − 127)` (255 is NaN).
 pub fn e8m0(e: u8) -> f32 {
-    if e == 255 { f32::NAN } else { f32::from_bits(if e == 0 { 0x0040_0000 } else { (e as u32) << 23 }) }
+    if e == 255 {
+        f32::NAN
+    } else {
+        f32::from_bits(if e == 0 { 0x0040_0000 } else { (e as u32) << 23 })
+    }
 }
 
 /// Decode MXFP4: `packed` `[rows, cols/2]` (low nibble first), `scales`
 /// `[rows, cols/32]` E8M0 → `[rows, cols]` f32.
 pub fn decode_mxfp4(packed: &[u8], scales: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>> {
     if cols % 32 != 0 || packed.len() != rows * cols / 2 || scales.len() != rows * cols / 32 {
-        return Err(Error::Source(format!("MXFP4 sizes: {rows}x{cols} needs {} packed and {} scale bytes, got {} and {}", rows * cols / 2, rows * cols / 32, packed.len(), scales.len())));
+        return Err(Error::Source(format!(
+            "MXFP4 sizes: {rows}x{cols} needs {} packed and {} scale bytes, got {} and {}",
+            rows * cols / 2,
+            rows * cols / 32,
+            packed.len(),
+            scales.len()
+        )));
     }
     let mut out = vec![0f32; rows * cols];
     for r in 0..rows {
@@ -65,13 +79,18 @@ impl Source {
     pub fn open(dir: &Path) -> Result<Source> {
         let cpath = dir.join("config.json");
         let text = std::fs::read_to_string(&cpath).map_err(|e| Error::io(&cpath, e))?;
-        let config: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Source(format!("{}: {e}", cpath.display())))?;
+        let config: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::Source(format!("{}: {e}", cpath.display())))?;
         let mut files: Vec<PathBuf> = Vec::new();
         let idx = dir.join("model.safetensors.index.json");
         if idx.exists() {
             let t = std::fs::read_to_string(&idx).map_err(|e| Error::io(&idx, e))?;
-            let v: serde_json::Value = serde_json::from_str(&t).map_err(|e| Error::Source(format!("{}: {e}", idx.display())))?;
-            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::Source(format!("{}: no weight_map", idx.display())))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&t).map_err(|e| Error::Source(format!("{}: {e}", idx.display())))?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| Error::Source(format!("{}: no weight_map", idx.display())))?;
             for f in map.values().filter_map(|f| f.as_str()) {
                 let p = dir.join(f);
                 if !files.contains(&p) {
@@ -122,7 +141,10 @@ impl Source {
     /// Read elements `[start, start + n)` of a float tensor (row-major), only
     /// those bytes: one expert's slice of a fused `[E, rows, cols]` tensor.
     pub fn read_f32_range(&self, name: &str, start: usize, n: usize) -> Result<Vec<f32>> {
-        let loc = self.tensors.get(name).ok_or_else(|| Error::Source(format!("tensor {name} not found in {}", self.dir.display())))?;
+        let loc = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| Error::Source(format!("tensor {name} not found in {}", self.dir.display())))?;
         let es = match loc.dtype.as_str() {
             "F32" => 4u64,
             "F16" | "BF16" => 2,
@@ -130,7 +152,11 @@ impl Source {
         };
         let (a, b) = (loc.start + start as u64 * es, loc.start + (start + n) as u64 * es);
         if b > loc.end {
-            return Err(Error::Source(format!("tensor {name}: elements {start}..{} beyond its {} bytes", start + n, loc.end - loc.start)));
+            return Err(Error::Source(format!(
+                "tensor {name}: elements {start}..{} beyond its {} bytes",
+                start + n,
+                loc.end - loc.start
+            )));
         }
         let sub = TensorLoc { start: a, end: b, shape: vec![n], ..loc.clone() };
         Ok(decode_floats(&self.bytes(&sub)?, &sub.dtype))
@@ -150,7 +176,8 @@ impl Source {
             if let (Some(pl), Some(sl)) = (self.tensors.get(&p), self.tensors.get(&s)) {
                 let rows = pl.shape.first().copied().unwrap_or(0);
                 let cols = pl.shape.get(1).copied().unwrap_or(0) * 2;
-                let v = decode_mxfp4(&self.bytes(pl)?, &self.bytes(sl)?, rows, cols).map_err(|e| Error::Source(format!("tensor {name}: {e}")))?;
+                let v = decode_mxfp4(&self.bytes(pl)?, &self.bytes(sl)?, rows, cols)
+                    .map_err(|e| Error::Source(format!("tensor {name}: {e}")))?;
                 return Ok((vec![rows, cols], v));
             }
         }
@@ -189,7 +216,8 @@ fn read_header(path: &Path) -> Result<Vec<(String, TensorLoc)>> {
     read_exact_at(&f, &mut buf, 0)?;
     // The header is `u64 length` + JSON `{name: {dtype, shape, data_offsets}}`.
     // (safetensors' own read_metadata wants the whole file in memory; we stream.)
-    let meta: serde_json::Value = serde_json::from_slice(&buf[8..]).map_err(|e| Error::Source(format!("{}: header: {e}", path.display())))?;
+    let meta: serde_json::Value =
+        serde_json::from_slice(&buf[8..]).map_err(|e| Error::Source(format!("{}: header: {e}", path.display())))?;
     let obj = meta.as_object().ok_or_else(|| Error::Source(format!("{}: header is not an object", path.display())))?;
     let base = 8 + n;
     let mut out = Vec::new();
@@ -199,9 +227,20 @@ fn read_header(path: &Path) -> Result<Vec<(String, TensorLoc)>> {
         }
         let bad = |m: &str| Error::Source(format!("{}: tensor {name}: {m}", path.display()));
         let dtype = info.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| bad("no dtype"))?.to_string();
-        let shape: Vec<usize> = info.get("shape").and_then(|s| s.as_array()).ok_or_else(|| bad("no shape"))?.iter().map(|d| d.as_u64().map(|x| x as usize).ok_or_else(|| bad("bad shape"))).collect::<Result<_>>()?;
-        let off = info.get("data_offsets").and_then(|s| s.as_array()).filter(|a| a.len() == 2).ok_or_else(|| bad("no data_offsets"))?;
-        let (s0, e0) = (off[0].as_u64().ok_or_else(|| bad("bad offset"))?, off[1].as_u64().ok_or_else(|| bad("bad offset"))?);
+        let shape: Vec<usize> = info
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .ok_or_else(|| bad("no shape"))?
+            .iter()
+            .map(|d| d.as_u64().map(|x| x as usize).ok_or_else(|| bad("bad shape")))
+            .collect::<Result<_>>()?;
+        let off = info
+            .get("data_offsets")
+            .and_then(|s| s.as_array())
+            .filter(|a| a.len() == 2)
+            .ok_or_else(|| bad("no data_offsets"))?;
+        let (s0, e0) =
+            (off[0].as_u64().ok_or_else(|| bad("bad offset"))?, off[1].as_u64().ok_or_else(|| bad("bad offset"))?);
         let elem = match dtype.as_str() {
             "F32" | "I32" | "U32" => 4,
             "F16" | "BF16" | "I16" | "U16" => 2,
@@ -223,7 +262,10 @@ mod tests {
     use super::*;
     #[test]
     fn e2m1_and_e8m0() {
-        assert_eq!((0..16).map(e2m1).collect::<Vec<_>>(), vec![0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]);
+        assert_eq!(
+            (0..16).map(e2m1).collect::<Vec<_>>(),
+            vec![0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+        );
         assert_eq!(e8m0(127), 1.0);
         assert_eq!(e8m0(128), 2.0);
         assert_eq!(e8m0(120), 2f32.powi(-7));

@@ -27,7 +27,11 @@ fn convert_exact(fixture: &str, tag: &str) -> PathBuf {
     let o = ConvertOptions { experts: ExpertFmt::F16, trunk: TrunkMode::F32, jobs: 2, ..Default::default() };
     let rep = convert(&fixtures().join(fixture), &out, &o, &|_| {}).unwrap();
     assert!(rep.complete);
-    assert!(rep.rel_error.iter().all(|&e| e == 0.0), "{fixture}: the experts must convert losslessly: {:?}", rep.rel_error);
+    assert!(
+        rep.rel_error.iter().all(|&e| e == 0.0),
+        "{fixture}: the experts must convert losslessly: {:?}",
+        rep.rel_error
+    );
     out
 }
 
@@ -76,7 +80,14 @@ fn k3_release_form_matches_llama_cpp() {
     let out = convert_exact("hf-k3", "k3");
     let m = Model::open(&out, ModelOptions { ctx: 96, threads: 2, ..Default::default() }).unwrap();
     let c = m.config();
-    assert!(c.latent.is_some() && c.attn_res_block.is_some() && c.q_lora.is_some() && c.mla_output_gate && c.kda_full_rank_gate && c.shared_experts == 2);
+    assert!(
+        c.latent.is_some()
+            && c.attn_res_block.is_some()
+            && c.q_lora.is_some()
+            && c.mla_output_gate
+            && c.kda_full_rank_gate
+            && c.shared_experts == 2
+    );
     drop(m);
     let worst = agrees_with(&out, &fixtures().join("hf-k3/llama-cpp.json"));
     eprintln!("hf-k3 vs llama.cpp: worst relative error {worst:.2e}");
@@ -95,7 +106,12 @@ fn vq3r_error_is_in_the_3_bit_range_and_verify_agrees() {
     }
     let v = verify_against_source(&out, &fixtures().join("hf-tiny")).unwrap();
     for k in 0..3 {
-        assert!((v.rel_error[k] - rep.rel_error[k]).abs() < 1e-3, "verify {:?} vs convert {:?}", v.rel_error, rep.rel_error);
+        assert!(
+            (v.rel_error[k] - rep.rel_error[k]).abs() < 1e-3,
+            "verify {:?} vs convert {:?}",
+            v.rel_error,
+            rep.rel_error
+        );
     }
     // the converted model runs
     let m = Model::open(&out, ModelOptions { ctx: 16, ..Default::default() }).unwrap();
@@ -117,7 +133,11 @@ fn mxfp4_decodes_bit_exactly() {
 }
 
 fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap()).map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())).collect();
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+        .collect();
     v.sort();
     v
 }

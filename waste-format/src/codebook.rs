@@ -31,7 +31,10 @@ impl Codebooks {
     pub fn parse(bytes: &[u8], q: &ExpertQuant) -> Result<Codebooks> {
         let rl = Self::record_len(q);
         if bytes.len() % rl != 0 {
-            return Err(Error::Codebook { id: bytes.len() / rl, msg: format!("codebooks.bin size {} is not a multiple of the {rl}-byte record", bytes.len()) });
+            return Err(Error::Codebook {
+                id: bytes.len() / rl,
+                msg: format!("codebooks.bin size {} is not a multiple of the {rl}-byte record", bytes.len()),
+            });
         }
         let count = bytes.len() / rl;
         let per = q.entries * q.vec_dim;
@@ -47,7 +50,13 @@ impl Codebooks {
                 return err(format!("header says codebook {cid}"));
             }
             if rec[7] as usize != q.vec_dim || u32_at(8) as usize != q.entries {
-                return err(format!("vec_dim {} entries {} disagree with expert_quant ({} / {})", rec[7], u32_at(8), q.vec_dim, q.entries));
+                return err(format!(
+                    "vec_dim {} entries {} disagree with expert_quant ({} / {})",
+                    rec[7],
+                    u32_at(8),
+                    q.vec_dim,
+                    q.entries
+                ));
             }
             data.extend(rec[CODEBOOK_HEADER_LEN..].chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])));
         }

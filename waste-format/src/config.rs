@@ -140,7 +140,9 @@ fn key_path(prefix: &str, k: &str) -> String {
 
 fn uint(m: &Map<String, Value>, prefix: &str, keys: &[&str], lo: usize, hi: usize) -> Result<Option<usize>> {
     let Some((k, v)) = get(m, keys) else { return Ok(None) };
-    let n = v.as_u64().ok_or_else(|| Error::manifest(key_path(prefix, k), format!("expected a non-negative integer, got {v}")))?;
+    let n = v
+        .as_u64()
+        .ok_or_else(|| Error::manifest(key_path(prefix, k), format!("expected a non-negative integer, got {v}")))?;
     if n < lo as u64 || n > hi as u64 {
         return Err(Error::manifest(key_path(prefix, k), format!("value {n} out of range {lo}..={hi}")));
     }
@@ -171,7 +173,9 @@ fn uint_list(v: &Value, key: &str) -> Result<Vec<usize>> {
         return Err(Error::manifest(key, format!("{} entries exceed {MAX_LAYERS}", arr.len())));
     }
     arr.iter()
-        .map(|x| x.as_u64().map(|n| n as usize).ok_or_else(|| Error::manifest(key, format!("expected integers, got {x}"))))
+        .map(|x| {
+            x.as_u64().map(|n| n as usize).ok_or_else(|| Error::manifest(key, format!("expected integers, got {x}")))
+        })
         .collect()
 }
 
@@ -214,11 +218,16 @@ impl ModelConfig {
                 Some(Value::Array(a)) => {
                     let k = a.iter().take_while(|v| v.as_str() == Some("dense")).count();
                     if a.len() != layers || a[k..].iter().any(|v| v.as_str() != Some("sparse")) {
-                        return Err(Error::manifest("config.mlp_layer_types", "must be leading \"dense\" layers then \"sparse\" ones, one per layer"));
+                        return Err(Error::manifest(
+                            "config.mlp_layer_types",
+                            "must be leading \"dense\" layers then \"sparse\" ones, one per layer",
+                        ));
                     }
                     k
                 }
-                Some(v) => return Err(Error::manifest("config.mlp_layer_types", format!("expected an array, got {v}"))),
+                Some(v) => {
+                    return Err(Error::manifest("config.mlp_layer_types", format!("expected an array, got {v}")))
+                }
                 None => 0,
             },
         };
@@ -232,11 +241,17 @@ impl ModelConfig {
         let routed_scaling = float(m, p, &["routed_scaling_factor"])?.unwrap_or(1.0);
         let n_group = uint(m, p, &["num_expert_group", "n_group"], 1, experts)?.unwrap_or(1);
         if experts % n_group != 0 {
-            return Err(Error::manifest("config.num_expert_group", format!("{n_group} does not divide num_experts {experts}")));
+            return Err(Error::manifest(
+                "config.num_expert_group",
+                format!("{n_group} does not divide num_experts {experts}"),
+            ));
         }
         let topk_group = uint(m, p, &["topk_group"], 1, n_group)?.unwrap_or(n_group);
         if n_group > 1 && top_k > topk_group * (experts / n_group) {
-            return Err(Error::manifest("config.topk_group", format!("{topk_group} groups cannot supply top_k {top_k}")));
+            return Err(Error::manifest(
+                "config.topk_group",
+                format!("{topk_group} groups cannot supply top_k {top_k}"),
+            ));
         }
         if let Some((k, v)) = get(m, &["moe_router_activation_func"]) {
             if v.as_str() != Some("sigmoid") {
@@ -248,7 +263,9 @@ impl ModelConfig {
         let lin = match m.get("linear_attn_config") {
             Some(Value::Object(o)) => Some(o),
             Some(Value::Null) | None => None,
-            Some(v) => return Err(Error::manifest("config.linear_attn_config", format!("expected an object, got {v}"))),
+            Some(v) => {
+                return Err(Error::manifest("config.linear_attn_config", format!("expected an object, got {v}")))
+            }
         };
         let lp = "config.linear_attn_config";
         let (kda_heads, kda_head_dim, conv_kernel, full_rank, lower_bound) = match lin {
@@ -269,24 +286,39 @@ impl ModelConfig {
         };
         if let Some(lb) = lower_bound {
             if lb >= 0.0 {
-                return Err(Error::manifest("config.linear_attn_config.gate_lower_bound", format!("must be negative, got {lb}")));
+                return Err(Error::manifest(
+                    "config.linear_attn_config.gate_lower_bound",
+                    format!("must be negative, got {lb}"),
+                ));
             }
         }
         let attn_kinds = Self::parse_layer_kinds(m, lin, layers)?;
         let has_kda = attn_kinds.contains(&AttnKind::Kda);
         let has_mla = attn_kinds.contains(&AttnKind::Mla);
-        let need = |v: Option<usize>, key: &str| v.ok_or_else(|| Error::manifest(key, "missing (needed by KDA layers)"));
+        let need =
+            |v: Option<usize>, key: &str| v.ok_or_else(|| Error::manifest(key, "missing (needed by KDA layers)"));
         let (kda_heads, kda_head_dim, conv_kernel) = if has_kda {
-            (need(kda_heads, "config.linear_attn_config.num_heads")?, need(kda_head_dim, "config.linear_attn_config.head_dim")?, conv_kernel.unwrap_or(4))
+            (
+                need(kda_heads, "config.linear_attn_config.num_heads")?,
+                need(kda_head_dim, "config.linear_attn_config.head_dim")?,
+                conv_kernel.unwrap_or(4),
+            )
         } else {
             (kda_heads.unwrap_or(0), kda_head_dim.unwrap_or(0), conv_kernel.unwrap_or(4))
         };
         if has_kda && kda_heads.checked_mul(kda_head_dim).map_or(true, |c| c > MAX_HIDDEN) {
-            return Err(Error::manifest("config.linear_attn_config.num_heads", format!("{kda_heads} x {kda_head_dim} too wide")));
+            return Err(Error::manifest(
+                "config.linear_attn_config.num_heads",
+                format!("{kda_heads} x {kda_head_dim} too wide"),
+            ));
         }
 
         let mreq = |keys: &[&str], lo: usize, hi: usize| -> Result<usize> {
-            if has_mla { req_uint(m, p, keys, lo, hi) } else { Ok(uint(m, p, keys, lo, hi)?.unwrap_or(0)) }
+            if has_mla {
+                req_uint(m, p, keys, lo, hi)
+            } else {
+                Ok(uint(m, p, keys, lo, hi)?.unwrap_or(0))
+            }
         };
         let mla_heads = mreq(&["num_attention_heads"], 1, MAX_HEADS)?;
         let qk_nope = mreq(&["qk_nope_head_dim"], 0, MAX_HEAD_DIM)?;
@@ -326,27 +358,67 @@ impl ModelConfig {
         let bos = uint(m, p, &["bos_token_id"], 0, u32::MAX as usize)?.map(|x| x as u32);
         let eos = match get(m, &["eos_token_id"]) {
             None => vec![],
-            Some((_, Value::Array(_))) => uint_list(m.get("eos_token_id").unwrap_or(&Value::Null), "config.eos_token_id")?.into_iter().map(|x| x as u32).collect(),
+            Some((_, Value::Array(_))) => {
+                uint_list(m.get("eos_token_id").unwrap_or(&Value::Null), "config.eos_token_id")?
+                    .into_iter()
+                    .map(|x| x as u32)
+                    .collect()
+            }
             Some(_) => vec![req_uint(m, p, &["eos_token_id"], 0, u32::MAX as usize)? as u32],
         };
         let tie_embeddings = boolean(m, p, &["tie_word_embeddings"])?.unwrap_or(false);
         let model_type = m.get("model_type").and_then(|v| v.as_str()).unwrap_or("").to_string();
         Ok(ModelConfig {
-            model_type, hidden, layers, vocab, rms_eps, first_k_dense, intermediate, moe_intermediate, experts, top_k,
-            shared_experts, renormalize, routed_scaling, n_group, topk_group, attn_kinds, kda_heads, kda_head_dim,
-            conv_kernel, kda_full_rank_gate: full_rank, gate_lower_bound: lower_bound, mla_heads, qk_nope, qk_rope,
-            v_head, kv_lora, q_lora, mla_output_gate, latent, latent_norm, activation, attn_res_block, bos, eos,
+            model_type,
+            hidden,
+            layers,
+            vocab,
+            rms_eps,
+            first_k_dense,
+            intermediate,
+            moe_intermediate,
+            experts,
+            top_k,
+            shared_experts,
+            renormalize,
+            routed_scaling,
+            n_group,
+            topk_group,
+            attn_kinds,
+            kda_heads,
+            kda_head_dim,
+            conv_kernel,
+            kda_full_rank_gate: full_rank,
+            gate_lower_bound: lower_bound,
+            mla_heads,
+            qk_nope,
+            qk_rope,
+            v_head,
+            kv_lora,
+            q_lora,
+            mla_output_gate,
+            latent,
+            latent_norm,
+            activation,
+            attn_res_block,
+            bos,
+            eos,
             tie_embeddings,
         })
     }
 
-    fn parse_layer_kinds(m: &Map<String, Value>, lin: Option<&Map<String, Value>>, layers: usize) -> Result<Vec<AttnKind>> {
+    fn parse_layer_kinds(
+        m: &Map<String, Value>,
+        lin: Option<&Map<String, Value>>,
+        layers: usize,
+    ) -> Result<Vec<AttnKind>> {
         if let Some(o) = lin {
             let full = o.get("full_attn_layers").filter(|v| !v.is_null());
             let kda = o.get("kda_layers").filter(|v| !v.is_null());
             if full.is_some() || kda.is_some() {
                 let mut kinds = vec![None; layers];
-                for (list, kind, key) in [(kda, AttnKind::Kda, "kda_layers"), (full, AttnKind::Mla, "full_attn_layers")] {
+                for (list, kind, key) in [(kda, AttnKind::Kda, "kda_layers"), (full, AttnKind::Mla, "full_attn_layers")]
+                {
                     let Some(list) = list else { continue };
                     let key = format!("config.linear_attn_config.{key}");
                     for l in uint_list(list, &key)? {
@@ -367,7 +439,10 @@ impl ModelConfig {
         if let Some(lt) = m.get("layer_types").filter(|v| !v.is_null()) {
             let arr = lt.as_array().ok_or_else(|| Error::manifest("config.layer_types", "expected an array"))?;
             if arr.len() != layers {
-                return Err(Error::manifest("config.layer_types", format!("{} entries for {layers} layers", arr.len())));
+                return Err(Error::manifest(
+                    "config.layer_types",
+                    format!("{} entries for {layers} layers", arr.len()),
+                ));
             }
             return arr
                 .iter()

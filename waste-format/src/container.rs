@@ -69,7 +69,11 @@ fn file_len(path: &Path) -> Result<u64> {
 
 fn plain_file_name(s: &str, key: &str) -> Result<()> {
     let ok = !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\\', '\0']) && !s.contains(':');
-    if ok { Ok(()) } else { Err(Error::manifest(key, format!("{s:?} is not a plain file name inside the container"))) }
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::manifest(key, format!("{s:?} is not a plain file name inside the container")))
+    }
 }
 
 impl Container {
@@ -106,7 +110,10 @@ impl Container {
                 let len = file_len(&p)?;
                 let want_max = (config.layers * q.books_per_layer() + 1) as u64 * Codebooks::record_len(q) as u64;
                 if len > want_max {
-                    return Err(Error::Codebook { id: 0, msg: format!("codebooks.bin is {len} bytes, more than {want_max} for {} layers", config.layers) });
+                    return Err(Error::Codebook {
+                        id: 0,
+                        msg: format!("codebooks.bin is {len} bytes, more than {want_max} for {} layers", config.layers),
+                    });
                 }
                 let b = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
                 Codebooks::parse(&b, q)?
@@ -118,18 +125,40 @@ impl Container {
         let mut banks: Vec<Option<Bank>> = vec![None; config.layers];
         for (key, le) in &manifest.layers {
             let k = format!("layers.{key}");
-            let l: usize = key.parse().ok().filter(|s: &usize| s.to_string() == *key).ok_or_else(|| Error::manifest(&k, "layer key is not a decimal index"))?;
+            let l: usize = key
+                .parse()
+                .ok()
+                .filter(|s: &usize| s.to_string() == *key)
+                .ok_or_else(|| Error::manifest(&k, "layer key is not a decimal index"))?;
             if l >= config.layers || !config.is_moe(l) {
-                return Err(Error::manifest(&k, format!("layer {l} is not a MoE layer of this model ({} layers, first_k_dense_replace {})", config.layers, config.first_k_dense)));
+                return Err(Error::manifest(
+                    &k,
+                    format!(
+                        "layer {l} is not a MoE layer of this model ({} layers, first_k_dense_replace {})",
+                        config.layers, config.first_k_dense
+                    ),
+                ));
             }
             let (q, lay) = experts.as_ref().ok_or_else(|| Error::manifest(&k, "bank without expert_quant"))?;
             plain_file_name(&le.file, &format!("{k}.file"))?;
             if le.experts != config.experts as u64 {
-                return Err(Error::Bank { layer: l, msg: format!("{} experts but the config has {}", le.experts, config.experts) });
+                return Err(Error::Bank {
+                    layer: l,
+                    msg: format!("{} experts but the config has {}", le.experts, config.experts),
+                });
             }
-            let want = le.experts.checked_mul(lay.rec_bytes as u64).ok_or_else(|| Error::Bank { layer: l, msg: "size overflows".into() })?;
+            let want = le
+                .experts
+                .checked_mul(lay.rec_bytes as u64)
+                .ok_or_else(|| Error::Bank { layer: l, msg: "size overflows".into() })?;
             if le.bytes != want {
-                return Err(Error::Bank { layer: l, msg: format!("manifest says {} bytes, {} records of {} need {want}", le.bytes, le.experts, lay.rec_bytes) });
+                return Err(Error::Bank {
+                    layer: l,
+                    msg: format!(
+                        "manifest says {} bytes, {} records of {} need {want}",
+                        le.bytes, le.experts, lay.rec_bytes
+                    ),
+                });
             }
             let path = dir.join(&le.file);
             let flen = file_len(&path)?;
@@ -137,8 +166,12 @@ impl Container {
                 return Err(Error::Bank { layer: l, msg: format!("{} is {flen} bytes, shorter than the {want} the manifest promises (truncated: {} of {} records whole)", le.file, flen / lay.rec_bytes as u64, le.experts) });
             }
             let cb = le.codebook_base;
-            if q.fmt.is_vq() && cb.checked_add(q.books_per_layer() as u64).map_or(true, |e| e > codebooks.count as u64) {
-                return Err(Error::manifest(format!("{k}.codebook_base"), format!("{cb} + {} books out of range ({} codebooks)", q.books_per_layer(), codebooks.count)));
+            if q.fmt.is_vq() && cb.checked_add(q.books_per_layer() as u64).map_or(true, |e| e > codebooks.count as u64)
+            {
+                return Err(Error::manifest(
+                    format!("{k}.codebook_base"),
+                    format!("{cb} + {} books out of range ({} codebooks)", q.books_per_layer(), codebooks.count),
+                ));
             }
             banks[l] = Some(Bank { layer: l, path, experts: le.experts as usize, codebook_base: cb as usize });
         }
@@ -205,7 +238,10 @@ impl Container {
         let embed = self.tensor("model.embed_tokens.weight").map(|t| t.numel() as u64).unwrap_or(0);
         let per = self.config.expert_params();
         let n_moe = self.config.n_moe_layers() as u64;
-        ParamCounts { total: trunk + n_moe * self.config.experts as u64 * per, active: trunk - embed + n_moe * self.config.top_k as u64 * per }
+        ParamCounts {
+            total: trunk + n_moe * self.config.experts as u64 * per,
+            active: trunk - embed + n_moe * self.config.top_k as u64 * per,
+        }
     }
 
     /// Bytes of resident trunk tensors (everything but the embedding table).

@@ -22,10 +22,10 @@ mod container;
 mod error;
 mod fsutil;
 pub mod half;
-pub mod synth;
 mod manifest;
 mod record;
 mod schema;
+pub mod synth;
 mod tensor;
 mod usage;
 mod writer;
@@ -36,7 +36,10 @@ pub use container::{Bank, Container, ParamCounts};
 pub use error::{Error, Result};
 pub use fsutil::write_atomic;
 pub use manifest::{LayerEntry, Manifest, FORMAT_VERSION, MAX_MANIFEST_BYTES};
-pub use record::{check_record, record_crc, ExpertFmt, ExpertQuant, ExpertQuantEntry, RecordHeader, RecordLayout, HEADER_LEN, PAGE, RECORD_MAGIC};
+pub use record::{
+    check_record, record_crc, ExpertFmt, ExpertQuant, ExpertQuantEntry, RecordHeader, RecordLayout, HEADER_LEN, PAGE,
+    RECORD_MAGIC,
+};
 pub use schema::{required_tensors, Expect, Required};
 pub use tensor::{Fmt, TensorEntry, TensorInfo};
 pub use usage::{Usage, UsageEntry, USAGE_MAGIC, USAGE_VERSION};

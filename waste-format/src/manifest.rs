@@ -52,25 +52,37 @@ pub struct Manifest {
 impl Manifest {
     /// Parse manifest bytes: `format_version` checked first, with a precise error.
     pub fn parse(bytes: &[u8]) -> Result<Manifest> {
-        let v: Value = serde_json::from_slice(bytes).map_err(|e| Error::manifest("manifest.json", format!("invalid JSON: {e}")))?;
+        let v: Value = serde_json::from_slice(bytes)
+            .map_err(|e| Error::manifest("manifest.json", format!("invalid JSON: {e}")))?;
         let obj = v.as_object().ok_or_else(|| Error::manifest("manifest.json", "top level is not an object"))?;
         match obj.get("format_version") {
-            None => return Err(Error::manifest("format_version", "missing (a v0 container must say \"format_version\": 0)")),
+            None => {
+                return Err(Error::manifest(
+                    "format_version",
+                    "missing (a v0 container must say \"format_version\": 0)",
+                ))
+            }
             Some(fv) if fv.as_u64() != Some(FORMAT_VERSION) => {
-                return Err(Error::manifest("format_version", format!("{fv} is not supported (this reader knows version {FORMAT_VERSION})")))
+                return Err(Error::manifest(
+                    "format_version",
+                    format!("{fv} is not supported (this reader knows version {FORMAT_VERSION})"),
+                ))
             }
             _ => {}
         }
         // Entries one by one, so an error names the entry.
         for (i, t) in obj.get("trunk").and_then(|t| t.as_array()).into_iter().flatten().enumerate() {
             let name = t.get("name").and_then(|n| n.as_str()).unwrap_or("?");
-            serde_json::from_value::<TensorEntry>(t.clone()).map_err(|e| Error::manifest(format!("trunk[{i}] ({name})"), e.to_string()))?;
+            serde_json::from_value::<TensorEntry>(t.clone())
+                .map_err(|e| Error::manifest(format!("trunk[{i}] ({name})"), e.to_string()))?;
         }
         for (k, l) in obj.get("layers").and_then(|t| t.as_object()).into_iter().flatten() {
-            serde_json::from_value::<LayerEntry>(l.clone()).map_err(|e| Error::manifest(format!("layers.{k}"), e.to_string()))?;
+            serde_json::from_value::<LayerEntry>(l.clone())
+                .map_err(|e| Error::manifest(format!("layers.{k}"), e.to_string()))?;
         }
         if let Some(q) = obj.get("expert_quant") {
-            serde_json::from_value::<Option<ExpertQuantEntry>>(q.clone()).map_err(|e| Error::manifest("expert_quant", e.to_string()))?;
+            serde_json::from_value::<Option<ExpertQuantEntry>>(q.clone())
+                .map_err(|e| Error::manifest("expert_quant", e.to_string()))?;
         }
         serde_json::from_value(v).map_err(|e| Error::manifest("manifest.json", e.to_string()))
     }

@@ -121,7 +121,10 @@ impl ExpertQuantEntry {
             return Err(Error::manifest(k("stages"), format!("{} but {} has {want_stages}", self.stages, self.fmt)));
         }
         if index_bits != want_bits {
-            return Err(Error::manifest(k("index_bits"), format!("{index_bits} but {} uses {want_bits}-bit indices", self.fmt)));
+            return Err(Error::manifest(
+                k("index_bits"),
+                format!("{index_bits} but {} uses {want_bits}-bit indices", self.fmt),
+            ));
         }
         if self.entries == 0 || self.entries as usize > max_entries {
             return Err(Error::manifest(k("entries"), format!("{} out of range 1..={max_entries}", self.entries)));
@@ -152,7 +155,9 @@ impl ExpertQuant {
             ExpertFmt::Vq3r => ExpertQuant { fmt, stages: 3, vec_dim: 8, entries: 256, index_block: 64, index_bits: 8 },
             ExpertFmt::Vq2r => ExpertQuant { fmt, stages: 2, vec_dim: 8, entries: 256, index_block: 64, index_bits: 8 },
             ExpertFmt::Vq4p => ExpertQuant { fmt, stages: 4, vec_dim: 8, entries: 64, index_block: 64, index_bits: 6 },
-            ExpertFmt::F16 | ExpertFmt::Bf16 => ExpertQuant { fmt, stages: 0, vec_dim: 1, entries: 0, index_block: 0, index_bits: 16 },
+            ExpertFmt::F16 | ExpertFmt::Bf16 => {
+                ExpertQuant { fmt, stages: 0, vec_dim: 1, entries: 0, index_block: 0, index_bits: 16 }
+            }
         }
     }
     /// Parse `vq3r | vq2r | vq4p | f16 | bf16`.
@@ -168,7 +173,11 @@ impl ExpertQuant {
     }
     /// Bytes of stage indices per (row, vector position).
     pub fn index_bytes_per_vec(&self) -> usize {
-        if self.index_bits == 6 { self.stages * 6 / 8 } else { self.stages }
+        if self.index_bits == 6 {
+            self.stages * 6 / 8
+        } else {
+            self.stages
+        }
     }
     /// Bytes for the body of one matrix `[rows, cols]`.
     pub fn matrix_bytes(&self, rows: usize, cols: usize) -> u64 {
@@ -192,7 +201,11 @@ impl ExpertQuant {
     }
     /// Nominal bits per weight of the indices.
     pub fn bits_per_weight(&self) -> f64 {
-        if self.fmt.is_vq() { (self.stages * self.index_bits) as f64 / self.vec_dim as f64 } else { 16.0 }
+        if self.fmt.is_vq() {
+            (self.stages * self.index_bits) as f64 / self.vec_dim as f64
+        } else {
+            16.0
+        }
     }
     /// Codebooks per MoE layer (3 kinds × stages).
     pub fn books_per_layer(&self) -> usize {
@@ -231,7 +244,10 @@ impl RecordLayout {
         if quant.fmt.is_vq() {
             for (what, n) in [("moe_intermediate_size", m), ("expert width", lat)] {
                 if n % quant.vec_dim != 0 {
-                    return Err(Error::manifest("expert_quant.vec_dim", format!("{} does not divide {what} {n}", quant.vec_dim)));
+                    return Err(Error::manifest(
+                        "expert_quant.vec_dim",
+                        format!("{} does not divide {what} {n}", quant.vec_dim),
+                    ));
                 }
             }
         }
@@ -242,13 +258,26 @@ impl RecordLayout {
         let body = HEADER_LEN as u64 + gate + up + down + scales_len;
         let rec = body.div_ceil(PAGE as u64) * PAGE as u64;
         if rec > u32::MAX as u64 {
-            return Err(Error::manifest("config.moe_intermediate_size", format!("expert record of {rec} bytes exceeds 4 GiB")));
+            return Err(Error::manifest(
+                "config.moe_intermediate_size",
+                format!("expert record of {rec} bytes exceeds 4 GiB"),
+            ));
         }
         let gate_off = HEADER_LEN;
         let up_off = gate_off + gate as usize;
         let down_off = up_off + up as usize;
         let scales_off = down_off + down as usize;
-        Ok(RecordLayout { m, lat, quant, gate_off, up_off, down_off, scales_off, scales_len: scales_len as usize, rec_bytes: rec as usize })
+        Ok(RecordLayout {
+            m,
+            lat,
+            quant,
+            gate_off,
+            up_off,
+            down_off,
+            scales_off,
+            scales_len: scales_len as usize,
+            rec_bytes: rec as usize,
+        })
     }
     /// Byte length of the gate (= up) matrix section.
     pub fn gate_len(&self) -> usize {
@@ -369,7 +398,14 @@ impl RecordHeader {
     /// the layout the bank index predicts. This is memory safety, done on
     /// every read. `codebook_base` is the layer's base; `n_codebooks` the
     /// number of records in codebooks.bin.
-    pub fn validate(&self, layer: usize, expert: usize, lay: &RecordLayout, codebook_base: usize, n_codebooks: usize) -> Result<()> {
+    pub fn validate(
+        &self,
+        layer: usize,
+        expert: usize,
+        lay: &RecordLayout,
+        codebook_base: usize,
+        n_codebooks: usize,
+    ) -> Result<()> {
         let err = |msg: String| Err(Error::record(layer, expert, msg));
         if self.magic != RECORD_MAGIC {
             return err(format!("bad magic 0x{:08x} (expected 0x{RECORD_MAGIC:08x} \"WEXP\")", self.magic));
@@ -378,13 +414,21 @@ impl RecordHeader {
             return err(format!("header names expert {} of layer {} (misplaced record)", self.expert_id, self.layer));
         }
         if self.fmt != lay.quant.fmt.byte() {
-            return err(format!("fmt byte {} disagrees with the manifest's {} ({})", self.fmt, lay.quant.fmt.name(), lay.quant.fmt.byte()));
+            return err(format!(
+                "fmt byte {} disagrees with the manifest's {} ({})",
+                self.fmt,
+                lay.quant.fmt.name(),
+                lay.quant.fmt.byte()
+            ));
         }
         if self.lowrank_id != 0 {
             return err(format!("lowrank_id {} (must be 0)", self.lowrank_id));
         }
         if self.rec_4k_blocks as usize * PAGE != lay.rec_bytes {
-            return err(format!("rec_4k_blocks {} disagrees with the bank stride {} bytes", self.rec_4k_blocks, lay.rec_bytes));
+            return err(format!(
+                "rec_4k_blocks {} disagrees with the bank stride {} bytes",
+                self.rec_4k_blocks, lay.rec_bytes
+            ));
         }
         if lay.quant.fmt.is_vq() {
             let cb = self.codebook_id as usize;
@@ -392,12 +436,21 @@ impl RecordHeader {
                 return err(format!("codebook_id {cb} disagrees with the layer's codebook_base {codebook_base}"));
             }
             if cb + lay.quant.books_per_layer() > n_codebooks {
-                return err(format!("codebook_id {cb} + {} books out of range ({n_codebooks} codebooks)", lay.quant.books_per_layer()));
+                return err(format!(
+                    "codebook_id {cb} + {} books out of range ({n_codebooks} codebooks)",
+                    lay.quant.books_per_layer()
+                ));
             }
         }
-        let (g, u, d, c) = (self.gate_off as usize, self.up_off as usize, self.down_off as usize, self.chan_corr_off as usize);
+        let (g, u, d, c) =
+            (self.gate_off as usize, self.up_off as usize, self.down_off as usize, self.chan_corr_off as usize);
         if g != HEADER_LEN || u < g + lay.gate_len() || d < u + lay.gate_len() || c < d + lay.down_len() {
-            return err(format!("section offsets gate {g} up {u} down {d} scales {c} do not fit the matrices ({} / {} / {} bytes)", lay.gate_len(), lay.gate_len(), lay.down_len()));
+            return err(format!(
+                "section offsets gate {g} up {u} down {d} scales {c} do not fit the matrices ({} / {} / {} bytes)",
+                lay.gate_len(),
+                lay.gate_len(),
+                lay.down_len()
+            ));
         }
         match c.checked_add(lay.scales_len) {
             Some(end) if end <= lay.rec_bytes => Ok(()),
@@ -418,16 +471,29 @@ pub fn record_crc(rec: &[u8], hdr: &RecordHeader, lay: &RecordLayout) -> u32 {
 }
 
 /// Validate a full record buffer: header always, CRC when `verify_crc`.
-pub fn check_record(rec: &[u8], layer: usize, expert: usize, lay: &RecordLayout, codebook_base: usize, n_codebooks: usize, verify_crc: bool) -> Result<RecordHeader> {
+pub fn check_record(
+    rec: &[u8],
+    layer: usize,
+    expert: usize,
+    lay: &RecordLayout,
+    codebook_base: usize,
+    n_codebooks: usize,
+    verify_crc: bool,
+) -> Result<RecordHeader> {
     if rec.len() < lay.rec_bytes {
         return Err(Error::record(layer, expert, format!("short record: {} of {} bytes", rec.len(), lay.rec_bytes)));
     }
-    let hdr = RecordHeader::decode(rec).ok_or_else(|| Error::record(layer, expert, "record shorter than its header"))?;
+    let hdr =
+        RecordHeader::decode(rec).ok_or_else(|| Error::record(layer, expert, "record shorter than its header"))?;
     hdr.validate(layer, expert, lay, codebook_base, n_codebooks)?;
     if verify_crc {
         let got = record_crc(rec, &hdr, lay);
         if got != hdr.crc32 {
-            return Err(Error::record(layer, expert, format!("checksum mismatch (stored 0x{:08x}, computed 0x{got:08x})", hdr.crc32)));
+            return Err(Error::record(
+                layer,
+                expert,
+                format!("checksum mismatch (stored 0x{:08x}, computed 0x{got:08x})", hdr.crc32),
+            ));
         }
     }
     Ok(hdr)
@@ -477,7 +543,17 @@ mod tests {
     fn anchor_layout() {
         // hidden 128, moe_intermediate 64, VQ3R blocked by 64: the C WASTE's record is 3 pages with
         // gate 48, up 3120, down 6192, scales 9264 (read off shared/data/anchor-tiny).
-        let q = ExpertQuantEntry { fmt: "VQ3R".into(), stages: 3, vec_dim: 8, entries: 256, index_block: 64, index_bits: None, bits_per_weight: 3.0 }.validate().unwrap();
+        let q = ExpertQuantEntry {
+            fmt: "VQ3R".into(),
+            stages: 3,
+            vec_dim: 8,
+            entries: 256,
+            index_block: 64,
+            index_bits: None,
+            bits_per_weight: 3.0,
+        }
+        .validate()
+        .unwrap();
         let cfg = crate::config::ModelConfig::from_json(&serde_json::json!({"hidden_size": 128, "num_hidden_layers": 1, "vocab_size": 4, "num_experts": 8, "num_experts_per_token": 2, "moe_intermediate_size": 64, "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4})).unwrap();
         let l = RecordLayout::new(&cfg, q).unwrap();
         assert_eq!((l.gate_off, l.up_off, l.down_off, l.scales_off, l.rec_bytes), (48, 3120, 6192, 9264, 12288));

@@ -43,40 +43,58 @@ pub fn shape_config(name: &str) -> Option<Value> {
         base
     };
     Some(match name {
-        "tiny" => merge(kl(128, 4, &[3]), json!({"first_k_dense_replace": 1, "intermediate_size": 256, "moe_intermediate_size": 64,
+        "tiny" => merge(
+            kl(128, 4, &[3]),
+            json!({"first_k_dense_replace": 1, "intermediate_size": 256, "moe_intermediate_size": 64,
             "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 1, "moe_renormalize": true, "routed_scaling_factor": 2.446,
             "num_attention_heads": 4, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 32,
-            "vocab_size": 320, "bos_token_id": 256, "eos_token_id": 257, "linear_attn_config": {"head_dim": 32, "num_heads": 4}})),
-        "tiny-b" => merge(kl(96, 5, &[1, 4]), json!({"first_k_dense_replace": 2, "intermediate_size": 160, "moe_intermediate_size": 32,
+            "vocab_size": 320, "bos_token_id": 256, "eos_token_id": 257, "linear_attn_config": {"head_dim": 32, "num_heads": 4}}),
+        ),
+        "tiny-b" => merge(
+            kl(96, 5, &[1, 4]),
+            json!({"first_k_dense_replace": 2, "intermediate_size": 160, "moe_intermediate_size": 32,
             "num_experts": 16, "num_experts_per_token": 4, "num_shared_experts": 2, "moe_renormalize": false, "routed_scaling_factor": 1.5,
             "num_attention_heads": 3, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 24, "kv_lora_rank": 24,
             "q_lora_rank": 48, "vocab_size": 300, "bos_token_id": 256, "eos_token_id": 257,
-            "linear_attn_config": {"head_dim": 16, "num_heads": 6}})),
-        "tiny-c" => merge(kl(64, 3, &[2]), json!({"first_k_dense_replace": 0, "moe_intermediate_size": 48,
+            "linear_attn_config": {"head_dim": 16, "num_heads": 6}}),
+        ),
+        "tiny-c" => merge(
+            kl(64, 3, &[2]),
+            json!({"first_k_dense_replace": 0, "moe_intermediate_size": 48,
             "num_experts": 6, "num_experts_per_token": 3, "num_shared_experts": 0, "moe_renormalize": true, "routed_scaling_factor": 1.0,
             "num_attention_heads": 2, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 16,
-            "vocab_size": 272, "bos_token_id": 256, "eos_token_id": 257, "linear_attn_config": {"head_dim": 16, "num_heads": 2}})),
-        "tiny-k3" => merge(kl(128, 5, &[2, 5]), json!({"model_type": "kimi_k3", "first_k_dense_replace": 1, "intermediate_size": 192,
+            "vocab_size": 272, "bos_token_id": 256, "eos_token_id": 257, "linear_attn_config": {"head_dim": 16, "num_heads": 2}}),
+        ),
+        "tiny-k3" => merge(
+            kl(128, 5, &[2, 5]),
+            json!({"model_type": "kimi_k3", "first_k_dense_replace": 1, "intermediate_size": 192,
             "moe_intermediate_size": 64, "routed_expert_hidden_size": 96, "latent_moe_use_norm": true, "num_experts": 8,
             "num_experts_per_token": 3, "num_shared_experts": 2, "moe_renormalize": true, "routed_scaling_factor": 1.0,
             "num_attention_heads": 4, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 32,
             "q_lora_rank": 48, "mla_use_output_gate": true, "hidden_act": "situ", "activation_situ_beta": 4.0,
             "activation_situ_linear_beta": 25.0, "attn_res_block_size": 2, "vocab_size": 320, "bos_token_id": 256, "eos_token_id": 257,
-            "linear_attn_config": {"head_dim": 32, "num_heads": 4, "use_full_rank_gate": true, "gate_lower_bound": -5.0}})),
-        "kimi-linear-48b" => merge(kl(2304, 27, &[4, 8, 12, 16, 20, 24, 27]), json!({"first_k_dense_replace": 1, "intermediate_size": 9216,
+            "linear_attn_config": {"head_dim": 32, "num_heads": 4, "use_full_rank_gate": true, "gate_lower_bound": -5.0}}),
+        ),
+        "kimi-linear-48b" => merge(
+            kl(2304, 27, &[4, 8, 12, 16, 20, 24, 27]),
+            json!({"first_k_dense_replace": 1, "intermediate_size": 9216,
             "moe_intermediate_size": 1024, "num_experts": 256, "num_experts_per_token": 8, "num_shared_experts": 1, "moe_renormalize": true,
             "routed_scaling_factor": 2.446, "num_attention_heads": 32, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
             "kv_lora_rank": 512, "vocab_size": 163840, "bos_token_id": 163584, "eos_token_id": 163586,
-            "linear_attn_config": {"head_dim": 128, "num_heads": 32}})),
+            "linear_attn_config": {"head_dim": 128, "num_heads": 32}}),
+        ),
         "k3" => {
             let mla: Vec<usize> = (1..=93).filter(|l| l % 4 == 0 || *l == 93).collect();
-            merge(kl(7168, 93, &mla), json!({"model_type": "kimi_k3", "tensor_prefix": "language_model.", "first_k_dense_replace": 1,
+            merge(
+                kl(7168, 93, &mla),
+                json!({"model_type": "kimi_k3", "tensor_prefix": "language_model.", "first_k_dense_replace": 1,
                 "intermediate_size": 18432, "moe_intermediate_size": 3072, "routed_expert_hidden_size": 3584, "latent_moe_use_norm": true,
                 "num_experts": 896, "num_experts_per_token": 16, "num_shared_experts": 2, "moe_renormalize": true, "routed_scaling_factor": 1.0,
                 "num_attention_heads": 96, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "kv_lora_rank": 512,
                 "q_lora_rank": 1536, "mla_use_output_gate": true, "hidden_act": "situ", "activation_situ_beta": 4.0,
                 "activation_situ_linear_beta": 25.0, "attn_res_block_size": 12, "vocab_size": 163840, "bos_token_id": 163584,
-                "eos_token_id": 163586, "linear_attn_config": {"head_dim": 128, "num_heads": 96, "use_full_rank_gate": true, "gate_lower_bound": -5.0}}))
+                "eos_token_id": 163586, "linear_attn_config": {"head_dim": 128, "num_heads": 96, "use_full_rank_gate": true, "gate_lower_bound": -5.0}}),
+            )
         }
         _ => return None,
     })
@@ -169,7 +187,11 @@ fn vector_values(name: &str, n: usize, rng: &mut Rng, skewed: bool) -> Vec<f32> 
             } else if name.ends_with("dt_bias") || name.contains("conv1d") {
                 0.5 * rng.gauss()
             } else if name.ends_with("e_score_correction_bias") {
-                if skewed { 2.0 / (1.0 + i as f32).sqrt() } else { 0.02 * rng.gauss() }
+                if skewed {
+                    2.0 / (1.0 + i as f32).sqrt()
+                } else {
+                    0.02 * rng.gauss()
+                }
             } else if name.ends_with("_res_proj.weight") {
                 0.5 * rng.gauss()
             } else {
@@ -198,7 +220,8 @@ pub fn quantize_groups(fmt: Fmt, rows: usize, cols: usize, group: usize, w: &[f3
             let s = crate::half::f16_to_f32(sh);
             scales.extend_from_slice(&sh.to_le_bytes());
             for c in c0..c0 + group {
-                let v = if c < c1 && s > 0.0 { (w[r * cols + c] / s).round().clamp(-qmax - 1.0, qmax) as i32 } else { 0 };
+                let v =
+                    if c < c1 && s > 0.0 { (w[r * cols + c] / s).round().clamp(-qmax - 1.0, qmax) as i32 } else { 0 };
                 if fmt == Fmt::Q8G {
                     data[r * rb + c] = v as i8 as u8;
                 } else {
@@ -234,7 +257,19 @@ pub fn write_byte_tokenizer(dir: &Path, vocab: usize) -> Result<()> {
     for b in 0..base {
         ranks.push_str(&format!("{} {b}\n", b64(&[b as u8])));
     }
-    let names = ["[BOS]", "[EOS]", "<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>", "<|media_begin|>", "<|media_content|>", "<|media_pad|>", "<|media_end|>", "<|kimi_image_placeholder|>"];
+    let names = [
+        "[BOS]",
+        "[EOS]",
+        "<|end_of_msg|>",
+        "<|open|>",
+        "<|close|>",
+        "<|sep|>",
+        "<|media_begin|>",
+        "<|media_content|>",
+        "<|media_pad|>",
+        "<|media_end|>",
+        "<|kimi_image_placeholder|>",
+    ];
     let specials: Vec<Value> = (base..vocab)
         .map(|id| {
             let k = id - base;
@@ -290,18 +325,26 @@ pub fn synth(dir: &Path, opts: &SynthOptions, progress: &(dyn Fn(u64, u64) + Syn
         };
         if sparse {
             let vector = is_vector(&req.name) || rows == 1;
-            let fmt = if vector { Fmt::F32 } else if req.name.contains("embed_tokens") || req.name == "lm_head.weight" { Fmt::Q8G } else { Fmt::Q4G };
+            let fmt = if vector {
+                Fmt::F32
+            } else if req.name.contains("embed_tokens") || req.name == "lm_head.weight" {
+                Fmt::Q8G
+            } else {
+                Fmt::Q4G
+            };
             let shape: Vec<usize> = if vector { vec![n] } else { vec![rows, cols] };
             tw.add_sparse(&name, fmt, &shape, 128)?;
             continue;
         }
         if is_vector(&req.name) || rows == 1 {
             let v = if sparse { vec![0f32; n] } else { vector_values(&req.name, n, &mut rng, opts.skewed) };
-            let shape: Vec<usize> = if req.name.contains("conv1d") { vec![n / cfg.conv_kernel, 1, cfg.conv_kernel] } else { vec![n] };
+            let shape: Vec<usize> =
+                if req.name.contains("conv1d") { vec![n / cfg.conv_kernel, 1, cfg.conv_kernel] } else { vec![n] };
             let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
             tw.add(&name, Fmt::F32, &shape, 0, &bytes, &[])?;
         } else {
-            let fmt = if req.name.contains("embed_tokens") || req.name == "lm_head.weight" { Fmt::Q8G } else { Fmt::Q4G };
+            let fmt =
+                if req.name.contains("embed_tokens") || req.name == "lm_head.weight" { Fmt::Q8G } else { Fmt::Q4G };
             let gain = if req.name.ends_with("gate.weight") { 3.0 } else { 1.0 };
             let (data, scales) = if rows * cols > 1 << 20 {
                 // big matrices (benchmark shapes): random codes with one fitting
@@ -371,11 +414,29 @@ pub fn synth(dir: &Path, opts: &SynthOptions, progress: &(dyn Fn(u64, u64) + Syn
     let layers: BTreeMap<String, LayerEntry> = moe
         .iter()
         .enumerate()
-        .map(|(i, &l)| (l.to_string(), LayerEntry { file: format!("experts-L{l}.bin"), experts: cfg.experts as u64, bytes: cfg.experts as u64 * lay.rec_bytes as u64, codebook_base: (i * bpl) as u64 }))
+        .map(|(i, &l)| {
+            (
+                l.to_string(),
+                LayerEntry {
+                    file: format!("experts-L{l}.bin"),
+                    experts: cfg.experts as u64,
+                    bytes: cfg.experts as u64 * lay.rec_bytes as u64,
+                    codebook_base: (i * bpl) as u64,
+                },
+            )
+        })
         .collect();
     write_byte_tokenizer(dir, cfg.vocab)?;
     let arch = config.get("model_type").and_then(|v| v.as_str()).unwrap_or("kimi_linear").to_string();
-    let m = Manifest { format_version: FORMAT_VERSION, arch, tensor_prefix: prefix, config, expert_quant: (!moe.is_empty()).then(|| q.to_entry()), layers, trunk };
+    let m = Manifest {
+        format_version: FORMAT_VERSION,
+        arch,
+        tensor_prefix: prefix,
+        config,
+        expert_quant: (!moe.is_empty()).then(|| q.to_entry()),
+        layers,
+        trunk,
+    };
     write_manifest(dir, &m)?;
     Ok(SynthReport { bytes: written, seconds: t0.elapsed().as_secs_f64() })
 }
@@ -385,7 +446,17 @@ fn parking_free_slot() -> std::sync::Mutex<Option<Error>> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn write_bank(dir: &Path, l: usize, cb_base: usize, cfg: &ModelConfig, lay: &RecordLayout, opts: &SynthOptions, done: &std::sync::atomic::AtomicU64, total: u64, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<()> {
+fn write_bank(
+    dir: &Path,
+    l: usize,
+    cb_base: usize,
+    cfg: &ModelConfig,
+    lay: &RecordLayout,
+    opts: &SynthOptions,
+    done: &std::sync::atomic::AtomicU64,
+    total: u64,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<()> {
     let path = dir.join(format!("experts-L{l}.bin"));
     if opts.manifest_only {
         let f = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
@@ -415,7 +486,8 @@ fn write_bank(dir: &Path, l: usize, cb_base: usize, cfg: &ModelConfig, lay: &Rec
             _ => {
                 rng.fill(body);
                 // zero the index padding rows so the record equals what an encoder writes
-                let rows_per = [(lay.gate_off, lay.m, lay.lat), (lay.up_off, lay.m, lay.lat), (lay.down_off, lay.lat, lay.m)];
+                let rows_per =
+                    [(lay.gate_off, lay.m, lay.lat), (lay.up_off, lay.m, lay.lat), (lay.down_off, lay.lat, lay.m)];
                 for (off, rows, cols) in rows_per {
                     if q.index_block > 0 && rows % q.index_block != 0 {
                         let nvec = cols / q.vec_dim;
@@ -453,8 +525,17 @@ mod tests {
     fn every_tiny_shape_roundtrips_through_the_reader() {
         for shape in ["tiny", "tiny-b", "tiny-c", "tiny-k3"] {
             for ex in [ExpertFmt::Vq3r, ExpertFmt::Vq4p, ExpertFmt::F16] {
-                let dir = std::env::temp_dir().join(format!("waste-synth-{}-{shape}-{}", std::process::id(), ex.name()));
-                let opts = SynthOptions { config: shape_config(shape).unwrap(), layers: None, experts: ex, seed: 7, manifest_only: false, skewed: false, jobs: 2 };
+                let dir =
+                    std::env::temp_dir().join(format!("waste-synth-{}-{shape}-{}", std::process::id(), ex.name()));
+                let opts = SynthOptions {
+                    config: shape_config(shape).unwrap(),
+                    layers: None,
+                    experts: ex,
+                    seed: 7,
+                    manifest_only: false,
+                    skewed: false,
+                    jobs: 2,
+                };
                 synth(&dir, &opts, &|_, _| {}).unwrap();
                 let c = Container::open(&dir).unwrap_or_else(|e| panic!("{shape} {ex:?}: {e}"));
                 assert_eq!(c.config.attn_kinds.len(), c.config.layers);

@@ -136,7 +136,10 @@ impl TensorEntry {
             if d == 0 {
                 return Err(Error::tensor(name, format!("shape {:?} has a zero dimension", self.shape)));
             }
-            numel = numel.checked_mul(d).filter(|&n| n <= MAX_NUMEL).ok_or_else(|| Error::tensor(name, format!("shape {:?} too large", self.shape)))?;
+            numel = numel
+                .checked_mul(d)
+                .filter(|&n| n <= MAX_NUMEL)
+                .ok_or_else(|| Error::tensor(name, format!("shape {:?} too large", self.shape)))?;
         }
         let cols = *self.shape.last().unwrap_or(&1);
         let rows = numel / cols;
@@ -155,20 +158,30 @@ impl TensorEntry {
         };
         let total = payload_len + scale_len;
         if self.bytes != total {
-            return Err(Error::tensor(name, format!("bytes {} but {} shape {:?} needs {total}", self.bytes, fmt.name(), self.shape)));
+            return Err(Error::tensor(
+                name,
+                format!("bytes {} but {} shape {:?} needs {total}", self.bytes, fmt.name(), self.shape),
+            ));
         }
-        let end = self.off.checked_add(payload_len).ok_or_else(|| Error::tensor(name, format!("off {} overflows", self.off)))?;
+        let end = self
+            .off
+            .checked_add(payload_len)
+            .ok_or_else(|| Error::tensor(name, format!("off {} overflows", self.off)))?;
         if end > file_len {
             return Err(Error::tensor(name, format!("payload [{}, {end}) beyond trunk.bin size {file_len}", self.off)));
         }
         let scale_off = if fmt.is_grouped() {
             let so = self.scale_off.ok_or_else(|| Error::tensor(name, "grouped format without `scale_off`"))?;
-            let se = so.checked_add(scale_len).ok_or_else(|| Error::tensor(name, format!("scale_off {so} overflows")))?;
+            let se =
+                so.checked_add(scale_len).ok_or_else(|| Error::tensor(name, format!("scale_off {so} overflows")))?;
             if se > file_len {
                 return Err(Error::tensor(name, format!("scales [{so}, {se}) beyond trunk.bin size {file_len}")));
             }
             if so < end && se > self.off {
-                return Err(Error::tensor(name, format!("scales [{so}, {se}) overlap the payload [{}, {end})", self.off)));
+                return Err(Error::tensor(
+                    name,
+                    format!("scales [{so}, {se}) overlap the payload [{}, {end})", self.off),
+                ));
             }
             so
         } else {
@@ -215,7 +228,16 @@ mod tests {
 
     #[test]
     fn rejects_out_of_file_and_overflow() {
-        let t = TensorEntry { name: "x".into(), fmt: 0, off: u64::MAX - 3, shape: vec![4], group: None, scale_off: None, bytes: 16, dtype: None };
+        let t = TensorEntry {
+            name: "x".into(),
+            fmt: 0,
+            off: u64::MAX - 3,
+            shape: vec![4],
+            group: None,
+            scale_off: None,
+            bytes: 16,
+            dtype: None,
+        };
         assert!(t.validate(100).unwrap_err().to_string().contains("overflows"));
         let t = TensorEntry { off: 90, ..t };
         assert!(t.validate(100).unwrap_err().to_string().contains("beyond trunk.bin"));

@@ -108,7 +108,13 @@ mod tests {
 
     #[test]
     fn foreign_entries_are_skipped() {
-        let u = Usage { total_tokens: 3, entries: vec![UsageEntry { layer: 1, expert: 2, hits: 5, last_seen: 1 }, UsageEntry { layer: 99, expert: 0, hits: 9, last_seen: 2 }] };
+        let u = Usage {
+            total_tokens: 3,
+            entries: vec![
+                UsageEntry { layer: 1, expert: 2, hits: 5, last_seen: 1 },
+                UsageEntry { layer: 99, expert: 0, hits: 9, last_seen: 2 },
+            ],
+        };
         assert_eq!(u.filtered(|l, e| l < 4 && e < 8).len(), 1);
         assert!(Usage::parse(b"WUSG").is_err());
     }

@@ -35,7 +35,15 @@ impl TrunkWriter {
 
     /// Append one tensor. `payload` and `scales` must already be encoded in
     /// `fmt` (scales empty for F32/F16/BF16); sizes are checked.
-    pub fn add(&mut self, name: &str, fmt: Fmt, shape: &[usize], group: usize, payload: &[u8], scales: &[u8]) -> Result<()> {
+    pub fn add(
+        &mut self,
+        name: &str,
+        fmt: Fmt,
+        shape: &[usize],
+        group: usize,
+        payload: &[u8],
+        scales: &[u8],
+    ) -> Result<()> {
         let grouped = fmt.is_grouped();
         let mut e = TensorEntry {
             name: name.into(),
@@ -89,11 +97,17 @@ impl TrunkWriter {
                 (rows * if fmt == Fmt::Q8G { np } else { np / 2 }, rows * (np / g) * 2)
             }
         };
-        let e = TensorEntry { off: self.off, scale_off: grouped.then_some(self.off + payload), bytes: payload + scales, ..probe };
+        let e = TensorEntry {
+            off: self.off,
+            scale_off: grouped.then_some(self.off + payload),
+            bytes: payload + scales,
+            ..probe
+        };
         e.validate(self.off + e.bytes)?;
         self.out.flush().map_err(|er| Error::io(&self.path, er))?;
         self.off += e.bytes;
-        std::io::Seek::seek(self.out.get_mut(), std::io::SeekFrom::Start(self.off)).map_err(|er| Error::io(&self.path, er))?;
+        std::io::Seek::seek(self.out.get_mut(), std::io::SeekFrom::Start(self.off))
+            .map_err(|er| Error::io(&self.path, er))?;
         self.entries.push(e);
         Ok(())
     }
@@ -131,12 +145,23 @@ impl BankWriter {
     /// Create (truncate) a bank file.
     pub fn create(path: &Path, layer: usize, lay: RecordLayout, codebook_id: u16) -> Result<BankWriter> {
         let f = File::create(path).map_err(|e| Error::io(path, e))?;
-        Ok(BankWriter { path: path.into(), out: BufWriter::with_capacity(4 << 20, f), layer, lay, codebook_id, next: 0 })
+        Ok(BankWriter {
+            path: path.into(),
+            out: BufWriter::with_capacity(4 << 20, f),
+            layer,
+            lay,
+            codebook_id,
+            next: 0,
+        })
     }
     /// Seal and append the next record (`rec.len() == rec_bytes`, body filled).
     pub fn write(&mut self, rec: &mut [u8]) -> Result<()> {
         if rec.len() != self.lay.rec_bytes {
-            return Err(Error::record(self.layer, self.next, format!("buffer of {} bytes, record is {}", rec.len(), self.lay.rec_bytes)));
+            return Err(Error::record(
+                self.layer,
+                self.next,
+                format!("buffer of {} bytes, record is {}", rec.len(), self.lay.rec_bytes),
+            ));
         }
         seal_record(rec, self.layer, self.next, &self.lay, self.codebook_id);
         self.out.write_all(rec).map_err(|e| Error::io(&self.path, e))?;

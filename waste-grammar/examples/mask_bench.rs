@@ -14,7 +14,13 @@ fn main() {
     let path = std::env::args().nth(1).unwrap_or_else(|| "../shared/data/tokenizers/o200k_base.tiktoken".into());
     let tok = Tokenizer::from_files(std::path::Path::new(&path), None, Pattern::O200k).expect("o200k ranks");
     let vocab = tok.vocab_len() + 1;
-    let rss = || std::fs::read_to_string("/proc/self/statm").ok().and_then(|s| s.split_whitespace().nth(1).and_then(|x| x.parse::<u64>().ok())).unwrap_or(0) * 4096;
+    let rss = || {
+        std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1).and_then(|x| x.parse::<u64>().ok()))
+            .unwrap_or(0)
+            * 4096
+    };
     let rss0 = rss();
     let t0 = Instant::now();
     let g = Grammars::new(&tok, vocab, vocab as u32 - 1).expect("grammars");
@@ -44,11 +50,29 @@ fn main() {
         }
         per.sort_by(f64::total_cmp);
         if run > 0 {
-            times.push((compile, per[per.len() / 2], per[0], per[per.len() - 1], per.iter().sum::<f64>() / per.len() as f64));
+            times.push((
+                compile,
+                per[per.len() / 2],
+                per[0],
+                per[per.len() - 1],
+                per.iter().sum::<f64>() / per.len() as f64,
+            ));
         }
     }
-    println!("vocab {vocab}: trie + factory {:.1} ms, resident +{:.1} MiB; document {} tokens", build * 1e3, (rss1 as f64 - rss0 as f64) / 1048576.0, ids.len());
+    println!(
+        "vocab {vocab}: trie + factory {:.1} ms, resident +{:.1} MiB; document {} tokens",
+        build * 1e3,
+        (rss1 as f64 - rss0 as f64) / 1048576.0,
+        ids.len()
+    );
     for (compile, med, lo, hi, mean) in times {
-        println!("grammar {:.2} ms | mask per token: median {:.3} ms, range {:.3}-{:.3} ms, mean {:.3} ms", compile * 1e3, med * 1e3, lo * 1e3, hi * 1e3, mean * 1e3);
+        println!(
+            "grammar {:.2} ms | mask per token: median {:.3} ms, range {:.3}-{:.3} ms, mean {:.3} ms",
+            compile * 1e3,
+            med * 1e3,
+            lo * 1e3,
+            hi * 1e3,
+            mean * 1e3
+        );
     }
 }

@@ -76,13 +76,20 @@ impl Grammars {
     /// tagged chat format), else with the model's first end token.
     pub fn for_model(model: &waste_model::Model, end_of_message: bool) -> Result<Grammars> {
         let tok = model.tokenizer().ok_or_else(|| Error::Grammar("this container has no tokenizer".into()))?;
-        let eos = if end_of_message { tok.special_id(waste_model::tokenizer::xtml::END_OF_MSG) } else { model.config().eos.first().copied() };
+        let eos = if end_of_message {
+            tok.special_id(waste_model::tokenizer::xtml::END_OF_MSG)
+        } else {
+            model.config().eos.first().copied()
+        };
         let eos = eos.ok_or_else(|| Error::Grammar("the model has no token to end a constrained output".into()))?;
         Grammars::new(tok, model.config().vocab, eos)
     }
 
     fn matcher(&self, lark: &str) -> Result<Matcher> {
-        let parser = self.factory.create_parser(TopLevelGrammar::from_lark(lark.to_string())).map_err(|e| Error::Grammar(e.to_string()))?;
+        let parser = self
+            .factory
+            .create_parser(TopLevelGrammar::from_lark(lark.to_string()))
+            .map_err(|e| Error::Grammar(e.to_string()))?;
         Ok(Matcher::new(Ok(parser)))
     }
 
@@ -97,7 +104,15 @@ impl Grammars {
     /// checked now, so a bad one fails before generation.
     pub fn lazy(&self, trigger: Vec<u8>, lark: &str) -> Result<Constraint> {
         self.matcher(lark)?;
-        Ok(Constraint { state: State::Waiting { trigger, recent: Vec::new(), lark: lark.to_string(), factory: self.factory.clone() }, env: self.env.clone() })
+        Ok(Constraint {
+            state: State::Waiting {
+                trigger,
+                recent: Vec::new(),
+                lark: lark.to_string(),
+                factory: self.factory.clone(),
+            },
+            env: self.env.clone(),
+        })
     }
 }
 
@@ -149,7 +164,8 @@ impl waste_model::TokenConstraint for Constraint {
             State::Waiting { trigger, recent, lark, factory } => {
                 recent.extend(self.env.tok_trie().token(token));
                 if recent.ends_with(trigger) {
-                    let parser = factory.create_parser(TopLevelGrammar::from_lark(lark.clone())).map_err(|e| e.to_string())?;
+                    let parser =
+                        factory.create_parser(TopLevelGrammar::from_lark(lark.clone())).map_err(|e| e.to_string())?;
                     self.state = State::Active(Matcher::new(Ok(parser)));
                 } else if recent.len() > 4 * trigger.len() + 64 {
                     let cut = recent.len() - trigger.len();
@@ -171,7 +187,10 @@ fn lit(s: &str) -> String {
 fn compact(schema: &Value) -> Value {
     let mut s = schema.clone();
     if let Value::Object(o) = &mut s {
-        o.insert("x-guidance".into(), json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}));
+        o.insert(
+            "x-guidance".into(),
+            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
     }
     s
 }
@@ -195,7 +214,10 @@ fn to_response(thinking: bool) -> &'static str {
 pub fn json_lark(schema: Option<&Value>, xtml: bool, thinking: bool) -> String {
     let schema = compact(schema.unwrap_or(&json!({"type": "object"})));
     if xtml {
-        format!("start: {}answer <|close|> \"response\" <|sep|> {CLOSE_MESSAGE}\nanswer: %json {schema}\n", to_response(thinking))
+        format!(
+            "start: {}answer <|close|> \"response\" <|sep|> {CLOSE_MESSAGE}\nanswer: %json {schema}\n",
+            to_response(thinking)
+        )
     } else {
         format!("start: answer\nanswer: %json {schema}\n")
     }
@@ -203,7 +225,8 @@ pub fn json_lark(schema: Option<&Value>, xtml: bool, thinking: bool) -> String {
 
 fn function(tool: &Value) -> Result<(&str, &Value)> {
     let f = tool.get("function").unwrap_or(tool);
-    let name = f.get("name").and_then(|n| n.as_str()).ok_or_else(|| Error::Grammar("a tool has no function name".into()))?;
+    let name =
+        f.get("name").and_then(|n| n.as_str()).ok_or_else(|| Error::Grammar("a tool has no function name".into()))?;
     static EMPTY: Value = Value::Null;
     Ok((name, f.get("parameters").unwrap_or(&EMPTY)))
 }
@@ -211,9 +234,13 @@ fn function(tool: &Value) -> Result<(&str, &Value)> {
 /// The XTML `type` attribute and the value rule for one argument schema.
 fn argument_value(p: &Value) -> (&'static str, String) {
     let ty = p.get("type").and_then(|t| t.as_str());
-    let strings: Option<Vec<&str>> = p.get("enum").and_then(|e| e.as_array()).and_then(|a| a.iter().map(|x| x.as_str()).collect());
+    let strings: Option<Vec<&str>> =
+        p.get("enum").and_then(|e| e.as_array()).and_then(|a| a.iter().map(|x| x.as_str()).collect());
     match ty {
-        Some("string") | None if strings.is_some() => ("string", format!("({})", strings.unwrap_or_default().iter().map(|s| lit(s)).collect::<Vec<_>>().join(" | "))),
+        Some("string") | None if strings.is_some() => (
+            "string",
+            format!("({})", strings.unwrap_or_default().iter().map(|s| lit(s)).collect::<Vec<_>>().join(" | ")),
+        ),
         Some("string") | None => {
             let max = p.get("maxLength").and_then(|m| m.as_u64());
             let min = p.get("minLength").and_then(|m| m.as_u64()).unwrap_or(0);
@@ -245,21 +272,33 @@ fn call_rules(tools: &[Value], only: Option<&str>, parallel: bool, g: &mut Strin
         if only.is_some_and(|o| o != name) {
             continue;
         }
-        let required: Vec<&str> = params.get("required").and_then(|r| r.as_array()).map(|a| a.iter().filter_map(|x| x.as_str()).collect()).unwrap_or_default();
+        let required: Vec<&str> = params
+            .get("required")
+            .and_then(|r| r.as_array())
+            .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
+            .unwrap_or_default();
         let mut args = Vec::new();
         if let Some(props) = params.get("properties").and_then(|p| p.as_object()) {
             for (pi, (key, p)) in props.iter().enumerate() {
                 let (ty, value) = argument_value(p);
                 let rule = format!("arg_{ti}_{pi}");
-                let head = format!("argument key=\"{}\" type=\"{ty}\"", key.replace('&', "&amp;").replace('"', "&quot;"));
-                g.push_str(&format!("{rule}: <|open|> {} <|sep|> {value} <|close|> \"argument\" <|sep|>\n", lit(&head)));
+                let head =
+                    format!("argument key=\"{}\" type=\"{ty}\"", key.replace('&', "&amp;").replace('"', "&quot;"));
+                g.push_str(&format!(
+                    "{rule}: <|open|> {} <|sep|> {value} <|close|> \"argument\" <|sep|>\n",
+                    lit(&head)
+                ));
                 args.push(if required.contains(&key.as_str()) { rule } else { format!("{rule}?") });
             }
         }
         let tool = name.replace('&', "&amp;").replace('"', "&quot;");
         for (k, alt) in alts.iter_mut().enumerate() {
             let head = format!("call tool=\"{tool}\" index=\"{}\"", k + 1);
-            g.push_str(&format!("call_{ti}_{k}: <|open|> {} <|sep|> {} <|close|> \"call\" <|sep|>\n", lit(&head), args.join(" ")));
+            g.push_str(&format!(
+                "call_{ti}_{k}: <|open|> {} <|sep|> {} <|close|> \"call\" <|sep|>\n",
+                lit(&head),
+                args.join(" ")
+            ));
             alt.push(format!("call_{ti}_{k}"));
         }
     }

@@ -28,7 +28,14 @@ impl Rng {
 
 /// Walk the constraint with uniform choices; the marked text (specials as
 /// U+F8F2 name U+F8F3) until EOS, or None when `limit` tokens pass first.
-fn walk(c: &mut dyn TokenConstraint, tok: &Tokenizer, eos: u32, seed: u64, limit: usize, free: &[u32]) -> Option<String> {
+fn walk(
+    c: &mut dyn TokenConstraint,
+    tok: &Tokenizer,
+    eos: u32,
+    seed: u64,
+    limit: usize,
+    free: &[u32],
+) -> Option<String> {
     let mut rng = Rng(seed | 1);
     let mut mask = vec![false; 320];
     let mut out: Vec<u8> = Vec::new();

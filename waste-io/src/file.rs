@@ -57,7 +57,9 @@ impl DirectFile {
         let mut done = 0usize;
         while done < buf.len() {
             match pread(&self.file, &mut buf[done..], offset + done as u64) {
-                Ok(0) => return Err(Error::ShortRead { path: self.path.clone(), offset, wanted: buf.len(), got: done }),
+                Ok(0) => {
+                    return Err(Error::ShortRead { path: self.path.clone(), offset, wanted: buf.len(), got: done })
+                }
                 Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(Error::Io { path: self.path.clone(), op: "read", source: e }),
@@ -75,9 +77,19 @@ impl DirectFile {
             return Ok(v);
         }
         let start = offset / ALIGN as u64 * ALIGN as u64;
-        let end = offset.checked_add(len as u64).ok_or_else(|| Error::ShortRead { path: self.path.clone(), offset, wanted: len, got: 0 })?;
+        let end = offset.checked_add(len as u64).ok_or_else(|| Error::ShortRead {
+            path: self.path.clone(),
+            offset,
+            wanted: len,
+            got: 0,
+        })?;
         if end > self.len {
-            return Err(Error::ShortRead { path: self.path.clone(), offset, wanted: len, got: self.len.saturating_sub(offset) as usize });
+            return Err(Error::ShortRead {
+                path: self.path.clone(),
+                offset,
+                wanted: len,
+                got: self.len.saturating_sub(offset) as usize,
+            });
         }
         // the aligned window may run past EOF; read only whole pages within the file, the tail buffered
         let aend = end.div_ceil(ALIGN as u64) * ALIGN as u64;
@@ -90,7 +102,9 @@ impl DirectFile {
             let mut done = 0;
             while done < tail.len() {
                 match pread(&f, &mut tail[done..], start + (full + done) as u64) {
-                    Ok(0) => return Err(Error::ShortRead { path: self.path.clone(), offset, wanted: len, got: full + done }),
+                    Ok(0) => {
+                        return Err(Error::ShortRead { path: self.path.clone(), offset, wanted: len, got: full + done })
+                    }
                     Ok(n) => done += n,
                     Err(e) => return Err(Error::Io { path: self.path.clone(), op: "read", source: e }),
                 }
@@ -128,7 +142,9 @@ fn open_direct(path: &Path, _len: u64) -> Option<File> {
     use std::os::unix::io::AsRawFd;
     let f = File::open(path).ok()?;
     // SAFETY: fcntl on a descriptor we own; these commands take an int.
-    let ok = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_NOCACHE, 1) == 0 && libc::fcntl(f.as_raw_fd(), libc::F_RDAHEAD, 0) == 0 };
+    let ok = unsafe {
+        libc::fcntl(f.as_raw_fd(), libc::F_NOCACHE, 1) == 0 && libc::fcntl(f.as_raw_fd(), libc::F_RDAHEAD, 0) == 0
+    };
     ok.then_some(f)
 }
 

@@ -104,7 +104,10 @@ impl ReaderPool {
         let threads = (0..n.max(1))
             .map(|i| {
                 let s = shared.clone();
-                std::thread::Builder::new().name(format!("waste-io-{i}")).spawn(move || worker(&s)).expect("spawn reader thread")
+                std::thread::Builder::new()
+                    .name(format!("waste-io-{i}"))
+                    .spawn(move || worker(&s))
+                    .expect("spawn reader thread")
             })
             .collect();
         ReaderPool { shared, threads, next_id: AtomicU64::new(1) }
@@ -145,7 +148,14 @@ impl ReaderPool {
     /// # Safety
     /// `dst..dst+len` must stay valid, aligned for the file's I/O mode, and
     /// untouched by anyone else until the ticket has been waited on.
-    pub unsafe fn submit_into(&self, file: Arc<DirectFile>, offset: u64, dst: *mut u8, len: usize, prio: Priority) -> Ticket {
+    pub unsafe fn submit_into(
+        &self,
+        file: Arc<DirectFile>,
+        offset: u64,
+        dst: *mut u8,
+        len: usize,
+        prio: Priority,
+    ) -> Ticket {
         self.push(file, offset, Dest::Raw(dst, len), prio)
     }
 
@@ -233,7 +243,14 @@ mod tests {
         let f = Arc::new(DirectFile::open(&p, true).unwrap());
         let pool = ReaderPool::new(3);
         let tickets: Vec<_> = (0..64)
-            .map(|i| pool.submit(f.clone(), i * 4096, AlignedBuf::new(4096, false), if i % 2 == 0 { Priority::Demand } else { Priority::Speculative }))
+            .map(|i| {
+                pool.submit(
+                    f.clone(),
+                    i * 4096,
+                    AlignedBuf::new(4096, false),
+                    if i % 2 == 0 { Priority::Demand } else { Priority::Speculative },
+                )
+            })
             .collect();
         for (i, t) in tickets.into_iter().enumerate() {
             let (b, r) = t.wait();
@@ -246,7 +263,11 @@ mod tests {
         let mut arena = AlignedBuf::new(3 * 4096, false);
         let base = arena.as_mut_ptr();
         // SAFETY: disjoint 4 KiB pieces of the arena, waited on below.
-        let ts: Vec<_> = (0..3).map(|i| unsafe { pool.submit_into(f.clone(), (10 + i) as u64 * 4096, base.add(i * 4096), 4096, Priority::Speculative) }).collect();
+        let ts: Vec<_> = (0..3)
+            .map(|i| unsafe {
+                pool.submit_into(f.clone(), (10 + i) as u64 * 4096, base.add(i * 4096), 4096, Priority::Speculative)
+            })
+            .collect();
         for t in ts {
             t.wait_raw().unwrap();
         }
@@ -260,7 +281,9 @@ mod tests {
         std::fs::File::create(&p).unwrap().write_all(&vec![7u8; 8 * 4096]).unwrap();
         let f = Arc::new(DirectFile::open(&p, false).unwrap());
         let pool = ReaderPool::new(1);
-        let ts: Vec<_> = (0..8).map(|i| pool.submit(f.clone(), i * 4096, AlignedBuf::new(4096, false), Priority::Speculative)).collect();
+        let ts: Vec<_> = (0..8)
+            .map(|i| pool.submit(f.clone(), i * 4096, AlignedBuf::new(4096, false), Priority::Speculative))
+            .collect();
         // the last one is most likely still queued; promotion must never lose it
         let _ = pool.promote(&ts[7]);
         for t in ts {

@@ -24,7 +24,14 @@ pub struct ProbeResult {
 /// Read up to `max_bytes` of `path` in records of `rec` bytes (rounded to
 /// 4 KiB) with `qd` reads in flight, in a scattered order (stride walk), and
 /// report the bandwidth.
-pub fn probe_bandwidth(path: &Path, rec: usize, qd: usize, max_bytes: u64, direct: bool, huge: bool) -> Result<ProbeResult> {
+pub fn probe_bandwidth(
+    path: &Path,
+    rec: usize,
+    qd: usize,
+    max_bytes: u64,
+    direct: bool,
+    huge: bool,
+) -> Result<ProbeResult> {
     let rec = rec.max(1).div_ceil(ALIGN) * ALIGN;
     let f = Arc::new(DirectFile::open(path, direct)?);
     let n_rec = (f.len() / rec as u64).max(1);
@@ -61,5 +68,9 @@ pub fn probe_bandwidth(path: &Path, rec: usize, qd: usize, max_bytes: u64, direc
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 { a } else { gcd(b, a % b) }
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }

@@ -133,13 +133,24 @@ fn holdback(s: &str, stops: &[String]) -> usize {
 impl Session<'_> {
     /// Evaluate `prompt` (may be empty to continue from the current state's
     /// last logits) and generate. The callback sees every token.
-    pub fn generate(&mut self, prompt: &[u32], p: &GenerateParams, callback: impl FnMut(&TokenEvent) -> Control) -> Result<Generation> {
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        p: &GenerateParams,
+        callback: impl FnMut(&TokenEvent) -> Control,
+    ) -> Result<Generation> {
         self.generate_constrained(prompt, p, None, callback)
     }
 
     /// [`Session::generate`] with an optional constraint on every sampled
     /// token. Logprobs stay those of the unconstrained model.
-    pub fn generate_constrained(&mut self, prompt: &[u32], p: &GenerateParams, mut constraint: Option<&mut dyn TokenConstraint>, mut callback: impl FnMut(&TokenEvent) -> Control) -> Result<Generation> {
+    pub fn generate_constrained(
+        &mut self,
+        prompt: &[u32],
+        p: &GenerateParams,
+        mut constraint: Option<&mut dyn TokenConstraint>,
+        mut callback: impl FnMut(&TokenEvent) -> Control,
+    ) -> Result<Generation> {
         p.sampling.validate().map_err(Error::Arg)?;
         let tok = self.model().tokenizer();
         if !p.stop_strings.is_empty() && tok.is_none() {
@@ -152,7 +163,8 @@ impl Session<'_> {
         } else if self.position() == 0 {
             return Err(Error::Arg("generate needs a prompt on a fresh session".into()));
         }
-        let mut out = Generation { tokens: Vec::new(), text: String::new(), finish: Finish::Length, prompt_tokens: prompt.len() };
+        let mut out =
+            Generation { tokens: Vec::new(), text: String::new(), finish: Finish::Length, prompt_tokens: prompt.len() };
         let mut dec = StreamDecoder::new();
         let mut pending = String::new();
         let ctx = self.model().options().ctx;
@@ -171,7 +183,11 @@ impl Session<'_> {
             if constrained && !mask.iter().any(|&a| a) {
                 return Err(Error::Arg("constraint: no token is allowed next".into()));
             }
-            let id = if constrained { sampler.pick(logits, Some(&|i: u32| mask[i as usize])) } else { sampler.pick(logits, None) };
+            let id = if constrained {
+                sampler.pick(logits, Some(&|i: u32| mask[i as usize]))
+            } else {
+                sampler.pick(logits, None)
+            };
             if let Some(c) = constraint.as_deref_mut() {
                 c.commit(id).map_err(|e| Error::Arg(format!("constraint: {e}")))?;
             }
@@ -261,7 +277,17 @@ impl Session<'_> {
         pending.push_str(&tail);
         if !pending.is_empty() && !matches!(out.finish, Finish::StopString(_)) {
             out.text.push_str(&pending);
-            callback(&TokenEvent { token: NO_TOKEN, piece: pending, logprob: 0.0, top: vec![], experts_hit: 0, experts_missed: 0, bytes_read: 0, seconds: 0.0, io_seconds: 0.0 });
+            callback(&TokenEvent {
+                token: NO_TOKEN,
+                piece: pending,
+                logprob: 0.0,
+                top: vec![],
+                experts_hit: 0,
+                experts_missed: 0,
+                bytes_read: 0,
+                seconds: 0.0,
+                io_seconds: 0.0,
+            });
         }
         Ok(out)
     }

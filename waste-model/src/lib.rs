@@ -48,20 +48,22 @@ pub fn build_info() -> BuildInfo {
 
 mod generate;
 mod model;
-mod sample;
-mod state;
 mod plan;
+mod sample;
 mod session;
+mod state;
 mod weights;
 
-pub use generate::{Control, Finish, GenerateParams, Generation, TokenConstraint, TokenEvent, MARK_CLOSE, MARK_OPEN, NO_TOKEN};
+pub use generate::{
+    Control, Finish, GenerateParams, Generation, TokenConstraint, TokenEvent, MARK_CLOSE, MARK_OPEN, NO_TOKEN,
+};
 pub use model::{Model, ModelOptions};
-pub use sample::{argmax, log_softmax, Sampler, SamplingParams};
-pub use state::{Snapshot, STATE_MAGIC, STATE_VERSION};
-pub use waste_tokenizer as tokenizer;
 pub use plan::{plan, Plan};
-pub use waste_cache::{parse_size, physical_ram, usable_ram, CacheStats, Policy};
+pub use sample::{argmax, log_softmax, Sampler, SamplingParams};
 pub use session::{attn_res, attn_res_in_place, Session, Stats, CHUNK};
+pub use state::{Snapshot, STATE_MAGIC, STATE_VERSION};
+pub use waste_cache::{parse_size, physical_ram, usable_ram, CacheStats, Policy};
+pub use waste_tokenizer as tokenizer;
 
 /// In-place softmax (probabilities from logits).
 pub fn softmax_in_place(x: &mut [f32]) {
@@ -71,6 +73,10 @@ pub fn softmax_in_place(x: &mut [f32]) {
 pub use waste_io as io;
 
 /// Resolve a RAM budget for a plan (0 = the default rule) against usable RAM.
-pub fn resolve_budget(p: &Plan, budget: u64, usable: u64) -> std::result::Result<waste_cache::Budget, waste_cache::BelowFloor> {
+pub fn resolve_budget(
+    p: &Plan,
+    budget: u64,
+    usable: u64,
+) -> std::result::Result<waste_cache::Budget, waste_cache::BelowFloor> {
     waste_cache::resolve(&p.floor(), budget, usable)
 }

@@ -97,7 +97,11 @@ impl Model {
     }
 
     /// [`Model::open`] with a progress callback `(layers loaded, layers)`.
-    pub fn open_with_progress(path: impl AsRef<Path>, opts: ModelOptions, progress: &dyn Fn(usize, usize)) -> Result<Model> {
+    pub fn open_with_progress(
+        path: impl AsRef<Path>,
+        opts: ModelOptions,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<Model> {
         let container = Container::open(path.as_ref())?;
         if opts.ctx == 0 {
             return Err(Error::Arg("ctx must be at least 1 token".into()));
@@ -107,11 +111,24 @@ impl Model {
             return Err(Error::Arg(format!("lookahead {} exceeds top_k {}", opts.lookahead, cfg.top_k)));
         }
         let plan = Plan::for_container(&container, opts.ctx);
-        let resolved = waste_cache::resolve(&plan.floor(), opts.budget, waste_cache::usable_ram())
-            .map_err(|e| Error::Budget { budget: e.budget, floor: e.floor, detail: format!("trunk {} + state {} + scratch {} + minimum expert cache {}", plan.trunk_bytes, plan.state_bytes, plan.scratch_bytes, plan.min_expert_cache_bytes) })?;
-        let threads = if opts.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { opts.threads };
+        let resolved =
+            waste_cache::resolve(&plan.floor(), opts.budget, waste_cache::usable_ram()).map_err(|e| Error::Budget {
+                budget: e.budget,
+                floor: e.floor,
+                detail: format!(
+                    "trunk {} + state {} + scratch {} + minimum expert cache {}",
+                    plan.trunk_bytes, plan.state_bytes, plan.scratch_bytes, plan.min_expert_cache_bytes
+                ),
+            })?;
+        let threads = if opts.threads == 0 {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        } else {
+            opts.threads
+        };
         let level = match opts.simd {
-            Some(l) if !l.supported() => return Err(Error::Unsupported(format!("SIMD level {} on this CPU", l.name()))),
+            Some(l) if !l.supported() => {
+                return Err(Error::Unsupported(format!("SIMD level {} on this CPU", l.name())))
+            }
             Some(l) => l,
             None => waste_quant::level(),
         };
@@ -119,7 +136,11 @@ impl Model {
         let layers = load_layers(&container, &mut r, progress)?;
         let out_res = load_output_res(&container, &mut r)?;
         let final_norm = r.vector("model.norm.weight")?;
-        let lm_head = if container.config.tie_embeddings { r.matrix("model.embed_tokens.weight")? } else { r.matrix("lm_head.weight")? };
+        let lm_head = if container.config.tie_embeddings {
+            r.matrix("model.embed_tokens.weight")?
+        } else {
+            r.matrix("lm_head.weight")?
+        };
         let embed = Embedding::new(&container)?;
         let mut banks = Vec::with_capacity(container.config.layers);
         for b in &container.banks {
@@ -128,7 +149,8 @@ impl Model {
                 None => None,
             });
         }
-        let kernel = container.experts.as_ref().map(|(_, lay)| ExpertKernel { lay: *lay, act: container.config.activation });
+        let kernel =
+            container.experts.as_ref().map(|(_, lay)| ExpertKernel { lay: *lay, act: container.config.activation });
         // Cache slots: as many records as the cache budget holds, arena rounding included.
         let rec = plan.record_bytes as usize;
         let slots = if rec == 0 {
@@ -143,9 +165,19 @@ impl Model {
         let cache = ExpertCache::new(slots, rec, opts.policy, opts.huge_pages);
         let io_threads = if opts.io_threads == 0 { 4 } else { opts.io_threads };
         let dir = container.dir.clone();
-        let tokenizer = if dir.join("tokenizer.model").exists() { Some(waste_tokenizer::Tokenizer::from_container_dir(&dir).map_err(|e| Error::Arg(format!("tokenizer: {e}")))?) } else { None };
+        let tokenizer = if dir.join("tokenizer.model").exists() {
+            Some(
+                waste_tokenizer::Tokenizer::from_container_dir(&dir)
+                    .map_err(|e| Error::Arg(format!("tokenizer: {e}")))?,
+            )
+        } else {
+            None
+        };
         let template = match &tokenizer {
-            Some(t) => Some(waste_tokenizer::ChatTemplate::from_container_dir(&dir, t).map_err(|e| Error::Arg(format!("chat template: {e}")))?),
+            Some(t) => Some(
+                waste_tokenizer::ChatTemplate::from_container_dir(&dir, t)
+                    .map_err(|e| Error::Arg(format!("chat template: {e}")))?,
+            ),
             None => None,
         };
         // fingerprint: the manifest bytes and the data files' sizes
@@ -155,7 +187,8 @@ impl Model {
                 fingerprint = (fingerprint ^ x as u64).wrapping_mul(0x100_0000_01b3);
             }
         };
-        fnv(&std::fs::read(dir.join("manifest.json")).map_err(|e| waste_format::Error::io(dir.join("manifest.json"), e))?);
+        fnv(&std::fs::read(dir.join("manifest.json"))
+            .map_err(|e| waste_format::Error::io(dir.join("manifest.json"), e))?);
         fnv(&container.trunk_len.to_le_bytes());
         let mut m = Model {
             container,
@@ -204,7 +237,17 @@ impl Model {
             let (Some(bank), Some(info)) = (&self.banks[l], &self.container.banks[l]) else { continue };
             // SAFETY: the slot is reserved (pinned, in flight) for this read only.
             let buf = unsafe { std::slice::from_raw_parts_mut(cache.slot_ptr(slot), lay.rec_bytes) };
-            let ok = bank.read_exact_at(buf, info.record_offset(x, &lay)).is_ok() && check_record(buf, l, x, &lay, info.codebook_base, self.container.codebooks.count, self.opts.verify_records).is_ok();
+            let ok = bank.read_exact_at(buf, info.record_offset(x, &lay)).is_ok()
+                && check_record(
+                    buf,
+                    l,
+                    x,
+                    &lay,
+                    info.codebook_base,
+                    self.container.codebooks.count,
+                    self.opts.verify_records,
+                )
+                .is_ok();
             if ok {
                 cache.mark_ready(slot);
                 cache.seed_history(key, e.hits);
@@ -262,7 +305,12 @@ impl Model {
     /// Encode a conversation in K3's tagged format with tools, thinking and
     /// response-format notices (BOS first when the config has one), with the
     /// token counts of its parts (BOS included).
-    pub fn encode_xtml(&self, messages: &[waste_tokenizer::xtml::ChatMessage], opts: &waste_tokenizer::xtml::XtmlOptions, open: bool) -> Result<waste_tokenizer::xtml::Encoded> {
+    pub fn encode_xtml(
+        &self,
+        messages: &[waste_tokenizer::xtml::ChatMessage],
+        opts: &waste_tokenizer::xtml::XtmlOptions,
+        open: bool,
+    ) -> Result<waste_tokenizer::xtml::Encoded> {
         let t = match (&self.tokenizer, self.is_xtml()) {
             (Some(t), true) => t,
             _ => return Err(Error::Unsupported("this model's chat template is not K3's tagged format".into())),
@@ -331,7 +379,17 @@ impl Model {
             t += v(&l.in_norm) + v(&l.post_norm);
             match &l.attn {
                 Attn::Kda(w) => {
-                    t += mx(&w.q) + mx(&w.k) + mx(&w.v) + w.conv.iter().map(v).sum::<u64>() + mx(&w.f_a) + mx(&w.f_b) + mx(&w.b) + v(&w.a_log) + v(&w.dt_bias) + v(&w.o_norm) + mx(&w.o);
+                    t += mx(&w.q)
+                        + mx(&w.k)
+                        + mx(&w.v)
+                        + w.conv.iter().map(v).sum::<u64>()
+                        + mx(&w.f_a)
+                        + mx(&w.f_b)
+                        + mx(&w.b)
+                        + v(&w.a_log)
+                        + v(&w.dt_bias)
+                        + v(&w.o_norm)
+                        + mx(&w.o);
                     t += match &w.gate {
                         waste_attn::KdaGate::LowRank { a, b } => mx(a) + mx(b),
                         waste_attn::KdaGate::Full(g) => mx(g),
@@ -355,7 +413,13 @@ impl Model {
                     if let Some((d, u, n)) = &w.latent {
                         t += mx(d) + mx(u) + n.as_ref().map_or(0, v);
                     }
-                    t += w.books.books.iter().flatten().map(|b| 4 * (b.cb.capacity() + b.cbt.capacity()) as u64).sum::<u64>();
+                    t += w
+                        .books
+                        .books
+                        .iter()
+                        .flatten()
+                        .map(|b| 4 * (b.cb.capacity() + b.cbt.capacity()) as u64)
+                        .sum::<u64>();
                 }
             }
             if let Some(r) = &l.res {

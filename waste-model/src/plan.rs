@@ -50,7 +50,8 @@ pub(crate) fn session_scratch(c: &ModelConfig, ctx: usize) -> u64 {
         b += waste_attn::kda::KdaScratch::bytes(&crate::weights::kda_config(c), chunk) as u64;
     }
     if has_mla {
-        b += waste_attn::mla::MlaScratch::bytes(&crate::weights::mla_config(c, ctx), c.q_lora.unwrap_or(0), chunk) as u64;
+        b += waste_attn::mla::MlaScratch::bytes(&crate::weights::mla_config(c, ctx), c.q_lora.unwrap_or(0), chunk)
+            as u64;
     }
     if c.n_moe_layers() > 0 {
         // expert activations (gate, up) and one output per chosen expert
@@ -82,7 +83,11 @@ impl Plan {
                 Expect::Mat(..) => t.payload_len + t.scale_len,
                 Expect::Vec(n) if is_res => {
                     // norm ⊙ proj pairs are stored as one product vector
-                    if req.name.ends_with("_res_norm.weight") { f(n) } else { 0 }
+                    if req.name.ends_with("_res_norm.weight") {
+                        f(n)
+                    } else {
+                        0
+                    }
                 }
                 Expect::Vec(n) => f(n),
                 Expect::AtLeast(n) => f(n),
@@ -108,7 +113,9 @@ impl Plan {
         let mut state = 0u64;
         for k in &c.attn_kinds {
             state += match k {
-                AttnKind::Kda => f((c.conv_kernel - 1) * 3 * c.kda_channels() + c.kda_heads * c.kda_head_dim * c.kda_head_dim),
+                AttnKind::Kda => {
+                    f((c.conv_kernel - 1) * 3 * c.kda_channels() + c.kda_heads * c.kda_head_dim * c.kda_head_dim)
+                }
                 AttnKind::Mla => f(ctx * (c.kv_lora + c.qk_rope)),
             };
         }
@@ -133,7 +140,11 @@ impl Plan {
 
     /// The budget rule's inputs.
     pub fn floor(&self) -> waste_cache::Floor {
-        waste_cache::Floor { fixed: self.trunk_bytes + self.state_bytes + self.scratch_bytes, min_cache: self.min_expert_cache_bytes, working_set: self.working_set_bytes }
+        waste_cache::Floor {
+            fixed: self.trunk_bytes + self.state_bytes + self.scratch_bytes,
+            min_cache: self.min_expert_cache_bytes,
+            working_set: self.working_set_bytes,
+        }
     }
 }
 

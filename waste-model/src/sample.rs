@@ -90,7 +90,8 @@ impl Sampler {
             }
             return best.unwrap_or(0) as u32;
         }
-        let mut cand: Vec<(usize, f32)> = (0..logits.len()).filter(|&i| ok(i)).map(|i| (i, logits[i] / self.p.temperature)).collect();
+        let mut cand: Vec<(usize, f32)> =
+            (0..logits.len()).filter(|&i| ok(i)).map(|i| (i, logits[i] / self.p.temperature)).collect();
         if cand.is_empty() {
             return 0;
         }
@@ -140,8 +141,14 @@ mod tests {
         let l = [1.0, 3.0, 2.0, 3.0];
         assert_eq!(Sampler::new(SamplingParams::default()).pick(&l, None), 1);
         let p = SamplingParams { temperature: 1.0, seed: 42, ..Default::default() };
-        let a: Vec<u32> = { let mut s = Sampler::new(p.clone()); (0..50).map(|_| s.pick(&l, None)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(p.clone()); (0..50).map(|_| s.pick(&l, None)).collect() };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..50).map(|_| s.pick(&l, None)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..50).map(|_| s.pick(&l, None)).collect()
+        };
         assert_eq!(a, b);
         assert!(a.contains(&2) && a.contains(&3));
         let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 2, seed: 1, ..Default::default() });

@@ -192,7 +192,26 @@ impl<'m> Session<'m> {
             } as u64;
         }
         let v = |x: &Vec<f32>| 4 * x.capacity() as u64;
-        let mut sc = [&self.hs, &self.ps, &self.xns, &self.rs, &self.x, &self.xn, &self.r, &self.blocks, &self.hcopy, &self.router, &self.lat_in, &self.lat_sum, &self.eouts, &self.ffn_tmp, &self.logits].iter().map(|b| v(b)).sum::<u64>();
+        let mut sc = [
+            &self.hs,
+            &self.ps,
+            &self.xns,
+            &self.rs,
+            &self.x,
+            &self.xn,
+            &self.r,
+            &self.blocks,
+            &self.hcopy,
+            &self.router,
+            &self.lat_in,
+            &self.lat_sum,
+            &self.eouts,
+            &self.ffn_tmp,
+            &self.logits,
+        ]
+        .iter()
+        .map(|b| v(b))
+        .sum::<u64>();
         sc += self.kda_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
         sc += self.mla_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
         if let Some(e) = &self.ex_sc {
@@ -290,7 +309,8 @@ impl<'m> Session<'m> {
                 }
                 (Attn::Mla(w), LayerState::Mla(st)) => {
                     let sc = self.mla_sc.as_mut().expect("mla scratch");
-                    mla::chunk(pool, &mla_config(c, m.opts.ctx), w, st, sc, xs, nt, outs).map_err(|e| Error::Arg(format!("context full at {} tokens", e.0)))?;
+                    mla::chunk(pool, &mla_config(c, m.opts.ctx), w, st, sc, xs, nt, outs)
+                        .map_err(|e| Error::Arg(format!("context full at {} tokens", e.0)))?;
                 }
                 _ => unreachable!("layer state matches its kind"),
             }
@@ -323,7 +343,13 @@ impl<'m> Session<'m> {
             match &layer.ffn {
                 Ffn::Dense(d) => {
                     for t in 0..nt {
-                        d.forward(pool, c.activation, &self.xns[t * h..(t + 1) * h], &mut self.ffn_tmp, &mut self.rs[t * h..(t + 1) * h]);
+                        d.forward(
+                            pool,
+                            c.activation,
+                            &self.xns[t * h..(t + 1) * h],
+                            &mut self.ffn_tmp,
+                            &mut self.rs[t * h..(t + 1) * h],
+                        );
                     }
                 }
                 Ffn::Moe(w) => self.moe(l, w, nt)?,
@@ -344,7 +370,14 @@ impl<'m> Session<'m> {
             // alias-safe: the live candidate is a copy, the output the state itself
             if want_logits {
                 self.hcopy.copy_from_slice(&self.hs[last..last + h]);
-                attn_res(&self.blocks[(nt - 1) * nb * h..(nt - 1) * nb * h + self.nblocks * h], h, &self.hcopy, w, c.rms_eps, &mut self.hs[last..last + h]);
+                attn_res(
+                    &self.blocks[(nt - 1) * nb * h..(nt - 1) * nb * h + self.nblocks * h],
+                    h,
+                    &self.hcopy,
+                    w,
+                    c.rms_eps,
+                    &mut self.hs[last..last + h],
+                );
             }
         }
         if want_logits {
@@ -353,19 +386,29 @@ impl<'m> Session<'m> {
         }
         self.pos += nt;
         self.stats.tokens += nt as u64;
-        let spent = t0.elapsed().as_secs_f64() - (self.stats.io_seconds - io0) - (self.stats.expert_seconds - ex0) - (self.stats.attn_seconds - at0);
+        let spent = t0.elapsed().as_secs_f64()
+            - (self.stats.io_seconds - io0)
+            - (self.stats.expert_seconds - ex0)
+            - (self.stats.attn_seconds - at0);
         self.stats.trunk_seconds += spent;
         Ok(())
     }
 
     /// Validate a finished read into `slot`; mark it ready or failed.
-    fn finish_read(m: &Model, cache: &mut waste_cache::ExpertCache, slot: usize, res: waste_io::Result<()>) -> Result<()> {
+    fn finish_read(
+        m: &Model,
+        cache: &mut waste_cache::ExpertCache,
+        slot: usize,
+        res: waste_io::Result<()>,
+    ) -> Result<()> {
         let (l, e) = cache.key(slot).map(|(l, e)| (l as usize, e as usize)).expect("in-flight slot has a key");
         let lay = m.kernel.as_ref().expect("expert kernel").lay;
         let info = m.container.banks[l].as_ref().expect("bank info");
         let r = res.map_err(Error::from).and_then(|_| {
             let data = cache.slot_data(slot);
-            check_record(data, l, e, &lay, info.codebook_base, m.container.codebooks.count, m.opts.verify_records).map(|_| ()).map_err(Error::from)
+            check_record(data, l, e, &lay, info.codebook_base, m.container.codebooks.count, m.opts.verify_records)
+                .map(|_| ())
+                .map_err(Error::from)
         });
         match r {
             Ok(()) => {

@@ -68,7 +68,9 @@ impl Session<'_> {
                     out.extend(conv.iter().flat_map(|v| v.to_le_bytes()));
                     out.extend(s.iter().flat_map(|v| v.to_le_bytes()));
                 }
-                LayerStateRef::Mla { cache, len, width } => out.extend(cache[..len * width].iter().flat_map(|v| v.to_le_bytes())),
+                LayerStateRef::Mla { cache, len, width } => {
+                    out.extend(cache[..len * width].iter().flat_map(|v| v.to_le_bytes()))
+                }
             }
         }
         out.extend(self.logits().iter().flat_map(|v| v.to_le_bytes()));
@@ -125,7 +127,12 @@ impl Session<'_> {
                     need += 4 * a * c;
                     mla_lens.push(c as usize);
                 }
-                _ => return Err(bad(path, format!("layer {i}: state shape (kind {kind}, {a}, {c}) does not match this model"))),
+                _ => {
+                    return Err(bad(
+                        path,
+                        format!("layer {i}: state shape (kind {kind}, {a}, {c}) does not match this model"),
+                    ))
+                }
             }
         }
         let nl = r.u64().ok_or_else(trunc)?;

@@ -57,13 +57,17 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
         rep.direct_io &= f.is_direct();
         let mut pending = std::collections::VecDeque::new();
         let mut e0 = 0;
-        let drain_one = |pending: &mut std::collections::VecDeque<(usize, usize, waste_io::Ticket)>, rep: &mut VerifyReport| -> Result<()> {
+        let drain_one = |pending: &mut std::collections::VecDeque<(usize, usize, waste_io::Ticket)>,
+                         rep: &mut VerifyReport|
+         -> Result<()> {
             let (first, n, t) = pending.pop_front().expect("pending read");
             let (buf, r) = t.wait();
             r.map_err(Error::Io)?;
             for k in 0..n {
                 let rec = &buf[k * lay.rec_bytes..(k + 1) * lay.rec_bytes];
-                if let Err(e) = check_record(rec, bank.layer, first + k, &lay, bank.codebook_base, c.codebooks.count, true) {
+                if let Err(e) =
+                    check_record(rec, bank.layer, first + k, &lay, bank.codebook_base, c.codebooks.count, true)
+                {
                     rep.problems.push(e.to_string());
                 }
                 rep.records += 1;

@@ -1,9 +1,9 @@
 //! Loading the resident trunk from a container, tensor by tensor.
 
 use crate::{Error, Result};
-use waste_io::DirectFile;
 use waste_attn::{KdaConfig, KdaGate, KdaWeights, MlaConfig, MlaQuery, MlaWeights};
 use waste_format::{AttnKind, Container, ModelConfig, TensorInfo};
+use waste_io::DirectFile;
 use waste_moe::{DenseGlu, LayerBooks, RouterConfig};
 use waste_quant::{Matrix, VqBook};
 
@@ -34,7 +34,8 @@ impl<'c> TrunkReader<'c> {
         let data = self.read(t.off, t.payload_len)?;
         let scales = if t.fmt.is_grouped() { self.read(t.scale_off, t.scale_len)? } else { vec![] };
         self.loaded += t.stored_bytes();
-        Matrix::from_stored(t.fmt, t.rows, t.cols, t.group, data, &scales).map_err(|e| Error::Format(waste_format::Error::tensor(&t.name, e.to_string())))
+        Matrix::from_stored(t.fmt, t.rows, t.cols, t.group, data, &scales)
+            .map_err(|e| Error::Format(waste_format::Error::tensor(&t.name, e.to_string())))
     }
 
     /// Load a tensor as a flat f32 vector.
@@ -76,7 +77,8 @@ impl Embedding {
             sc = vec![0u8; sb];
             self.file.read_exact_at(&mut sc, t.scale_off + (r * sb) as u64)?;
         }
-        let m = Matrix::from_stored(t.fmt, 1, t.cols, t.group, data, &sc).map_err(|e| Error::Format(waste_format::Error::tensor(&t.name, e.to_string())))?;
+        let m = Matrix::from_stored(t.fmt, 1, t.cols, t.group, data, &sc)
+            .map_err(|e| Error::Format(waste_format::Error::tensor(&t.name, e.to_string())))?;
         m.view().row(0, out);
         Ok(())
     }
@@ -136,17 +138,38 @@ pub struct Layer {
 
 /// Per-kind constants derived from the config.
 pub fn kda_config(c: &ModelConfig) -> KdaConfig {
-    KdaConfig { heads: c.kda_heads, dim: c.kda_head_dim, kernel: c.conv_kernel, eps: c.rms_eps, lower_bound: c.gate_lower_bound }
+    KdaConfig {
+        heads: c.kda_heads,
+        dim: c.kda_head_dim,
+        kernel: c.conv_kernel,
+        eps: c.rms_eps,
+        lower_bound: c.gate_lower_bound,
+    }
 }
 
 /// MLA constants for a context bound.
 pub fn mla_config(c: &ModelConfig, ctx: usize) -> MlaConfig {
-    MlaConfig { heads: c.mla_heads, nope: c.qk_nope, rope: c.qk_rope, v: c.v_head, kv_lora: c.kv_lora, latent_eps: 1e-6, max_ctx: ctx }
+    MlaConfig {
+        heads: c.mla_heads,
+        nope: c.qk_nope,
+        rope: c.qk_rope,
+        v: c.v_head,
+        kv_lora: c.kv_lora,
+        latent_eps: 1e-6,
+        max_ctx: ctx,
+    }
 }
 
 /// Router constants.
 pub fn router_config(c: &ModelConfig) -> RouterConfig {
-    RouterConfig { experts: c.experts, top_k: c.top_k, n_group: c.n_group, topk_group: c.topk_group, renormalize: c.renormalize, scaling: c.routed_scaling }
+    RouterConfig {
+        experts: c.experts,
+        top_k: c.top_k,
+        n_group: c.n_group,
+        topk_group: c.topk_group,
+        renormalize: c.renormalize,
+        scaling: c.routed_scaling,
+    }
 }
 
 fn product(a: &[f32], b: &[f32]) -> Vec<f32> {
@@ -188,7 +211,10 @@ pub fn load_layers(c: &Container, r: &mut TrunkReader<'_>, progress: &dyn Fn(usi
                     gate: if cfg.kda_full_rank_gate {
                         KdaGate::Full(r.matrix(&format!("{a}g_proj.weight"))?)
                     } else {
-                        KdaGate::LowRank { a: r.matrix(&format!("{a}g_a_proj.weight"))?, b: r.matrix(&format!("{a}g_b_proj.weight"))? }
+                        KdaGate::LowRank {
+                            a: r.matrix(&format!("{a}g_a_proj.weight"))?,
+                            b: r.matrix(&format!("{a}g_b_proj.weight"))?,
+                        }
                     },
                     o_norm: r.vector(&format!("{a}o_norm.weight"))?,
                     o: r.matrix(&format!("{a}o_proj.weight"))?,
@@ -219,7 +245,10 @@ pub fn load_layers(c: &Container, r: &mut TrunkReader<'_>, progress: &dyn Fn(usi
                     for (kind, slot) in lb.books.iter_mut().enumerate() {
                         for s in 0..q.stages {
                             let id = base + kind * q.stages + s;
-                            let bits = c.codebooks.book(id).ok_or_else(|| waste_format::Error::Codebook { id, msg: "out of range".into() })?;
+                            let bits = c
+                                .codebooks
+                                .book(id)
+                                .ok_or_else(|| waste_format::Error::Codebook { id, msg: "out of range".into() })?;
                             slot.push(VqBook::from_f16(bits, q.entries, q.vec_dim));
                         }
                     }
@@ -258,13 +287,25 @@ pub fn load_layers(c: &Container, r: &mut TrunkReader<'_>, progress: &dyn Fn(usi
         };
         let res = if cfg.attn_res_block.is_some() {
             Some(AttnResWeights {
-                attn: product(&r.vector(&format!("{p}self_attention_res_norm.weight"))?, &r.vector(&format!("{p}self_attention_res_proj.weight"))?),
-                mlp: product(&r.vector(&format!("{p}mlp_res_norm.weight"))?, &r.vector(&format!("{p}mlp_res_proj.weight"))?),
+                attn: product(
+                    &r.vector(&format!("{p}self_attention_res_norm.weight"))?,
+                    &r.vector(&format!("{p}self_attention_res_proj.weight"))?,
+                ),
+                mlp: product(
+                    &r.vector(&format!("{p}mlp_res_norm.weight"))?,
+                    &r.vector(&format!("{p}mlp_res_proj.weight"))?,
+                ),
             })
         } else {
             None
         };
-        layers.push(Layer { in_norm: r.vector(&format!("{p}input_layernorm.weight"))?, post_norm: r.vector(&format!("{p}post_attention_layernorm.weight"))?, attn, ffn, res });
+        layers.push(Layer {
+            in_norm: r.vector(&format!("{p}input_layernorm.weight"))?,
+            post_norm: r.vector(&format!("{p}post_attention_layernorm.weight"))?,
+            attn,
+            ffn,
+            res,
+        });
         progress(l + 1, cfg.layers);
     }
     Ok(layers)

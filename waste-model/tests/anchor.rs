@@ -13,7 +13,9 @@ use waste_quant::Level;
 const ANCHOR_MAX_ABS: f32 = 5e-4;
 
 fn data() -> PathBuf {
-    let base = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let base = std::env::var_os("WASTE_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
     assert!(base.join("anchor-tiny/reference-logits.json").exists(), "shared test data missing at {}", base.display());
     base.join("anchor-tiny")
 }
@@ -38,7 +40,11 @@ fn argmax(l: &[f32]) -> u32 {
 }
 
 fn open(threads: usize, simd: Level) -> Model {
-    Model::open(data().join("kimi-linear-tiny.waste"), ModelOptions { ctx: 256, threads, simd: Some(simd), ..Default::default() }).unwrap()
+    Model::open(
+        data().join("kimi-linear-tiny.waste"),
+        ModelOptions { ctx: 256, threads, simd: Some(simd), ..Default::default() },
+    )
+    .unwrap()
 }
 
 #[test]

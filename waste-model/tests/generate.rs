@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use waste_model::{Control, Finish, GenerateParams, Model, ModelOptions, SamplingParams};
 
 fn anchor() -> PathBuf {
-    let base = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let base = std::env::var_os("WASTE_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
     base.join("anchor-tiny/kimi-linear-tiny.waste")
 }
 
@@ -25,7 +27,8 @@ fn stop_strings_split_across_tokens_are_honoured_and_never_emitted() {
     let prompt = m.encode_raw("The city of Paris is").unwrap();
     let full = m.session().generate(&prompt, &params(40), |_| Control::Continue).unwrap();
     // a stop string made of the last char of one token and the first of the next
-    let pieces: Vec<String> = full.tokens.iter().map(|&t| String::from_utf8_lossy(tok.token_bytes(t)).into_owned()).collect();
+    let pieces: Vec<String> =
+        full.tokens.iter().map(|&t| String::from_utf8_lossy(tok.token_bytes(t)).into_owned()).collect();
     let mut found = None;
     let mut at = 0;
     for i in 0..pieces.len() - 1 {
@@ -42,10 +45,13 @@ fn stop_strings_split_across_tokens_are_honoured_and_never_emitted() {
     let stop = found.expect("a stop string spanning two tokens");
     let p = GenerateParams { stop_strings: vec!["never-appears-xyz".into(), stop.clone()], ..params(40) };
     let mut streamed = String::new();
-    let g = m.session().generate(&prompt, &p, |ev| {
-        streamed.push_str(&ev.piece);
-        Control::Continue
-    }).unwrap();
+    let g = m
+        .session()
+        .generate(&prompt, &p, |ev| {
+            streamed.push_str(&ev.piece);
+            Control::Continue
+        })
+        .unwrap();
     let want = &full.text[..full.text.find(&stop).unwrap()];
     assert_eq!(g.finish, Finish::StopString(1));
     assert_eq!(g.text, want);
@@ -57,7 +63,10 @@ fn stop_strings_split_across_tokens_are_honoured_and_never_emitted() {
 fn seeded_sampling_is_reproducible() {
     let m = open(256);
     let prompt = m.encode_raw("hello world").unwrap();
-    let p = |seed| GenerateParams { sampling: SamplingParams { temperature: 1.0, top_p: 0.95, seed, ..Default::default() }, ..params(24) };
+    let p = |seed| GenerateParams {
+        sampling: SamplingParams { temperature: 1.0, top_p: 0.95, seed, ..Default::default() },
+        ..params(24)
+    };
     let a = m.session().generate(&prompt, &p(7), |_| Control::Continue).unwrap();
     let b = m.session().generate(&prompt, &p(7), |_| Control::Continue).unwrap();
     let c = m.session().generate(&prompt, &p(8), |_| Control::Continue).unwrap();
@@ -72,10 +81,17 @@ fn context_full_and_cancel_are_signalled() {
     assert_eq!(g.finish, Finish::ContextFull);
     assert_eq!(g.tokens.len(), 12 - 4 + 1);
     let mut n = 0;
-    let g = open(64).session().generate(&[305], &params(100), |_| {
-        n += 1;
-        if n == 3 { Control::Cancel } else { Control::Continue }
-    }).unwrap();
+    let g = open(64)
+        .session()
+        .generate(&[305], &params(100), |_| {
+            n += 1;
+            if n == 3 {
+                Control::Cancel
+            } else {
+                Control::Continue
+            }
+        })
+        .unwrap();
     assert_eq!((g.finish, g.tokens.len()), (Finish::Cancelled, 3));
 }
 
@@ -98,8 +114,16 @@ fn state_roundtrip_is_exact_and_bad_files_leave_the_session_untouched() {
         ("truncated", good[..good.len() - 4].to_vec()),
         ("extra", [good.clone(), vec![0; 4]].concat()),
         ("magic", [b"XXXX".to_vec(), good[4..].to_vec()].concat()),
-        ("fingerprint", { let mut g = good.clone(); g[8] ^= 1; g }),
-        ("layer shape", { let mut g = good.clone(); g[28 + 4] ^= 1; g }),
+        ("fingerprint", {
+            let mut g = good.clone();
+            g[8] ^= 1;
+            g
+        }),
+        ("layer shape", {
+            let mut g = good.clone();
+            g[28 + 4] ^= 1;
+            g
+        }),
         ("empty", vec![]),
     ];
     for (what, bytes) in cases {
@@ -142,12 +166,19 @@ fn a_constraint_decides_every_token_and_leaves_logprobs_alone() {
     let tok = m.tokenizer().unwrap();
     let allowed: Vec<u32> = tok.encode_plain(" ab");
     let mut c = OnlySome { allowed: allowed.clone(), committed: vec![] };
-    let p = GenerateParams { sampling: SamplingParams { temperature: 1.0, seed: 3, ..Default::default() }, top_logprobs: 1, ..params(12) };
+    let p = GenerateParams {
+        sampling: SamplingParams { temperature: 1.0, seed: 3, ..Default::default() },
+        top_logprobs: 1,
+        ..params(12)
+    };
     let mut lps = Vec::new();
-    let g = m.session().generate_constrained(&prompt, &p, Some(&mut c), |ev| {
-        lps.push((ev.token, ev.logprob, ev.top.clone()));
-        Control::Continue
-    }).unwrap();
+    let g = m
+        .session()
+        .generate_constrained(&prompt, &p, Some(&mut c), |ev| {
+            lps.push((ev.token, ev.logprob, ev.top.clone()));
+            Control::Continue
+        })
+        .unwrap();
     assert_eq!(g.tokens.len(), 12);
     assert!(g.tokens.iter().all(|t| allowed.contains(t)), "{:?}", g.tokens);
     assert_eq!(c.committed, g.tokens);
@@ -163,7 +194,9 @@ fn a_constraint_decides_every_token_and_leaves_logprobs_alone() {
 fn marked_specials_are_distinguishable_from_lookalike_text() {
     let m = open(256);
     let tok = m.tokenizer().unwrap();
-    let special = (0..tok.vocab_len() as u32).find(|&i| tok.is_special(i) && !m.config().eos.contains(&i)).expect("the anchor has specials");
+    let special = (0..tok.vocab_len() as u32)
+        .find(|&i| tok.is_special(i) && !m.config().eos.contains(&i))
+        .expect("the anchor has specials");
     let name = tok.decode(&[special]);
     let prompt = m.encode_raw("x").unwrap();
     // force: the special, then its text spelled with ordinary tokens

@@ -72,9 +72,20 @@ fn check_model(name: &str) {
     let f = load(&format!("{name}.logits.json"));
     let ids: Vec<u32> = f["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
     let want: Vec<Vec<f32>> = f["logits"].as_array().unwrap().iter().map(v).collect();
-    let m = Model::open(fixtures().join(format!("{name}.waste")), ModelOptions { ctx: 96, threads: 2, ..Default::default() }).unwrap();
+    let m = Model::open(
+        fixtures().join(format!("{name}.waste")),
+        ModelOptions { ctx: 96, threads: 2, ..Default::default() },
+    )
+    .unwrap();
     let c = m.config();
-    assert!(c.latent.is_some() && c.attn_res_block.is_some() && c.q_lora.is_some() && c.mla_output_gate && c.kda_full_rank_gate && c.shared_experts == 2);
+    assert!(
+        c.latent.is_some()
+            && c.attn_res_block.is_some()
+            && c.q_lora.is_some()
+            && c.mla_output_gate
+            && c.kda_full_rank_gate
+            && c.shared_experts == 2
+    );
     let mut s = m.session();
     let mut worst = 0f32;
     for (p, &t) in ids.iter().enumerate() {

@@ -13,7 +13,15 @@ const C_TRUNK_GIB: f64 = 27.28;
 #[test]
 fn k3_shaped_plan() {
     let dir = std::env::temp_dir().join(format!("waste-k3-plan-{}", std::process::id()));
-    let o = SynthOptions { config: shape_config("k3").unwrap(), layers: None, experts: ExpertFmt::Vq3r, seed: 0, manifest_only: true, skewed: false, jobs: 2 };
+    let o = SynthOptions {
+        config: shape_config("k3").unwrap(),
+        layers: None,
+        experts: ExpertFmt::Vq3r,
+        seed: 0,
+        manifest_only: true,
+        skewed: false,
+        jobs: 2,
+    };
     synth(&dir, &o, &|_, _| {}).unwrap();
     let p4 = waste_model::plan(&dir, 4096).unwrap();
     assert_eq!(p4.record_bytes, 12_406_784);

@@ -16,11 +16,21 @@ fn fixtures() -> PathBuf {
 }
 
 fn check(name: &str) {
-    let f: Value = serde_json::from_slice(&std::fs::read(fixtures().join(format!("{name}.logits.json"))).unwrap()).unwrap();
+    let f: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join(format!("{name}.logits.json"))).unwrap()).unwrap();
     let ids: Vec<u32> = f["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-    let want: Vec<Vec<f32>> = f["logits"].as_array().unwrap().iter().map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect()).collect();
+    let want: Vec<Vec<f32>> = f["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect())
+        .collect();
     let greedy: Vec<u32> = f["greedy"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-    let m = Model::open(fixtures().join(format!("{name}.waste")), ModelOptions { ctx: 128, threads: 2, ..Default::default() }).unwrap();
+    let m = Model::open(
+        fixtures().join(format!("{name}.waste")),
+        ModelOptions { ctx: 128, threads: 2, ..Default::default() },
+    )
+    .unwrap();
     let mut s = m.session();
     let mut worst = 0f32;
     for (p, &t) in ids.iter().enumerate() {

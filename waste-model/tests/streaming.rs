@@ -33,7 +33,14 @@ fn every_placement_gives_bit_identical_logits() {
         let path = fixture(name);
         let plan = waste_model::plan(&path, CTX).unwrap();
         let rec = plan.record_bytes;
-        let base = ModelOptions { budget: plan.floor_bytes, max_chunk: 1, lookahead: 0, io_threads: 1, threads: 1, ..Default::default() };
+        let base = ModelOptions {
+            budget: plan.floor_bytes,
+            max_chunk: 1,
+            lookahead: 0,
+            io_threads: 1,
+            threads: 1,
+            ..Default::default()
+        };
         let (want, st0) = run(&path, base.clone());
         assert!(st0.experts_missed > 0);
         let variants = vec![
@@ -44,13 +51,23 @@ fn every_placement_gives_bit_identical_logits() {
             ("lookahead top-k, tiny cache", ModelOptions { lookahead: 2, ..base.clone() }),
             ("4 I/O threads", ModelOptions { io_threads: 4, budget: plan.floor_bytes + 3 * rec, ..base.clone() }),
             ("chunked prefill", ModelOptions { max_chunk: 16, budget: plan.floor_bytes + 64 * rec, ..base.clone() }),
-            ("chunked prefill, small cache", ModelOptions { max_chunk: 16, budget: plan.floor_bytes + 4 * rec, ..base.clone() }),
-            ("LRU, 2 compute threads", ModelOptions { policy: Policy::Lru, threads: 2, budget: plan.floor_bytes + 5 * rec, ..base.clone() }),
+            (
+                "chunked prefill, small cache",
+                ModelOptions { max_chunk: 16, budget: plan.floor_bytes + 4 * rec, ..base.clone() },
+            ),
+            (
+                "LRU, 2 compute threads",
+                ModelOptions { policy: Policy::Lru, threads: 2, budget: plan.floor_bytes + 5 * rec, ..base.clone() },
+            ),
         ];
         for (what, o) in variants {
             let (got, st) = run(&path, o);
             assert!(got == want, "{name}: {what}: logits differ from the plain path");
-            assert_eq!(st.experts_hit + st.experts_missed, st0.experts_hit + st0.experts_missed, "{name}: {what}: expert uses");
+            assert_eq!(
+                st.experts_hit + st.experts_missed,
+                st0.experts_hit + st0.experts_missed,
+                "{name}: {what}: expert uses"
+            );
         }
     }
 }
@@ -61,7 +78,11 @@ fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
     let plan = waste_model::plan(&path, CTX).unwrap();
     // a cache too small to keep anything across chunks isolates the dedup effect
     let o = ModelOptions { budget: plan.floor_bytes + 60 * plan.record_bytes, io_threads: 2, ..Default::default() };
-    let m = Model::open(&path, ModelOptions { ctx: CTX, max_chunk: 1, policy: Policy::Lru, budget: plan.floor_bytes, ..o.clone() }).unwrap();
+    let m = Model::open(
+        &path,
+        ModelOptions { ctx: CTX, max_chunk: 1, policy: Policy::Lru, budget: plan.floor_bytes, ..o.clone() },
+    )
+    .unwrap();
     let prompt: Vec<u32> = (0..32).map(|i| (i * 31 + 3) % 250).collect();
     let mut s = m.session();
     s.eval(&prompt).unwrap();
@@ -81,14 +102,21 @@ fn plan_equals_what_the_engine_allocates() {
     for name in ["tiny.waste", "tiny-b.waste", "tiny-c.waste"] {
         let path = fixture(name);
         let plan = waste_model::plan(&path, CTX).unwrap();
-        let m = Model::open(&path, ModelOptions { ctx: CTX, budget: plan.floor_bytes + 3 * plan.record_bytes, ..Default::default() }).unwrap();
+        let m = Model::open(
+            &path,
+            ModelOptions { ctx: CTX, budget: plan.floor_bytes + 3 * plan.record_bytes, ..Default::default() },
+        )
+        .unwrap();
         let (trunk, arena) = m.allocated_bytes();
         assert_eq!(trunk, plan.trunk_bytes, "{name}: trunk");
         let s = m.session();
         let (state, scratch) = s.allocated_bytes();
         assert_eq!(state, plan.state_bytes, "{name}: state");
         assert_eq!(scratch, plan.scratch_bytes, "{name}: scratch");
-        assert!(arena <= m.budget() - plan.trunk_bytes - plan.state_bytes - plan.scratch_bytes, "{name}: arena {arena} beyond the cache budget");
+        assert!(
+            arena <= m.budget() - plan.trunk_bytes - plan.state_bytes - plan.scratch_bytes,
+            "{name}: arena {arena} beyond the cache budget"
+        );
         assert!(trunk + state + scratch + arena <= m.budget());
     }
 }
@@ -97,7 +125,9 @@ fn plan_equals_what_the_engine_allocates() {
 fn below_the_floor_is_refused_naming_the_floor() {
     let path = fixture("tiny.waste");
     let plan = waste_model::plan(&path, CTX).unwrap();
-    let e = Model::open(&path, ModelOptions { ctx: CTX, budget: plan.floor_bytes - 1, ..Default::default() }).err().expect("refused");
+    let e = Model::open(&path, ModelOptions { ctx: CTX, budget: plan.floor_bytes - 1, ..Default::default() })
+        .err()
+        .expect("refused");
     let msg = e.to_string();
     assert!(msg.contains(&plan.floor_bytes.to_string()) && msg.contains("floor"), "{msg}");
 }
@@ -107,7 +137,12 @@ fn usage_hotlist_roundtrip_and_corrupt_file_skipped() {
     let path = fixture("tiny.waste");
     let usage = std::env::temp_dir().join(format!("waste-usage-{}.waste", std::process::id()));
     let plan = waste_model::plan(&path, CTX).unwrap();
-    let o = ModelOptions { ctx: CTX, budget: plan.floor_bytes + 4 * plan.record_bytes, usage: Some(usage.clone()), ..Default::default() };
+    let o = ModelOptions {
+        ctx: CTX,
+        budget: plan.floor_bytes + 4 * plan.record_bytes,
+        usage: Some(usage.clone()),
+        ..Default::default()
+    };
     {
         let m = Model::open(&path, o.clone()).unwrap();
         assert_eq!(m.preloaded(), 0);
@@ -126,7 +161,13 @@ fn usage_hotlist_roundtrip_and_corrupt_file_skipped() {
     // corrupt and foreign files are skipped, never trusted
     std::fs::write(&usage, b"WUSG\x01\x00\x00\x00garbage").unwrap();
     assert_eq!(Model::open(&path, o.clone()).unwrap().preloaded(), 0);
-    let foreign = waste_format::Usage { total_tokens: 1, entries: vec![waste_format::UsageEntry { layer: 99, expert: 3, hits: 9, last_seen: 0 }, waste_format::UsageEntry { layer: 1, expert: 999, hits: 9, last_seen: 0 }] };
+    let foreign = waste_format::Usage {
+        total_tokens: 1,
+        entries: vec![
+            waste_format::UsageEntry { layer: 99, expert: 3, hits: 9, last_seen: 0 },
+            waste_format::UsageEntry { layer: 1, expert: 999, hits: 9, last_seen: 0 },
+        ],
+    };
     std::fs::write(&usage, foreign.encode()).unwrap();
     assert_eq!(Model::open(&path, o).unwrap().preloaded(), 0);
     std::fs::remove_file(&usage).ok();

@@ -144,8 +144,18 @@ impl ExpertKernel {
     /// Scratch sized for this layout.
     pub fn scratch(&self) -> ExpertScratch {
         let (m, lat) = (self.lay.m, self.lay.lat);
-        let (tg, td) = if self.lay.quant.fmt.is_vq() { (self.vq(m, lat).table_len(), self.vq(lat, m).table_len()) } else { (0, 0) };
-        ExpertScratch { t_gate: vec![0.0; tg], t_up: vec![0.0; tg], t_down: vec![0.0; td], g: vec![0.0; m], u: vec![0.0; m] }
+        let (tg, td) = if self.lay.quant.fmt.is_vq() {
+            (self.vq(m, lat).table_len(), self.vq(lat, m).table_len())
+        } else {
+            (0, 0)
+        };
+        ExpertScratch {
+            t_gate: vec![0.0; tg],
+            t_up: vec![0.0; tg],
+            t_down: vec![0.0; td],
+            g: vec![0.0; m],
+            u: vec![0.0; m],
+        }
     }
     /// Bytes of [`ExpertKernel::scratch`].
     pub fn scratch_bytes(&self) -> usize {
@@ -167,13 +177,27 @@ impl ExpertKernel {
         let lv = pool.level();
         pool.run(2, &|i| {
             // SAFETY: task 0 writes the gate table, task 1 the up table.
-            let t = unsafe { if i == 0 { tgs.range(0, lay.table_len()) } else { tus.range(0, lay.table_len()) } };
+            let t = unsafe {
+                if i == 0 {
+                    tgs.range(0, lay.table_len())
+                } else {
+                    tus.range(0, lay.table_len())
+                }
+            };
             build_table(lv, if i == 0 { &bg } else { &bu }, &lay, h, t);
         });
     }
 
     /// `out = E(h)` for one record (header already validated).
-    pub fn forward(&self, pool: &Pool, books: &LayerBooks, rec: &[u8], h: &[f32], sc: &mut ExpertScratch, out: &mut [f32]) {
+    pub fn forward(
+        &self,
+        pool: &Pool,
+        books: &LayerBooks,
+        rec: &[u8],
+        h: &[f32],
+        sc: &mut ExpertScratch,
+        out: &mut [f32],
+    ) {
         let l = &self.lay;
         let (m, lat) = (l.m, l.lat);
         let hdr = waste_format::RecordHeader::decode(rec).expect("validated record");

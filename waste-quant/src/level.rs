@@ -25,7 +25,9 @@ impl Level {
         match self {
             Level::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            Level::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"),
+            Level::Avx2 => {
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            }
             #[cfg(not(target_arch = "x86_64"))]
             Level::Avx2 => false,
         }

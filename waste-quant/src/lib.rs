@@ -23,7 +23,6 @@
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-
 mod level;
 mod matrix;
 pub mod scalar;
@@ -31,16 +30,23 @@ pub mod vq;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 
-pub use waste_format::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 pub use level::{level, Level};
 pub use matrix::{MatRef, Matrix, ShapeError};
 pub use vq::{VqBook, VqLayout};
+pub use waste_format::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 mod pool;
 pub use pool::{Pool, SyncSlice};
 
 /// View an f32 slice as an F32 matrix `[rows, cols]` (e.g. a KV cache).
 pub fn f32_matrix(rows: usize, cols: usize, data: &[f32]) -> MatRef<'_> {
-    MatRef { fmt: waste_format::Fmt::F32, rows, cols, group: 0, data: bytemuck::cast_slice(&data[..rows * cols]), scales: &[] }
+    MatRef {
+        fmt: waste_format::Fmt::F32,
+        rows,
+        cols,
+        group: 0,
+        data: bytemuck::cast_slice(&data[..rows * cols]),
+        scales: &[],
+    }
 }
 pub mod ops;
 pub mod vq_encode;

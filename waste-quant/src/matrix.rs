@@ -1,9 +1,9 @@
 //! Dense (trunk) matrices in F32 / F16 / BF16 / Q8G / Q4G and their
 //! matrix-vector products.
 
-use waste_format::half::{bf16_to_f32, f16_to_f32};
 use crate::level::Level;
 use crate::scalar::{self, LANES};
+use waste_format::half::{bf16_to_f32, f16_to_f32};
 use waste_format::Fmt;
 
 /// A borrowed matrix `[rows, cols]` in one of the trunk formats.
@@ -37,7 +37,11 @@ impl std::error::Error for ShapeError {}
 impl<'a> MatRef<'a> {
     /// Columns padded to the group (grouped formats), else `cols`.
     pub fn cols_padded(&self) -> usize {
-        if self.fmt.is_grouped() { self.cols.div_ceil(self.group) * self.group } else { self.cols }
+        if self.fmt.is_grouped() {
+            self.cols.div_ceil(self.group) * self.group
+        } else {
+            self.cols
+        }
     }
     /// Payload bytes per row.
     pub fn row_bytes(&self) -> usize {
@@ -50,10 +54,21 @@ impl<'a> MatRef<'a> {
     }
     /// Scale groups per row.
     pub fn groups(&self) -> usize {
-        if self.fmt.is_grouped() { self.cols_padded() / self.group } else { 0 }
+        if self.fmt.is_grouped() {
+            self.cols_padded() / self.group
+        } else {
+            0
+        }
     }
     /// Build a view, checking every size.
-    pub fn new(fmt: Fmt, rows: usize, cols: usize, group: usize, data: &'a [u8], scales: &'a [u16]) -> Result<Self, ShapeError> {
+    pub fn new(
+        fmt: Fmt,
+        rows: usize,
+        cols: usize,
+        group: usize,
+        data: &'a [u8],
+        scales: &'a [u16],
+    ) -> Result<Self, ShapeError> {
         let m = MatRef { fmt, rows, cols, group, data, scales };
         if fmt.is_grouped() && (group == 0 || group % 2 != 0) {
             return Err(ShapeError(format!("group {group} must be even and non-zero")));
@@ -134,7 +149,16 @@ impl<'a> MatRef<'a> {
     /// # Safety
     /// `ys` must be valid for writes at every `t·ys_stride + i` (`t < nt`,
     /// `i < n`), and no other thread may touch those elements meanwhile.
-    pub unsafe fn matmat_rows(&self, level: Level, xs: &[f32], nt: usize, row0: usize, n: usize, ys: *mut f32, ys_stride: usize) {
+    pub unsafe fn matmat_rows(
+        &self,
+        level: Level,
+        xs: &[f32],
+        nt: usize,
+        row0: usize,
+        n: usize,
+        ys: *mut f32,
+        ys_stride: usize,
+    ) {
         assert_eq!(xs.len(), nt * self.cols, "matmat input length");
         assert!(row0 + n <= self.rows, "matmat rows out of range");
         assert!(nt <= 1 || ys_stride >= n);
@@ -196,7 +220,14 @@ pub struct Matrix {
 
 impl Matrix {
     /// Build from stored bytes: payload and raw f16 scale bytes.
-    pub fn from_stored(fmt: Fmt, rows: usize, cols: usize, group: usize, data: Vec<u8>, scale_bytes: &[u8]) -> Result<Matrix, ShapeError> {
+    pub fn from_stored(
+        fmt: Fmt,
+        rows: usize,
+        cols: usize,
+        group: usize,
+        data: Vec<u8>,
+        scale_bytes: &[u8],
+    ) -> Result<Matrix, ShapeError> {
         let scales = scale_bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
         let m = Matrix { fmt, rows, cols, group, data, scales };
         m.view_checked()?;
@@ -207,7 +238,14 @@ impl Matrix {
     }
     /// Borrow as a view.
     pub fn view(&self) -> MatRef<'_> {
-        MatRef { fmt: self.fmt, rows: self.rows, cols: self.cols, group: self.group, data: &self.data, scales: &self.scales }
+        MatRef {
+            fmt: self.fmt,
+            rows: self.rows,
+            cols: self.cols,
+            group: self.group,
+            data: &self.data,
+            scales: &self.scales,
+        }
     }
     /// Dequantize everything to f32 (for vectors and small tensors).
     pub fn to_f32(&self) -> Vec<f32> {

@@ -41,7 +41,11 @@ pub fn silu(x: f32) -> f32 {
 /// else `ln(1 + exp(x))`.
 #[inline]
 pub fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { (1.0 + x.exp()).ln() }
+    if x > 20.0 {
+        x
+    } else {
+        (1.0 + x.exp()).ln()
+    }
 }
 
 /// SiTU-GLU: `β·tanh(g/β)·σ(g) · β'·tanh(u/β')` (β' ≤ 0: `u` raw).

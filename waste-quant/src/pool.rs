@@ -59,7 +59,10 @@ impl Pool {
         let handles = (1..threads)
             .map(|i| {
                 let inner = inner.clone();
-                std::thread::Builder::new().name(format!("waste-compute-{i}")).spawn(move || worker(&inner)).expect("spawn compute thread")
+                std::thread::Builder::new()
+                    .name(format!("waste-compute-{i}"))
+                    .spawn(move || worker(&inner))
+                    .expect("spawn compute thread")
             })
             .collect();
         Pool { inner, handles, threads, level, run_lock: Mutex::new(()) }
@@ -258,7 +261,10 @@ mod tests {
             for _ in 0..3 {
                 let mut y = vec![0f32; rows];
                 p.matvec(&m, &x, &mut y);
-                assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), y1.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                assert_eq!(
+                    y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    y1.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                );
             }
         }
     }

@@ -4,8 +4,8 @@
 //! `x[8v..8v+8] · C_s[e]` for every vector position `v`, stage `s` and entry
 //! `e`; a row's output is `σ_r · Σ_v Σ_s T[v][s][idx(r,v,s)]`.
 
-use waste_format::half::f16_to_f32;
 use crate::level::Level;
+use waste_format::half::f16_to_f32;
 
 /// One codebook in f32: `entries × dim`, plus its transpose for SIMD table builds.
 #[derive(Clone, Debug)]
@@ -52,11 +52,19 @@ pub struct VqLayout {
 impl VqLayout {
     /// Index bytes per (row, vector).
     pub fn bpv(&self) -> usize {
-        if self.packed6 { self.stages * 6 / 8 } else { self.stages }
+        if self.packed6 {
+            self.stages * 6 / 8
+        } else {
+            self.stages
+        }
     }
     /// Table entries per (v, s): 2^index_bits.
     pub fn table_entries(&self) -> usize {
-        if self.packed6 { 64 } else { 256 }
+        if self.packed6 {
+            64
+        } else {
+            256
+        }
     }
     /// Table length in floats.
     pub fn table_len(&self) -> usize {

@@ -72,7 +72,10 @@ unsafe fn find_avx2(bt: &[f32], norms: &[f32], entries: usize, dim: usize, x: &[
         unsafe {
             let mut dot = _mm256_mul_ps(_mm256_set1_ps(x[0]), _mm256_loadu_ps(bt.as_ptr().add(e)));
             for d in 1..dim {
-                dot = _mm256_add_ps(dot, _mm256_mul_ps(_mm256_set1_ps(x[d]), _mm256_loadu_ps(bt.as_ptr().add(d * entries + e))));
+                dot = _mm256_add_ps(
+                    dot,
+                    _mm256_mul_ps(_mm256_set1_ps(x[d]), _mm256_loadu_ps(bt.as_ptr().add(d * entries + e))),
+                );
             }
             let dist = _mm256_sub_ps(_mm256_loadu_ps(norms.as_ptr().add(e)), _mm256_mul_ps(two, dot));
             // strictly less: the earlier entry of a lane keeps ties
@@ -123,10 +126,12 @@ pub fn nearest(book: &[f32], norms: &[f32], dim: usize, x: &[f32]) -> usize {
 pub fn kmeans(points: &[f32], dim: usize, k: usize, iters: usize, seed: u64) -> Vec<u16> {
     let n = points.len() / dim;
     let mut rng = Rng(seed ^ 0xC0DE);
-    let mut cent: Vec<f32> = (0..k).flat_map(|_| {
-        let i = rng.below(n);
-        points[i * dim..(i + 1) * dim].to_vec()
-    }).collect();
+    let mut cent: Vec<f32> = (0..k)
+        .flat_map(|_| {
+            let i = rng.below(n);
+            points[i * dim..(i + 1) * dim].to_vec()
+        })
+        .collect();
     if n == 0 {
         cent.fill(0.0);
     }
@@ -199,7 +204,14 @@ pub fn sample_vectors(w: &[f32], rows: usize, cols: usize, dim: usize, max_rows:
 
 /// Encode `w` (`rows × cols`) into indices (laid out by `lay`) and per-row
 /// f16 scales; returns `(Σ error², Σ w²)` of the reconstruction.
-pub fn encode_matrix(w: &[f32], cols: usize, books: &[&VqBook], lay: &VqLayout, idx: &mut [u8], scales: &mut [u8]) -> (f64, f64) {
+pub fn encode_matrix(
+    w: &[f32],
+    cols: usize,
+    books: &[&VqBook],
+    lay: &VqLayout,
+    idx: &mut [u8],
+    scales: &mut [u8],
+) -> (f64, f64) {
     let dim = books[0].dim;
     let searchers: Vec<Searcher> = books.iter().map(|b| Searcher::new(&b.cb, dim, level())).collect();
     let (mut err, mut tot) = (0f64, 0f64);
@@ -273,7 +285,8 @@ mod tests {
     fn encode_decode_roundtrip_error_is_small_and_matches_the_decoder() {
         let (rows, cols, dim) = (40, 64, 8);
         let mut rng = Rng(5);
-        let w: Vec<f32> = (0..rows * cols).map(|_| ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2).collect();
+        let w: Vec<f32> =
+            (0..rows * cols).map(|_| ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2).collect();
         let mut samples = Vec::new();
         sample_vectors(&w, rows, cols, dim, rows, 1, &mut samples);
         for (stages, entries, packed) in [(3, 256, false), (4, 64, true), (2, 256, false)] {

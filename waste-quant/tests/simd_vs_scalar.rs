@@ -31,12 +31,16 @@ fn random_matrix(fmt: Fmt, rows: usize, cols: usize, group: usize, seed: u64) ->
     let (data, scales): (Vec<u8>, Vec<u8>) = match fmt {
         Fmt::F32 => ((0..rows * cols).flat_map(|_| gauss(&mut r).to_le_bytes()).collect(), vec![]),
         Fmt::F16 => ((0..rows * cols).flat_map(|_| f32_to_f16(gauss(&mut r)).to_le_bytes()).collect(), vec![]),
-        Fmt::Bf16 => ((0..rows * cols).flat_map(|_| waste_quant::f32_to_bf16(gauss(&mut r)).to_le_bytes()).collect(), vec![]),
+        Fmt::Bf16 => {
+            ((0..rows * cols).flat_map(|_| waste_quant::f32_to_bf16(gauss(&mut r)).to_le_bytes()).collect(), vec![])
+        }
         Fmt::Q8G | Fmt::Q4G => {
             let np = cols.div_ceil(group) * group;
             let rb = if fmt == Fmt::Q8G { np } else { np / 2 };
             let d = (0..rows * rb).map(|_| r() as u8).collect();
-            let s = (0..rows * np / group).flat_map(|_| f32_to_f16(gauss(&mut r).abs() * 0.01 + 1e-3).to_le_bytes()).collect();
+            let s = (0..rows * np / group)
+                .flat_map(|_| f32_to_f16(gauss(&mut r).abs() * 0.01 + 1e-3).to_le_bytes())
+                .collect();
             (d, s)
         }
     };

@@ -1,5 +1,6 @@
 //! Request validation, the OpenAI response shapes, SSE streaming.
 
+use crate::chat::{self, Assembler};
 use crate::engine::{Event, Job};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
@@ -12,9 +13,8 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use crate::chat::{self, Assembler};
-use waste_model::tokenizer::Message;
 use waste_model::tokenizer::xtml::{ResponseFormat, ToolChoice};
+use waste_model::tokenizer::Message;
 use waste_model::{GenerateParams, Model, SamplingParams};
 
 /// Server options.
@@ -36,7 +36,14 @@ pub struct ServeOptions {
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { host: "127.0.0.1".into(), port: 8000, api_key: None, model_id: "waste".into(), max_tokens: 4096, body_limit: 4 << 20 }
+        ServeOptions {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            api_key: None,
+            model_id: "waste".into(),
+            max_tokens: 4096,
+            body_limit: 4 << 20,
+        }
     }
 }
 
@@ -54,8 +61,21 @@ pub struct AppState {
 
 impl AppState {
     /// State for a model and the engine's job queue.
-    pub fn new(model: Arc<Model>, opts: ServeOptions, jobs: std::sync::mpsc::Sender<Job>, counters: Arc<crate::engine::Counters>) -> AppState {
-        AppState { model, opts, jobs: Mutex::new(jobs), started: Instant::now(), next_id: AtomicU64::new(1), counters, grammars: std::sync::OnceLock::new() }
+    pub fn new(
+        model: Arc<Model>,
+        opts: ServeOptions,
+        jobs: std::sync::mpsc::Sender<Job>,
+        counters: Arc<crate::engine::Counters>,
+    ) -> AppState {
+        AppState {
+            model,
+            opts,
+            jobs: Mutex::new(jobs),
+            started: Instant::now(),
+            next_id: AtomicU64::new(1),
+            counters,
+            grammars: std::sync::OnceLock::new(),
+        }
     }
 }
 
@@ -67,7 +87,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(model_one))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
-        .fallback(|| async { err(StatusCode::NOT_FOUND, "unknown route", "invalid_request_error", None, Some("not_found")) })
+        .fallback(|| async {
+            err(StatusCode::NOT_FOUND, "unknown route", "invalid_request_error", None, Some("not_found"))
+        })
         .with_state(state)
 }
 
@@ -88,7 +110,8 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 
 fn authorize(st: &AppState, h: &HeaderMap) -> Result<(), Response> {
     let Some(key) = &st.opts.api_key else { return Ok(()) };
-    let given = h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    let given =
+        h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
     if ct_eq(given.as_bytes(), key.as_bytes()) {
         Ok(())
     } else {
@@ -97,9 +120,15 @@ fn authorize(st: &AppState, h: &HeaderMap) -> Result<(), Response> {
 }
 
 async fn read_json(st: &AppState, body: Body) -> Result<Value, Response> {
-    let bytes: Bytes = axum::body::to_bytes(body, st.opts.body_limit)
-        .await
-        .map_err(|_| err(StatusCode::PAYLOAD_TOO_LARGE, &format!("request body exceeds {} bytes", st.opts.body_limit), "invalid_request_error", None, Some("body_too_large")))?;
+    let bytes: Bytes = axum::body::to_bytes(body, st.opts.body_limit).await.map_err(|_| {
+        err(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("request body exceeds {} bytes", st.opts.body_limit),
+            "invalid_request_error",
+            None,
+            Some("body_too_large"),
+        )
+    })?;
     let v: Value = serde_json::from_slice(&bytes).map_err(|e| bad(format!("malformed JSON: {e}"), "body"))?;
     if !v.is_object() {
         return Err(bad("the request body must be a JSON object", "body"));
@@ -133,7 +162,13 @@ async fn model_one(State(st): State<Arc<AppState>>, h: HeaderMap, Path(id): Path
         return r;
     }
     if id != st.opts.model_id {
-        return err(StatusCode::NOT_FOUND, &format!("model {id:?} does not exist"), "invalid_request_error", Some("model"), Some("model_not_found"));
+        return err(
+            StatusCode::NOT_FOUND,
+            &format!("model {id:?} does not exist"),
+            "invalid_request_error",
+            Some("model"),
+            Some("model_not_found"),
+        );
     }
     Json(model_obj(&st)).into_response()
 }
@@ -186,7 +221,14 @@ fn common(st: &AppState, v: &Value, prompt_len: usize, chat: bool) -> Result<Com
     let stop: Vec<String> = match v.get("stop") {
         None | Some(Value::Null) => vec![],
         Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a.iter().map(|x| x.as_str().map(str::to_string).ok_or_else(|| bad("stop must be a string or an array of strings", "stop"))).collect::<Result<_, _>>()?,
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| bad("stop must be a string or an array of strings", "stop"))
+            })
+            .collect::<Result<_, _>>()?,
         Some(_) => return Err(bad("stop must be a string or an array of strings", "stop")),
     };
     if stop.len() > 16 || stop.iter().any(|s| s.is_empty()) {
@@ -194,7 +236,13 @@ fn common(st: &AppState, v: &Value, prompt_len: usize, chat: bool) -> Result<Com
     }
     let ctx = st.model.options().ctx;
     if prompt_len >= ctx {
-        return Err(err(StatusCode::BAD_REQUEST, &format!("the prompt has {prompt_len} tokens; the context holds {ctx}"), "invalid_request_error", Some("messages"), Some("context_length_exceeded")));
+        return Err(err(
+            StatusCode::BAD_REQUEST,
+            &format!("the prompt has {prompt_len} tokens; the context holds {ctx}"),
+            "invalid_request_error",
+            Some("messages"),
+            Some("context_length_exceeded"),
+        ));
     }
     let asked = match uint(v, "max_completion_tokens")? {
         Some(n) => Some(n),
@@ -203,7 +251,8 @@ fn common(st: &AppState, v: &Value, prompt_len: usize, chat: bool) -> Result<Com
     if asked == Some(0) {
         return Err(bad("max_tokens must be at least 1", "max_tokens"));
     }
-    let max_tokens = (asked.unwrap_or(st.opts.max_tokens as u64) as usize).min(st.opts.max_tokens).min(ctx - prompt_len);
+    let max_tokens =
+        (asked.unwrap_or(st.opts.max_tokens as u64) as usize).min(st.opts.max_tokens).min(ctx - prompt_len);
     let (logprobs, top) = if chat {
         (boolean(v, "logprobs")?, uint(v, "top_logprobs")?.unwrap_or(0))
     } else {
@@ -214,10 +263,17 @@ fn common(st: &AppState, v: &Value, prompt_len: usize, chat: bool) -> Result<Com
         return Err(bad("top_logprobs must be at most 20", "top_logprobs"));
     }
     let stream = boolean(v, "stream")?;
-    let include_usage = v.get("stream_options").and_then(|o| o.get("include_usage")).and_then(|b| b.as_bool()).unwrap_or(false);
+    let include_usage =
+        v.get("stream_options").and_then(|o| o.get("include_usage")).and_then(|b| b.as_bool()).unwrap_or(false);
     Ok(Common {
         params: GenerateParams {
-            sampling: SamplingParams { temperature: temperature as f32, top_p: top_p as f32, top_k: 0, min_p: 0.0, seed },
+            sampling: SamplingParams {
+                temperature: temperature as f32,
+                top_p: top_p as f32,
+                top_k: 0,
+                min_p: 0.0,
+                seed,
+            },
             max_tokens,
             stop_tokens: vec![],
             stop_strings: stop,
@@ -250,13 +306,23 @@ fn waste_stats(stats: &waste_model::Stats, direct_io: bool, reused: usize) -> Va
         "bytes_read": stats.bytes_read, "direct_io": direct_io, "reused_prompt_tokens": reused})
 }
 
-fn submit(st: &AppState, prompt: Vec<u32>, boundary: usize, params: GenerateParams, constraint: Option<waste_grammar::Constraint>) -> Result<(tokio::sync::mpsc::UnboundedReceiver<Event>, Arc<AtomicBool>), Response> {
+fn submit(
+    st: &AppState,
+    prompt: Vec<u32>,
+    boundary: usize,
+    params: GenerateParams,
+    constraint: Option<waste_grammar::Constraint>,
+) -> Result<(tokio::sync::mpsc::UnboundedReceiver<Event>, Arc<AtomicBool>), Response> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let constraint = constraint.map(|c| Box::new(c) as Box<dyn waste_model::TokenConstraint + Send>);
     let job = Job { prompt, boundary, params, tx, cancel: cancel.clone(), constraint };
     st.counters.queued.fetch_add(1, Ordering::Relaxed);
-    st.jobs.lock().map_err(|_| err(StatusCode::INTERNAL_SERVER_ERROR, "engine queue poisoned", "server_error", None, None))?.send(job).map_err(|_| err(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped", "server_error", None, None))?;
+    st.jobs
+        .lock()
+        .map_err(|_| err(StatusCode::INTERNAL_SERVER_ERROR, "engine queue poisoned", "server_error", None, None))?
+        .send(job)
+        .map_err(|_| err(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped", "server_error", None, None))?;
     Ok((rx, cancel))
 }
 
@@ -288,8 +354,18 @@ struct ChatPlan {
 /// them (about 1 s and 87 MiB for a 200K vocabulary, outside the memory plan:
 /// a server whose clients never constrain never pays it).
 fn grammars(st: &AppState) -> Result<&waste_grammar::Grammars, Response> {
-    let g = st.grammars.get_or_init(|| waste_grammar::Grammars::for_model(&st.model, st.model.is_xtml()).map_err(|e| e.to_string()));
-    g.as_ref().map_err(|e| err(StatusCode::BAD_REQUEST, &format!("constrained decoding is unavailable: {e}"), "invalid_request_error", Some("response_format"), None))
+    let g = st
+        .grammars
+        .get_or_init(|| waste_grammar::Grammars::for_model(&st.model, st.model.is_xtml()).map_err(|e| e.to_string()));
+    g.as_ref().map_err(|e| {
+        err(
+            StatusCode::BAD_REQUEST,
+            &format!("constrained decoding is unavailable: {e}"),
+            "invalid_request_error",
+            Some("response_format"),
+            None,
+        )
+    })
 }
 
 fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan), Response> {
@@ -302,7 +378,10 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan), Respons
         (e.ids, e.messages_end)
     } else {
         if !opts.tools.is_empty() || msgs.iter().any(|m| !m.tool_calls.is_empty() || m.role == "tool") {
-            return Err(bad("this model's chat template has no tool-call format (tools need K3's tagged format)", "tools"));
+            return Err(bad(
+                "this model's chat template has no tool-call format (tools need K3's tagged format)",
+                "tools",
+            ));
         }
         let plain: Vec<Message> = msgs.iter().map(|m| Message::new(&m.role, &m.content)).collect();
         let p = st.model.encode_chat(&plain, true).map_err(|e| bad(e.to_string(), "messages"))?;
@@ -324,19 +403,28 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan), Respons
                 ResponseFormat::JsonSchema(s) => Some(s),
                 ResponseFormat::JsonObject => None,
             };
-            Some(grammars(st)?.constraint(&waste_grammar::json_lark(schema, xtml, thinking)).map_err(|e| grammar_err(e, "response_format"))?)
+            Some(
+                grammars(st)?
+                    .constraint(&waste_grammar::json_lark(schema, xtml, thinking))
+                    .map_err(|e| grammar_err(e, "response_format"))?,
+            )
         }
         (None, ToolChoice::Required | ToolChoice::Function(_)) if xtml => {
             let only = match &opts.tool_choice {
                 ToolChoice::Function(n) => Some(n.as_str()),
                 _ => None,
             };
-            let lark = waste_grammar::tool_calls_lark(&opts.tools, only, parallel && only.is_none(), thinking).map_err(|e| grammar_err(e, "tools"))?;
+            let lark = waste_grammar::tool_calls_lark(&opts.tools, only, parallel && only.is_none(), thinking)
+                .map_err(|e| grammar_err(e, "tools"))?;
             Some(grammars(st)?.constraint(&lark).map_err(|e| grammar_err(e, "tools"))?)
         }
         (None, ToolChoice::Auto) if xtml && !opts.tools.is_empty() => {
             let lark = waste_grammar::tool_section_lark(&opts.tools, parallel).map_err(|e| grammar_err(e, "tools"))?;
-            Some(grammars(st)?.lazy(waste_grammar::tool_section_trigger(), &lark).map_err(|e| grammar_err(e, "tools"))?)
+            Some(
+                grammars(st)?
+                    .lazy(waste_grammar::tool_section_trigger(), &lark)
+                    .map_err(|e| grammar_err(e, "tools"))?,
+            )
         }
         _ => None,
     };
@@ -435,7 +523,11 @@ async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPl
     let stream = async_stream(move |yield_| async move {
         let _g = guard;
         let chunk = |delta: Value, finish: Value, lp: Value| {
-            let choice = if chat { json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}) } else { json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "logprobs": lp, "finish_reason": finish}) };
+            let choice = if chat {
+                json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish})
+            } else {
+                json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "logprobs": lp, "finish_reason": finish})
+            };
             json!({"id": id, "object": object, "created": created, "model": model_id, "choices": [choice]})
         };
         if chat && !yield_(chunk(json!({"role": "assistant", "content": ""}), Value::Null, Value::Null)) {
@@ -444,7 +536,11 @@ async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPl
         while let Some(ev) = rx.recv().await {
             match ev {
                 Event::Token { token, piece, logprob, top } => {
-                    let mut lp = if c.logprobs && token != waste_model::NO_TOKEN { json!({"content": [logprob_entry(&st2.model, token, logprob, &top)]}) } else { Value::Null };
+                    let mut lp = if c.logprobs && token != waste_model::NO_TOKEN {
+                        json!({"content": [logprob_entry(&st2.model, token, logprob, &top)]})
+                    } else {
+                        Value::Null
+                    };
                     let mut deltas = asm.push(&piece);
                     if deltas.is_empty() && !lp.is_null() {
                         deltas.push(json!({"content": ""}));
@@ -489,7 +585,8 @@ where
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<SseEvent>();
     let tx2 = tx.clone();
     tokio::spawn(async move {
-        let send: Box<dyn Fn(Value) -> bool + Send + Sync> = Box::new(move |v: Value| tx2.send(SseEvent::default().data(v.to_string())).is_ok());
+        let send: Box<dyn Fn(Value) -> bool + Send + Sync> =
+            Box::new(move |v: Value| tx2.send(SseEvent::default().data(v.to_string())).is_ok());
         producer(send).await;
         let _ = tx.send(SseEvent::default().data("[DONE]"));
     });

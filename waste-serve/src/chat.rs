@@ -3,7 +3,9 @@
 //! model's output into `content`, `reasoning_content` and `tool_calls`.
 
 use serde_json::{json, Value};
-use waste_model::tokenizer::xtml::{self, ChatMessage, Effort, OutputParser, Part, ResponseFormat, ToolCall, ToolChoice, XtmlOptions};
+use waste_model::tokenizer::xtml::{
+    self, ChatMessage, Effort, OutputParser, Part, ResponseFormat, ToolCall, ToolChoice, XtmlOptions,
+};
 
 /// A 400's message and parameter.
 pub type Bad = (String, String);
@@ -26,7 +28,11 @@ fn content_text(m: &Value, i: usize) -> Result<String, Bad> {
                         None => return bad("text parts need a text string", param),
                     },
                     Some("image_url") => {
-                        let url = p.get("image_url").and_then(|u| u.get("url").or(Some(u))).and_then(|u| u.as_str()).unwrap_or("");
+                        let url = p
+                            .get("image_url")
+                            .and_then(|u| u.get("url").or(Some(u)))
+                            .and_then(|u| u.as_str())
+                            .unwrap_or("");
                         if !url.starts_with("data:") {
                             return bad("only base64 data: image URLs are accepted (no fetching)", param);
                         }
@@ -43,7 +49,9 @@ fn content_text(m: &Value, i: usize) -> Result<String, Bad> {
 
 /// OpenAI function names: letters, digits, `_`, `-`, at most 64.
 fn valid_name(n: &str) -> bool {
-    !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+    !n.is_empty()
+        && n.len() <= 64
+        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
 }
 
 fn tool_calls(m: &Value, i: usize) -> Result<Vec<ToolCall>, Bad> {
@@ -57,7 +65,10 @@ fn tool_calls(m: &Value, i: usize) -> Result<Vec<ToolCall>, Bad> {
     let mut out = Vec::new();
     for (k, c) in arr.iter().enumerate() {
         let f = c.get("function").ok_or_else(|| (format!("tool_calls[{k}] needs a function"), param.clone()))?;
-        let name = f.get("name").and_then(|n| n.as_str()).ok_or_else(|| (format!("tool_calls[{k}].function needs a name"), param.clone()))?;
+        let name = f
+            .get("name")
+            .and_then(|n| n.as_str())
+            .ok_or_else(|| (format!("tool_calls[{k}].function needs a name"), param.clone()))?;
         let arguments = match f.get("arguments") {
             None | Some(Value::Null) => "{}".to_string(),
             Some(Value::String(s)) => s.clone(),
@@ -80,7 +91,10 @@ pub fn messages(v: &Value) -> Result<Vec<ChatMessage>, Bad> {
     };
     let mut out = Vec::with_capacity(arr.len());
     for (i, m) in arr.iter().enumerate() {
-        let role = m.get("role").and_then(|r| r.as_str()).ok_or_else(|| ("each message needs a role".to_string(), format!("messages[{i}].role")))?;
+        let role = m
+            .get("role")
+            .and_then(|r| r.as_str())
+            .ok_or_else(|| ("each message needs a role".to_string(), format!("messages[{i}].role")))?;
         let role = match role {
             "system" | "developer" => "system",
             "user" | "assistant" | "tool" => role,
@@ -89,7 +103,12 @@ pub fn messages(v: &Value) -> Result<Vec<ChatMessage>, Bad> {
         let mut msg = ChatMessage::new(role, &content_text(m, i)?);
         if role == "assistant" {
             msg.tool_calls = tool_calls(m, i)?;
-            msg.reasoning = m.get("reasoning_content").or(m.get("reasoning")).and_then(|r| r.as_str()).unwrap_or_default().to_string();
+            msg.reasoning = m
+                .get("reasoning_content")
+                .or(m.get("reasoning"))
+                .and_then(|r| r.as_str())
+                .unwrap_or_default()
+                .to_string();
         }
         if role == "tool" {
             msg.tool_call_id = m.get("tool_call_id").and_then(|x| x.as_str()).map(str::to_string);
@@ -111,10 +130,16 @@ pub fn options(v: &Value) -> Result<XtmlOptions, Bad> {
                 if t.get("type").and_then(|x| x.as_str()) != Some("function") {
                     return bad("only tools of type \"function\" are supported", p);
                 }
-                let f = t.get("function").filter(|f| f.is_object()).ok_or_else(|| ("a tool needs a function object".to_string(), p.clone()))?;
+                let f = t
+                    .get("function")
+                    .filter(|f| f.is_object())
+                    .ok_or_else(|| ("a tool needs a function object".to_string(), p.clone()))?;
                 let name = f.get("name").and_then(|n| n.as_str()).unwrap_or_default();
                 if !valid_name(name) {
-                    return bad("function names are 1-64 letters, digits, '_', '-' or '.'", format!("{p}.function.name"));
+                    return bad(
+                        "function names are 1-64 letters, digits, '_', '-' or '.'",
+                        format!("{p}.function.name"),
+                    );
                 }
                 if f.get("parameters").is_some_and(|x| !x.is_object() && !x.is_null()) {
                     return bad("function parameters must be a JSON schema object", format!("{p}.function.parameters"));
@@ -140,12 +165,17 @@ pub fn options(v: &Value) -> Result<XtmlOptions, Bad> {
         },
         Some(x) => match x.get("function").and_then(|f| f.get("name")).and_then(|n| n.as_str()) {
             Some(n) => ToolChoice::Function(n.to_string()),
-            None => return bad("tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice"),
+            None => return bad(
+                "tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                "tool_choice",
+            ),
         },
     };
     match &o.tool_choice {
         ToolChoice::Required if o.tools.is_empty() => return bad("tool_choice required needs tools", "tool_choice"),
-        ToolChoice::Function(n) if !o.tools.iter().any(|t| t["function"]["name"] == n.as_str()) => return bad(format!("tool_choice names {n:?}, which is not among the tools"), "tool_choice"),
+        ToolChoice::Function(n) if !o.tools.iter().any(|t| t["function"]["name"] == n.as_str()) => {
+            return bad(format!("tool_choice names {n:?}, which is not among the tools"), "tool_choice")
+        }
         _ => {}
     }
     o.response_format = match v.get("response_format") {
@@ -171,7 +201,12 @@ pub fn options(v: &Value) -> Result<XtmlOptions, Bad> {
             Some("minimal") | Some("low") => Some(Effort::Low),
             Some("medium") | Some("high") => Some(Effort::High),
             Some("xhigh") | Some("max") => Some(Effort::Max),
-            _ => return bad("reasoning_effort must be none, minimal, low, medium, high, xhigh or max", "reasoning_effort"),
+            _ => {
+                return bad(
+                    "reasoning_effort must be none, minimal, low, medium, high, xhigh or max",
+                    "reasoning_effort",
+                )
+            }
         };
     }
     let kw = v.get("chat_template_kwargs");
@@ -207,7 +242,14 @@ pub struct Assembler {
 impl Assembler {
     /// For XTML output (`xtml`, with thinking or not) or plain text.
     pub fn new(xtml: bool, thinking: bool, keep_calls: bool, id_base: &str) -> Assembler {
-        Assembler { parser: xtml.then(|| OutputParser::new(thinking)), keep_calls, id_base: id_base.to_string(), content: String::new(), reasoning: String::new(), calls: Vec::new() }
+        Assembler {
+            parser: xtml.then(|| OutputParser::new(thinking)),
+            keep_calls,
+            id_base: id_base.to_string(),
+            content: String::new(),
+            reasoning: String::new(),
+            calls: Vec::new(),
+        }
     }
 
     /// Feed a piece; returns the delta objects it produced (for streaming).
@@ -271,8 +313,56 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const KEYS: &[&str] = &["role", "content", "tool_calls", "function", "name", "arguments", "type", "tools", "tool_choice", "response_format", "json_schema", "schema", "reasoning_effort", "chat_template_kwargs", "thinking", "enable_thinking", "parameters", "messages", "id", "tool_call_id", "text", "image_url", "url", "reasoning_content", "functions"];
-    const WORDS: &[&str] = &["user", "assistant", "system", "tool", "developer", "function", "auto", "none", "required", "json_object", "json_schema", "text", "image_url", "low", "max", "disabled", "enabled", "f", "data:x", "{}", "{\"a\":1}"];
+    const KEYS: &[&str] = &[
+        "role",
+        "content",
+        "tool_calls",
+        "function",
+        "name",
+        "arguments",
+        "type",
+        "tools",
+        "tool_choice",
+        "response_format",
+        "json_schema",
+        "schema",
+        "reasoning_effort",
+        "chat_template_kwargs",
+        "thinking",
+        "enable_thinking",
+        "parameters",
+        "messages",
+        "id",
+        "tool_call_id",
+        "text",
+        "image_url",
+        "url",
+        "reasoning_content",
+        "functions",
+    ];
+    const WORDS: &[&str] = &[
+        "user",
+        "assistant",
+        "system",
+        "tool",
+        "developer",
+        "function",
+        "auto",
+        "none",
+        "required",
+        "json_object",
+        "json_schema",
+        "text",
+        "image_url",
+        "low",
+        "max",
+        "disabled",
+        "enabled",
+        "f",
+        "data:x",
+        "{}",
+        "{\"a\":1}",
+    ];
 
     fn json() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
@@ -285,7 +375,8 @@ mod tests {
         leaf.prop_recursive(4, 48, 6, |inner| {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
-                prop::collection::vec((prop::sample::select(KEYS), inner), 0..6).prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())),
+                prop::collection::vec((prop::sample::select(KEYS), inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())),
             ]
         })
     }
@@ -303,7 +394,15 @@ mod tests {
     fn assembler_reports_tool_calls_and_reasoning() {
         let mk = |s: &str| format!("\u{F8F2}{s}\u{F8F3}");
         let mut a = Assembler::new(true, true, true, "7");
-        let text = format!("hm{}think{}{}call tool=\"f\" index=\"1\"{}{}call{}", mk("<|close|>"), mk("<|sep|>"), mk("<|open|>"), mk("<|sep|>"), mk("<|close|>"), mk("<|sep|>"));
+        let text = format!(
+            "hm{}think{}{}call tool=\"f\" index=\"1\"{}{}call{}",
+            mk("<|close|>"),
+            mk("<|sep|>"),
+            mk("<|open|>"),
+            mk("<|sep|>"),
+            mk("<|close|>"),
+            mk("<|sep|>")
+        );
         let deltas = a.push(&text);
         assert_eq!(deltas[0], json!({"reasoning_content": "hm"}));
         assert_eq!(deltas[1]["tool_calls"][0]["function"]["name"], "f");
@@ -321,12 +420,31 @@ mod tests {
     #[test]
     fn options_validate_what_openai_validates() {
         let t = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
-        assert!(options(&json!({"tools": t, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})).is_ok());
-        assert_eq!(options(&json!({"tools": t, "tool_choice": {"type": "function", "function": {"name": "other"}}})).unwrap_err().1, "tool_choice");
+        assert!(options(
+            &json!({"tools": t, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+        )
+        .is_ok());
+        assert_eq!(
+            options(&json!({"tools": t, "tool_choice": {"type": "function", "function": {"name": "other"}}}))
+                .unwrap_err()
+                .1,
+            "tool_choice"
+        );
         assert_eq!(options(&json!({"tool_choice": "required"})).unwrap_err().1, "tool_choice");
-        assert_eq!(options(&json!({"tools": [{"type": "function", "function": {"name": "a b"}}]})).unwrap_err().1, "tools[0].function.name");
-        assert_eq!(options(&json!({"tools": t.as_array().unwrap().iter().chain(t.as_array().unwrap()).collect::<Vec<_>>()})).unwrap_err().1, "tools[1]");
-        assert_eq!(options(&json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})).unwrap_err().1, "response_format");
+        assert_eq!(
+            options(&json!({"tools": [{"type": "function", "function": {"name": "a b"}}]})).unwrap_err().1,
+            "tools[0].function.name"
+        );
+        assert_eq!(
+            options(&json!({"tools": t.as_array().unwrap().iter().chain(t.as_array().unwrap()).collect::<Vec<_>>()}))
+                .unwrap_err()
+                .1,
+            "tools[1]"
+        );
+        assert_eq!(
+            options(&json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})).unwrap_err().1,
+            "response_format"
+        );
         assert!(options(&json!({"reasoning_effort": "none"})).unwrap().thinking.is_none());
         assert_eq!(options(&json!({})).unwrap().thinking, Some(Effort::Max));
         assert!(options(&json!({"chat_template_kwargs": {"thinking": false}})).unwrap().thinking.is_none());

@@ -109,14 +109,28 @@ pub fn run(model: &Model, rx: std::sync::mpsc::Receiver<Job>, counters: &Counter
         let rest = &job.prompt[boundary.max(start)..];
         let r = r.and_then(|_| if rest.is_empty() { Ok(()) } else { s.eval(rest).map(|_| ()) });
         let constraint = job.constraint.as_deref_mut().map(|c| c as &mut dyn TokenConstraint);
-        let r = r.and_then(|_| s.generate_constrained(&[], &job.params, constraint, |ev| {
-            if ev.token != waste_model::NO_TOKEN {
-                generated.push(ev.token);
-                counters.generated.fetch_add(1, Ordering::Relaxed);
-            }
-            let ok = job.tx.send(Event::Token { token: ev.token, piece: ev.piece.clone(), logprob: ev.logprob, top: ev.top.clone() }).is_ok();
-            if !ok || job.cancel.load(Ordering::Relaxed) { Control::Cancel } else { Control::Continue }
-        }));
+        let r = r.and_then(|_| {
+            s.generate_constrained(&[], &job.params, constraint, |ev| {
+                if ev.token != waste_model::NO_TOKEN {
+                    generated.push(ev.token);
+                    counters.generated.fetch_add(1, Ordering::Relaxed);
+                }
+                let ok = job
+                    .tx
+                    .send(Event::Token {
+                        token: ev.token,
+                        piece: ev.piece.clone(),
+                        logprob: ev.logprob,
+                        top: ev.top.clone(),
+                    })
+                    .is_ok();
+                if !ok || job.cancel.load(Ordering::Relaxed) {
+                    Control::Cancel
+                } else {
+                    Control::Continue
+                }
+            })
+        });
         match r {
             Ok(g) => {
                 let mut all = job.prompt.clone();

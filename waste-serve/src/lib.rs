@@ -49,7 +49,11 @@ pub enum Error {
 
 /// Serve `model` until the process ends. `on_ready` gets the bound address
 /// (useful with port 0).
-pub fn serve(model: Model, opts: ServeOptions, on_ready: impl FnOnce(std::net::SocketAddr) + Send) -> Result<(), Error> {
+pub fn serve(
+    model: Model,
+    opts: ServeOptions,
+    on_ready: impl FnOnce(std::net::SocketAddr) + Send,
+) -> Result<(), Error> {
     let model = Arc::new(model);
     let (jobs, rx) = std::sync::mpsc::channel::<Job>();
     let m2 = model.clone();

@@ -92,7 +92,9 @@ impl Tokenizer {
             }
             let err = |msg: String| Error::RankFile { file: file.into(), line: i + 1, msg };
             let (tok, rank) = line.split_once(' ').ok_or_else(|| err("expected `base64 rank`".into()))?;
-            let bytes = base64::engine::general_purpose::STANDARD.decode(tok.trim()).map_err(|e| err(format!("bad base64: {e}")))?;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(tok.trim())
+                .map_err(|e| err(format!("bad base64: {e}")))?;
             let rank: u32 = rank.trim().parse().map_err(|_| err(format!("bad rank {rank:?}")))?;
             out.push((bytes, rank));
         }
@@ -101,7 +103,8 @@ impl Tokenizer {
 
     /// Parse `specials.json`: `[{"id": N, "text": "<|...|>"}, ...]`.
     pub fn parse_specials(text: &str, file: &str) -> Result<Vec<(u32, String)>> {
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| Error::Json { file: file.into(), msg: e.to_string() })?;
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| Error::Json { file: file.into(), msg: e.to_string() })?;
         let arr = v.as_array().ok_or_else(|| Error::Json { file: file.into(), msg: "expected an array".into() })?;
         arr.iter()
             .map(|e| {
@@ -109,7 +112,10 @@ impl Tokenizer {
                 let text = e.get("text").and_then(|x| x.as_str()).filter(|s| !s.is_empty());
                 match (id, text) {
                     (Some(id), Some(t)) => Ok((id as u32, t.to_string())),
-                    _ => Err(Error::Json { file: file.into(), msg: format!("entry {e} needs an integer id and a non-empty text") }),
+                    _ => Err(Error::Json {
+                        file: file.into(),
+                        msg: format!("entry {e} needs an integer id and a non-empty text"),
+                    }),
                 }
             })
             .collect()
@@ -122,7 +128,8 @@ impl Tokenizer {
 
     /// Load a rank file, optional specials, and a pattern.
     pub fn from_files(ranks: &Path, specials: Option<&Path>, pattern: Pattern) -> Result<Tokenizer> {
-        let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::Io { path: p.display().to_string(), source: e });
+        let read =
+            |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::Io { path: p.display().to_string(), source: e });
         let r = Self::parse_ranks(&read(ranks)?, &ranks.display().to_string())?;
         let s = match specials {
             Some(p) if p.exists() => Self::parse_specials(&read(p)?, &p.display().to_string())?,

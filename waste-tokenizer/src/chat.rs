@@ -56,8 +56,13 @@ impl ChatTemplate {
                 open = val.as_str().ok_or_else(|| err("\"open\" must be a string".into()))?.to_string();
                 continue;
             }
-            let a = val.as_array().filter(|a| a.len() == 2).ok_or_else(|| err(format!("{k:?} must be [prefix, suffix]")))?;
-            let s = |x: &serde_json::Value| x.as_str().map(str::to_string).ok_or_else(|| err(format!("{k:?}: strings expected")));
+            let a = val
+                .as_array()
+                .filter(|a| a.len() == 2)
+                .ok_or_else(|| err(format!("{k:?} must be [prefix, suffix]")))?;
+            let s = |x: &serde_json::Value| {
+                x.as_str().map(str::to_string).ok_or_else(|| err(format!("{k:?}: strings expected")))
+            };
             roles.push((k.clone(), s(&a[0])?, s(&a[1])?));
         }
         Ok(ChatTemplate::Affix { roles, open })
@@ -66,7 +71,8 @@ impl ChatTemplate {
     /// The container's template: `chat_template.jinja`, else `chat.json`,
     /// else a default built from the specials the tokenizer has.
     pub fn from_container_dir(dir: &Path, tok: &Tokenizer) -> Result<ChatTemplate> {
-        let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::Io { path: p.display().to_string(), source: e });
+        let read =
+            |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::Io { path: p.display().to_string(), source: e });
         let j = dir.join("chat_template.jinja");
         if j.exists() {
             return Ok(ChatTemplate::Jinja(read(&j)?));
@@ -89,14 +95,20 @@ impl ChatTemplate {
                 _ => "<|im_system|>",
             };
             return ChatTemplate::Affix {
-                roles: roles.iter().map(|r| (r.to_string(), format!("{}{r}<|im_middle|>", tag(r)), "<|im_end|>".to_string())).collect(),
+                roles: roles
+                    .iter()
+                    .map(|r| (r.to_string(), format!("{}{r}<|im_middle|>", tag(r)), "<|im_end|>".to_string()))
+                    .collect(),
                 open: "<|im_assistant|>assistant<|im_middle|>".into(),
             };
         }
         if crate::xtml::supported(tok) {
             return ChatTemplate::Xtml;
         }
-        ChatTemplate::Affix { roles: roles.iter().map(|r| (r.to_string(), format!("{r}: "), "\n".to_string())).collect(), open: "assistant: ".into() }
+        ChatTemplate::Affix {
+            roles: roles.iter().map(|r| (r.to_string(), format!("{r}: "), "\n".to_string())).collect(),
+            open: "assistant: ".into(),
+        }
     }
 
     /// Encode a conversation; with `open`, end with the generation prefix.
@@ -105,7 +117,10 @@ impl ChatTemplate {
             ChatTemplate::Affix { roles, open: gen } => {
                 let mut out = Vec::new();
                 for m in messages {
-                    let (_, pre, suf) = roles.iter().find(|(r, _, _)| *r == m.role).ok_or_else(|| Error::Template(format!("no template for role {:?}", m.role)))?;
+                    let (_, pre, suf) = roles
+                        .iter()
+                        .find(|(r, _, _)| *r == m.role)
+                        .ok_or_else(|| Error::Template(format!("no template for role {:?}", m.role)))?;
                     out.extend(tok.encode_markup(pre));
                     out.extend(tok.encode_plain(&m.content));
                     out.extend(tok.encode_markup(suf));
@@ -116,7 +131,8 @@ impl ChatTemplate {
                 Ok(out)
             }
             ChatTemplate::Xtml => {
-                let msgs: Vec<crate::xtml::ChatMessage> = messages.iter().map(|m| crate::xtml::ChatMessage::new(&m.role, &m.content)).collect();
+                let msgs: Vec<crate::xtml::ChatMessage> =
+                    messages.iter().map(|m| crate::xtml::ChatMessage::new(&m.role, &m.content)).collect();
                 crate::xtml::encode(tok, &msgs, &crate::xtml::XtmlOptions::default(), open).map(|e| e.ids)
             }
             ChatTemplate::Jinja(src) => {
@@ -137,8 +153,12 @@ impl ChatTemplate {
                 while let Some(a) = rest.find(OPEN) {
                     out.extend(tok.encode_markup(&rest[..a]));
                     let after = &rest[a + OPEN.len_utf8()..];
-                    let b = after.find(CLOSE).ok_or_else(|| Error::Template("template altered a content placeholder".into()))?;
-                    let idx: usize = after[..b].parse().map_err(|_| Error::Template("template altered a content placeholder".into()))?;
+                    let b = after
+                        .find(CLOSE)
+                        .ok_or_else(|| Error::Template("template altered a content placeholder".into()))?;
+                    let idx: usize = after[..b]
+                        .parse()
+                        .map_err(|_| Error::Template("template altered a content placeholder".into()))?;
                     let m = messages.get(idx).ok_or_else(|| Error::Template("bad content placeholder".into()))?;
                     out.extend(tok.encode_plain(&m.content));
                     rest = &after[b + CLOSE.len_utf8()..];

@@ -140,7 +140,8 @@ pub fn json_sorted(v: &Value) -> String {
         Value::Object(m) => {
             let mut keys: Vec<&String> = m.keys().collect();
             keys.sort();
-            let inner: Vec<String> = keys.iter().map(|k| format!("{}:{}", Value::String((*k).clone()), json_sorted(&m[*k]))).collect();
+            let inner: Vec<String> =
+                keys.iter().map(|k| format!("{}:{}", Value::String((*k).clone()), json_sorted(&m[*k]))).collect();
             format!("{{{}}}", inner.join(","))
         }
         Value::Array(a) => format!("[{}]", a.iter().map(json_sorted).collect::<Vec<_>>().join(",")),
@@ -261,7 +262,10 @@ pub fn render(messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Resul
 fn render_parts(messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Result<Rendered> {
     let mut o = Out(Vec::new());
     if !opts.tools.is_empty() {
-        let body = format!("# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n{}\n```", json_sorted(&Value::Array(opts.tools.clone())));
+        let body = format!(
+            "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n{}\n```",
+            json_sorted(&Value::Array(opts.tools.clone()))
+        );
         o.system_notice("tool-declare", &body);
     }
     if let Some(e) = opts.thinking {
@@ -301,15 +305,23 @@ fn render_parts(messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Res
                             continue;
                         }
                         seen.push(&c.id);
-                        v.extend(run.iter().filter(|t| t.tool_call_id.as_deref() == Some(c.id.as_str())).map(|t| (*t, c.name.clone())));
+                        v.extend(
+                            run.iter()
+                                .filter(|t| t.tool_call_id.as_deref() == Some(c.id.as_str()))
+                                .map(|t| (*t, c.name.clone())),
+                        );
                     }
                     v
                 } else {
                     let mut v = Vec::new();
                     for (k, t) in run.iter().enumerate() {
-                        let name = t.name.clone().or_else(|| calls.get(k).map(|c| c.name.clone())).ok_or_else(|| {
-                            Error::Template(format!("tool message {}: no tool name (give tool_call_id of a preceding call, or name)", i + k))
-                        })?;
+                        let name =
+                            t.name.clone().or_else(|| calls.get(k).map(|c| c.name.clone())).ok_or_else(|| {
+                                Error::Template(format!(
+                                    "tool message {}: no tool name (give tool_call_id of a preceding call, or name)",
+                                    i + k
+                                ))
+                            })?;
                         v.push((*t, name));
                     }
                     v
@@ -326,8 +338,14 @@ fn render_parts(messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Res
     }
     let messages_end = o.0.len();
     match opts.tool_choice {
-        ToolChoice::Required => o.system_notice("tool-choice", "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message."),
-        ToolChoice::None if !opts.tools.is_empty() => o.system_notice("tool-choice", "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message."),
+        ToolChoice::Required => o.system_notice(
+            "tool-choice",
+            "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.",
+        ),
+        ToolChoice::None if !opts.tools.is_empty() => o.system_notice(
+            "tool-choice",
+            "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message.",
+        ),
         _ => {}
     }
     match &opts.response_format {
@@ -368,7 +386,9 @@ pub fn encode(tok: &Tokenizer, messages: &[ChatMessage], opts: &XtmlOptions, ope
             out.messages_end = out.ids.len();
         }
         match s {
-            Segment::Marker(m) => out.ids.push(tok.special_id(m).ok_or_else(|| Error::Template(format!("the tokenizer has no {m}")))?),
+            Segment::Marker(m) => {
+                out.ids.push(tok.special_id(m).ok_or_else(|| Error::Template(format!("the tokenizer has no {m}")))?)
+            }
             Segment::Text(t) => out.ids.extend(tok.encode_plain(&t)),
         }
     }
@@ -466,7 +486,14 @@ impl OutputParser {
     /// A parser for output that continues a generation prompt which opened
     /// `think` (`thinking`) or `response`.
     pub fn new(thinking: bool) -> OutputParser {
-        OutputParser { stack: vec![if thinking { Sec::Think } else { Sec::Response }], mode: Mode::Body, buf: String::new(), raw: String::new(), calls: 0, ended: false }
+        OutputParser {
+            stack: vec![if thinking { Sec::Think } else { Sec::Response }],
+            mode: Mode::Body,
+            buf: String::new(),
+            raw: String::new(),
+            calls: 0,
+            ended: false,
+        }
     }
 
     /// Whether the message has ended (`<|close|>message` or `<|end_of_msg|>`).
@@ -578,7 +605,11 @@ impl OutputParser {
     fn finish(&mut self, s: Sec, out: &mut Vec<Part>) {
         match s {
             Sec::Argument { key, kind, value } => {
-                let v = if kind == "string" { Value::String(value) } else { serde_json::from_str(value.trim()).unwrap_or(Value::String(value)) };
+                let v = if kind == "string" {
+                    Value::String(value)
+                } else {
+                    serde_json::from_str(value.trim()).unwrap_or(Value::String(value))
+                };
                 if let Some(Sec::Call { args, .. }) = self.stack.last_mut() {
                     args.insert(key, v);
                 }
@@ -607,7 +638,9 @@ pub fn merge_parts(parts: Vec<Part>) -> Vec<Part> {
     let mut out: Vec<Part> = Vec::new();
     for p in parts {
         match (out.last_mut(), p) {
-            (Some(Part::Content(a)), Part::Content(b)) | (Some(Part::Reasoning(a)), Part::Reasoning(b)) => a.push_str(&b),
+            (Some(Part::Content(a)), Part::Content(b)) | (Some(Part::Reasoning(a)), Part::Reasoning(b)) => {
+                a.push_str(&b)
+            }
             (_, p) => out.push(p),
         }
     }
@@ -623,20 +656,37 @@ mod tests {
     }
 
     fn text_of(segs: &[Segment]) -> String {
-        segs.iter().map(|s| match s {
-            Segment::Marker(m) => m.to_string(),
-            Segment::Text(t) => t.clone(),
-        }).collect()
+        segs.iter()
+            .map(|s| match s {
+                Segment::Marker(m) => m.to_string(),
+                Segment::Text(t) => t.clone(),
+            })
+            .collect()
     }
 
     #[test]
     fn renders_like_the_reference_template() {
         // expected text written by hand from Kimi-K3.jinja (llama.cpp models/templates)
-        let tools = vec![serde_json::json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})];
+        let tools = vec![
+            serde_json::json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}),
+        ];
         let msgs = vec![
             ChatMessage::new("user", "Weather in Paris?"),
-            ChatMessage { role: "assistant".into(), tool_calls: vec![ToolCall { id: "c1".into(), name: "get_weather".into(), arguments: r#"{"city":"Paris","days":2}"#.into() }], ..Default::default() },
-            ChatMessage { role: "tool".into(), content: "sunny".into(), tool_call_id: Some("c1".into()), ..Default::default() },
+            ChatMessage {
+                role: "assistant".into(),
+                tool_calls: vec![ToolCall {
+                    id: "c1".into(),
+                    name: "get_weather".into(),
+                    arguments: r#"{"city":"Paris","days":2}"#.into(),
+                }],
+                ..Default::default()
+            },
+            ChatMessage {
+                role: "tool".into(),
+                content: "sunny".into(),
+                tool_call_id: Some("c1".into()),
+                ..Default::default()
+            },
         ];
         let opts = XtmlOptions { tools, thinking: None, ..Default::default() };
         let got = text_of(&render(&msgs, &opts, true).unwrap());
@@ -658,14 +708,33 @@ mod tests {
 
     #[test]
     fn thinking_and_notices() {
-        let msgs = vec![ChatMessage::new("system", "Be brief."), ChatMessage { role: "assistant".into(), content: "Hi".into(), reasoning: "greet".into(), ..Default::default() }];
-        let opts = XtmlOptions { thinking: Some(Effort::High), tool_choice: ToolChoice::Required, response_format: Some(ResponseFormat::JsonObject), ..Default::default() };
+        let msgs = vec![
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage {
+                role: "assistant".into(),
+                content: "Hi".into(),
+                reasoning: "greet".into(),
+                ..Default::default()
+            },
+        ];
+        let opts = XtmlOptions {
+            thinking: Some(Effort::High),
+            tool_choice: ToolChoice::Required,
+            response_format: Some(ResponseFormat::JsonObject),
+            ..Default::default()
+        };
         let got = text_of(&render(&msgs, &opts, true).unwrap());
-        assert!(got.starts_with("<|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>`thinking_effort` guides"));
+        assert!(
+            got.starts_with("<|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>`thinking_effort` guides")
+        );
         assert!(got.contains("`thinking_effort=high`.<|close|>message<|sep|><|end_of_msg|><|open|>message role=\"system\"<|sep|>Be brief."));
-        assert!(got.contains("<|open|>think<|sep|>greet<|close|>think<|sep|><|open|>response<|sep|>Hi<|close|>response<|sep|>"));
+        assert!(got.contains(
+            "<|open|>think<|sep|>greet<|close|>think<|sep|><|open|>response<|sep|>Hi<|close|>response<|sep|>"
+        ));
         assert!(got.contains("type=\"tool-choice\"<|sep|>The system is invoked with `tool_choice=required`."));
-        assert!(got.contains("type=\"response-format\"<|sep|>The system is invoked with `response_format=json_object`."));
+        assert!(
+            got.contains("type=\"response-format\"<|sep|>The system is invoked with `response_format=json_object`.")
+        );
         assert!(got.ends_with("<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>"));
     }
 
@@ -673,10 +742,17 @@ mod tests {
     fn parts_end_where_rendering_them_alone_ends() {
         // a byte tokenizer with the markers
         let ranks = (0..256u32).map(|b| (vec![b as u8], b)).collect();
-        let specials = [OPEN, CLOSE, SEP, END_OF_MSG].iter().enumerate().map(|(i, t)| (256 + i as u32, t.to_string())).collect();
+        let specials =
+            [OPEN, CLOSE, SEP, END_OF_MSG].iter().enumerate().map(|(i, t)| (256 + i as u32, t.to_string())).collect();
         let tok = Tokenizer::new(ranks, specials, crate::Pattern::O200k).unwrap();
-        let msgs = vec![ChatMessage::new("user", "hi"), ChatMessage::new("assistant", "yo"), ChatMessage::new("user", "more")];
-        let full = XtmlOptions { thinking: Some(Effort::Low), tool_choice: ToolChoice::Required, tools: vec![serde_json::json!({"type": "function", "function": {"name": "f"}})], ..Default::default() };
+        let msgs =
+            vec![ChatMessage::new("user", "hi"), ChatMessage::new("assistant", "yo"), ChatMessage::new("user", "more")];
+        let full = XtmlOptions {
+            thinking: Some(Effort::Low),
+            tool_choice: ToolChoice::Required,
+            tools: vec![serde_json::json!({"type": "function", "function": {"name": "f"}})],
+            ..Default::default()
+        };
         let e = encode(&tok, &msgs, &full, true).unwrap();
         let notices = encode(&tok, &[], &XtmlOptions { tool_choice: ToolChoice::Auto, ..full.clone() }, false).unwrap();
         assert_eq!(e.head, notices.ids.len());
@@ -700,8 +776,21 @@ mod tests {
     #[test]
     fn tool_results_follow_the_calls_order() {
         let call = |id: &str, n: &str| ToolCall { id: id.into(), name: n.into(), arguments: "{}".into() };
-        let res = |id: &str, c: &str| ChatMessage { role: "tool".into(), content: c.into(), tool_call_id: Some(id.into()), ..Default::default() };
-        let msgs = vec![ChatMessage { role: "assistant".into(), tool_calls: vec![call("a", "f"), call("b", "g")], ..Default::default() }, res("b", "B"), res("a", "A")];
+        let res = |id: &str, c: &str| ChatMessage {
+            role: "tool".into(),
+            content: c.into(),
+            tool_call_id: Some(id.into()),
+            ..Default::default()
+        };
+        let msgs = vec![
+            ChatMessage {
+                role: "assistant".into(),
+                tool_calls: vec![call("a", "f"), call("b", "g")],
+                ..Default::default()
+            },
+            res("b", "B"),
+            res("a", "A"),
+        ];
         let got = text_of(&render(&msgs, &XtmlOptions::default(), false).unwrap());
         let fa = got.find("tool=\"f\" index=\"1\"<|sep|>A").unwrap();
         let gb = got.find("tool=\"g\" index=\"2\"<|sep|>B").unwrap();
@@ -730,7 +819,10 @@ mod tests {
         let parts = merge_parts(parts);
         assert_eq!(parts[0], Part::Reasoning("let me think".into()));
         assert_eq!(parts[1], Part::Content("Calling.".into()));
-        assert_eq!(parts[2], Part::ToolCall { index: 0, name: "get_weather".into(), arguments: r#"{"city":"Par is","days":3}"#.into() });
+        assert_eq!(
+            parts[2],
+            Part::ToolCall { index: 0, name: "get_weather".into(), arguments: r#"{"city":"Par is","days":3}"#.into() }
+        );
         assert_eq!(parts.len(), 3);
         assert!(p.ended());
     }
@@ -757,7 +849,18 @@ mod props {
             Just(format!("{MARK_OPEN}{END_OF_MSG}{MARK_CLOSE}")),
             Just(MARK_OPEN.to_string()),
             Just(MARK_CLOSE.to_string()),
-            prop::sample::select(vec!["think", "response", "tools", "call tool=\"f\" index=\"1\"", "argument key=\"k\" type=\"number\"", "json type=\"object\"", "message", "x=\"", "\""]).prop_map(str::to_string),
+            prop::sample::select(vec![
+                "think",
+                "response",
+                "tools",
+                "call tool=\"f\" index=\"1\"",
+                "argument key=\"k\" type=\"number\"",
+                "json type=\"object\"",
+                "message",
+                "x=\"",
+                "\""
+            ])
+            .prop_map(str::to_string),
             "\\PC{0,6}",
         ]
     }

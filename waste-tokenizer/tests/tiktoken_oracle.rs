@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use waste_tokenizer::{Pattern, Tokenizer};
 
 fn shared() -> PathBuf {
-    std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"))
+    std::env::var_os("WASTE_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"))
 }
 fn oracle_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/tokenizer")
@@ -20,11 +22,16 @@ fn o200k(p: Pattern) -> Tokenizer {
 
 #[test]
 fn equals_tiktoken_on_the_multilingual_corpus() {
-    let corpus: Vec<String> = serde_json::from_slice(&std::fs::read(oracle_dir().join("corpus.json")).unwrap()).unwrap();
+    let corpus: Vec<String> =
+        serde_json::from_slice(&std::fs::read(oracle_dir().join("corpus.json")).unwrap()).unwrap();
     let expected: Value = serde_json::from_slice(&std::fs::read(oracle_dir().join("expected.json")).unwrap()).unwrap();
     assert!(corpus.len() >= 2000);
     for (name, pat) in [("o200k", Pattern::O200k), ("kimi", Pattern::Kimi)] {
-        assert_eq!(expected["patterns"][name].as_str().unwrap(), pat.source(), "{name}: pattern string differs from the oracle's");
+        assert_eq!(
+            expected["patterns"][name].as_str().unwrap(),
+            pat.source(),
+            "{name}: pattern string differs from the oracle's"
+        );
         let t = o200k(pat);
         let want = expected[name].as_array().unwrap();
         let mut bad = 0;
@@ -50,7 +57,8 @@ fn anchor_container_tokenizes_like_the_c_engine() {
     let v: Value = serde_json::from_slice(&std::fs::read(dir.join("reference-tokenize.json")).unwrap()).unwrap();
     for c in v["cases"].as_array().unwrap() {
         let text = c["text"].as_str().unwrap();
-        let want: Vec<u32> = c["markup_ids"]["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let want: Vec<u32> =
+            c["markup_ids"]["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         assert_eq!(t.encode_markup(text), want, "{text:?}");
     }
 }

@@ -86,7 +86,8 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Check { quick } => check(quick),
         Cmd::Synth { shape, out, seed, layers, experts, manifest_only, routing, jobs } => {
-            let config = shape_config(&shape).with_context(|| format!("unknown shape {shape:?} (known: {})", SHAPES.join(", ")))?;
+            let config = shape_config(&shape)
+                .with_context(|| format!("unknown shape {shape:?} (known: {})", SHAPES.join(", ")))?;
             let experts = match experts.as_str() {
                 "vq3r" => ExpertFmt::Vq3r,
                 "vq4p" => ExpertFmt::Vq4p,
@@ -109,7 +110,13 @@ fn main() -> Result<()> {
                 }
             })?;
             eprintln!();
-            println!("wrote {} ({} bytes in {:.2} s, {:.2} GB/s)", out.display(), rep.bytes, rep.seconds, rep.bytes as f64 / rep.seconds / 1e9);
+            println!(
+                "wrote {} ({} bytes in {:.2} s, {:.2} GB/s)",
+                out.display(),
+                rep.bytes,
+                rep.seconds,
+                rep.bytes as f64 / rep.seconds / 1e9
+            );
             Ok(())
         }
         Cmd::Tidy => tidy::run(&root()),
@@ -134,13 +141,24 @@ fn run(cmd: &mut Command) -> Result<()> {
 
 fn fuzz(seconds: u64) -> Result<()> {
     let root = root();
-    let ok = Command::new("cargo").args(["+nightly", "fuzz", "--version"]).output().map(|o| o.status.success()).unwrap_or(false);
+    let ok = Command::new("cargo")
+        .args(["+nightly", "fuzz", "--version"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
     if !ok {
         eprintln!("SKIP: cargo fuzz needs a nightly toolchain and `cargo install cargo-fuzz`");
         return Ok(());
     }
     for t in ["manifest", "record_header", "usage_file", "state_file", "tokenizer", "chat_request", "xtml_output"] {
-        run(Command::new("cargo").current_dir(root.join("fuzz")).args(["+nightly", "fuzz", "run", t, "--", &format!("-max_total_time={seconds}")]))?;
+        run(Command::new("cargo").current_dir(root.join("fuzz")).args([
+            "+nightly",
+            "fuzz",
+            "run",
+            t,
+            "--",
+            &format!("-max_total_time={seconds}"),
+        ]))?;
     }
     Ok(())
 }
@@ -150,13 +168,29 @@ fn demo() -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run(Command::new(&cargo).current_dir(&root).args(["build", "--quiet", "--release", "-p", "waste-cli"]))?;
     let dir = std::env::temp_dir().join("waste-demo-tiny.waste");
-    let opts = SynthOptions { config: shape_config("tiny").expect("tiny shape"), layers: None, experts: ExpertFmt::Vq3r, seed: 1, manifest_only: false, skewed: true, jobs: 2 };
+    let opts = SynthOptions {
+        config: shape_config("tiny").expect("tiny shape"),
+        layers: None,
+        experts: ExpertFmt::Vq3r,
+        seed: 1,
+        manifest_only: false,
+        skewed: true,
+        jobs: 2,
+    };
     synth(&dir, &opts, &|_, _| {})?;
     let waste = root.join("target/release/waste");
     run(Command::new(&waste).arg("info").arg(&dir))?;
     run(Command::new(&waste).arg("verify").arg(&dir).arg("-q"))?;
     // a real generation: chat template, streaming, status line
-    run(Command::new(&waste).arg("run").arg(&dir).args(["Tell me about streaming experts.", "-n", "48", "--temp", "0.8", "--seed", "1"]))?;
+    run(Command::new(&waste).arg("run").arg(&dir).args([
+        "Tell me about streaming experts.",
+        "-n",
+        "48",
+        "--temp",
+        "0.8",
+        "--seed",
+        "1",
+    ]))?;
     run(Command::new(&waste).arg("bench").arg(&dir).args(["-n", "16"]))?;
     Ok(())
 }
@@ -174,10 +208,14 @@ fn openai_client_test(root: &Path, waste: &Path) -> Result<()> {
         run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     }
     let py = venv.join("bin/python");
-    if Command::new(&py).args(["-c", "import openai, jsonschema"]).output().map(|o| !o.status.success()).unwrap_or(true) {
+    if Command::new(&py).args(["-c", "import openai, jsonschema"]).output().map(|o| !o.status.success()).unwrap_or(true)
+    {
         run(Command::new(&py).args(["-m", "pip", "install", "-q", "openai", "jsonschema"]))?;
     }
-    let anchor = std::env::var_os("WASTE_SHARED_DATA").map(PathBuf::from).unwrap_or_else(|| root.join("../shared/data")).join("anchor-tiny/kimi-linear-tiny.waste");
+    let anchor = std::env::var_os("WASTE_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("../shared/data"))
+        .join("anchor-tiny/kimi-linear-tiny.waste");
     run(Command::new(&py).arg(root.join("tools/serve_test/openai_client.py")).arg(waste).arg(anchor))
 }
 
@@ -192,7 +230,10 @@ fn check(quick: bool) -> Result<()> {
         // the README's main job, end to end on a fresh synthetic model
         let tmp = std::env::temp_dir().join(format!("waste-check-{}", std::process::id()));
         let waste = root.join("target/release/waste");
-        run(Command::new(&cargo).current_dir(&root).args(["run", "--quiet", "--release", "-p", "xtask", "--", "synth", "--shape", "tiny", "--out"]).arg(&tmp))?;
+        run(Command::new(&cargo)
+            .current_dir(&root)
+            .args(["run", "--quiet", "--release", "-p", "xtask", "--", "synth", "--shape", "tiny", "--out"])
+            .arg(&tmp))?;
         run(Command::new(&waste).arg("info").arg(&tmp))?;
         run(Command::new(&waste).arg("verify").arg(&tmp))?;
         run(Command::new(&waste).arg("run").arg(&tmp).args(["hello", "-n", "16"]))?;

@@ -41,7 +41,9 @@ pub fn problems(root: &Path) -> Vec<String> {
             let dep = line.split(['.', ' ', '=']).next().unwrap_or("").trim();
             if let Some(dl) = layer(dep) {
                 if dep != *krate && dl >= *lv {
-                    out.push(format!("{krate} (layer {lv}) depends on {dep} (layer {dl}): dependencies must point down"));
+                    out.push(format!(
+                        "{krate} (layer {lv}) depends on {dep} (layer {dl}): dependencies must point down"
+                    ));
                 }
             }
         }

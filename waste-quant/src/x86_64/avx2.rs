@@ -41,12 +41,22 @@ unsafe fn load32(fmt: Fmt, rb: *const u8, c: usize, scale: f32) -> [__m256; 4] {
             Fmt::Bf16 => {
                 let p = rb.add(c * 2) as *const __m128i;
                 let cv = |q: __m128i| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(q), 16));
-                [cv(_mm_loadu_si128(p)), cv(_mm_loadu_si128(p.add(1))), cv(_mm_loadu_si128(p.add(2))), cv(_mm_loadu_si128(p.add(3)))]
+                [
+                    cv(_mm_loadu_si128(p)),
+                    cv(_mm_loadu_si128(p.add(1))),
+                    cv(_mm_loadu_si128(p.add(2))),
+                    cv(_mm_loadu_si128(p.add(3))),
+                ]
             }
             Fmt::Q8G => {
                 let p = rb.add(c);
                 let s = _mm256_set1_ps(scale);
-                let cv = |o: usize| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(o) as *const __m128i))), s);
+                let cv = |o: usize| {
+                    _mm256_mul_ps(
+                        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(o) as *const __m128i))),
+                        s,
+                    )
+                };
                 [cv(0), cv(8), cv(16), cv(24)]
             }
             Fmt::Q4G => {
@@ -58,7 +68,8 @@ unsafe fn load32(fmt: Fmt, rb: *const u8, c: usize, scale: f32) -> [__m256; 4] {
                 let e1 = _mm_unpackhi_epi8(lo, hi);
                 let s = _mm256_set1_ps(scale);
                 let eight = _mm256_set1_epi32(8);
-                let cv = |q: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(q), eight)), s);
+                let cv =
+                    |q: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(q), eight)), s);
                 [cv(e0), cv(_mm_srli_si128(e0, 8)), cv(e1), cv(_mm_srli_si128(e1, 8))]
             }
         }
@@ -87,7 +98,8 @@ unsafe fn row_dot(m: &MatRef<'_>, r: usize, x: &[f32]) -> f32 {
         let g = m.groups();
         let mut c = 0;
         while c < full {
-            let scale = if m.fmt.is_grouped() { waste_format::half::f16_to_f32(m.scales[r * g + c / m.group]) } else { 0.0 };
+            let scale =
+                if m.fmt.is_grouped() { waste_format::half::f16_to_f32(m.scales[r * g + c / m.group]) } else { 0.0 };
             // SAFETY: c + 32 <= cols <= row length; x has cols floats.
             unsafe { fma4(&mut acc, load32(m.fmt, rb, c, scale), x.as_ptr().add(c)) };
             c += LANES;
@@ -100,7 +112,9 @@ unsafe fn row_dot(m: &MatRef<'_>, r: usize, x: &[f32]) -> f32 {
             m.dequant(r, c, &mut w[..n]);
             for k in (0..n).step_by(LANES) {
                 // SAFETY: k + 32 <= n floats in w; c + k + 32 <= cols in x.
-                unsafe { fma4(&mut acc, load32(Fmt::F32, w.as_ptr().add(k) as *const u8, 0, 0.0), x.as_ptr().add(c + k)) };
+                unsafe {
+                    fma4(&mut acc, load32(Fmt::F32, w.as_ptr().add(k) as *const u8, 0, 0.0), x.as_ptr().add(c + k))
+                };
             }
             c += n;
         }
@@ -137,7 +151,15 @@ pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32])
 /// As [`matvec_rows`], with `xs.len() == nt · m.cols` and `ys` valid for
 /// writes at `t·ys_stride + i`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn matmat_rows(m: &MatRef<'_>, xs: &[f32], nt: usize, row0: usize, n: usize, ys: *mut f32, ys_stride: usize) {
+pub unsafe fn matmat_rows(
+    m: &MatRef<'_>,
+    xs: &[f32],
+    nt: usize,
+    row0: usize,
+    n: usize,
+    ys: *mut f32,
+    ys_stride: usize,
+) {
     let fused = !m.fmt.is_grouped() || m.group % LANES == 0;
     for i in 0..n {
         let mut t = 0;
@@ -178,7 +200,8 @@ unsafe fn row_dot_multi(m: &MatRef<'_>, r: usize, xs: &[f32], out: &mut [f32; MU
     let g = m.groups();
     let mut c = 0;
     while c < full {
-        let scale = if m.fmt.is_grouped() { waste_format::half::f16_to_f32(m.scales[r * g + c / m.group]) } else { 0.0 };
+        let scale =
+            if m.fmt.is_grouped() { waste_format::half::f16_to_f32(m.scales[r * g + c / m.group]) } else { 0.0 };
         // SAFETY: c + 32 <= cols <= row length; each input has cols floats.
         unsafe {
             let w = load32(m.fmt, rb, c, scale);
@@ -216,7 +239,8 @@ pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) {
         unsafe {
             let mut acc = _mm256_mul_ps(_mm256_set1_ps(x[0]), _mm256_loadu_ps(b.cbt.as_ptr().add(e)));
             for d in 1..b.dim {
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(x[d]), _mm256_loadu_ps(b.cbt.as_ptr().add(d * b.entries + e)), acc);
+                acc =
+                    _mm256_fmadd_ps(_mm256_set1_ps(x[d]), _mm256_loadu_ps(b.cbt.as_ptr().add(d * b.entries + e)), acc);
             }
             _mm256_storeu_ps(t.as_mut_ptr().add(e), acc);
         }
@@ -258,7 +282,8 @@ pub unsafe fn vq_rows8(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: 
         }
     }
     // SAFETY: 16-byte arrays.
-    let (mask_lo, mask_hi) = unsafe { (_mm_loadu_si128(ml.as_ptr() as *const __m128i), _mm_loadu_si128(mh.as_ptr() as *const __m128i)) };
+    let (mask_lo, mask_hi) =
+        unsafe { (_mm_loadu_si128(ml.as_ptr() as *const __m128i), _mm_loadu_si128(mh.as_ptr() as *const __m128i)) };
     let field = if lay.packed6 { 6 } else { 8 };
     let field_mask = _mm256_set1_epi32(if lay.packed6 { 63 } else { 255 });
     let mut r = r0;
@@ -279,8 +304,12 @@ pub unsafe fn vq_rows8(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: 
                         let w = _mm256_set_m128i(hi, lo);
                         for s in 0..st {
                             let base = _mm256_set1_epi32(((v * st + s) * te) as i32);
-                            let ix = _mm256_and_si256(_mm256_srl_epi32(w, _mm_cvtsi32_si128((field * s) as i32)), field_mask);
-                            *a = _mm256_add_ps(*a, _mm256_i32gather_ps::<4>(table.as_ptr(), _mm256_add_epi32(ix, base)));
+                            let ix = _mm256_and_si256(
+                                _mm256_srl_epi32(w, _mm_cvtsi32_si128((field * s) as i32)),
+                                field_mask,
+                            );
+                            *a =
+                                _mm256_add_ps(*a, _mm256_i32gather_ps::<4>(table.as_ptr(), _mm256_add_epi32(ix, base)));
                         }
                     }
                 }
