@@ -9,7 +9,7 @@ use waste_model::{Model, ModelOptions};
 fn model() -> &'static Model {
     static M: OnceLock<Model> = OnceLock::new();
     M.get_or_init(|| {
-        let base = std::env::var("WASTE_SHARED_DATA").unwrap_or_else(|_| "../../shared/data".into());
+        let base = String::from("../testdata");
         Model::open(
             format!("{base}/anchor-tiny/kimi-linear-tiny.waste"),
             ModelOptions { ctx: 64, threads: 1, ..Default::default() },

@@ -8,7 +8,7 @@ use waste_model::tokenizer::{StreamDecoder, Tokenizer};
 fn tok() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
     T.get_or_init(|| {
-        let base = std::env::var("WASTE_SHARED_DATA").unwrap_or_else(|_| "../../shared/data".into());
+        let base = String::from("../testdata");
         Tokenizer::from_container_dir(std::path::Path::new(&format!("{base}/anchor-tiny/kimi-linear-tiny.waste")))
             .expect("the anchor's tokenizer")
     })

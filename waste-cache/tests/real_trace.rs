@@ -1,13 +1,11 @@
-//! The real Kimi-Linear-48B routing trace (shared/data/routing): LFRU must
+//! The real Kimi-Linear-48B routing trace (testdata/routing): LFRU must
 //! not collapse where LRU does, and Belady bounds every online policy.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use waste_cache::{parse_trace, simulate, Policy};
 
 fn trace() -> waste_cache::Trace {
-    let base = std::env::var_os("WASTE_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata");
     parse_trace(
         &std::fs::read_to_string(base.join("routing/kimi-linear-48b-300tok.jsonl")).expect("shared routing trace"),
     )

@@ -8,9 +8,7 @@ use std::process::Command;
 use waste_model::{Control, GenerateParams, Model, ModelOptions};
 
 fn anchor() -> PathBuf {
-    let base = std::env::var_os("WASTE_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata");
     base.join("anchor-tiny/kimi-linear-tiny.waste")
 }
 
@@ -46,9 +44,7 @@ fn names() -> (Vec<String>, Vec<String>) {
             continue;
         }
         let before = s.split('(').next().unwrap();
-        if let Some(name) =
-            before.split(|c: char| !(c.is_alphanumeric() || c == '_')).filter(|w| !w.is_empty()).next_back()
-        {
+        if let Some(name) = before.split(|c: char| !(c.is_alphanumeric() || c == '_')).rfind(|w| !w.is_empty()) {
             if name.starts_with("waste_") {
                 declared.push(name.to_string());
             }

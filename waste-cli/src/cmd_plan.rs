@@ -35,7 +35,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         Ok((b, c, w)) => (*b, *c, w.clone()),
         Err(e) => (a.budget, 0, Some(e.clone())),
     };
-    let slots = if p.record_bytes > 0 { cache / p.record_bytes } else { 0 };
+    let slots = p.cache_slots(cache, true);
     if a.json {
         print_json(&json!({
             "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes,

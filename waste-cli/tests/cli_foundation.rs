@@ -5,11 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub fn anchor() -> PathBuf {
-    let base = std::env::var_os("WASTE_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata");
     let p = base.join("anchor-tiny/kimi-linear-tiny.waste");
-    assert!(p.join("manifest.json").exists(), "shared test data missing at {} (set WASTE_SHARED_DATA)", p.display());
+    assert!(p.join("manifest.json").exists(), "test data missing at {} (testdata/ in the repository)", p.display());
     p
 }
 
@@ -88,4 +86,30 @@ fn version_names_the_simd_level() {
     assert_eq!(code, 0);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert!(v["simd"].is_string() && v["format_version"] == 0);
+}
+
+#[test]
+fn plan_and_the_engine_agree_on_cache_slots() {
+    let a = anchor();
+    let a = a.to_str().unwrap();
+    let (code, out, err) = waste(&["plan", a, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let p: Value = serde_json::from_str(&out).unwrap();
+    let floor = p["floor_bytes"].as_u64().expect("floor_bytes");
+    let rec = p["expert_record_bytes"].as_u64().unwrap();
+    let mut seen = vec![];
+    // at the floor, a few records above it, and past the whole model (capped)
+    for budget in [floor, floor + 3 * rec + 100, floor + 7 * rec, floor + (64 << 20)] {
+        let b = budget.to_string();
+        let (_, out, err) = waste(&["plan", a, "--budget", &b, "--json"]);
+        let planned = serde_json::from_str::<Value>(&out).unwrap()["cache_slots"].as_u64().expect("plan slots");
+        let (code, out, _) = waste(&["bench", a, "--budget", &b, "-n", "1", "--json"]);
+        assert_eq!(code, 0, "{err}");
+        let opened = serde_json::from_str::<Value>(&out).unwrap()["cache_slots"].as_u64().expect("bench slots");
+        assert_eq!(planned, opened, "budget {budget}: plan says {planned} slots, the engine allocates {opened}");
+        seen.push(opened);
+    }
+    // the budgets above buy different caches (the comparison is not vacuous)
+    seen.dedup();
+    assert!(seen.len() >= 3, "{seen:?}");
 }

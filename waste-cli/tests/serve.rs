@@ -11,9 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn anchor() -> PathBuf {
-    let base = std::env::var_os("WASTE_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata");
     base.join("anchor-tiny/kimi-linear-tiny.waste")
 }
 
@@ -71,7 +69,7 @@ fn dechunk(b: &str) -> String {
             break;
         }
         out.push_str(&after[..n]);
-        rest = &after[n..].trim_start_matches("\r\n");
+        rest = after[n..].trim_start_matches("\r\n");
     }
     out
 }

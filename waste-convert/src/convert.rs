@@ -1,5 +1,8 @@
 //! The conversion pipeline.
 
+/// One expert's record body, then per matrix kind (gate, up, down) the squared
+/// reconstruction error and the squared weight norm.
+type EncodedExpert = (Vec<u8>, [f64; 3], [f64; 3]);
 use crate::names::{read, read_expert};
 use crate::source::Source;
 use crate::{Error, Result};
@@ -231,7 +234,7 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
         let mut e0 = 0;
         while e0 < cfg.experts {
             let n = batch.min(cfg.experts - e0);
-            let results: Vec<Result<(Vec<u8>, [f64; 3], [f64; 3])>> = std::thread::scope(|s| {
+            let results: Vec<Result<EncodedExpert>> = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..o.jobs.max(1))
                     .map(|j| {
                         let (src, prefix, vbooks, lay) = (&src, &prefix, &vbooks, &lay);
@@ -363,7 +366,6 @@ fn fit_layer_books(
 }
 
 /// Encode one expert into a record body (header sealed by the bank writer).
-#[allow(clippy::type_complexity)]
 fn encode_expert(
     src: &Source,
     prefix: &str,
@@ -371,7 +373,7 @@ fn encode_expert(
     e: usize,
     lay: &RecordLayout,
     books: &[VqBook],
-) -> Result<(Vec<u8>, [f64; 3], [f64; 3])> {
+) -> Result<EncodedExpert> {
     let m = read_expert(src, prefix, l, e)?;
     let q = lay.quant;
     let mut rec = vec![0u8; lay.rec_bytes];

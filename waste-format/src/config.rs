@@ -306,7 +306,7 @@ impl ModelConfig {
         } else {
             (kda_heads.unwrap_or(0), kda_head_dim.unwrap_or(0), conv_kernel.unwrap_or(4))
         };
-        if has_kda && kda_heads.checked_mul(kda_head_dim).map_or(true, |c| c > MAX_HIDDEN) {
+        if has_kda && kda_heads.checked_mul(kda_head_dim).is_none_or(|c| c > MAX_HIDDEN) {
             return Err(Error::manifest(
                 "config.linear_attn_config.num_heads",
                 format!("{kda_heads} x {kda_head_dim} too wide"),
@@ -333,7 +333,7 @@ impl ModelConfig {
             if let Some(false) = boolean(m, p, &["mla_use_nope"])? {
                 return Err(Error::Unsupported("MLA with rotary embeddings (mla_use_nope = false)".into()));
             }
-            if mla_heads.checked_mul(qk_nope + qk_rope + v_head).map_or(true, |c| c > MAX_HIDDEN * 4) {
+            if mla_heads.checked_mul(qk_nope + qk_rope + v_head).is_none_or(|c| c > MAX_HIDDEN * 4) {
                 return Err(Error::manifest("config.num_attention_heads", format!("{mla_heads} heads too wide")));
             }
         }

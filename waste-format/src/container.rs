@@ -166,8 +166,7 @@ impl Container {
                 return Err(Error::Bank { layer: l, msg: format!("{} is {flen} bytes, shorter than the {want} the manifest promises (truncated: {} of {} records whole)", le.file, flen / lay.rec_bytes as u64, le.experts) });
             }
             let cb = le.codebook_base;
-            if q.fmt.is_vq() && cb.checked_add(q.books_per_layer() as u64).map_or(true, |e| e > codebooks.count as u64)
-            {
+            if q.fmt.is_vq() && cb.checked_add(q.books_per_layer() as u64).is_none_or(|e| e > codebooks.count as u64) {
                 return Err(Error::manifest(
                     format!("{k}.codebook_base"),
                     format!("{cb} + {} books out of range ({} codebooks)", q.books_per_layer(), codebooks.count),

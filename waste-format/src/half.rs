@@ -86,7 +86,7 @@ mod tests {
                 assert_eq!(f32_to_f16(f), h, "h={h:#x} f={f}");
             }
         }
-        assert_eq!(f16_to_f32(1), 5.960464477539063e-8);
+        assert_eq!(f16_to_f32(1), 5.960_464_5e-8);
         assert_eq!(f16_to_f32(0x3c00), 1.0);
         assert_eq!(f16_to_f32(0xc000), -2.0);
     }

@@ -542,7 +542,7 @@ mod tests {
     #[test]
     fn anchor_layout() {
         // hidden 128, moe_intermediate 64, VQ3R blocked by 64: the C WASTE's record is 3 pages with
-        // gate 48, up 3120, down 6192, scales 9264 (read off shared/data/anchor-tiny).
+        // gate 48, up 3120, down 6192, scales 9264 (read off testdata/anchor-tiny).
         let q = ExpertQuantEntry {
             fmt: "VQ3R".into(),
             stages: 3,

@@ -137,7 +137,7 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03);
         for _ in 0..4 {
-            r.next();
+            r.next_u64();
         }
         r
     }
@@ -147,7 +147,7 @@ impl Rng {
         Rng::new(seed ^ h)
     }
     /// Next 64 bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x << 13;
         x ^= x >> 7;
@@ -157,7 +157,7 @@ impl Rng {
     }
     /// Uniform in [0, 1).
     pub fn unif(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
     }
     /// Standard normal (Box–Muller).
     pub fn gauss(&mut self) -> f32 {
@@ -169,10 +169,10 @@ impl Rng {
     pub fn fill(&mut self, b: &mut [u8]) {
         let mut ch = b.chunks_exact_mut(8);
         for c in &mut ch {
-            c.copy_from_slice(&self.next().to_le_bytes());
+            c.copy_from_slice(&self.next_u64().to_le_bytes());
         }
         let r = ch.into_remainder();
-        let last = self.next().to_le_bytes();
+        let last = self.next_u64().to_le_bytes();
         let n = r.len();
         r.copy_from_slice(&last[..n]);
     }

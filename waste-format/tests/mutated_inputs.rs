@@ -6,9 +6,7 @@ use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 
 fn anchor() -> PathBuf {
-    let base = std::env::var_os("WASTE_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata");
     base.join("anchor-tiny/kimi-linear-tiny.waste")
 }
 

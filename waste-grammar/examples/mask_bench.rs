@@ -11,7 +11,7 @@ use waste_model::tokenizer::{Pattern, Tokenizer};
 use waste_model::TokenConstraint;
 
 fn main() {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "../shared/data/tokenizers/o200k_base.tiktoken".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/tokenizers/o200k_base.tiktoken".into());
     let tok = Tokenizer::from_files(std::path::Path::new(&path), None, Pattern::O200k).expect("o200k ranks");
     let vocab = tok.vocab_len() + 1;
     let rss = || {

@@ -1,19 +1,41 @@
 //! Aligned heap buffers.
+//!
+//! Small buffers come from the allocator (zeroed). Buffers of
+//! [`LAZY_MIN`] bytes or more are anonymous mappings on Unix: the OS hands
+//! out zero pages on first touch, so reserving a multi-GB expert cache costs
+//! no time at open and no resident memory until a slot is first written.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-/// A zeroed heap buffer aligned to 4 KiB (or 2 MiB when huge pages were
-/// asked for and the buffer is at least that big), usable for direct I/O.
+/// Buffers at least this large are reserved lazily (Unix anonymous mapping).
+pub const LAZY_MIN: usize = 1 << 20;
+
+/// A zeroed buffer aligned to 4 KiB (or 2 MiB when huge pages were asked for
+/// and the buffer is at least that big), usable for direct I/O.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
-    layout: Layout,
+    /// Usable capacity from `ptr` (a multiple of the alignment).
+    cap: usize,
+    backing: Backing,
     huge: bool,
 }
 
-// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
+enum Backing {
+    Heap(Layout),
+    /// An anonymous mapping: `base` and `size` as returned by mmap (the
+    /// aligned window starts at `ptr`, inside it).
+    #[cfg(unix)]
+    Map {
+        base: *mut u8,
+        size: usize,
+    },
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>; the raw
+// base pointer of a mapping is only used to unmap it in Drop.
 unsafe impl Send for AlignedBuf {}
 // SAFETY: shared access only hands out &[u8].
 unsafe impl Sync for AlignedBuf {}
@@ -22,17 +44,39 @@ impl AlignedBuf {
     /// Allocate `len` zeroed bytes (rounded up to 4 KiB for the allocation).
     /// With `huge`, buffers ≥ 2 MiB are 2 MiB-aligned and advised as huge pages.
     ///
-    /// Panics only if the allocator fails (like `Vec`).
+    /// # Panics
+    /// If the size overflows or the memory cannot be had (like `Vec`); use
+    /// [`AlignedBuf::try_new`] for sizes that come from input.
     pub fn new(len: usize, huge: bool) -> AlignedBuf {
+        Self::try_new(len, huge).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`AlignedBuf::new`] with the size checked: an overflowing size or a
+    /// refused allocation is an error, never a smaller buffer.
+    ///
+    /// # Errors
+    /// [`crate::Error::Alloc`] when `len` rounded up to the alignment
+    /// overflows, or the OS refuses the memory.
+    pub fn try_new(len: usize, huge: bool) -> crate::Result<AlignedBuf> {
         let want_huge = huge && len >= crate::HUGE_PAGE;
         let align = if want_huge { crate::HUGE_PAGE } else { crate::ALIGN };
-        let cap = len.max(1).div_ceil(align) * align;
-        let layout = Layout::from_size_align(cap, align).expect("buffer size overflows");
+        let err = || crate::Error::Alloc { len };
+        let cap = len.max(1).div_ceil(align).checked_mul(align).ok_or_else(err)?;
+        if cap > isize::MAX as usize / 2 {
+            return Err(err());
+        }
+        #[cfg(unix)]
+        if cap >= LAZY_MIN {
+            let (base, size, ptr) = map_aligned(cap, align).ok_or_else(err)?;
+            let huge = want_huge && advise_huge(ptr, cap);
+            return Ok(AlignedBuf { ptr, len, cap, backing: Backing::Map { base, size }, huge });
+        }
+        let layout = Layout::from_size_align(cap, align).map_err(|_| err())?;
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let ptr = NonNull::new(raw).ok_or_else(err)?;
         let huge = want_huge && advise_huge(ptr, cap);
-        AlignedBuf { ptr, len, layout, huge }
+        Ok(AlignedBuf { ptr, len, cap, backing: Backing::Heap(layout), huge })
     }
     /// Whether huge pages were requested from the OS successfully.
     pub fn is_huge(&self) -> bool {
@@ -40,13 +84,39 @@ impl AlignedBuf {
     }
     /// Allocated capacity (a multiple of the alignment).
     pub fn capacity(&self) -> usize {
-        self.layout.size()
+        self.cap
     }
     /// The whole allocation, including the rounding tail.
     pub fn full_mut(&mut self) -> &mut [u8] {
-        // SAFETY: the allocation is layout.size() bytes, exclusively ours.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+        // SAFETY: the allocation is `cap` bytes from ptr, exclusively ours.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) }
     }
+}
+
+/// An anonymous private mapping of `cap` bytes aligned to `align`: maps
+/// `cap + align` and returns (base, mapped size, aligned start).
+#[cfg(unix)]
+fn map_aligned(cap: usize, align: usize) -> Option<(*mut u8, usize, NonNull<u8>)> {
+    let size = cap.checked_add(align)?;
+    // SAFETY: a fresh anonymous mapping; no existing memory is touched.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return None;
+    }
+    let base = base.cast::<u8>();
+    let skip = (align - (base as usize % align)) % align;
+    // SAFETY: skip < align, so base + skip + cap ≤ base + size (inside the mapping).
+    let ptr = unsafe { base.add(skip) };
+    Some((base, size, NonNull::new(ptr)?))
 }
 
 #[cfg(target_os = "linux")]
@@ -61,8 +131,16 @@ fn advise_huge(_: NonNull<u8>, _: usize) -> bool {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated with this layout in `new`.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        match self.backing {
+            // SAFETY: allocated with this layout in `try_new`.
+            Backing::Heap(layout) => unsafe { dealloc(self.ptr.as_ptr(), layout) },
+            #[cfg(unix)]
+            Backing::Map { base, size } => {
+                // SAFETY: base/size are exactly what mmap returned; nothing
+                // borrows the buffer any more (we are in Drop).
+                unsafe { libc::munmap(base.cast(), size) };
+            }
+        }
     }
 }
 
@@ -91,14 +169,52 @@ mod tests {
     use super::*;
     #[test]
     fn aligned_and_zeroed() {
-        for len in [1, 4095, 4096, 10_000, 3 << 20] {
-            let b = AlignedBuf::new(len, true);
-            assert_eq!(b.as_ptr() as usize % crate::ALIGN, 0);
-            assert_eq!(b.len(), len);
-            assert!(b.iter().all(|&x| x == 0));
-            if len >= crate::HUGE_PAGE {
-                assert_eq!(b.as_ptr() as usize % crate::HUGE_PAGE, 0);
+        for len in [1, 4095, 4096, 10_000, LAZY_MIN - 1, LAZY_MIN, 3 << 20, (5 << 20) + 17] {
+            for huge in [false, true] {
+                let mut b = AlignedBuf::new(len, huge);
+                assert_eq!(b.as_ptr() as usize % crate::ALIGN, 0);
+                assert_eq!(b.len(), len);
+                assert!(b.iter().all(|&x| x == 0));
+                if huge && len >= crate::HUGE_PAGE {
+                    assert_eq!(b.as_ptr() as usize % crate::HUGE_PAGE, 0);
+                }
+                // every byte writable, the last one included
+                b[len - 1] = 7;
+                assert_eq!(b[len - 1], 7);
+                b[0] = 9;
+                assert_eq!(b[0], 9);
+                let cap = b.capacity();
+                assert!(cap >= len && cap % crate::ALIGN == 0);
+                b.full_mut()[cap - 1] = 1;
             }
         }
+    }
+
+    #[test]
+    fn overflowing_sizes_are_errors_not_small_buffers() {
+        for len in [usize::MAX, usize::MAX - 4095, isize::MAX as usize] {
+            for huge in [false, true] {
+                assert!(matches!(AlignedBuf::try_new(len, huge), Err(crate::Error::Alloc { .. })), "{len}");
+            }
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn large_buffers_are_not_resident_until_touched() {
+        fn rss_kb() -> usize {
+            let s = std::fs::read_to_string("/proc/self/statm").unwrap();
+            s.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 4
+        }
+        let before = rss_kb();
+        let mut b = AlignedBuf::new(512 << 20, false);
+        let reserved = rss_kb();
+        // touching 8 MiB of it makes (about) 8 MiB resident
+        for i in (0..8 << 20).step_by(4096) {
+            b[i] = 1;
+        }
+        let touched = rss_kb();
+        assert!(reserved < before + (64 << 10), "512 MiB reserved made {} KiB resident", reserved - before);
+        assert!(touched >= reserved + (6 << 10), "touching 8 MiB added only {} KiB", touched - reserved);
     }
 }

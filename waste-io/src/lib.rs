@@ -76,6 +76,13 @@ pub enum Error {
     /// The reader pool was shut down.
     #[error("reader pool is shut down")]
     Closed,
+    /// A buffer of this size cannot be had: its size overflows, or the OS
+    /// refused the memory.
+    #[error("cannot allocate an aligned buffer of {len} bytes")]
+    Alloc {
+        /// Bytes requested.
+        len: usize,
+    },
 }
 
 /// Result alias.

@@ -1,7 +1,7 @@
 //! `Model`: an opened container with its trunk resident and its expert
 //! cache sized from the RAM budget.
 
-use crate::plan::{aligned_alloc_bytes, Plan};
+use crate::plan::Plan;
 use crate::weights::{load_layers, load_output_res, Attn, Embedding, Ffn, Layer, TrunkReader};
 use crate::{Error, Result};
 use parking_lot::Mutex;
@@ -151,17 +151,8 @@ impl Model {
         }
         let kernel =
             container.experts.as_ref().map(|(_, lay)| ExpertKernel { lay: *lay, act: container.config.activation });
-        // Cache slots: as many records as the cache budget holds, arena rounding included.
         let rec = plan.record_bytes as usize;
-        let slots = if rec == 0 {
-            0
-        } else {
-            let mut n = (resolved.cache_bytes as usize / rec).max(2 * cfg.top_k);
-            while n > 2 * cfg.top_k && aligned_alloc_bytes(n * rec, opts.huge_pages) > resolved.cache_bytes {
-                n -= 1;
-            }
-            n.min(cfg.n_moe_layers() * cfg.experts)
-        };
+        let slots = plan.cache_slots(resolved.cache_bytes, opts.huge_pages);
         let cache = ExpertCache::new(slots, rec, opts.policy, opts.huge_pages);
         let io_threads = if opts.io_threads == 0 { 4 } else { opts.io_threads };
         let dir = container.dir.clone();

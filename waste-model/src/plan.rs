@@ -26,6 +26,10 @@ pub struct Plan {
     pub record_bytes: u64,
     /// Context the plan is for.
     pub ctx: u64,
+    /// Experts chosen per token and MoE layer.
+    pub top_k: u64,
+    /// Expert records in the container (MoE layers × experts).
+    pub expert_records: u64,
 }
 
 /// Bytes of an `AlignedBuf` of `len` (huge-page aligned from 2 MiB).
@@ -135,7 +139,26 @@ impl Plan {
             recommended_bytes: floor + 3 * ws,
             record_bytes: rec,
             ctx: ctx as u64,
+            top_k: k,
+            expert_records: moe * c.experts as u64,
         }
+    }
+
+    /// Expert-cache slots a cache of `cache_bytes` holds: as many records as
+    /// fit with the arena's rounding (2 MiB with huge pages) included, at
+    /// least 2 × top_k (the floor), never more than the container's records.
+    /// `Model::open` allocates exactly this many; `waste plan` reports it.
+    pub fn cache_slots(&self, cache_bytes: u64, huge_pages: bool) -> usize {
+        let rec = self.record_bytes;
+        if rec == 0 {
+            return 0;
+        }
+        let min = 2 * self.top_k;
+        let mut n = (cache_bytes / rec).max(min).min(self.expert_records.max(min));
+        while n > min && n.checked_mul(rec).is_none_or(|b| aligned_alloc_bytes(b as usize, huge_pages) > cache_bytes) {
+            n -= 1;
+        }
+        n.min(self.expert_records) as usize
     }
 
     /// The budget rule's inputs.

@@ -7,11 +7,9 @@ use std::path::{Path, PathBuf};
 use waste_format::Container;
 
 fn anchor() -> PathBuf {
-    let base = std::env::var_os("WASTE_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata");
     let p = base.join("anchor-tiny/kimi-linear-tiny.waste");
-    assert!(p.join("manifest.json").exists(), "shared test data missing at {} (set WASTE_SHARED_DATA)", p.display());
+    assert!(p.join("manifest.json").exists(), "test data missing at {} (testdata/ in the repository)", p.display());
     p
 }
 

@@ -13,6 +13,19 @@ pub enum Level {
 }
 
 impl Level {
+    /// Every level this crate knows, lowest first (whether or not the CPU has it).
+    pub const ALL: [Level; 2] = [Level::Scalar, Level::Avx2];
+
+    /// Whether the test suite requires this level on this architecture: a
+    /// machine that lacks it cannot vouch for the kernels CI ships (scalar
+    /// always; AVX2 on x86_64). Optional levels are reported as skipped.
+    pub fn required(self) -> bool {
+        match self {
+            Level::Scalar => true,
+            Level::Avx2 => cfg!(target_arch = "x86_64"),
+        }
+    }
+
     /// Name as accepted by `WASTE_SIMD`.
     pub fn name(self) -> &'static str {
         match self {
@@ -34,7 +47,7 @@ impl Level {
     }
     /// Every level this CPU can run, lowest first.
     pub fn available() -> Vec<Level> {
-        [Level::Scalar, Level::Avx2].into_iter().filter(|l| l.supported()).collect()
+        Level::ALL.into_iter().filter(|l| l.supported()).collect()
     }
     /// Parse a `WASTE_SIMD` value.
     pub fn parse(s: &str) -> Option<Level> {

@@ -78,10 +78,9 @@ impl VqLayout {
     /// Byte offset of the stage group of (row, v).
     #[inline]
     pub fn offset(&self, r: usize, v: usize) -> usize {
-        if self.block > 0 {
-            ((r / self.block * self.nvec + v) * self.block + r % self.block) * self.bpv()
-        } else {
-            (r * self.nvec + v) * self.bpv()
+        match r.checked_div(self.block) {
+            Some(rb) => ((rb * self.nvec + v) * self.block + r % self.block) * self.bpv(),
+            None => (r * self.nvec + v) * self.bpv(),
         }
     }
     /// Stage indices of (row, v).

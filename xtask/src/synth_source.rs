@@ -65,7 +65,7 @@ pub fn run(out: &Path, shape: &str, experts: usize, mxfp4: bool, seed: u64) -> R
         if *dt == "U8" {
             let mut b = vec![0u8; *bytes];
             if n.ends_with("weight_scale") {
-                b.iter_mut().for_each(|x| *x = 118 + (rng.next() % 4) as u8);
+                b.iter_mut().for_each(|x| *x = 118 + (rng.next_u64() % 4) as u8);
             } else {
                 rng.fill(&mut b);
             }

@@ -1,4 +1,5 @@
-//! Tidy checks: one-way crate dependencies, a README per crate.
+//! Tidy checks: one-way crate dependencies, a README per crate, and a tree
+//! that stands alone (no source reads data from outside the repository).
 
 use anyhow::{bail, Result};
 use std::path::Path;
@@ -44,6 +45,34 @@ pub fn problems(root: &Path) -> Vec<String> {
                     out.push(format!(
                         "{krate} (layer {lv}) depends on {dep} (layer {dl}): dependencies must point down"
                     ));
+                }
+            }
+        }
+    }
+    out.extend(outside_reads(root));
+    out
+}
+
+/// Source files that name a path outside the repository (`../shared`, the
+/// workplace's data folder): a clone must test itself with `testdata/` alone.
+fn outside_reads(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if p.is_dir() {
+                if !matches!(name.as_str(), "target" | ".git" | "docs" | "testdata" | "corpus" | "artifacts") {
+                    stack.push(p);
+                }
+            } else if [".rs", ".py", ".sh", ".toml"].iter().any(|x| name.ends_with(x)) || name == "run" {
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                // the needle is split so this file does not find itself
+                let needle = format!("{}/{}", "shared", "data");
+                if text.contains(&needle) {
+                    out.push(format!("{}: reads {needle} outside the repository (use testdata/)", p.display()));
                 }
             }
         }

@@ -1,5 +1,5 @@
 """Expected token ids for corpus.json from Python tiktoken (the oracle),
-with the real o200k_base ranks (../shared/data/tokenizers) and both
+with the real o200k_base ranks (testdata/tokenizers) and both
 o200k's and Kimi's patterns. Writes expected.json."""
 import base64
 import json
@@ -23,7 +23,7 @@ def no_han(r):
 PATTERNS = {"o200k": "|".join(O200K), "kimi": "|".join([r"[\p{Han}]+"] + [no_han(r) for r in O200K])}
 
 here = os.path.dirname(os.path.abspath(__file__))
-ranks_path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "../../../../shared/data/tokenizers/o200k_base.tiktoken")
+ranks_path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "../../../testdata/tokenizers/o200k_base.tiktoken")
 ranks = {}
 with open(ranks_path, "rb") as f:
     for line in f:
