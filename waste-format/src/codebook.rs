@@ -30,7 +30,7 @@ impl Codebooks {
     /// Parse and validate the whole file's bytes.
     pub fn parse(bytes: &[u8], q: &ExpertQuant) -> Result<Codebooks> {
         let rl = Self::record_len(q);
-        if bytes.len() % rl != 0 {
+        if !bytes.len().is_multiple_of(rl) {
             return Err(Error::Codebook {
                 id: bytes.len() / rl,
                 msg: format!("codebooks.bin size {} is not a multiple of the {rl}-byte record", bytes.len()),

@@ -47,7 +47,7 @@ impl Usage {
         if ver != USAGE_VERSION {
             return err(format!("version {ver}, expected {USAGE_VERSION}"));
         }
-        if (b.len() - 16) % 16 != 0 {
+        if !(b.len() - 16).is_multiple_of(16) {
             return err(format!("length {} is not header + whole 16-byte entries", b.len()));
         }
         let n = (b.len() - 16) / 16;

@@ -184,7 +184,7 @@ mod tests {
                 b[0] = 9;
                 assert_eq!(b[0], 9);
                 let cap = b.capacity();
-                assert!(cap >= len && cap % crate::ALIGN == 0);
+                assert!(cap >= len && cap.is_multiple_of(crate::ALIGN));
                 b.full_mut()[cap - 1] = 1;
             }
         }

@@ -51,7 +51,11 @@ impl DirectFile {
     /// Fill `buf` from `offset`. Direct files need a 4 KiB-aligned offset,
     /// buffer and length. A file that ends early is a [`Error::ShortRead`].
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        if self.direct && (offset % ALIGN as u64 != 0 || buf.len() % ALIGN != 0 || buf.as_ptr() as usize % ALIGN != 0) {
+        if self.direct
+            && (!offset.is_multiple_of(ALIGN as u64)
+                || !buf.len().is_multiple_of(ALIGN)
+                || !(buf.as_ptr() as usize).is_multiple_of(ALIGN))
+        {
             return Err(Error::Misaligned { path: self.path.clone(), offset, len: buf.len() });
         }
         let mut done = 0usize;

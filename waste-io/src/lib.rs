@@ -27,7 +27,7 @@ mod probe;
 pub use buf::AlignedBuf;
 pub use file::DirectFile;
 pub use pool::{Priority, ReaderPool, Ticket};
-pub use probe::{probe_bandwidth, ProbeResult};
+pub use probe::{probe_bandwidth, read_bandwidth, ProbeResult};
 
 use std::path::PathBuf;
 

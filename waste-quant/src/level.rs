@@ -10,11 +10,15 @@ pub enum Level {
     Scalar,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86_64 AVX-512 F/BW/VL (with AVX2 + FMA + F16C): its own trunk
+    /// matvec; every other kernel is the AVX2 one (all levels are
+    /// bit-identical, so mixing them is exact).
+    Avx512,
 }
 
 impl Level {
     /// Every level this crate knows, lowest first (whether or not the CPU has it).
-    pub const ALL: [Level; 2] = [Level::Scalar, Level::Avx2];
+    pub const ALL: [Level; 3] = [Level::Scalar, Level::Avx2, Level::Avx512];
 
     /// Whether the test suite requires this level on this architecture: a
     /// machine that lacks it cannot vouch for the kernels CI ships (scalar
@@ -23,6 +27,7 @@ impl Level {
         match self {
             Level::Scalar => true,
             Level::Avx2 => cfg!(target_arch = "x86_64"),
+            Level::Avx512 => false,
         }
     }
 
@@ -31,6 +36,7 @@ impl Level {
         match self {
             Level::Scalar => "scalar",
             Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
         }
     }
     /// Whether this CPU can run the level.
@@ -41,10 +47,23 @@ impl Level {
             Level::Avx2 => {
                 is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
             }
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => {
+                Level::Avx2.supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+            }
             #[cfg(not(target_arch = "x86_64"))]
-            Level::Avx2 => false,
+            Level::Avx2 | Level::Avx512 => false,
         }
     }
+    /// Whether this level runs the AVX2 kernels (AVX2 itself, and AVX-512 for
+    /// the kernels it has no own version of) and the CPU has them.
+    pub fn avx2_kernels(self) -> bool {
+        matches!(self, Level::Avx2 | Level::Avx512) && Level::Avx2.supported()
+    }
+
     /// Every level this CPU can run, lowest first.
     pub fn available() -> Vec<Level> {
         Level::ALL.into_iter().filter(|l| l.supported()).collect()
@@ -54,6 +73,7 @@ impl Level {
         match s {
             "scalar" => Some(Level::Scalar),
             "avx2" => Some(Level::Avx2),
+            "avx512" => Some(Level::Avx512),
             _ => None,
         }
     }

@@ -70,7 +70,7 @@ impl<'a> MatRef<'a> {
         scales: &'a [u16],
     ) -> Result<Self, ShapeError> {
         let m = MatRef { fmt, rows, cols, group, data, scales };
-        if fmt.is_grouped() && (group == 0 || group % 2 != 0) {
+        if fmt.is_grouped() && (group == 0 || !group.is_multiple_of(2)) {
             return Err(ShapeError(format!("group {group} must be even and non-zero")));
         }
         let need = rows.checked_mul(m.row_bytes()).ok_or_else(|| ShapeError("size overflows".into()))?;
@@ -100,20 +100,31 @@ impl<'a> MatRef<'a> {
                     *o = cv(u16::from_le_bytes([rb[j], rb[j + 1]]));
                 }
             }
+            // one scale conversion per group, then a plain loop over the
+            // group's weights (vectorizable); each weight is q · scale as before
             Fmt::Q8G => {
                 let sc = &self.scales[r * self.groups()..];
-                for (i, o) in out.iter_mut().enumerate() {
-                    let c = c0 + i;
-                    *o = (rb[c] as i8) as f32 * f16_to_f32(sc[c / self.group]);
+                let mut c = c0;
+                for run in out.chunk_by_mut_groups(c0, self.group) {
+                    let scale = f16_to_f32(sc[c / self.group]);
+                    let n = run.len();
+                    for (o, &q) in run.iter_mut().zip(&rb[c..c + n]) {
+                        *o = (q as i8) as f32 * scale;
+                    }
+                    c += run.len();
                 }
             }
             Fmt::Q4G => {
                 let sc = &self.scales[r * self.groups()..];
-                for (i, o) in out.iter_mut().enumerate() {
-                    let c = c0 + i;
-                    let b = rb[c / 2];
-                    let nib = if c % 2 == 0 { b & 15 } else { b >> 4 };
-                    *o = (nib as i32 - 8) as f32 * f16_to_f32(sc[c / self.group]);
+                let mut c = c0;
+                for run in out.chunk_by_mut_groups(c0, self.group) {
+                    let scale = f16_to_f32(sc[c / self.group]);
+                    for (i, o) in run.iter_mut().enumerate() {
+                        let b = rb[(c + i) / 2];
+                        let nib = if (c + i).is_multiple_of(2) { b & 15 } else { b >> 4 };
+                        *o = (nib as i32 - 8) as f32 * scale;
+                    }
+                    c += run.len();
                 }
             }
         }
@@ -130,7 +141,13 @@ impl<'a> MatRef<'a> {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert!(row0 + y.len() <= self.rows, "matvec rows out of range");
         #[cfg(target_arch = "x86_64")]
-        if level == Level::Avx2 && Level::Avx2.supported() {
+        if level == Level::Avx512 && Level::Avx512.supported() {
+            // SAFETY: AVX-512 F/BW/VL + AVX2/FMA/F16C verified just above; sizes checked by MatRef::new and the asserts.
+            unsafe { crate::x86_64::avx512::matvec_rows(self, x, row0, y) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if level.avx2_kernels() {
             // SAFETY: AVX2/FMA/F16C verified just above; sizes checked by MatRef::new and the asserts.
             unsafe { crate::x86_64::avx2::matvec_rows(self, x, row0, y) };
             return;
@@ -163,7 +180,7 @@ impl<'a> MatRef<'a> {
         assert!(row0 + n <= self.rows, "matmat rows out of range");
         assert!(nt <= 1 || ys_stride >= n);
         #[cfg(target_arch = "x86_64")]
-        if level == Level::Avx2 && Level::Avx2.supported() {
+        if level.avx2_kernels() {
             // SAFETY: AVX2/FMA/F16C verified just above; sizes asserted; ys per the contract.
             unsafe { crate::x86_64::avx2::matmat_rows(self, xs, nt, row0, n, ys, ys_stride) };
             return;
@@ -259,5 +276,37 @@ impl Matrix {
     /// Bytes held in RAM.
     pub fn heap_bytes(&self) -> usize {
         self.data.len() + self.scales.len() * 2
+    }
+}
+
+/// Splitting an output run at scale-group boundaries.
+trait GroupRuns {
+    /// `self` (columns `c0..c0+len`) cut where a new group of `group` columns starts.
+    fn chunk_by_mut_groups(&mut self, c0: usize, group: usize) -> GroupRunsIter<'_>;
+}
+
+struct GroupRunsIter<'a> {
+    rest: &'a mut [f32],
+    c: usize,
+    group: usize,
+}
+
+impl<'a> Iterator for GroupRunsIter<'a> {
+    type Item = &'a mut [f32];
+    fn next(&mut self) -> Option<&'a mut [f32]> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let n = (self.group - self.c % self.group).min(self.rest.len());
+        let (a, b) = std::mem::take(&mut self.rest).split_at_mut(n);
+        self.rest = b;
+        self.c += n;
+        Some(a)
+    }
+}
+
+impl GroupRuns for [f32] {
+    fn chunk_by_mut_groups(&mut self, c0: usize, group: usize) -> GroupRunsIter<'_> {
+        GroupRunsIter { rest: self, c: c0, group: group.max(1) }
     }
 }

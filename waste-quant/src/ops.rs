@@ -83,7 +83,7 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 pub fn axpy_at(level: crate::Level, a: f32, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len());
     #[cfg(target_arch = "x86_64")]
-    if level == crate::Level::Avx2 && crate::Level::Avx2.supported() {
+    if level.avx2_kernels() {
         // SAFETY: AVX2/FMA verified; equal lengths asserted.
         unsafe { crate::x86_64::avx2::axpy(a, x, y) };
         return;
@@ -97,7 +97,7 @@ pub fn axpy_at(level: crate::Level, a: f32, x: &[f32], y: &mut [f32]) {
 pub fn decay_project(level: crate::Level, e: f32, k: f32, row: &mut [f32], u: &mut [f32]) {
     assert_eq!(row.len(), u.len());
     #[cfg(target_arch = "x86_64")]
-    if level == crate::Level::Avx2 && crate::Level::Avx2.supported() {
+    if level.avx2_kernels() {
         // SAFETY: AVX2/FMA verified; equal lengths asserted.
         unsafe { crate::x86_64::avx2::decay_project(e, k, row, u) };
         return;
@@ -114,7 +114,7 @@ pub fn decay_project(level: crate::Level, e: f32, k: f32, row: &mut [f32], u: &m
 pub fn update_read(level: crate::Level, k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f32]) {
     assert!(d.len() == row.len() && row.len() == o.len());
     #[cfg(target_arch = "x86_64")]
-    if level == crate::Level::Avx2 && crate::Level::Avx2.supported() {
+    if level.avx2_kernels() {
         // SAFETY: AVX2/FMA verified; equal lengths asserted.
         unsafe { crate::x86_64::avx2::update_read(k, d, row, q, o) };
         return;

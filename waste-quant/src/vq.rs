@@ -114,7 +114,7 @@ pub fn build_table(level: Level, books: &[&VqBook], lay: &VqLayout, x: &[f32], t
             let t = &mut table[(v * lay.stages + s) * te..][..te];
             let xv = &x[v * dim..(v + 1) * dim];
             #[cfg(target_arch = "x86_64")]
-            if level == Level::Avx2 && Level::Avx2.supported() {
+            if level.avx2_kernels() {
                 // SAFETY: features checked; slices sized above.
                 unsafe { crate::x86_64::avx2::table_entries(b, xv, t) };
                 t[b.entries..].fill(f32::NAN);
@@ -141,15 +141,34 @@ pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], tabl
     assert!(r0 + y.len() <= lay.rows);
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx2 && Level::Avx2.supported() && lay.block > 0 && lay.block % 8 == 0 && r0 % 8 == 0 {
-        let n8 = y.len() / 8 * 8;
+    if level == Level::Avx512
+        && Level::Avx512.supported()
+        && crate::x86_64::avx512::has_vbmi()
+        && lay.block > 0
+        && lay.block.is_multiple_of(16)
+        && r0.is_multiple_of(16)
+        && lay.bpv() <= 4
+        && (!lay.packed6 || lay.bpv() == 3)
+    {
+        let n16 = y.len() / 16 * 16;
         // SAFETY: features checked; sizes asserted above.
-        unsafe { crate::x86_64::avx2::vq_rows8(lay, idx, table, r0, &mut y[..n8]) };
-        for (i, yo) in y[..n8].iter_mut().enumerate() {
+        unsafe { crate::x86_64::avx512::vq_rows16(lay, idx, table, r0, &mut y[..n16]) };
+        for (i, yo) in y[..n16].iter_mut().enumerate() {
             let r = r0 + i;
             *yo *= f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
         }
-        done = n8;
+        done = n16;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level.avx2_kernels() && lay.block > 0 && lay.block.is_multiple_of(8) && (r0 + done).is_multiple_of(8) {
+        let n8 = (y.len() - done) / 8 * 8;
+        // SAFETY: features checked; sizes asserted above.
+        unsafe { crate::x86_64::avx2::vq_rows8(lay, idx, table, r0 + done, &mut y[done..done + n8]) };
+        for (i, yo) in y[done..done + n8].iter_mut().enumerate() {
+            let r = r0 + done + i;
+            *yo *= f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
+        }
+        done += n8;
     }
     let _ = level;
     let te = lay.table_entries();

@@ -50,7 +50,7 @@ impl Searcher {
     /// add per dim, `‖c‖² − 2·dot`, first minimum wins).
     pub fn find(&self, x: &[f32]) -> usize {
         #[cfg(target_arch = "x86_64")]
-        if self.level == Level::Avx2 && Level::Avx2.supported() && self.entries % 8 == 0 {
+        if self.level.avx2_kernels() && self.entries.is_multiple_of(8) {
             // SAFETY: AVX2 checked; bt holds dim × entries floats; x holds dim floats.
             return unsafe { find_avx2(&self.bt, &self.norms, self.entries, self.dim, x) };
         }

@@ -72,6 +72,10 @@ proptest! {
             let mut got = vec![0f32; rows];
             m.view().matvec_rows(lv, &x, 0, &mut got);
             prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "level {:?} fmt {:?}", lv, fmt);
+            // a row range that starts inside the matrix (as a thread's share does)
+            let mut part = vec![0f32; rows - 1];
+            m.view().matvec_rows(lv, &x, 1, &mut part);
+            prop_assert_eq!(part.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want[1..].iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "level {:?} fmt {:?} from row 1", lv, fmt);
         }
     }
 

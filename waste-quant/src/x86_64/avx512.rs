@@ -1,0 +1,354 @@
+//! AVX-512 (F/BW/VL, with AVX2 + FMA + F16C) kernels: the trunk matvec.
+//!
+//! Same canonical order as `scalar.rs`: column `j` accumulates into lane
+//! `j mod 32` with a fused multiply-add (lanes 0–15 in one register, 16–31
+//! in another), then the halving reduction. What changes is how the work is
+//! arranged: [`ROWS`] rows per pass share each 32-column block of the input
+//! (loaded once instead of once per row), the format is resolved at compile
+//! time, f16 scales convert in hardware, and Q4G weights come from a
+//! 16-entry in-register table `(i − 8) · scale` indexed by the nibbles — the
+//! same product the scalar definition computes per weight, so the results
+//! are bit-identical to every other level.
+
+use crate::matrix::MatRef;
+use crate::scalar::LANES;
+use core::arch::x86_64::*;
+use waste_format::Fmt;
+
+/// Rows per pass.
+const ROWS: usize = 4;
+
+const F32: u8 = 0;
+const F16: u8 = 1;
+const BF16: u8 = 2;
+const Q8G: u8 = 3;
+const Q4G: u8 = 4;
+
+/// The canonical halving reduction of 32 lanes held as (0–15, 16–31).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn reduce(lo: __m512, hi: __m512) -> f32 {
+    let h = _mm512_add_ps(lo, hi); // i + i+16
+    let top = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(h)));
+    let s = _mm256_add_ps(_mm512_castps512_ps256(h), top); // i + i+8
+    let c = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s)); // i + i+4
+    let d = _mm_add_ps(c, _mm_movehl_ps(c, c)); // i + i+2
+    let e = _mm_add_ss(d, _mm_shuffle_ps::<1>(d, d)); // 0 + 1
+    _mm_cvtss_f32(e)
+}
+
+/// f16 bits to f32 in hardware (exact, as the software conversion).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn f16(h: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// The 32 weights of row bytes `rb` at column `c` as (columns c..c+16,
+/// c+16..c+32). `tab` is Q4G's `(i − 8) · scale` table, `scale` Q8G's scale.
+///
+/// # Safety
+/// The row holds columns `c..c+32`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn load32<const FMT: u8>(rb: *const u8, c: usize, scale: f32, tab: __m512) -> (__m512, __m512) {
+    // SAFETY (all arms): the caller guarantees the row holds columns c..c+32.
+    unsafe {
+        match FMT {
+            F32 => {
+                let p = rb.add(c * 4) as *const f32;
+                (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
+            }
+            F16 => {
+                let p = rb.add(c * 2) as *const __m256i;
+                (_mm512_cvtph_ps(_mm256_loadu_si256(p)), _mm512_cvtph_ps(_mm256_loadu_si256(p.add(1))))
+            }
+            BF16 => {
+                let p = rb.add(c * 2) as *const __m256i;
+                let cv = |q: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(q)));
+                (cv(_mm256_loadu_si256(p)), cv(_mm256_loadu_si256(p.add(1))))
+            }
+            Q8G => {
+                let p = rb.add(c) as *const __m128i;
+                let s = _mm512_set1_ps(scale);
+                let cv = |q: __m128i| _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), s);
+                (cv(_mm_loadu_si128(p)), cv(_mm_loadu_si128(p.add(1))))
+            }
+            _ => {
+                // Q4G: column 2i is the low nibble of byte i, 2i+1 the high one
+                let b = _mm_loadu_si128(rb.add(c / 2) as *const __m128i);
+                let m = _mm_set1_epi8(0x0f);
+                let lo = _mm_and_si128(b, m);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), m);
+                let e0 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+                let e1 = _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi));
+                (_mm512_permutexvar_ps(e0, tab), _mm512_permutexvar_ps(e1, tab))
+            }
+        }
+    }
+}
+
+/// `out[k] = W[r0 + k] · x` for `k < N`: each 32-column block of `x` is
+/// loaded once for the N rows.
+///
+/// # Safety
+/// `m` checked, `x.len() == m.cols`, rows `r0..r0+N` exist, fused layout
+/// (ungrouped or `group % 32 == 0`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn rows_dot<const N: usize, const FMT: u8>(m: &MatRef<'_>, r0: usize, x: &[f32], out: &mut [f32]) {
+    let rbs = m.row_bytes();
+    let g = m.groups();
+    let rows: [&[u8]; N] = core::array::from_fn(|k| &m.data[(r0 + k) * rbs..(r0 + k + 1) * rbs]);
+    let mut acc = [[_mm512_setzero_ps(); 2]; N];
+    let full = m.cols / LANES * LANES;
+    let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
+    let mut c = 0;
+    while c < full {
+        // SAFETY: c + 32 <= cols = x.len().
+        let (xl, xh) = unsafe { (_mm512_loadu_ps(x.as_ptr().add(c)), _mm512_loadu_ps(x.as_ptr().add(c + 16))) };
+        for k in 0..N {
+            let scale = if FMT == Q8G || FMT == Q4G { f16(m.scales[(r0 + k) * g + c / m.group]) } else { 0.0 };
+            let tab = if FMT == Q4G { _mm512_mul_ps(steps, _mm512_set1_ps(scale)) } else { steps };
+            // SAFETY: c + 32 <= cols, within the row.
+            let (wl, wh) = unsafe { load32::<FMT>(rows[k].as_ptr(), c, scale, tab) };
+            acc[k][0] = _mm512_fmadd_ps(wl, xl, acc[k][0]);
+            acc[k][1] = _mm512_fmadd_ps(wh, xh, acc[k][1]);
+        }
+        c += LANES;
+    }
+    for k in 0..N {
+        if full < m.cols {
+            let mut wt = [0f32; LANES];
+            let mut xt = [0f32; LANES];
+            let n = m.cols - full;
+            m.dequant(r0 + k, full, &mut wt[..n]);
+            xt[..n].copy_from_slice(&x[full..]);
+            // SAFETY: both tails are 32 floats.
+            unsafe {
+                let (wl, wh) = (_mm512_loadu_ps(wt.as_ptr()), _mm512_loadu_ps(wt.as_ptr().add(16)));
+                let (xl, xh) = (_mm512_loadu_ps(xt.as_ptr()), _mm512_loadu_ps(xt.as_ptr().add(16)));
+                acc[k][0] = _mm512_fmadd_ps(wl, xl, acc[k][0]);
+                acc[k][1] = _mm512_fmadd_ps(wh, xh, acc[k][1]);
+            }
+        }
+        out[k] = reduce(acc[k][0], acc[k][1]);
+    }
+}
+
+/// Q4G rows in nibble order: byte k of a 32-column block holds columns 2k
+/// (low nibble) and 2k+1 (high nibble), so zero-extending the 16 bytes to
+/// 32-bit lanes and looking the low 4 bits up gives the even columns, a
+/// 4-bit shift the odd ones — no unpacking. `xe`/`xo` are `x`'s even and odd
+/// columns per block (`xe[16b + k] = x[32b + 2k]`); the accumulators hold
+/// the canonical lanes 0, 2, … 30 and 1, 3, … 31 and are interleaved back
+/// before the canonical reduction, so every lane sees the same fused
+/// multiply-adds in the same order.
+///
+/// # Safety
+/// As [`rows_dot`], Q4G with `group % 32 == 0`, `xe.len() == xo.len() ==
+/// 16 · (cols / 32)`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn rows_dot_q4<const N: usize>(m: &MatRef<'_>, r0: usize, x: &[f32], xe: &[f32], xo: &[f32], out: &mut [f32]) {
+    let rbs = m.row_bytes();
+    let g = m.groups();
+    let rows: [&[u8]; N] = core::array::from_fn(|k| &m.data[(r0 + k) * rbs..(r0 + k + 1) * rbs]);
+    let mut acc = [[_mm512_setzero_ps(); 2]; N];
+    let full = m.cols / LANES * LANES;
+    let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
+    let mut c = 0;
+    while c < full {
+        let b = c / 2;
+        // SAFETY: b + 16 <= xe.len() = xo.len() (16 per full block).
+        let (xl, xh) = unsafe { (_mm512_loadu_ps(xe.as_ptr().add(b)), _mm512_loadu_ps(xo.as_ptr().add(b))) };
+        for k in 0..N {
+            let tab = _mm512_mul_ps(steps, _mm512_set1_ps(f16(m.scales[(r0 + k) * g + c / m.group])));
+            // SAFETY: the row holds bytes c/2 .. c/2 + 16.
+            let dw = unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(rows[k].as_ptr().add(b) as *const __m128i)) };
+            let we = _mm512_permutexvar_ps(dw, tab);
+            let wo = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(dw), tab);
+            acc[k][0] = _mm512_fmadd_ps(we, xl, acc[k][0]);
+            acc[k][1] = _mm512_fmadd_ps(wo, xh, acc[k][1]);
+        }
+        c += LANES;
+    }
+    let lo_ix = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let hi_ix = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for k in 0..N {
+        // back to canonical lanes: lo = lanes 0..15, hi = 16..31
+        let mut lo = _mm512_permutex2var_ps(acc[k][0], lo_ix, acc[k][1]);
+        let mut hi = _mm512_permutex2var_ps(acc[k][0], hi_ix, acc[k][1]);
+        if full < m.cols {
+            let mut wt = [0f32; LANES];
+            let mut xt = [0f32; LANES];
+            let n = m.cols - full;
+            m.dequant(r0 + k, full, &mut wt[..n]);
+            xt[..n].copy_from_slice(&x[full..]);
+            // SAFETY: both tails are 32 floats.
+            unsafe {
+                lo = _mm512_fmadd_ps(_mm512_loadu_ps(wt.as_ptr()), _mm512_loadu_ps(xt.as_ptr()), lo);
+                hi = _mm512_fmadd_ps(_mm512_loadu_ps(wt.as_ptr().add(16)), _mm512_loadu_ps(xt.as_ptr().add(16)), hi);
+            }
+        }
+        out[k] = reduce(lo, hi);
+    }
+}
+
+thread_local! {
+    /// `x` split into even and odd columns per 32-column block (Q4G).
+    static SPLIT_X: core::cell::RefCell<Vec<f32>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn matvec_q4(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32]) {
+    let half = m.cols / LANES * LANES / 2;
+    SPLIT_X.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.clear();
+        buf.resize(2 * half, 0.0);
+        let (xe, xo) = buf.split_at_mut(half);
+        for (i, (e, o)) in xe.iter_mut().zip(xo.iter_mut()).enumerate() {
+            *e = x[2 * i];
+            *o = x[2 * i + 1];
+        }
+        let mut i = 0;
+        while i + ROWS <= y.len() {
+            // SAFETY: forwarded contract; rows row0+i..row0+i+ROWS exist.
+            unsafe { rows_dot_q4::<ROWS>(m, row0 + i, x, xe, xo, &mut y[i..i + ROWS]) };
+            i += ROWS;
+        }
+        while i < y.len() {
+            // SAFETY: as above, one row.
+            unsafe { rows_dot_q4::<1>(m, row0 + i, x, xe, xo, &mut y[i..i + 1]) };
+            i += 1;
+        }
+    });
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn matvec_fmt<const FMT: u8>(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32]) {
+    let mut i = 0;
+    while i + ROWS <= y.len() {
+        // SAFETY: forwarded contract; rows row0+i..row0+i+ROWS exist.
+        unsafe { rows_dot::<ROWS, FMT>(m, row0 + i, x, &mut y[i..i + ROWS]) };
+        i += ROWS;
+    }
+    while i < y.len() {
+        // SAFETY: as above, one row.
+        unsafe { rows_dot::<1, FMT>(m, row0 + i, x, &mut y[i..i + 1]) };
+        i += 1;
+    }
+}
+
+/// AVX-512 version of [`MatRef::matvec_rows`].
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL, AVX2, FMA and F16C; `m` must be a
+/// checked view, `x.len() == m.cols`, `row0 + y.len() <= m.rows`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32]) {
+    if m.fmt.is_grouped() && !m.group.is_multiple_of(LANES) {
+        // SAFETY: AVX2 ⊂ this level; forwarded contract.
+        return unsafe { super::avx2::matvec_rows(m, x, row0, y) };
+    }
+    // SAFETY (all arms): forwarded contract, layout fused (checked above).
+    unsafe {
+        match m.fmt {
+            Fmt::F32 => matvec_fmt::<F32>(m, x, row0, y),
+            Fmt::F16 => matvec_fmt::<F16>(m, x, row0, y),
+            Fmt::Bf16 => matvec_fmt::<BF16>(m, x, row0, y),
+            Fmt::Q8G => matvec_fmt::<Q8G>(m, x, row0, y),
+            Fmt::Q4G => matvec_q4(m, x, row0, y),
+        }
+    }
+}
+
+/// Whether the CPU has AVX-512 VBMI (byte permutes) for [`vq_rows16`].
+pub fn has_vbmi() -> bool {
+    is_x86_feature_detected!("avx512vbmi")
+}
+
+/// AVX-512 version of the AVX2 `vq_rows8`: 16 rows a vector (one gather
+/// fetches 16 table entries), each row's `bpv` index bytes moved into its
+/// 32-bit lane by one byte permute (VBMI). Rows `r0..r0+y.len()` (a multiple
+/// of 16, `r0 % 16 == 0`), blocked layout with `block % 16 == 0`, 8-bit
+/// indices with `bpv ≤ 4` or 6-bit packed ones with `bpv == 3`. The same
+/// tiling over vector positions as the AVX2 kernel, and the same sum order
+/// per row — bit-identical.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VBMI; sizes as asserted by `vq::matvec_rows`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
+pub unsafe fn vq_rows16(lay: &crate::vq::VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut [f32]) {
+    let te = lay.table_entries();
+    let bpv = lay.bpv();
+    let st = lay.stages;
+    let end = r0 + y.len();
+    // row i's bytes bpv·i .. bpv·i+bpv into lane i (bytes 4i..4i+bpv), zeros above
+    let mut perm = [0u8; 64];
+    let mut keep = 0u64;
+    for i in 0..16 {
+        for k in 0..bpv {
+            perm[4 * i + k] = (bpv * i + k) as u8;
+            keep |= 1 << (4 * i + k);
+        }
+    }
+    // SAFETY: 64-byte array.
+    let perm = unsafe { _mm512_loadu_si512(perm.as_ptr() as *const __m512i) };
+    let field = if lay.packed6 { 6 } else { 8 };
+    let field_mask = _mm512_set1_epi32(if lay.packed6 { 63 } else { 255 });
+    let group_bytes = 16 * bpv;
+    let mut v0 = 0;
+    while v0 < lay.nvec {
+        let v1 = (v0 + super::avx2::VQ_TILE).min(lay.nvec);
+        let mut r = r0;
+        while r < end {
+            let block_end = (r / lay.block + 1) * lay.block;
+            let ng = ((block_end.min(end) - r) / 16).clamp(1, 4);
+            let mut acc = [_mm512_setzero_ps(); 4];
+            if v0 > 0 {
+                for (g, a) in acc.iter_mut().enumerate().take(ng) {
+                    // SAFETY: r + 16g + 16 <= end; the previous tile wrote these partial sums.
+                    *a = unsafe { _mm512_loadu_ps(y.as_ptr().add(r - r0 + 16 * g)) };
+                }
+            }
+            for v in v0..v1 {
+                let o = lay.offset(r, v);
+                let src = &idx[o..o + ng * group_bytes];
+                for (g, a) in acc.iter_mut().enumerate().take(ng) {
+                    // SAFETY: the group's 16·bpv ≤ 64 bytes are inside `src`; the masked load reads no others.
+                    let w = unsafe {
+                        let raw = _mm512_maskz_loadu_epi8(
+                            keep_bytes(group_bytes),
+                            src.as_ptr().add(g * group_bytes) as *const i8,
+                        );
+                        _mm512_maskz_permutexvar_epi8(keep, perm, raw)
+                    };
+                    for s in 0..st {
+                        let base = _mm512_set1_epi32(((v * st + s) * te) as i32);
+                        let ix =
+                            _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_set1_epi32((field * s) as i32)), field_mask);
+                        // SAFETY: every index < te, so base + index lies within the table.
+                        let t = unsafe { _mm512_i32gather_ps::<4>(_mm512_add_epi32(ix, base), table.as_ptr()) };
+                        *a = _mm512_add_ps(*a, t);
+                    }
+                }
+            }
+            for (g, a) in acc.iter().enumerate().take(ng) {
+                // SAFETY: r + 16g + 16 <= end.
+                unsafe { _mm512_storeu_ps(y.as_mut_ptr().add(r - r0 + 16 * g), *a) };
+            }
+            r += 16 * ng;
+        }
+        v0 = v1;
+    }
+}
+
+/// A byte mask of the low `n` (≤ 64) bytes.
+#[inline]
+fn keep_bytes(n: usize) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
