@@ -51,7 +51,7 @@ pub fn cachesim(a: CachesimArgs) -> Result<ExitCode> {
             &json!({"hit_rate": r.hit_rate(), "hits": r.hits, "accesses": r.accesses, "evictions": r.evictions, "policy": policy.name(), "slots": a.slots}),
         )?;
     } else {
-        println!(
+        outln!(
             "{}: {} slots: hit rate {:.2}% ({} / {} accesses, {} evictions)",
             policy.name(),
             a.slots,

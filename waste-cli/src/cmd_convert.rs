@@ -36,6 +36,11 @@ pub struct ConvertArgs {
     /// Experts sampled per layer to fit the codebooks.
     #[arg(long, default_value_t = 8)]
     cb_sample: usize,
+    /// Discard an unfinished conversion made with other options and start over
+    /// (only the `OUT.partial` folder this command made; `--out` itself is
+    /// never overwritten).
+    #[arg(long)]
+    force: bool,
     /// Machine-readable report.
     #[arg(long)]
     json: bool,
@@ -60,7 +65,16 @@ pub fn convert(a: ConvertArgs) -> Result<ExitCode> {
         }
     };
     let jobs = if a.jobs == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { a.jobs };
-    let o = ConvertOptions { experts, trunk, layers, jobs, seed: a.seed, cb_sample: a.cb_sample, ..Default::default() };
+    let o = ConvertOptions {
+        experts,
+        trunk,
+        layers,
+        jobs,
+        seed: a.seed,
+        cb_sample: a.cb_sample,
+        force: a.force,
+        ..Default::default()
+    };
     let bar =
         if a.quiet || a.json || !std::io::stderr().is_terminal() { ProgressBar::hidden() } else { ProgressBar::new(0) };
     bar.set_style(
@@ -88,10 +102,10 @@ pub fn convert(a: ConvertArgs) -> Result<ExitCode> {
             &json!({"complete": rep.complete, "experts": rep.experts, "seconds": rep.seconds, "seconds_per_expert": per_expert,
             "rel_error": {"gate": rep.rel_error[0], "up": rep.rel_error[1], "down": rep.rel_error[2]},
             "per_layer": rep.per_layer.iter().map(|(l, e)| json!({"layer": l, "gate": e[0], "up": e[1], "down": e[2]})).collect::<Vec<_>>(),
-            "resumed_layers": rep.resumed_layers}),
+            "resumed_layers": rep.resumed_layers, "staging": rep.staging}),
         )?;
     } else {
-        println!(
+        outln!(
             "{} experts in {:.1} s ({:.3} s/expert); relative error gate {:.4} up {:.4} down {:.4}{}",
             rep.experts,
             rep.seconds,
@@ -99,10 +113,14 @@ pub fn convert(a: ConvertArgs) -> Result<ExitCode> {
             rep.rel_error[0],
             rep.rel_error[1],
             rep.rel_error[2],
-            if rep.complete { String::new() } else { " — incomplete: run again for the remaining layers".into() }
+            match &rep.staging {
+                Some(d) if !rep.complete =>
+                    format!(" — incomplete ({}): run again for the remaining layers", d.display()),
+                _ => String::new(),
+            }
         );
         for (l, e) in &rep.per_layer {
-            println!("  layer {l:>3}: gate {:.4}  up {:.4}  down {:.4}", e[0], e[1], e[2]);
+            outln!("  layer {l:>3}: gate {:.4}  up {:.4}  down {:.4}", e[0], e[1], e[2]);
         }
     }
     Ok(ExitCode::SUCCESS)

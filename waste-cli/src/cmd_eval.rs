@@ -50,6 +50,9 @@ pub struct EngineArgs {
     /// Write which experts this run used to the usage hotlist when done.
     #[arg(long)]
     pub learn: bool,
+    /// Open even when the floor at this --ctx exceeds usable RAM.
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn parse_budget(s: &str) -> Result<u64, String> {
@@ -77,6 +80,7 @@ impl EngineArgs {
             huge_pages: !self.no_huge_pages,
             max_chunk: self.chunk,
             usage: self.usage.clone(),
+            force: self.force,
         };
         let bar = crate::progress::count_bar("loading", false);
         let m = Model::open_with_progress(model, opts, &|done, total| {
@@ -85,7 +89,7 @@ impl EngineArgs {
         })
         .with_context(|| format!("opening {}", model.display()))?;
         bar.finish_and_clear();
-        if let Some(w) = m.budget_warning() {
+        for w in m.warnings() {
             eprintln!("warning: {w}");
         }
         Ok(m)
@@ -161,7 +165,7 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
         print_json(&v)?;
     } else {
         for &i in order.iter().take(a.top) {
-            println!("{i:>8}  logit {:>10.5}  p {:.5}", logits[i], probs[i]);
+            outln!("{i:>8}  logit {:>10.5}  p {:.5}", logits[i], probs[i]);
         }
     }
     Ok(ExitCode::SUCCESS)

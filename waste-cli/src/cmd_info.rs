@@ -74,9 +74,9 @@ pub fn info(a: InfoArgs) -> Result<ExitCode> {
     if a.json {
         print_json(&v)?;
     } else {
-        println!("{}  ({})", a.model.display(), c.manifest.arch);
-        println!("  layers {} ({} MoE), attention {kinds}", cfg.layers, cfg.n_moe_layers());
-        println!(
+        outln!("{}  ({})", a.model.display(), c.manifest.arch);
+        outln!("  layers {} ({} MoE), attention {kinds}", cfg.layers, cfg.n_moe_layers());
+        outln!(
             "  hidden {}, vocab {}, experts {} top-{} (+{} shared), expert width {}",
             cfg.hidden,
             cfg.vocab,
@@ -85,13 +85,9 @@ pub fn info(a: InfoArgs) -> Result<ExitCode> {
             cfg.shared_experts,
             cfg.expert_width()
         );
-        println!("  parameters: {} total, {} active per token", group(p.total), group(p.active));
-        println!(
-            "  expert record {} bytes; resident trunk {} bytes",
-            group(rec as u64),
-            group(c.resident_trunk_bytes())
-        );
-        println!("  quantization: {}", c.quant_summary());
+        outln!("  parameters: {} total, {} active per token", group(p.total), group(p.active));
+        outln!("  expert record {} bytes; resident trunk {} bytes", group(rec as u64), group(c.resident_trunk_bytes()));
+        outln!("  quantization: {}", c.quant_summary());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -100,7 +96,7 @@ fn group(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(ch);
@@ -130,7 +126,7 @@ pub fn verify(a: VerifyArgs) -> Result<ExitCode> {
         }
         if let Some(r) = &rep {
             let gbps = if r.seconds > 0.0 { r.bytes as f64 / r.seconds / 1e9 } else { 0.0 };
-            println!(
+            outln!(
                 "{}: {} records, {} bytes in {:.2} s ({gbps:.2} GB/s, direct I/O {}): {}",
                 a.model.display(),
                 r.records,
@@ -148,7 +144,7 @@ pub fn verify(a: VerifyArgs) -> Result<ExitCode> {
                 &json!({"source": src.display().to_string(), "experts": r.experts, "rel_error": {"gate": r.rel_error[0], "up": r.rel_error[1], "down": r.rel_error[2]}}),
             )?;
         } else {
-            println!(
+            outln!(
                 "against {}: {} experts, relative error gate {:.4} up {:.4} down {:.4}",
                 src.display(),
                 r.experts,
@@ -168,7 +164,7 @@ pub fn version(a: VersionArgs) -> Result<ExitCode> {
             &json!({"version": b.version, "simd": b.simd, "simd_available": b.simd_available, "format_version": b.format_version}),
         )?;
     } else {
-        println!(
+        outln!(
             "waste {} (simd {}; available: {}; container format v{})",
             b.version,
             b.simd,
@@ -210,9 +206,15 @@ pub fn diskbench(a: DiskbenchArgs) -> Result<ExitCode> {
             &json!({"gbps": r.gbps, "bytes": r.bytes, "seconds": r.seconds, "direct_io": r.direct, "huge_pages": r.huge, "record_size": a.record_size, "qd": a.qd}),
         )?;
     } else {
-        println!(
+        outln!(
             "{:.3} GB/s ({} bytes in {:.2} s; record {} B, qd {}, direct I/O {}, huge pages {})",
-            r.gbps, r.bytes, r.seconds, a.record_size, a.qd, r.direct, r.huge
+            r.gbps,
+            r.bytes,
+            r.seconds,
+            a.record_size,
+            a.qd,
+            r.direct,
+            r.huge
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -45,27 +45,27 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             "expert_record_bytes": p.record_bytes, "cache_slots": slots, "ctx": a.ctx, "ok": resolved.is_ok(), "note": note,
         }))?;
     } else {
-        println!("{} at {} tokens of context", a.model.display(), a.ctx);
-        println!("  trunk (resident)     {:>14} bytes  {}", p.trunk_bytes, gib(p.trunk_bytes));
-        println!("  state (KDA + MLA)    {:>14} bytes  {}", p.state_bytes, gib(p.state_bytes));
-        println!("  scratch              {:>14} bytes  {}", p.scratch_bytes, gib(p.scratch_bytes));
-        println!("  minimum expert cache {:>14} bytes  {}", p.min_expert_cache_bytes, gib(p.min_expert_cache_bytes));
-        println!("  floor                {:>14} bytes  {}", p.floor_bytes, gib(p.floor_bytes));
-        println!("  working set / token  {:>14} bytes  {}", p.working_set_bytes, gib(p.working_set_bytes));
-        println!("  recommended          {:>14} bytes  {}", p.recommended_bytes, gib(p.recommended_bytes));
-        println!("  usable RAM           {:>14} bytes  {}", usable, gib(usable));
+        outln!("{} at {} tokens of context", a.model.display(), a.ctx);
+        outln!("  trunk (resident)     {:>14} bytes  {}", p.trunk_bytes, gib(p.trunk_bytes));
+        outln!("  state (KDA + MLA)    {:>14} bytes  {}", p.state_bytes, gib(p.state_bytes));
+        outln!("  scratch              {:>14} bytes  {}", p.scratch_bytes, gib(p.scratch_bytes));
+        outln!("  minimum expert cache {:>14} bytes  {}", p.min_expert_cache_bytes, gib(p.min_expert_cache_bytes));
+        outln!("  floor                {:>14} bytes  {}", p.floor_bytes, gib(p.floor_bytes));
+        outln!("  working set / token  {:>14} bytes  {}", p.working_set_bytes, gib(p.working_set_bytes));
+        outln!("  recommended          {:>14} bytes  {}", p.recommended_bytes, gib(p.recommended_bytes));
+        outln!("  usable RAM           {:>14} bytes  {}", usable, gib(usable));
         match &resolved {
-            Ok(_) => println!(
+            Ok(_) => outln!(
                 "  budget {} buys an expert cache of {} ({} records of {} bytes)",
                 gib(budget),
                 gib(cache),
                 slots,
                 p.record_bytes
             ),
-            Err(e) => println!("  {e}"),
+            Err(e) => outln!("  {e}"),
         }
         if let (Ok(_), Some(n)) = (&resolved, &note) {
-            println!("  warning: {n}");
+            outln!("  warning: {n}");
         }
     }
     Ok(if resolved.is_ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
@@ -95,8 +95,30 @@ pub struct BenchArgs {
     engine: EngineArgs,
 }
 
+/// The container's direct-read bandwidth (GB/s): records of the expert size
+/// read scattered from its largest bank with `qd` reads in flight, at most
+/// 256 MB. Run before the model is opened, so its buffers never add to the
+/// engine's peak memory.
+fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) -> Option<f64> {
+    let p = waste_model::plan(path, 1).ok()?;
+    if p.record_bytes == 0 {
+        return None;
+    }
+    let bank = std::fs::read_dir(path)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("experts-"))
+        .max_by_key(|e| e.metadata().map(|m| m.len()).unwrap_or(0))?;
+    let r = waste_io::probe_bandwidth(&bank.path(), p.record_bytes as usize, qd, 256 << 20, direct, false).ok()?;
+    Some(r.gbps)
+}
+
 pub fn bench(a: BenchArgs) -> Result<ExitCode> {
+    let io_qd = if a.engine.io_threads == 0 { 4 } else { a.engine.io_threads };
+    let disk_gbps = disk_bandwidth(&a.model, io_qd, !a.engine.no_direct_io);
+    let t_open = std::time::Instant::now();
     let model = a.engine.open(&a.model)?;
+    let open_s = t_open.elapsed().as_secs_f64();
     let vocab = model.config().vocab as u32;
     let prompt: Vec<u32> = (0..a.prompt_len.max(1) as u32).map(|i| 1 + (i * 7919) % (vocab - 1).max(1)).collect();
     let mut s = model.session();
@@ -124,7 +146,22 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let hit_rate = if hit + miss > 0 { hit as f64 / (hit + miss) as f64 } else { 0.0 };
     let bytes =
         (st.bytes_read - st0.bytes_read) + (cs.prefetch_issued - cs0.prefetch_issued) * model.plan().record_bytes;
+    // the roofline: the slower of the disk (bytes read) and memory (bytes a
+    // token touches: the trunk, every expert it uses, the attention state)
+    let (mem1, mem_n) = model.memory_bandwidth(model.threads(), 3);
+    let plan = model.plan();
+    let touched =
+        plan.trunk_bytes as f64 + (hit + miss) as f64 / n * plan.record_bytes as f64 + plan.state_bytes as f64;
+    let disk_ms = disk_gbps.map_or(0.0, |g| bytes as f64 / n / (g * 1e9) * 1e3);
+    let mem_ms = if mem_n > 0.0 { touched / (mem_n * 1e9) * 1e3 } else { 0.0 };
+    let roofline_ms = disk_ms.max(mem_ms);
+    let ms_per_token = 1e3 * dec_s / n;
+    let roofline_share = if ms_per_token > 0.0 { roofline_ms / ms_per_token } else { 0.0 };
     let v = json!({
+        "open_seconds": open_s, "prefill_ms_per_token": 1e3 * prefill_s / prompt.len() as f64,
+        "roofline_ms_per_token": roofline_ms, "roofline_share": roofline_share,
+        "roofline_disk_ms_per_token": disk_ms, "roofline_memory_ms_per_token": mem_ms,
+        "bytes_touched_per_token": touched, "disk_gbps": disk_gbps, "memory_gbps_1_thread": mem1, "memory_gbps": mem_n,
         "tok_per_s": steps as f64 / dec_s, "ms_per_token": 1e3 * dec_s / n, "hit_rate": hit_rate,
         "bytes_per_token": bytes as f64 / n, "direct_io": model.direct_io(), "experts_hit": hit, "experts_missed": miss,
         "decode_tokens": steps, "prefill_tokens": prompt.len(), "prefill_seconds": prefill_s, "prefill_tok_per_s": prompt.len() as f64 / prefill_s,
@@ -140,8 +177,20 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     if a.json {
         print_json(&v)?;
     } else {
-        println!("decode: {:.2} tok/s, {:.1} ms/token | hit rate {:.1}% | {:.1} MB read/token | direct I/O {} | huge pages {}", steps as f64 / dec_s, 1e3 * dec_s / n, 100.0 * hit_rate, bytes as f64 / n / 1e6, model.direct_io(), model.huge_pages());
-        println!(
+        outln!("decode: {:.2} tok/s, {:.1} ms/token | hit rate {:.1}% | {:.1} MB read/token | direct I/O {} | huge pages {}", steps as f64 / dec_s, ms_per_token, 100.0 * hit_rate, bytes as f64 / n / 1e6, model.direct_io(), model.huge_pages());
+        outln!(
+            "roofline: {:.1} ms/token ({:.0}% reached) = max(disk {:.1} ms at {}, memory {:.1} ms: {:.0} MB touched at {:.1} GB/s) | open {:.2} s | SIMD {}",
+            roofline_ms,
+            100.0 * roofline_share,
+            disk_ms,
+            disk_gbps.map_or("n/a".into(), |g| format!("{g:.2} GB/s")),
+            mem_ms,
+            touched / 1e6,
+            mem_n,
+            open_s,
+            model.simd().name()
+        );
+        outln!(
             "prefill: {} tokens in {:.2} s ({:.2} tok/s); cache {} slots, budget {} bytes",
             prompt.len(),
             prefill_s,

@@ -58,16 +58,17 @@ pub fn chat(a: ChatArgs) -> Result<ExitCode> {
                     first = true;
                     eprintln!("[reset]");
                 }
-                "save" if !arg.is_empty() => {
-                    s.save_state(arg).with_context(|| format!("saving {arg}"))?;
-                    eprintln!("[saved {} tokens to {arg}]", s.position());
-                }
+                // a failed save or load is reported and the conversation goes on
+                "save" if !arg.is_empty() => match s.save_state(arg) {
+                    Ok(()) => eprintln!("[saved {} tokens to {arg}]", s.position()),
+                    Err(e) => eprintln!("error: saving {arg}: {e} (the conversation is kept)"),
+                },
                 "load" if !arg.is_empty() => match s.load_state(arg) {
                     Ok(()) => {
                         first = s.position() == 0;
                         eprintln!("[loaded {} tokens from {arg}]", s.position());
                     }
-                    Err(e) => eprintln!("error: {e}"),
+                    Err(e) => eprintln!("error: loading {arg}: {e} (the conversation is kept)"),
                 },
                 "stats" => {
                     let st = s.stats();
@@ -180,7 +181,7 @@ pub fn tokenize(a: TokenizeArgs) -> Result<ExitCode> {
     if a.json {
         print_json(&json!({"ids": ids}))?;
     } else {
-        println!("{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" "));
+        outln!("{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" "));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -213,7 +214,7 @@ pub fn detokenize(a: DetokenizeArgs) -> Result<ExitCode> {
     if a.json {
         print_json(&json!({"text": text}))?;
     } else {
-        println!("{text}");
+        outln!("{text}");
     }
     Ok(ExitCode::SUCCESS)
 }

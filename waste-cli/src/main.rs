@@ -1,6 +1,15 @@
 //! `waste`: the command-line client of the WASTE engine. Thin: parse,
 //! call the library, print, map errors to an exit code and one clear line.
 
+/// `println!` that returns the write error instead of panicking: a closed
+/// pipe (`waste tokenize … | head`) then ends the command quietly, status 0.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($t)*)?;
+    }};
+}
+
 mod answer;
 mod cmd_cache;
 mod cmd_convert;

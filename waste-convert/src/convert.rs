@@ -6,7 +6,7 @@ type EncodedExpert = (Vec<u8>, [f64; 3], [f64; 3]);
 use crate::names::{read, read_expert};
 use crate::source::Source;
 use crate::{Error, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use waste_format::half::{f32_to_bf16, f32_to_f16};
 use waste_format::synth::quantize_groups;
@@ -62,6 +62,9 @@ pub struct ConvertOptions {
     pub kmeans_iters: usize,
     /// Stop after this many banks (to test resumption).
     pub stop_after_banks: Option<usize>,
+    /// Discard an unfinished conversion made with other options (only a
+    /// staging folder this converter made, recognised by its fingerprint).
+    pub force: bool,
 }
 
 impl Default for ConvertOptions {
@@ -75,6 +78,7 @@ impl Default for ConvertOptions {
             cb_sample: 8,
             kmeans_iters: 10,
             stop_after_banks: None,
+            force: false,
         }
     }
 }
@@ -111,25 +115,136 @@ pub struct Report {
     pub resumed_layers: Vec<usize>,
     /// Seconds.
     pub seconds: f64,
-    /// Whether the manifest was written (all layers done).
+    /// Whether the manifest was written (all layers done) and the container
+    /// moved to `--out`.
     pub complete: bool,
+    /// Where the unfinished conversion waits when not complete.
+    pub staging: Option<std::path::PathBuf>,
 }
 
 fn kind_names() -> [&'static str; 3] {
     ["gate", "up", "down"]
 }
 
+/// The folder an unfinished conversion into `out` works in: a sibling of
+/// `out` named `<out>.partial`. `out` itself appears only when the whole
+/// container is written and validated (one rename).
+pub fn staging_dir(out: &Path) -> PathBuf {
+    let mut name = out.file_name().map(|n| n.to_os_string()).unwrap_or_else(|| "out".into());
+    name.push(".partial");
+    out.with_file_name(name)
+}
+
+/// The fingerprint of a conversion: what must match for a resume.
+fn fingerprint(src_dir: &Path, src: &Source, o: &ConvertOptions) -> serde_json::Value {
+    let canon = src_dir.canonicalize().unwrap_or_else(|_| src_dir.to_path_buf());
+    let config_crc = crc32fast::hash(serde_json::to_string(&src.config).unwrap_or_default().as_bytes());
+    serde_json::json!({
+        "source": canon.to_string_lossy(),
+        "source_config_crc32": config_crc,
+        "source_tensors": src.names().count(),
+        "experts": o.experts.name(),
+        "trunk": format!("{:?}", o.trunk).to_lowercase(),
+        "seed": o.seed,
+        "cb_sample": o.cb_sample,
+        "kmeans_iters": o.kmeans_iters,
+    })
+}
+
+/// `a` as an absolute, symlink-free path even when it does not exist yet
+/// (its nearest existing ancestor is resolved).
+fn resolved(a: &Path) -> PathBuf {
+    let abs = if a.is_absolute() {
+        a.to_path_buf()
+    } else {
+        std::env::current_dir().map(|d| d.join(a)).unwrap_or_else(|_| a.to_path_buf())
+    };
+    let mut tail = Vec::new();
+    let mut cur = abs.as_path();
+    loop {
+        if let Ok(c) = cur.canonicalize() {
+            let mut p = c;
+            for t in tail.iter().rev() {
+                p.push(t);
+            }
+            return p;
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                tail.push(name.to_os_string());
+                cur = parent;
+            }
+            _ => return abs,
+        }
+    }
+}
+
+fn is_empty_dir(p: &Path) -> bool {
+    std::fs::read_dir(p).is_ok_and(|mut d| d.next().is_none())
+}
+
 /// Convert `src` into a container at `out`.
+///
+/// Nothing at `out` is touched until the conversion is complete: the work
+/// happens in [`staging_dir`]`(out)`, which starts with a fingerprint of the
+/// source and the options; a later run with the same ones resumes it, one
+/// with other ones is refused (or, with `force`, starts over). When every
+/// bank is written the container is validated and renamed to `out`.
+///
+/// # Errors
+/// [`Error::Overlap`] when `out` and `src` overlap, [`Error::OutputExists`]
+/// for a non-empty `out`, [`Error::ResumeMismatch`] / [`Error::ForeignStaging`]
+/// for a staging folder that is not this conversion's; source errors name
+/// the tensor and the file.
 pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn Fn(Progress) + Sync)) -> Result<Report> {
     let t0 = Instant::now();
+    let (rs, ro) = (resolved(src_dir), resolved(out));
+    let stage = staging_dir(&ro);
+    if rs == ro || ro.starts_with(&rs) || rs.starts_with(&ro) || rs.starts_with(&stage) {
+        return Err(Error::Overlap { src: src_dir.into(), out: out.into() });
+    }
+    if ro.exists() && !is_empty_dir(&ro) {
+        return Err(Error::OutputExists(out.into()));
+    }
     let src = Source::open(src_dir)?;
     let config = flatten_text_config(&src.config);
     let prefix = if src.names().any(|n| n.starts_with("language_model.")) { "language_model." } else { "" }.to_string();
     let cfg = ModelConfig::from_json(&config)?;
     let q = ExpertQuant::standard(o.experts);
     let lay = RecordLayout::new(&cfg, q)?;
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    let mut rep = Report::default();
+    let fp = fingerprint(src_dir, &src, o);
+    let fp_path = stage.join("convert.fingerprint.json");
+    if stage.exists() {
+        let old: Option<serde_json::Value> = std::fs::read(&fp_path).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        match old {
+            None => return Err(Error::ForeignStaging(stage)),
+            Some(old) if old != fp => {
+                if o.force {
+                    std::fs::remove_dir_all(&stage).map_err(|e| Error::io(&stage, e))?;
+                } else {
+                    let differs = fp
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .filter(|(k, v)| old.get(k.as_str()) != Some(v))
+                        .map(|(k, v)| {
+                            format!("{k} {} (now {v})", old.get(k.as_str()).unwrap_or(&serde_json::Value::Null))
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    return Err(Error::ResumeMismatch { dir: stage, differs });
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    if !stage.exists() {
+        std::fs::create_dir_all(&stage).map_err(|e| Error::io(&stage, e))?;
+        write_atomic(&fp_path, &serde_json::to_vec_pretty(&fp).map_err(|e| Error::Source(e.to_string()))?)?;
+    }
+    let out_final = ro;
+    let out = stage.as_path();
+    let mut rep = Report { staging: Some(stage.clone()), ..Report::default() };
 
     // --- trunk (once; the sidecar marks it finished)
     let side = out.join("trunk.entries.json");
@@ -318,9 +433,20 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
         write_manifest(out, &m)?;
         for l in &moe {
             let _ = std::fs::remove_file(out.join(format!("codebooks-L{l}.part")));
+            // a half-written bank of a killed run whose layer a later run finished
+            let _ = std::fs::remove_file(out.join(format!("experts-L{l}.bin.part")));
         }
         let _ = std::fs::remove_file(&side);
+        // the whole container must validate before it takes the name
+        waste_format::Container::open(out)?;
+        let _ = std::fs::remove_file(&fp_path);
+        if out_final.exists() {
+            // an empty folder (checked at the start) gives way to the container
+            std::fs::remove_dir(&out_final).map_err(|e| Error::io(&out_final, e))?;
+        }
+        std::fs::rename(out, &out_final).map_err(|e| Error::io(&out_final, e))?;
         rep.complete = true;
+        rep.staging = None;
     }
     rep.seconds = t0.elapsed().as_secs_f64();
     let _ = kind_names();

@@ -20,7 +20,7 @@ mod convert;
 mod names;
 mod source;
 
-pub use convert::{convert, verify_against_source, ConvertOptions, Progress, Report, TrunkMode};
+pub use convert::{convert, staging_dir, verify_against_source, ConvertOptions, Progress, Report, TrunkMode};
 pub use source::{decode_mxfp4, e2m1, e8m0, Source, TensorLoc};
 
 /// Errors of the converter.
@@ -48,6 +48,29 @@ pub enum Error {
     /// Stopped on request (tests of resumption).
     #[error("conversion interrupted after {0} layer(s)")]
     Interrupted(usize),
+    /// `--out` and `--src` overlap (equal, or one inside the other).
+    #[error("--out {out} and --src {src} overlap: the output must be outside the source and not contain it")]
+    Overlap {
+        /// Source folder.
+        src: std::path::PathBuf,
+        /// Output folder.
+        out: std::path::PathBuf,
+    },
+    /// `--out` exists and is not empty: nothing is overwritten.
+    #[error("{0} exists and is not empty; choose another --out (nothing was changed)")]
+    OutputExists(std::path::PathBuf),
+    /// An unfinished conversion with other options or another source is in
+    /// the staging folder.
+    #[error("{dir} holds an unfinished conversion with {differs}; run with the same options to resume, or --force to start over")]
+    ResumeMismatch {
+        /// Staging folder.
+        dir: std::path::PathBuf,
+        /// What differs, e.g. `trunk "q8" (now "f32")`.
+        differs: String,
+    },
+    /// The staging folder exists but was not made by `waste convert`.
+    #[error("{0} exists but is not an unfinished conversion (no fingerprint); remove it or choose another --out")]
+    ForeignStaging(std::path::PathBuf),
 }
 
 impl Error {

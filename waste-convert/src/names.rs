@@ -22,7 +22,10 @@ pub fn read(src: &Source, prefix: &str, name: &str, conv_kernel: usize) -> Resul
                 let fused = format!("{p}{base}conv1d.weight");
                 if src.has(&fused) {
                     let (shape, v) = src.read_f32(&fused)?;
-                    let c3 = shape[0];
+                    let c3 = shape.first().copied().unwrap_or(0);
+                    if c3 == 0 || c3 % 3 != 0 || v.len() % c3 != 0 {
+                        return Err(Error::Source(format!("{fused}: shape {shape:?} is not [3·channels, 1, kernel]")));
+                    }
                     let c = c3 / 3;
                     let per = v.len() / c3;
                     if per != conv_kernel {
@@ -67,7 +70,10 @@ pub fn read_expert(src: &Source, prefix: &str, l: usize, e: usize) -> Result<[(u
                     let full = format!("{p}model.layers.{l}.{moe}.experts.{e}.{n}.weight");
                     if src.has(&full) || src.has(&full.replace(".weight", ".weight_packed")) {
                         let (shape, v) = src.read_f32(&full)?;
-                        found = Some((shape[0], shape[1], v));
+                        let [r, c] = shape[..] else {
+                            return Err(Error::Source(format!("{full}: shape {shape:?}, an expert matrix is 2-D")));
+                        };
+                        found = Some((r, c, v));
                         break 'outer;
                     }
                 }

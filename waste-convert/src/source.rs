@@ -54,7 +54,10 @@ pub fn e8m0(e: u8) -> f32 {
 /// Decode MXFP4: `packed` `[rows, cols/2]` (low nibble first), `scales`
 /// `[rows, cols/32]` E8M0 → `[rows, cols]` f32.
 pub fn decode_mxfp4(packed: &[u8], scales: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>> {
-    if cols % 32 != 0 || packed.len() != rows * cols / 2 || scales.len() != rows * cols / 32 {
+    let Some(n) = rows.checked_mul(cols) else {
+        return Err(Error::Source(format!("MXFP4 sizes: {rows}x{cols} overflows")));
+    };
+    if !cols.is_multiple_of(32) || packed.len() != n / 2 || scales.len() != n / 32 {
         return Err(Error::Source(format!(
             "MXFP4 sizes: {rows}x{cols} needs {} packed and {} scale bytes, got {} and {}",
             rows * cols / 2,
@@ -92,7 +95,7 @@ impl Source {
                 .and_then(|m| m.as_object())
                 .ok_or_else(|| Error::Source(format!("{}: no weight_map", idx.display())))?;
             for f in map.values().filter_map(|f| f.as_str()) {
-                let p = dir.join(f);
+                let p = confined(dir, f)?;
                 if !files.contains(&p) {
                     files.push(p);
                 }
@@ -150,7 +153,11 @@ impl Source {
             "F16" | "BF16" => 2,
             d => return Err(Error::Source(format!("tensor {name}: dtype {d} is not a float type"))),
         };
-        let (a, b) = (loc.start + start as u64 * es, loc.start + (start + n) as u64 * es);
+        let at = |k: usize| (k as u64).checked_mul(es).and_then(|x| x.checked_add(loc.start));
+        let (a, b) = match (at(start), start.checked_add(n).and_then(at)) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return Err(Error::Source(format!("tensor {name}: element range {start}+{n} overflows"))),
+        };
         if b > loc.end {
             return Err(Error::Source(format!(
                 "tensor {name}: elements {start}..{} beyond its {} bytes",
@@ -197,6 +204,24 @@ fn decode_floats(b: &[u8], dtype: &str) -> Vec<f32> {
 /// Positional read through waste-io (buffered: the source is read once).
 fn read_exact_at(f: &DirectFile, b: &mut [u8], off: u64) -> Result<()> {
     f.read_exact_at(b, off).map_err(|e| Error::Source(e.to_string()))
+}
+
+/// `dir/f` for a file named by the index, refused unless it stays inside
+/// `dir`: no absolute paths, no `..`, no symlink leading out.
+fn confined(dir: &Path, f: &str) -> Result<PathBuf> {
+    let rel = Path::new(f);
+    let plain = rel.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+    let outside = || Error::Source(format!("{}: weight_map names {f:?}, outside the source folder", dir.display()));
+    if !plain {
+        return Err(outside());
+    }
+    let p = dir.join(rel);
+    if let (Ok(cp), Ok(cd)) = (p.canonicalize(), dir.canonicalize()) {
+        if !cp.starts_with(&cd) {
+            return Err(outside());
+        }
+    }
+    Ok(p)
 }
 
 fn open(path: &Path) -> Result<DirectFile> {
@@ -248,8 +273,10 @@ fn read_header(path: &Path) -> Result<Vec<(String, TensorLoc)>> {
             "F64" | "I64" | "U64" => 8,
             _ => 0,
         };
-        let numel: u64 = shape.iter().map(|&d| d as u64).product();
-        if e0 < s0 || base + e0 > len || (elem > 0 && numel * elem != e0 - s0) {
+        let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+        let bytes = numel.and_then(|n| n.checked_mul(elem));
+        let fits = base.checked_add(e0).is_some_and(|end| end <= len);
+        if e0 < s0 || !fits || bytes.is_none() || (elem > 0 && bytes != Some(e0 - s0)) {
             return Err(bad(&format!("byte range [{s0}, {e0}) does not fit the file or the shape {shape:?}")));
         }
         out.push((name.clone(), TensorLoc { file: path.into(), dtype, shape, start: base + s0, end: base + e0 }));
@@ -260,6 +287,55 @@ fn read_header(path: &Path) -> Result<Vec<(String, TensorLoc)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weight_map_paths_stay_in_the_source_folder() {
+        let d = std::env::temp_dir().join(format!("waste-confined-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        for bad in ["/etc/passwd", "../x.safetensors", "a/../../x.safetensors", "./../x"] {
+            assert!(confined(&d, bad).is_err(), "{bad}");
+        }
+        assert_eq!(confined(&d, "model-1.safetensors").unwrap(), d.join("model-1.safetensors"));
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink("/etc", d.join("out")).unwrap();
+            assert!(confined(&d, "out/passwd").is_err());
+        }
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    #[test]
+    fn hostile_headers_are_errors() {
+        let d = std::env::temp_dir().join(format!("waste-hdr-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let write = |name: &str, json: &str, data: usize| {
+            let p = d.join(name);
+            let mut b = (json.len() as u64).to_le_bytes().to_vec();
+            b.extend(json.as_bytes());
+            b.extend(vec![0u8; data]);
+            std::fs::write(&p, b).unwrap();
+            p
+        };
+        for (i, h) in [
+            r#"{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551615]}}"#,
+            r#"{"t":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}}"#,
+            r#"{"t":{"dtype":"F32","shape":[3],"data_offsets":[8,0]}}"#,
+            r#"{"t":{"dtype":"F32","shape":[4],"data_offsets":[0,8]}}"#,
+            r#"{"t":{"dtype":"F32","shape":[-1],"data_offsets":[0,8]}}"#,
+            r#"[1,2]"#,
+        ]
+        .iter()
+        .enumerate()
+        {
+            let p = write(&format!("h{i}.safetensors"), h, 8);
+            assert!(read_header(&p).is_err(), "{h}");
+        }
+        let ok = write("ok.safetensors", r#"{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 8);
+        assert_eq!(read_header(&ok).unwrap()[0].1.shape, vec![2]);
+        assert!(decode_mxfp4(&[], &[], usize::MAX, 64).is_err());
+        std::fs::remove_dir_all(&d).ok();
+    }
+
     #[test]
     fn e2m1_and_e8m0() {
         assert_eq!(

@@ -17,6 +17,7 @@ fn fixtures() -> PathBuf {
 fn tmp(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("waste-convert-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(waste_convert::staging_dir(&d));
     d
 }
 
@@ -148,18 +149,108 @@ fn a_killed_conversion_resumes_to_a_byte_identical_container() {
     let o = ConvertOptions { experts: ExpertFmt::Vq4p, jobs: 2, seed: 9, ..Default::default() };
     let whole = tmp("whole");
     convert(&src, &whole, &o, &|_| {}).unwrap();
-    let resumed = tmp("resumed");
-    let e = convert(&src, &resumed, &ConvertOptions { stop_after_banks: Some(1), ..o.clone() }, &|_| {}).unwrap_err();
-    assert!(matches!(e, waste_convert::Error::Interrupted(1)), "{e}");
-    assert!(!resumed.join("manifest.json").exists());
-    // a half-written bank from the killed run
-    std::fs::write(resumed.join("experts-L2.bin.part"), b"partial garbage").unwrap();
-    let rep = convert(&src, &resumed, &ConvertOptions { jobs: 1, ..o.clone() }, &|_| {}).unwrap();
-    assert_eq!(rep.resumed_layers, vec![1]);
-    let _ = std::fs::remove_file(resumed.join("experts-L2.bin.part"));
-    assert_eq!(files(&whole), files(&resumed));
+    assert!(!waste_convert::staging_dir(&whole).exists(), "staging folder left behind");
+    // killed after 0, 1 and 2 banks (and mid-bank: a half-written .part; and
+    // mid-trunk: a trunk.bin without its finished-marker)
+    for stop in [0usize, 1, 2] {
+        let resumed = tmp(&format!("resumed{stop}"));
+        let stage = waste_convert::staging_dir(&resumed);
+        let e = convert(&src, &resumed, &ConvertOptions { stop_after_banks: Some(stop), ..o.clone() }, &|_| {});
+        if let Err(e) = e {
+            assert!(matches!(e, waste_convert::Error::Interrupted(n) if n == stop), "{e}");
+            // nothing is presented as a container while unfinished
+            assert!(!resumed.exists(), "{} exists before the conversion finished", resumed.display());
+            assert!(stage.join("convert.fingerprint.json").exists());
+            std::fs::write(stage.join("experts-L2.bin.part"), b"partial garbage").unwrap();
+            if stop == 0 {
+                std::fs::remove_file(stage.join("trunk.entries.json")).unwrap();
+                std::fs::write(stage.join("trunk.bin"), b"half a trunk").unwrap();
+            }
+        }
+        let rep = convert(&src, &resumed, &ConvertOptions { jobs: 1, ..o.clone() }, &|_| {}).unwrap();
+        assert!(rep.complete);
+        assert_eq!(rep.resumed_layers, (1..=stop.min(2)).filter(|l| *l <= stop).collect::<Vec<_>>());
+        assert!(!stage.exists(), "staging folder left behind");
+        // byte-identical, with no leftover part files
+        assert_eq!(files(&whole), files(&resumed), "stopped after {stop}");
+        std::fs::remove_dir_all(&resumed).ok();
+    }
     std::fs::remove_dir_all(&whole).ok();
-    std::fs::remove_dir_all(&resumed).ok();
+}
+
+#[test]
+fn a_resume_with_other_options_is_refused_naming_the_difference() {
+    let src = fixtures().join("hf-tiny");
+    let o = ConvertOptions { experts: ExpertFmt::Vq4p, trunk: TrunkMode::Q8, jobs: 1, ..Default::default() };
+    let out = tmp("mismatch");
+    convert(&src, &out, &ConvertOptions { stop_after_banks: Some(1), ..o.clone() }, &|_| {}).unwrap_err();
+    let other = ConvertOptions { trunk: TrunkMode::F32, seed: 7, ..o.clone() };
+    let e = convert(&src, &out, &other, &|_| {}).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, waste_convert::Error::ResumeMismatch { .. }), "{msg}");
+    assert!(msg.contains("trunk") && msg.contains("q8") && msg.contains("f32") && msg.contains("seed"), "{msg}");
+    assert!(!out.exists());
+    // --force starts over with the new options: a clean F32-trunk container
+    let rep = convert(&src, &out, &ConvertOptions { force: true, ..other.clone() }, &|_| {}).unwrap();
+    assert!(rep.complete && rep.resumed_layers.is_empty());
+    let clean = tmp("mismatch-clean");
+    convert(&src, &clean, &other, &|_| {}).unwrap();
+    assert_eq!(files(&out), files(&clean));
+    std::fs::remove_dir_all(&out).ok();
+    std::fs::remove_dir_all(&clean).ok();
+}
+
+#[test]
+fn the_converter_never_destroys_files() {
+    let src = fixtures().join("hf-tiny");
+    let o = ConvertOptions { experts: ExpertFmt::F16, jobs: 1, ..Default::default() };
+    // a working container
+    let good = tmp("good");
+    convert(&src, &good, &o, &|_| {}).unwrap();
+    let before = files(&good);
+    // a bad source into it: refused before anything is touched
+    let bad = tmp("bad-src");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(bad.join("config.json"), std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    let e = convert(&bad, &good, &o, &|_| {}).unwrap_err();
+    assert!(matches!(e, waste_convert::Error::OutputExists(_)), "{e}");
+    assert_eq!(files(&good), before, "an existing container was changed");
+    // the bad source into a new folder: fails naming what is missing, leaves no container
+    let fresh = tmp("fresh");
+    let e = convert(&bad, &fresh, &o, &|_| {}).unwrap_err();
+    assert!(e.to_string().contains("safetensors"), "{e}");
+    assert!(!fresh.exists());
+    // --out equal to, inside, or containing --src
+    let copy = tmp("src-copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), copy.join(f.file_name())).unwrap();
+    }
+    let src_before = files(&copy);
+    for out in [copy.clone(), copy.join("inner"), copy.join(".")] {
+        let e = convert(&copy, &out, &o, &|_| {}).unwrap_err();
+        assert!(matches!(e, waste_convert::Error::Overlap { .. }), "{}: {e}", out.display());
+    }
+    let e = convert(&copy, copy.parent().unwrap(), &o, &|_| {}).unwrap_err();
+    assert!(matches!(e, waste_convert::Error::Overlap { .. }), "{e}");
+    assert_eq!(files(&copy), src_before, "the source was changed");
+    // a staging folder this converter did not make is never deleted
+    let foreign = tmp("foreign");
+    std::fs::create_dir_all(waste_convert::staging_dir(&foreign)).unwrap();
+    std::fs::write(waste_convert::staging_dir(&foreign).join("mine.txt"), b"keep").unwrap();
+    let e = convert(&src, &foreign, &ConvertOptions { force: true, ..o.clone() }, &|_| {}).unwrap_err();
+    assert!(matches!(e, waste_convert::Error::ForeignStaging(_)), "{e}");
+    assert!(waste_convert::staging_dir(&foreign).join("mine.txt").exists());
+    // an empty --out folder is fine
+    let empty = tmp("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    assert!(convert(&src, &empty, &o, &|_| {}).unwrap().complete);
+    assert_eq!(files(&empty), before);
+    for d in [&good, &bad, &copy, &empty] {
+        std::fs::remove_dir_all(d).ok();
+    }
+    std::fs::remove_dir_all(waste_convert::staging_dir(&foreign)).ok();
 }
 
 #[test]

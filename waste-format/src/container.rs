@@ -85,7 +85,7 @@ impl Container {
         if mlen > MAX_MANIFEST_BYTES {
             return Err(Error::manifest("manifest.json", format!("{mlen} bytes exceeds {MAX_MANIFEST_BYTES}")));
         }
-        let bytes = std::fs::read(&mpath).map_err(|e| Error::io(&mpath, e))?;
+        let bytes = crate::read_regular(&mpath, MAX_MANIFEST_BYTES).map_err(|e| Error::io(&mpath, e))?;
         let manifest = Manifest::parse(&bytes)?;
         Self::from_manifest(dir, manifest)
     }
@@ -115,7 +115,7 @@ impl Container {
                         msg: format!("codebooks.bin is {len} bytes, more than {want_max} for {} layers", config.layers),
                     });
                 }
-                let b = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+                let b = crate::read_regular(&p, want_max).map_err(|e| Error::io(&p, e))?;
                 Codebooks::parse(&b, q)?
             }
             _ => Codebooks::default(),

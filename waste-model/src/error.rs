@@ -23,6 +23,20 @@ pub enum Error {
     /// an engine bug, reported loudly rather than risking wrong text.
     #[error(transparent)]
     Cache(#[from] waste_cache::CacheError),
+    /// The model's floor (trunk, state for the context, scratch, smallest
+    /// cache) is more than this machine's usable RAM: opening would end in
+    /// an allocation failure or swapping.
+    #[error("the floor of {floor} bytes at ctx {ctx} exceeds usable RAM of {usable} bytes; {}", match max_ctx { Some(c) => format!("the largest ctx that fits is {c}"), None => "no context fits".into() })]
+    FloorAboveRam {
+        /// Floor at this context.
+        floor: u64,
+        /// Context asked for.
+        ctx: usize,
+        /// Usable RAM (cgroup-aware).
+        usable: u64,
+        /// Largest context whose floor fits, if any.
+        max_ctx: Option<usize>,
+    },
     /// An allocation failed.
     #[error("out of memory: {0}")]
     Oom(String),

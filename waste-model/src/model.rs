@@ -43,7 +43,15 @@ pub struct ModelOptions {
     pub max_chunk: usize,
     /// Usage hotlist to preload from (None = the container's `usage.waste` if present).
     pub usage: Option<PathBuf>,
+    /// Open even when the floor exceeds usable RAM (the default refuses with
+    /// [`Error::FloorAboveRam`]).
+    pub force: bool,
 }
+
+/// Compute threads at most this many per core (more only adds switching).
+pub const MAX_THREADS_PER_CORE: usize = 4;
+/// Reader threads at most (each holds one read in flight).
+pub const MAX_IO_THREADS: usize = 64;
 
 impl Default for ModelOptions {
     fn default() -> Self {
@@ -61,6 +69,7 @@ impl Default for ModelOptions {
             huge_pages: true,
             max_chunk: crate::session::CHUNK,
             usage: None,
+            force: false,
         }
     }
 }
@@ -86,6 +95,7 @@ pub struct Model {
     fingerprint: u64,
     budget: u64,
     budget_warning: Option<String>,
+    warnings: Vec<String>,
     preloaded: usize,
 }
 
@@ -103,14 +113,35 @@ impl Model {
         progress: &dyn Fn(usize, usize),
     ) -> Result<Model> {
         let container = Container::open(path.as_ref())?;
-        if opts.ctx == 0 {
-            return Err(Error::Arg("ctx must be at least 1 token".into()));
-        }
         let cfg = &container.config;
         if opts.lookahead > cfg.top_k {
             return Err(Error::Arg(format!("lookahead {} exceeds top_k {}", opts.lookahead, cfg.top_k)));
         }
-        let plan = Plan::for_container(&container, opts.ctx);
+        let plan = Plan::for_container(&container, opts.ctx)?;
+        let usable = waste_cache::usable_ram();
+        if plan.floor_bytes > usable && !opts.force {
+            return Err(Error::FloorAboveRam {
+                floor: plan.floor_bytes,
+                ctx: opts.ctx,
+                usable,
+                max_ctx: Plan::largest_ctx_within(&container, usable),
+            });
+        }
+        let mut warnings = Vec::new();
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let mut opts = opts;
+        if opts.threads > MAX_THREADS_PER_CORE * cores {
+            warnings.push(format!(
+                "{} compute threads capped at {} ({MAX_THREADS_PER_CORE} per core)",
+                opts.threads,
+                MAX_THREADS_PER_CORE * cores
+            ));
+            opts.threads = MAX_THREADS_PER_CORE * cores;
+        }
+        if opts.io_threads > MAX_IO_THREADS {
+            warnings.push(format!("{} I/O threads capped at {MAX_IO_THREADS}", opts.io_threads));
+            opts.io_threads = MAX_IO_THREADS;
+        }
         let resolved =
             waste_cache::resolve(&plan.floor(), opts.budget, waste_cache::usable_ram()).map_err(|e| Error::Budget {
                 budget: e.budget,
@@ -178,7 +209,7 @@ impl Model {
                 fingerprint = (fingerprint ^ x as u64).wrapping_mul(0x100_0000_01b3);
             }
         };
-        fnv(&std::fs::read(dir.join("manifest.json"))
+        fnv(&waste_format::read_regular(&dir.join("manifest.json"), waste_format::MAX_MANIFEST_BYTES)
             .map_err(|e| waste_format::Error::io(dir.join("manifest.json"), e))?);
         fnv(&container.trunk_len.to_le_bytes());
         let mut m = Model {
@@ -199,7 +230,8 @@ impl Model {
             template,
             fingerprint,
             budget: resolved.budget,
-            budget_warning: resolved.warning,
+            budget_warning: resolved.warning.clone(),
+            warnings: resolved.warning.into_iter().chain(warnings).collect(),
             preloaded: 0,
         };
         m.preload_usage()?;
@@ -211,7 +243,7 @@ impl Model {
             Some(p) => p.clone(),
             None => self.container.dir.join("usage.waste"),
         };
-        let Ok(bytes) = std::fs::read(&path) else { return Ok(()) };
+        let Ok(bytes) = waste_format::read_regular(&path, 256 << 20) else { return Ok(()) };
         // untrusted: a corrupt or foreign file is skipped, never trusted
         let Ok(u) = Usage::parse(&bytes) else { return Ok(()) };
         let cfg = &self.container.config;
@@ -345,6 +377,11 @@ impl Model {
     pub fn budget_warning(&self) -> Option<&str> {
         self.budget_warning.as_deref()
     }
+    /// Everything `open` adjusted and the caller should hear about: the
+    /// budget warning, thread counts capped.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
     /// Expert cache slots.
     pub fn cache_slots(&self) -> usize {
         self.cache.lock().slots()
@@ -361,65 +398,94 @@ impl Model {
     pub fn cache_stats(&self) -> waste_cache::CacheStats {
         self.cache.lock().stats
     }
+    /// Every resident trunk matrix (not the vectors, codebooks or embedding).
+    fn trunk_matrices(&self) -> Vec<&Matrix> {
+        let mut m: Vec<&Matrix> = Vec::new();
+        for l in &self.layers {
+            match &l.attn {
+                Attn::Kda(w) => {
+                    m.extend([&w.q, &w.k, &w.v, &w.f_a, &w.f_b, &w.b, &w.o]);
+                    match &w.gate {
+                        waste_attn::KdaGate::LowRank { a, b } => m.extend([a, b]),
+                        waste_attn::KdaGate::Full(g) => m.push(g),
+                    }
+                }
+                Attn::Mla(w) => {
+                    match &w.q {
+                        waste_attn::MlaQuery::Plain(q) => m.push(q),
+                        waste_attn::MlaQuery::Lora { a, b, .. } => m.extend([a, b]),
+                    }
+                    m.extend([&w.kv_a, &w.kv_b, &w.o]);
+                    m.extend(w.g.as_ref());
+                }
+            }
+            match &l.ffn {
+                Ffn::Dense(d) => m.extend([&d.gate, &d.up, &d.down]),
+                Ffn::Moe(w) => {
+                    m.push(&w.gate);
+                    if let Some(s) = &w.shared {
+                        m.extend([&s.gate, &s.up, &s.down]);
+                    }
+                    if let Some((d, u, _)) = &w.latent {
+                        m.extend([d, u]);
+                    }
+                }
+            }
+        }
+        m.push(&self.lm_head);
+        m
+    }
+
     /// Bytes the model itself holds: trunk weights, codebooks and the cache arena.
     pub fn allocated_bytes(&self) -> (u64, u64) {
-        let mut t = 0u64;
         let v = |x: &Vec<f32>| 4 * x.capacity() as u64;
-        let mx = |m: &Matrix| (m.data.capacity() + 2 * m.scales.capacity()) as u64;
+        let mut t: u64 =
+            self.trunk_matrices().iter().map(|m| (m.data.capacity() + 2 * m.scales.capacity()) as u64).sum();
         for l in &self.layers {
             t += v(&l.in_norm) + v(&l.post_norm);
             match &l.attn {
                 Attn::Kda(w) => {
-                    t += mx(&w.q)
-                        + mx(&w.k)
-                        + mx(&w.v)
-                        + w.conv.iter().map(v).sum::<u64>()
-                        + mx(&w.f_a)
-                        + mx(&w.f_b)
-                        + mx(&w.b)
-                        + v(&w.a_log)
-                        + v(&w.dt_bias)
-                        + v(&w.o_norm)
-                        + mx(&w.o);
-                    t += match &w.gate {
-                        waste_attn::KdaGate::LowRank { a, b } => mx(a) + mx(b),
-                        waste_attn::KdaGate::Full(g) => mx(g),
-                    };
+                    t += w.conv.iter().map(v).sum::<u64>() + v(&w.a_log) + v(&w.dt_bias) + v(&w.o_norm);
                 }
                 Attn::Mla(w) => {
-                    t += match &w.q {
-                        waste_attn::MlaQuery::Plain(q) => mx(q),
-                        waste_attn::MlaQuery::Lora { a, norm, b } => mx(a) + v(norm) + mx(b),
-                    };
-                    t += mx(&w.kv_a) + v(&w.kv_a_norm) + mx(&w.kv_b) + w.g.as_ref().map_or(0, mx) + mx(&w.o);
+                    if let waste_attn::MlaQuery::Lora { norm, .. } = &w.q {
+                        t += v(norm);
+                    }
+                    t += v(&w.kv_a_norm);
                 }
             }
-            match &l.ffn {
-                Ffn::Dense(d) => t += mx(&d.gate) + mx(&d.up) + mx(&d.down),
-                Ffn::Moe(w) => {
-                    t += mx(&w.gate) + v(&w.bias);
-                    if let Some(s) = &w.shared {
-                        t += mx(&s.gate) + mx(&s.up) + mx(&s.down);
-                    }
-                    if let Some((d, u, n)) = &w.latent {
-                        t += mx(d) + mx(u) + n.as_ref().map_or(0, v);
-                    }
-                    t += w
-                        .books
-                        .books
-                        .iter()
-                        .flatten()
-                        .map(|b| 4 * (b.cb.capacity() + b.cbt.capacity()) as u64)
-                        .sum::<u64>();
-                }
+            if let Ffn::Moe(w) = &l.ffn {
+                t += v(&w.bias) + w.latent.as_ref().and_then(|(_, _, n)| n.as_ref()).map_or(0, v);
+                t += w
+                    .books
+                    .books
+                    .iter()
+                    .flatten()
+                    .map(|b| 4 * (b.cb.capacity() + b.cbt.capacity()) as u64)
+                    .sum::<u64>();
             }
             if let Some(r) = &l.res {
                 t += v(&r.attn) + v(&r.mlp);
             }
         }
-        t += v(&self.final_norm) + mx(&self.lm_head) + self.out_res.as_ref().map_or(0, v);
+        t += v(&self.final_norm) + self.out_res.as_ref().map_or(0, v);
         (t, self.cache.lock().arena_bytes() as u64)
     }
+
+    /// Memory read bandwidth in GB/s over the model's own resident trunk
+    /// (the bytes every token reads, so no memory outside the budget is
+    /// touched), with 1 thread and with `threads` threads: the best of
+    /// `passes` passes each. A trunk that fits in the CPU's caches measures
+    /// cache speed — which is then the true limit for that model.
+    pub fn memory_bandwidth(&self, threads: usize, passes: usize) -> (f64, f64) {
+        let slices: Vec<&[u8]> = self.trunk_matrices().iter().map(|m| m.data.as_slice()).collect();
+        let total: usize = slices.iter().map(|s| s.len()).sum();
+        let one = waste_io::read_bandwidth(&slices, 1, passes);
+        let many = if threads > 1 { waste_io::read_bandwidth(&slices, threads, passes) } else { one };
+        let gb = |s: f64| if s > 0.0 { total as f64 / s / 1e9 } else { 0.0 };
+        (gb(one), gb(many))
+    }
+
     /// Whether every expert bank got direct I/O.
     pub fn direct_io(&self) -> bool {
         self.banks.iter().flatten().all(|b| b.is_direct())

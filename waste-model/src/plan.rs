@@ -32,6 +32,10 @@ pub struct Plan {
     pub expert_records: u64,
 }
 
+/// The largest context the engine plans for (16 M tokens): every size
+/// derived from `ctx` then fits in 64 bits with room to spare.
+pub const MAX_CTX: usize = 1 << 24;
+
 /// Bytes of an `AlignedBuf` of `len` (huge-page aligned from 2 MiB).
 pub(crate) fn aligned_alloc_bytes(len: usize, huge: bool) -> u64 {
     let align = if huge && len >= waste_io::HUGE_PAGE { waste_io::HUGE_PAGE } else { waste_io::ALIGN };
@@ -73,7 +77,13 @@ pub(crate) fn session_scratch(c: &ModelConfig, ctx: usize) -> u64 {
 
 impl Plan {
     /// Plan for an opened (validated) container.
-    pub fn for_container(ct: &Container, ctx: usize) -> Plan {
+    ///
+    /// # Errors
+    /// [`crate::Error::Arg`] when `ctx` is 0 or above [`MAX_CTX`].
+    pub fn for_container(ct: &Container, ctx: usize) -> Result<Plan> {
+        if ctx == 0 || ctx > MAX_CTX {
+            return Err(crate::Error::Arg(format!("ctx {ctx}: must be between 1 and {MAX_CTX} tokens")));
+        }
         let c = &ct.config;
         let mut trunk = 0u64;
         let embed_name = "model.embed_tokens.weight";
@@ -129,7 +139,7 @@ impl Plan {
         let min_cache = if moe > 0 { aligned_alloc_bytes((2 * k * rec) as usize, true) } else { 0 };
         let floor = trunk + state + scratch + min_cache;
         let ws = k * rec * moe;
-        Plan {
+        Ok(Plan {
             trunk_bytes: trunk,
             state_bytes: state,
             scratch_bytes: scratch,
@@ -141,7 +151,28 @@ impl Plan {
             ctx: ctx as u64,
             top_k: k,
             expert_records: moe * c.experts as u64,
+        })
+    }
+
+    /// The largest context (≤ [`MAX_CTX`]) whose floor fits in `bytes`, if any.
+    pub fn largest_ctx_within(ct: &Container, bytes: u64) -> Option<usize> {
+        let fits = |ctx: usize| Plan::for_container(ct, ctx).is_ok_and(|p| p.floor_bytes <= bytes);
+        if !fits(1) {
+            return None;
         }
+        let (mut lo, mut hi) = (1usize, MAX_CTX);
+        if fits(hi) {
+            return Some(hi);
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Some(lo)
     }
 
     /// Expert-cache slots a cache of `cache_bytes` holds: as many records as
@@ -174,5 +205,5 @@ impl Plan {
 /// Plan a container at `ctx` tokens without loading any weight.
 pub fn plan(path: impl AsRef<Path>, ctx: usize) -> Result<Plan> {
     let ct = Container::open(path.as_ref())?;
-    Ok(Plan::for_container(&ct, ctx))
+    Plan::for_container(&ct, ctx)
 }

@@ -83,7 +83,10 @@ impl Session<'_> {
     /// before the session changes; on error the session is as it was.
     pub fn load_state(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let b = std::fs::read(path).map_err(|e| Error::Format(FErr::io(path, e)))?;
+        // a state is the header, the layer table and the state itself: more
+        // than that (or a device posing as a file) is refused while reading
+        let max = self.model().plan().state_bytes.saturating_add(1 << 20);
+        let b = waste_format::read_regular(path, max).map_err(|e| Error::Format(FErr::io(path, e)))?;
         self.load_state_bytes(&b, path)
     }
 

@@ -128,8 +128,7 @@ impl Tokenizer {
 
     /// Load a rank file, optional specials, and a pattern.
     pub fn from_files(ranks: &Path, specials: Option<&Path>, pattern: Pattern) -> Result<Tokenizer> {
-        let read =
-            |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::Io { path: p.display().to_string(), source: e });
+        let read = |p: &Path| crate::read_text(p, crate::MAX_TOKENIZER_FILE_BYTES);
         let r = Self::parse_ranks(&read(ranks)?, &ranks.display().to_string())?;
         let s = match specials {
             Some(p) if p.exists() => Self::parse_specials(&read(p)?, &p.display().to_string())?,

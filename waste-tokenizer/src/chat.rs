@@ -39,6 +39,12 @@ pub enum ChatTemplate {
     Xtml,
 }
 
+/// Template instructions one rendering may execute (a 1,000-message
+/// conversation through a real template takes well under 1 M).
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+/// Deepest nesting of calls, includes and blocks a template may reach.
+pub const TEMPLATE_RECURSION: usize = 64;
+
 /// Sentinels delimiting content inside a rendered Jinja template (private-use code points).
 const OPEN: char = '\u{F8F0}';
 const CLOSE: char = '\u{F8F1}';
@@ -71,8 +77,7 @@ impl ChatTemplate {
     /// The container's template: `chat_template.jinja`, else `chat.json`,
     /// else a default built from the specials the tokenizer has.
     pub fn from_container_dir(dir: &Path, tok: &Tokenizer) -> Result<ChatTemplate> {
-        let read =
-            |p: &Path| std::fs::read_to_string(p).map_err(|e| Error::Io { path: p.display().to_string(), source: e });
+        let read = |p: &Path| crate::read_text(p, crate::MAX_TEMPLATE_BYTES);
         let j = dir.join("chat_template.jinja");
         if j.exists() {
             return Ok(ChatTemplate::Jinja(read(&j)?));
@@ -136,8 +141,12 @@ impl ChatTemplate {
                 crate::xtml::encode(tok, &msgs, &crate::xtml::XtmlOptions::default(), open).map(|e| e.ids)
             }
             ChatTemplate::Jinja(src) => {
+                // third-party templates are untrusted code: bounded in work
+                // (fuel) and nesting, so a hostile one is an error, not a hang
                 let mut env = minijinja::Environment::new();
-                env.add_template("chat", src).map_err(|e| Error::Template(e.to_string()))?;
+                env.set_fuel(Some(TEMPLATE_FUEL));
+                env.set_recursion_limit(TEMPLATE_RECURSION);
+                env.add_template("chat", src).map_err(|e| Error::Template(format!("chat_template.jinja: {e}")))?;
                 let msgs: Vec<serde_json::Value> = messages
                     .iter()
                     .enumerate()
@@ -146,7 +155,7 @@ impl ChatTemplate {
                 let rendered = env
                     .get_template("chat")
                     .and_then(|t| t.render(minijinja::context! { messages => msgs, add_generation_prompt => open }))
-                    .map_err(|e| Error::Template(e.to_string()))?;
+                    .map_err(|e| Error::Template(format!("chat_template.jinja: {e}")))?;
                 // template text → markup; each content placeholder → that message's content, plain
                 let mut out = Vec::new();
                 let mut rest = rendered.as_str();

@@ -70,5 +70,17 @@ pub enum Error {
     Template(String),
 }
 
+/// Largest rank or specials file read (the 200K-token o200k file is 3.6 MB).
+pub const MAX_TOKENIZER_FILE_BYTES: u64 = 64 << 20;
+/// Largest chat template (`chat_template.jinja`, `chat.json`) read.
+pub const MAX_TEMPLATE_BYTES: u64 = 1 << 20;
+
+/// A regular UTF-8 file of at most `max` bytes (see [`waste_format::read_regular`]).
+pub(crate) fn read_text(p: &std::path::Path, max: u64) -> Result<String> {
+    let io = |e| Error::Io { path: p.display().to_string(), source: e };
+    let b = waste_format::read_regular(p, max).map_err(io)?;
+    String::from_utf8(b).map_err(|_| io(std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8")))
+}
+
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
