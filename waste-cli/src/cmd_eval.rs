@@ -81,6 +81,7 @@ impl EngineArgs {
             max_chunk: self.chunk,
             usage: self.usage.clone(),
             force: self.force,
+            usable_ram: None,
         };
         let bar = crate::progress::count_bar("loading", false);
         let m = Model::open_with_progress(model, opts, &|done, total| {

@@ -57,8 +57,8 @@ mod weights;
 pub use generate::{
     Control, Finish, GenerateParams, Generation, TokenConstraint, TokenEvent, MARK_CLOSE, MARK_OPEN, NO_TOKEN,
 };
-pub use model::{Model, ModelOptions};
-pub use plan::{plan, Plan};
+pub use model::{Model, ModelOptions, MAX_IO_THREADS, MAX_THREADS_PER_CORE};
+pub use plan::{plan, Plan, MAX_CTX};
 pub use sample::{argmax, log_softmax, Sampler, SamplingParams};
 pub use session::{attn_res, attn_res_in_place, Session, Stats, CHUNK};
 pub use state::{Snapshot, STATE_MAGIC, STATE_VERSION};

@@ -46,6 +46,9 @@ pub struct ModelOptions {
     /// Open even when the floor exceeds usable RAM (the default refuses with
     /// [`Error::FloorAboveRam`]).
     pub force: bool,
+    /// The RAM to plan against (`None` = this machine's usable RAM,
+    /// cgroup-aware): the automatic budget and the floor check use it.
+    pub usable_ram: Option<u64>,
 }
 
 /// Compute threads at most this many per core (more only adds switching).
@@ -70,6 +73,7 @@ impl Default for ModelOptions {
             max_chunk: crate::session::CHUNK,
             usage: None,
             force: false,
+            usable_ram: None,
         }
     }
 }
@@ -118,7 +122,7 @@ impl Model {
             return Err(Error::Arg(format!("lookahead {} exceeds top_k {}", opts.lookahead, cfg.top_k)));
         }
         let plan = Plan::for_container(&container, opts.ctx)?;
-        let usable = waste_cache::usable_ram();
+        let usable = opts.usable_ram.unwrap_or_else(waste_cache::usable_ram);
         if plan.floor_bytes > usable && !opts.force {
             return Err(Error::FloorAboveRam {
                 floor: plan.floor_bytes,
@@ -142,15 +146,14 @@ impl Model {
             warnings.push(format!("{} I/O threads capped at {MAX_IO_THREADS}", opts.io_threads));
             opts.io_threads = MAX_IO_THREADS;
         }
-        let resolved =
-            waste_cache::resolve(&plan.floor(), opts.budget, waste_cache::usable_ram()).map_err(|e| Error::Budget {
-                budget: e.budget,
-                floor: e.floor,
-                detail: format!(
-                    "trunk {} + state {} + scratch {} + minimum expert cache {}",
-                    plan.trunk_bytes, plan.state_bytes, plan.scratch_bytes, plan.min_expert_cache_bytes
-                ),
-            })?;
+        let resolved = waste_cache::resolve(&plan.floor(), opts.budget, usable).map_err(|e| Error::Budget {
+            budget: e.budget,
+            floor: e.floor,
+            detail: format!(
+                "trunk {} + state {} + scratch {} + minimum expert cache {}",
+                plan.trunk_bytes, plan.state_bytes, plan.scratch_bytes, plan.min_expert_cache_bytes
+            ),
+        })?;
         let threads = if opts.threads == 0 {
             std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
         } else {

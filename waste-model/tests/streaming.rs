@@ -5,7 +5,7 @@
 //! is skipped.
 
 use std::path::{Path, PathBuf};
-use waste_model::{Model, ModelOptions, Policy};
+use waste_model::{Error, Model, ModelOptions, Policy};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures").join(name)
@@ -171,4 +171,38 @@ fn usage_hotlist_roundtrip_and_corrupt_file_skipped() {
     std::fs::write(&usage, foreign.encode()).unwrap();
     assert_eq!(Model::open(&path, o).unwrap().preloaded(), 0);
     std::fs::remove_file(&usage).ok();
+}
+
+#[test]
+fn a_context_beyond_the_machine_is_an_error_naming_the_largest_that_fits() {
+    let path = fixture("tiny.waste");
+    // far beyond any size the engine plans for: a precise error, no overflow
+    for ctx in [0usize, waste_model::MAX_CTX + 1, usize::MAX / 2, usize::MAX] {
+        let e = waste_model::plan(&path, ctx).unwrap_err().to_string();
+        assert!(e.contains("ctx") && e.contains(&waste_model::MAX_CTX.to_string()), "{ctx}: {e}");
+        let e = Model::open(&path, ModelOptions { ctx, ..Default::default() }).err().expect("refused").to_string();
+        assert!(e.contains("ctx"), "{ctx}: {e}");
+    }
+    // a floor above the RAM planned against: refused with the figures and the largest ctx that fits
+    let small = waste_model::plan(&path, 64).unwrap().floor_bytes;
+    let ram = small + (4 << 20);
+    let big = 1 << 20;
+    assert!(waste_model::plan(&path, big).unwrap().floor_bytes > ram, "the test needs a floor above {ram}");
+    let e = Model::open(&path, ModelOptions { ctx: big, usable_ram: Some(ram), ..Default::default() })
+        .err()
+        .expect("refused");
+    let Error::FloorAboveRam { floor, usable, max_ctx: Some(max), .. } = e else { panic!("{e}") };
+    assert_eq!(usable, ram);
+    assert!(floor > ram);
+    assert!(waste_model::plan(&path, max).unwrap().floor_bytes <= ram);
+    assert!(waste_model::plan(&path, max + 1).unwrap().floor_bytes > ram);
+    assert!(max >= 64);
+    assert!(e.to_string().contains(&format!("the largest ctx that fits is {max}")), "{e}");
+    // the largest ctx opens; --force opens past the floor check
+    Model::open(&path, ModelOptions { ctx: max, usable_ram: Some(ram), ..Default::default() }).unwrap();
+    Model::open(
+        &path,
+        ModelOptions { ctx: 2 * max, usable_ram: Some(ram), force: true, budget: 0, ..Default::default() },
+    )
+    .unwrap();
 }

@@ -1,0 +1,138 @@
+//! Careless and hostile use of the `waste` binary: every case is a precise
+//! error or a quiet success, never a panic (exit 101), an abort or a hang.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn anchor() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/anchor-tiny/kimi-linear-tiny.waste")
+}
+
+fn waste(args: &[&str], stdin: &str) -> (i32, String, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_waste"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let o = c.wait_with_output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
+}
+
+fn copy_anchor(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("waste-hard-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    for e in std::fs::read_dir(anchor()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
+    }
+    d
+}
+
+#[test]
+fn huge_contexts_are_precise_errors() {
+    let a = anchor();
+    let a = a.to_str().unwrap();
+    for ctx in ["4611686018427387904", "461168601842738790", "16777217"] {
+        for cmd in [vec!["plan", a, "--ctx", ctx, "--json"], vec!["eval", a, "--ids", "1", "--ctx", ctx]] {
+            let (code, _, err) = waste(&cmd, "");
+            assert_eq!(code, 1, "{cmd:?}: {err}");
+            assert!(err.contains("ctx") && err.contains("16777216") && !err.contains("panicked"), "{cmd:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn absurd_thread_counts_are_capped_with_a_warning() {
+    let a = anchor();
+    let (code, out, err) =
+        waste(&["eval", a.to_str().unwrap(), "--ids", "1,2", "--threads", "100000", "--io-threads", "100000"], "");
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("compute threads capped") && err.contains("I/O threads capped"), "{err}");
+    assert!(!out.is_empty());
+}
+
+#[test]
+fn a_closed_pipe_ends_output_quietly() {
+    let a = anchor();
+    let text = "streaming experts ".repeat(20_000);
+    let mut c = Command::new(env!("CARGO_BIN_EXE_waste"))
+        .args(["tokenize", a.to_str().unwrap(), "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = c.stdin.take().unwrap();
+    let feeder = std::thread::spawn(move || stdin.write_all(text.as_bytes()));
+    let mut first = [0u8; 10];
+    c.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
+    drop(c.stdout.take()); // `| head -c 10`
+    let mut err = String::new();
+    c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let st = c.wait().unwrap();
+    feeder.join().unwrap().unwrap();
+    assert_eq!(st.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_failed_save_or_load_keeps_the_conversation() {
+    let a = anchor();
+    let d = std::env::temp_dir().join(format!("waste-hard-save-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let zero = d.join("zero.state");
+    let _ = std::fs::remove_file(&zero);
+    #[cfg(unix)]
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let input = format!(
+        "hello\n/save {}\n/save {}\n/load {}\n/stats\nagain\n/save {}\n",
+        d.join("no/such/dir/x.state").display(),
+        d.display(),
+        zero.display(),
+        d.join("ok.state").display()
+    );
+    let (code, _, err) = waste(&["chat", a.to_str().unwrap(), "-n", "3", "--temp", "0"], &input);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err.matches("(the conversation is kept)").count(), 3, "{err}");
+    // the conversation went on after the failures, and a good save still works
+    assert!(err.contains("[position"), "{err}");
+    assert!(d.join("ok.state").exists(), "{err}");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn a_hostile_chat_template_is_an_error_naming_the_file() {
+    let d = copy_anchor("template");
+    std::fs::write(
+        d.join("chat_template.jinja"),
+        "{% for a in range(100000) %}{% for b in range(100000) %}{{ a }}{% endfor %}{% endfor %}",
+    )
+    .unwrap();
+    let (code, _, err) = waste(&["run", d.to_str().unwrap(), "hi", "-n", "1"], "");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("chat_template.jinja") && !err.contains("panicked"), "{err}");
+    // deep recursion too
+    std::fs::write(d.join("chat_template.jinja"), "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").unwrap();
+    let (code, _, err) = waste(&["run", d.to_str().unwrap(), "hi", "-n", "1"], "");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("chat_template.jinja"), "{err}");
+    // a manifest that is a device, not a file
+    #[cfg(unix)]
+    {
+        std::fs::remove_file(d.join("manifest.json")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", d.join("manifest.json")).unwrap();
+        let (code, _, err) = waste(&["info", d.to_str().unwrap()], "");
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("manifest.json") && err.contains("not a regular file"), "{err}");
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
