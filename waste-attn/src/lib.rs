@@ -1,12 +1,13 @@
 //! # waste-attn
 //!
-//! The two attention kinds of the Kimi family for one token at a time:
+//! The attention math of the Kimi family, for one token or a prefill chunk:
 //! Kimi Delta Attention ([`kda`]: short causal conv with a ring state, the
 //! Kimi-Linear softplus decay or K3's bounded decay, beta, the delta-rule
 //! state update, gated RMSNorm output) and multi-head latent attention
 //! ([`mla`]: a latent cache of `kv_lora + qk_rope` floats per position,
-//! absorbed decode, optional q-LoRA and sigmoid output gate). States are
-//! plain vectors so a session can serialize them.
+//! absorbed decode, optional q-LoRA and sigmoid output gate), and K3's
+//! Attention Residuals ([`res`]). States are plain vectors so a session can
+//! serialize them.
 //!
 //! Matches `transformers`' `modeling_kimi_linear.py` (the reference):
 //! softplus as `ln(1+exp(z))` below 20, q/k L2 norm with `+1e-6` inside the
@@ -16,9 +17,11 @@
 
 pub mod kda;
 pub mod mla;
+pub mod res;
 
 pub use kda::{KdaConfig, KdaGate, KdaScratch, KdaState, KdaWeights};
 pub use mla::{ContextFull, MlaConfig, MlaQuery, MlaScratch, MlaState, MlaWeights};
+pub use res::{attn_res, attn_res_in_place};
 
 #[cfg(test)]
 mod chunk_tests {

@@ -142,7 +142,7 @@ pub struct ExpertCache {
     history: HashMap<Key, u32>,
     free: Vec<usize>,
     clock: u64,
-    rng: u64,
+    rng: waste_quant::SplitMix64,
     policy: Policy,
     /// Counters.
     pub stats: CacheStats,
@@ -174,7 +174,7 @@ impl ExpertCache {
             history: HashMap::new(),
             free: (0..slots).rev().collect(),
             clock: 0,
-            rng: 0x9E37_79B9_7F4A_7C15,
+            rng: waste_quant::SplitMix64::new(0x9E37_79B9_7F4A_7C15),
             policy,
             stats: CacheStats::default(),
         }
@@ -259,12 +259,7 @@ impl ExpertCache {
     }
 
     fn next_rand(&mut self) -> u64 {
-        let mut x = self.rng;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.rng = x;
-        x
+        self.rng.next_u64()
     }
 
     fn evictable(s: &Slot) -> bool {

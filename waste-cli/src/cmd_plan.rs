@@ -141,11 +141,10 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let cs = model.cache_stats();
     a.engine.finish(&model, &a.model, st.tokens)?;
     let n = steps.max(1) as f64;
-    let hit = st.experts_hit - st0.experts_hit;
-    let miss = st.experts_missed - st0.experts_missed;
+    let d = st - st0;
+    let (hit, miss) = (d.experts_hit, d.experts_missed);
     let hit_rate = if hit + miss > 0 { hit as f64 / (hit + miss) as f64 } else { 0.0 };
-    let bytes =
-        (st.bytes_read - st0.bytes_read) + (cs.prefetch_issued - cs0.prefetch_issued) * model.plan().record_bytes;
+    let bytes = d.bytes_read + (cs.prefetch_issued - cs0.prefetch_issued) * model.plan().record_bytes;
     // the roofline: the slower of the disk (bytes read) and memory (bytes a
     // token touches: the trunk, every expert it uses, the attention state)
     let (mem1, mem_n) = model.memory_bandwidth(model.threads(), 3);
@@ -166,10 +165,10 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "bytes_per_token": bytes as f64 / n, "direct_io": model.direct_io(), "experts_hit": hit, "experts_missed": miss,
         "decode_tokens": steps, "prefill_tokens": prompt.len(), "prefill_seconds": prefill_s, "prefill_tok_per_s": prompt.len() as f64 / prefill_s,
         "prefetch_issued": cs.prefetch_issued - cs0.prefetch_issued, "prefetch_used": cs.prefetch_used - cs0.prefetch_used,
-        "io_wait_ms_per_token": 1e3 * (st.io_seconds - st0.io_seconds) / n,
-        "expert_ms_per_token": 1e3 * (st.expert_seconds - st0.expert_seconds) / n,
-        "attention_ms_per_token": 1e3 * (st.attn_seconds - st0.attn_seconds) / n,
-        "trunk_ms_per_token": 1e3 * (st.trunk_seconds - st0.trunk_seconds) / n,
+        "io_wait_ms_per_token": 1e3 * d.io_seconds / n,
+        "expert_ms_per_token": 1e3 * d.expert_seconds / n,
+        "attention_ms_per_token": 1e3 * d.attn_seconds / n,
+        "trunk_ms_per_token": 1e3 * d.trunk_seconds / n,
         "budget_bytes": model.budget(), "cache_slots": model.cache_slots(), "huge_pages": model.huge_pages(),
         "threads": model.threads(), "io_threads": model.options().io_threads, "simd": model.simd().name(),
         "lookahead": model.options().lookahead, "readahead": model.options().readahead, "preloaded": model.preloaded(),

@@ -106,12 +106,7 @@ pub fn chat(a: ChatArgs) -> Result<ExitCode> {
         if !close.is_empty() && s.position() + close.len() < model.options().ctx {
             s.eval(&close)?;
         }
-        let st = s.stats();
-        let d = waste_model::Stats {
-            experts_hit: st.experts_hit - st0.experts_hit,
-            experts_missed: st.experts_missed - st0.experts_missed,
-            ..st
-        };
+        let d = s.stats() - st0;
         if g.finish == waste_model::Finish::ContextFull {
             eprintln!("[stopped: the context is full]");
         }

@@ -3,8 +3,8 @@
 //! getrusage of the child) at or under the budget plus a stated slack.
 
 use std::process::Command;
-use waste_format::synth::{synth, SynthOptions};
-use waste_format::ExpertFmt;
+use waste_model::format::ExpertFmt;
+use waste_synth::{synth, SynthOptions};
 
 /// Slack over the budget: the binary's mapped code and data, the C runtime,
 /// thread stacks and allocator overhead — none of which the engine allocates.

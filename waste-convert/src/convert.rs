@@ -9,11 +9,11 @@ use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use waste_format::half::{f32_to_bf16, f32_to_f16};
-use waste_format::synth::quantize_groups;
 use waste_format::{
     flatten_text_config, required_tensors, write_atomic, write_manifest, Codebooks, Expect, ExpertFmt, ExpertQuant,
     Fmt, LayerEntry, Manifest, ModelConfig, RecordLayout, TensorEntry, TrunkWriter, FORMAT_VERSION,
 };
+use waste_quant::quantize_groups;
 use waste_quant::vq::{VqBook, VqLayout};
 use waste_quant::vq_encode::{encode_matrix, fit_books, sample_vectors};
 

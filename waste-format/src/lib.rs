@@ -25,7 +25,6 @@ pub mod half;
 mod manifest;
 mod record;
 mod schema;
-pub mod synth;
 mod tensor;
 mod usage;
 mod writer;

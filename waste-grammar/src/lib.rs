@@ -141,31 +141,34 @@ impl Constraint {
     }
 }
 
+use waste_model::ConstraintError;
+
 impl waste_model::TokenConstraint for Constraint {
-    fn allowed(&mut self, mask: &mut [bool]) -> std::result::Result<bool, String> {
+    fn allowed(&mut self, mask: &mut [bool]) -> std::result::Result<bool, ConstraintError> {
         let State::Active(m) = &mut self.state else {
             return Ok(false);
         };
-        let v = m.compute_mask_or_eos().map_err(|e| e.to_string())?;
+        let v = m.compute_mask_or_eos().map_err(|e| ConstraintError(e.to_string()))?;
         for (i, a) in mask.iter_mut().enumerate() {
             *a = v.is_allowed(i as u32);
         }
         Ok(true)
     }
 
-    fn commit(&mut self, token: u32) -> std::result::Result<(), String> {
+    fn commit(&mut self, token: u32) -> std::result::Result<(), ConstraintError> {
         match &mut self.state {
             // the grammar is complete: only its end (EOS) may follow
             State::Active(m) if m.is_stopped() => match token == self.env.tok_trie().eos_token() {
                 true => Ok(()),
-                false => Err(format!("token {token} after the grammar finished")),
+                false => Err(ConstraintError(format!("token {token} after the grammar finished"))),
             },
-            State::Active(m) => m.consume_token(token).map_err(|e| e.to_string()),
+            State::Active(m) => m.consume_token(token).map_err(|e| ConstraintError(e.to_string())),
             State::Waiting { trigger, recent, lark, factory } => {
                 recent.extend(self.env.tok_trie().token(token));
                 if recent.ends_with(trigger) {
-                    let parser =
-                        factory.create_parser(TopLevelGrammar::from_lark(lark.clone())).map_err(|e| e.to_string())?;
+                    let parser = factory
+                        .create_parser(TopLevelGrammar::from_lark(lark.clone()))
+                        .map_err(|e| ConstraintError(e.to_string()))?;
                     self.state = State::Active(Matcher::new(Ok(parser)));
                 } else if recent.len() > 4 * trigger.len() + 64 {
                     let cut = recent.len() - trigger.len();

@@ -12,7 +12,7 @@ fn tokenizer() -> Tokenizer {
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("waste-grammar-tok-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    waste_model::format::synth::write_byte_tokenizer(&dir, 320).unwrap();
+    waste_synth::write_byte_tokenizer(&dir, 320).unwrap();
     Tokenizer::from_container_dir(&dir).unwrap()
 }
 

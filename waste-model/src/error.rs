@@ -37,6 +37,23 @@ pub enum Error {
         /// Largest context whose floor fits, if any.
         max_ctx: Option<usize>,
     },
+    /// The tokenizer files of the container could not be loaded.
+    #[error(transparent)]
+    Tokenizer(#[from] waste_tokenizer::Error),
+    /// The session's context cannot take these tokens (checked before any
+    /// state changes).
+    #[error("context full: {pos} + {n} tokens exceed ctx {ctx}")]
+    ContextFull {
+        /// Tokens already in the session.
+        pos: usize,
+        /// Tokens asked for.
+        n: usize,
+        /// The context bound.
+        ctx: usize,
+    },
+    /// A [`crate::TokenConstraint`] failed (a grammar error).
+    #[error("constraint: {0}")]
+    Constraint(#[from] ConstraintError),
     /// An allocation failed.
     #[error("out of memory: {0}")]
     Oom(String),
@@ -50,6 +67,11 @@ pub enum Error {
     #[error("cancelled")]
     Cancelled,
 }
+
+/// A constrained-decoding hook's failure (the grammar engine's message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConstraintError(pub String);
 
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -41,9 +41,15 @@ pub trait TokenConstraint {
     /// Write every entry of `mask` (one per vocabulary id: allowed next or
     /// not; it holds the previous step's values on entry); return `false`
     /// when this step is unconstrained (the mask is then ignored).
-    fn allowed(&mut self, mask: &mut [bool]) -> std::result::Result<bool, String>;
+    ///
+    /// # Errors
+    /// The grammar engine's failure; generation stops with [`Error::Constraint`].
+    fn allowed(&mut self, mask: &mut [bool]) -> std::result::Result<bool, crate::ConstraintError>;
     /// The token that was chosen.
-    fn commit(&mut self, token: u32) -> std::result::Result<(), String>;
+    ///
+    /// # Errors
+    /// As [`TokenConstraint::allowed`].
+    fn commit(&mut self, token: u32) -> std::result::Result<(), crate::ConstraintError>;
 }
 
 /// Why generation ended.
@@ -176,7 +182,7 @@ impl Session<'_> {
             let constrained = match constraint.as_deref_mut() {
                 Some(c) => {
                     mask.resize(logits.len(), false);
-                    c.allowed(&mut mask).map_err(|e| Error::Arg(format!("constraint: {e}")))?
+                    c.allowed(&mut mask)?
                 }
                 None => false,
             };
@@ -189,7 +195,7 @@ impl Session<'_> {
                 sampler.pick(logits, None)
             };
             if let Some(c) = constraint.as_deref_mut() {
-                c.commit(id).map_err(|e| Error::Arg(format!("constraint: {e}")))?;
+                c.commit(id)?;
             }
             let lp = log_softmax(logits);
             let mut top = Vec::new();
@@ -246,17 +252,17 @@ impl Session<'_> {
             if !ends && !full {
                 self.eval(&[id])?;
             }
-            let st = self.stats();
+            let st = self.stats() - st0;
             let ev = TokenEvent {
                 token: id,
                 piece,
                 logprob: lp[id as usize],
                 top,
-                experts_hit: st.experts_hit - st0.experts_hit,
-                experts_missed: st.experts_missed - st0.experts_missed,
-                bytes_read: st.bytes_read - st0.bytes_read,
+                experts_hit: st.experts_hit,
+                experts_missed: st.experts_missed,
+                bytes_read: st.bytes_read,
                 seconds: t0.elapsed().as_secs_f64(),
-                io_seconds: st.io_seconds - st0.io_seconds,
+                io_seconds: st.io_seconds,
             };
             let ctl = callback(&ev);
             if let Some((si, _)) = stopped {

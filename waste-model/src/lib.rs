@@ -16,7 +16,7 @@
 mod error;
 mod verify;
 
-pub use error::{Error, Result};
+pub use error::{ConstraintError, Error, Result};
 pub use verify::{verify, VerifyOptions, VerifyReport};
 pub use waste_format as format;
 
@@ -58,10 +58,12 @@ pub use generate::{
     Control, Finish, GenerateParams, Generation, TokenConstraint, TokenEvent, MARK_CLOSE, MARK_OPEN, NO_TOKEN,
 };
 pub use model::{Model, ModelOptions, MAX_IO_THREADS, MAX_THREADS_PER_CORE};
+pub use plan::CHUNK;
 pub use plan::{plan, Plan, MAX_CTX};
 pub use sample::{argmax, log_softmax, Sampler, SamplingParams};
-pub use session::{attn_res, attn_res_in_place, Session, Stats, CHUNK};
+pub use session::{Session, Stats};
 pub use state::{Snapshot, STATE_MAGIC, STATE_VERSION};
+pub use waste_attn::{attn_res, attn_res_in_place};
 pub use waste_cache::{parse_size, physical_ram, usable_ram, CacheStats, Policy};
 pub use waste_tokenizer as tokenizer;
 

@@ -70,7 +70,7 @@ impl Default for ModelOptions {
             readahead: true,
             lookahead: 0,
             huge_pages: true,
-            max_chunk: crate::session::CHUNK,
+            max_chunk: crate::plan::CHUNK,
             usage: None,
             force: false,
             usable_ram: None,
@@ -191,10 +191,7 @@ impl Model {
         let io_threads = if opts.io_threads == 0 { 4 } else { opts.io_threads };
         let dir = container.dir.clone();
         let tokenizer = if dir.join("tokenizer.model").exists() {
-            Some(
-                waste_tokenizer::Tokenizer::from_container_dir(&dir)
-                    .map_err(|e| Error::Arg(format!("tokenizer: {e}")))?,
-            )
+            Some(waste_tokenizer::Tokenizer::from_container_dir(&dir).map_err(Error::Tokenizer)?)
         } else {
             None
         };
@@ -259,7 +256,7 @@ impl Model {
         for e in &entries[..n] {
             let (l, x) = (e.layer as usize, e.expert as usize);
             let key = (l as u32, x as u32);
-            let slot = cache.reserve(key, false).map_err(|e| Error::Unsupported(e.to_string()))?;
+            let slot = cache.reserve(key, false)?;
             let (Some(bank), Some(info)) = (&self.banks[l], &self.container.banks[l]) else { continue };
             // SAFETY: the slot is reserved (pinned, in flight) for this read only.
             let buf = unsafe { std::slice::from_raw_parts_mut(cache.slot_ptr(slot), lay.rec_bytes) };
@@ -429,8 +426,8 @@ impl Model {
                     if let Some(s) = &w.shared {
                         m.extend([&s.gate, &s.up, &s.down]);
                     }
-                    if let Some((d, u, _)) = &w.latent {
-                        m.extend([d, u]);
+                    if let Some(lt) = &w.latent {
+                        m.extend([&lt.down, &lt.up]);
                     }
                 }
             }
@@ -458,7 +455,7 @@ impl Model {
                 }
             }
             if let Ffn::Moe(w) = &l.ffn {
-                t += v(&w.bias) + w.latent.as_ref().and_then(|(_, _, n)| n.as_ref()).map_or(0, v);
+                t += v(&w.bias) + w.latent.as_ref().and_then(|lt| lt.norm.as_ref()).map_or(0, v);
                 t += w
                     .books
                     .books

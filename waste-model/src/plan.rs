@@ -32,6 +32,10 @@ pub struct Plan {
     pub expert_records: u64,
 }
 
+/// Most tokens a prefill chunk evaluates together (the plan sizes the
+/// session's scratch for it).
+pub const CHUNK: usize = 16;
+
 /// The largest context the engine plans for (16 M tokens): every size
 /// derived from `ctx` then fits in 64 bits with room to spare.
 pub const MAX_CTX: usize = 1 << 24;
@@ -53,7 +57,7 @@ pub(crate) fn session_scratch(c: &ModelConfig, ctx: usize) -> u64 {
     let has_kda = c.attn_kinds.contains(&AttnKind::Kda);
     let has_mla = c.n_mla_layers() > 0;
     let mut b = 0u64;
-    let chunk = crate::session::CHUNK;
+    let chunk = CHUNK;
     if has_kda {
         b += waste_attn::kda::KdaScratch::bytes(&crate::weights::kda_config(c), chunk) as u64;
     }
@@ -66,8 +70,8 @@ pub(crate) fn session_scratch(c: &ModelConfig, ctx: usize) -> u64 {
         b += f(2 * c.moe_intermediate + c.top_k * lat);
     }
     let ffn_w = c.intermediate.max(c.moe_intermediate * c.shared_experts);
-    // per chunk token: hidden, FFN input, FFN output; then x, xn, r
-    b += f(3 * chunk * h + 3 * h + c.experts + 2 * lat + 2 * ffn_w + c.vocab);
+    // per chunk token: hidden, FFN input, FFN output; then one token's input and the head's input
+    b += f(3 * chunk * h + 2 * h + c.experts + 2 * lat + 2 * ffn_w + c.vocab);
     if let Some(bs) = c.attn_res_block {
         let nb = c.layers.div_ceil(bs);
         b += f(chunk * h + chunk * nb * h + h); // prefixes, blocks, a copy for the output aggregation

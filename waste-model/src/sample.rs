@@ -41,7 +41,7 @@ impl SamplingParams {
 #[derive(Clone, Debug)]
 pub struct Sampler {
     p: SamplingParams,
-    state: u64,
+    rng: waste_quant::SplitMix64,
 }
 
 /// Log-softmax of logits.
@@ -66,16 +66,11 @@ pub fn argmax(l: &[f32]) -> u32 {
 impl Sampler {
     /// A sampler.
     pub fn new(p: SamplingParams) -> Sampler {
-        let state = p.seed ^ 0x9E37_79B9_7F4A_7C15;
-        Sampler { p, state }
+        let rng = waste_quant::SplitMix64::new(p.seed ^ 0x9E37_79B9_7F4A_7C15);
+        Sampler { p, rng }
     }
     fn next_f64(&mut self) -> f64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        self.rng.next_f64()
     }
 
     /// Pick a token from logits; `allowed` masks tokens (constrained decoding).

@@ -1,15 +1,16 @@
 //! `Session`: one sequence's state and the forward pass.
 
 use crate::model::Model;
+use crate::plan::CHUNK;
 use crate::weights::{kda_config, mla_config, router_config, Attn, Ffn, MoeWeights};
 use crate::{Error, Result};
 use std::time::Instant;
-use waste_attn::{kda, mla, KdaScratch, KdaState, MlaScratch, MlaState};
+use waste_attn::{attn_res, kda, mla, KdaScratch, KdaState, MlaScratch, MlaState};
 use waste_cache::{Lookup, SlotState};
 use waste_format::check_record;
 use waste_io::Priority;
 use waste_moe::{route, ExpertScratch};
-use waste_quant::ops::{rms_scale, rmsnorm, rmsnorm_inplace, softmax};
+use waste_quant::ops::{rmsnorm, rmsnorm_inplace};
 
 /// Counters of expert traffic and time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -34,6 +35,24 @@ pub struct Stats {
     pub expert_seconds: f64,
 }
 
+/// What happened between two readings of the counters: `after - before`.
+impl std::ops::Sub for Stats {
+    type Output = Stats;
+    fn sub(self, b: Stats) -> Stats {
+        Stats {
+            tokens: self.tokens - b.tokens,
+            experts_hit: self.experts_hit - b.experts_hit,
+            experts_missed: self.experts_missed - b.experts_missed,
+            bytes_read: self.bytes_read - b.bytes_read,
+            prefetch_issued: self.prefetch_issued - b.prefetch_issued,
+            io_seconds: self.io_seconds - b.io_seconds,
+            trunk_seconds: self.trunk_seconds - b.trunk_seconds,
+            attn_seconds: self.attn_seconds - b.attn_seconds,
+            expert_seconds: self.expert_seconds - b.expert_seconds,
+        }
+    }
+}
+
 enum LayerState {
     Kda(KdaState),
     Mla(MlaState),
@@ -45,9 +64,6 @@ pub(crate) enum LayerStateRef<'a> {
     Mla { cache: &'a [f32], len: usize, width: usize },
 }
 
-/// Most tokens a prefill chunk evaluates together.
-pub const CHUNK: usize = 16;
-
 /// One sequence being evaluated.
 pub struct Session<'m> {
     m: &'m Model,
@@ -57,18 +73,22 @@ pub struct Session<'m> {
     mla_sc: Option<MlaScratch>,
     ex_sc: Option<ExpertScratch>,
     /// Per chunk token: hidden state, AttnRes prefix, FFN input, FFN output (`CHUNK × hidden` each).
-    hs: Vec<f32>,
-    ps: Vec<f32>,
-    xns: Vec<f32>,
-    rs: Vec<f32>,
-    x: Vec<f32>,
-    xn: Vec<f32>,
-    r: Vec<f32>,
-    /// AttnRes blocks, `CHUNK × nb × hidden`.
+    chunk_hidden: Vec<f32>,
+    chunk_prefix: Vec<f32>,
+    chunk_ffn_in: Vec<f32>,
+    chunk_ffn_out: Vec<f32>,
+    /// One token's layer input (the AttnRes mix, or the shared expert's output).
+    token_in: Vec<f32>,
+    /// The final-normed hidden state the LM head reads.
+    head_in: Vec<f32>,
+    /// AttnRes blocks, `CHUNK × res_blocks × hidden`.
     blocks: Vec<f32>,
+    /// Blocks finished so far in this token's pass.
     nblocks: usize,
-    nb: usize,
-    hcopy: Vec<f32>,
+    /// AttnRes blocks per token (layers / block size; 0 without AttnRes).
+    res_blocks: usize,
+    /// The last token's hidden state, kept for the output aggregation.
+    out_copy: Vec<f32>,
     router: Vec<f32>,
     chosen: Vec<(usize, f32)>,
     lat_in: Vec<f32>,
@@ -106,17 +126,16 @@ impl<'m> Session<'m> {
             kda_sc: has_kda.then(|| KdaScratch::new(&kc, CHUNK)),
             mla_sc: has_mla.then(|| MlaScratch::new(&mc, c.q_lora.unwrap_or(0), CHUNK)),
             ex_sc: m.kernel.as_ref().map(|k| k.scratch()),
-            hs: vec![0.0; CHUNK * h],
-            ps: vec![0.0; if nb > 0 { CHUNK * h } else { 0 }],
-            xns: vec![0.0; CHUNK * h],
-            rs: vec![0.0; CHUNK * h],
-            x: vec![0.0; h],
-            xn: vec![0.0; h],
-            r: vec![0.0; h],
+            chunk_hidden: vec![0.0; CHUNK * h],
+            chunk_prefix: vec![0.0; if nb > 0 { CHUNK * h } else { 0 }],
+            chunk_ffn_in: vec![0.0; CHUNK * h],
+            chunk_ffn_out: vec![0.0; CHUNK * h],
+            token_in: vec![0.0; h],
+            head_in: vec![0.0; h],
             blocks: vec![0.0; CHUNK * nb * h],
             nblocks: 0,
-            nb,
-            hcopy: vec![0.0; if nb > 0 { h } else { 0 }],
+            res_blocks: nb,
+            out_copy: vec![0.0; if nb > 0 { h } else { 0 }],
             router: vec![0.0; c.experts],
             chosen: Vec::with_capacity(c.top_k),
             lat_in: vec![0.0; lat],
@@ -193,15 +212,14 @@ impl<'m> Session<'m> {
         }
         let v = |x: &Vec<f32>| 4 * x.capacity() as u64;
         let mut sc = [
-            &self.hs,
-            &self.ps,
-            &self.xns,
-            &self.rs,
-            &self.x,
-            &self.xn,
-            &self.r,
+            &self.chunk_hidden,
+            &self.chunk_prefix,
+            &self.chunk_ffn_in,
+            &self.chunk_ffn_out,
+            &self.token_in,
+            &self.head_in,
             &self.blocks,
-            &self.hcopy,
+            &self.out_copy,
             &self.router,
             &self.lat_in,
             &self.lat_sum,
@@ -228,7 +246,7 @@ impl<'m> Session<'m> {
         }
         let ctx = self.m.opts.ctx;
         if self.pos + tokens.len() > ctx {
-            return Err(Error::Arg(format!("context full: {} + {} tokens exceed ctx {ctx}", self.pos, tokens.len())));
+            return Err(Error::ContextFull { pos: self.pos, n: tokens.len(), ctx });
         }
         let vocab = self.m.embed.rows();
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
@@ -267,11 +285,11 @@ impl<'m> Session<'m> {
         let pool = &m.pool;
         let h = c.hidden;
         let nt = toks.len();
-        let nb = self.nb;
+        let nb = self.res_blocks;
         let t0 = Instant::now();
         let (io0, ex0, at0) = (self.stats.io_seconds, self.stats.expert_seconds, self.stats.attn_seconds);
         for (t, &tok) in toks.iter().enumerate() {
-            m.embed.row(tok, &mut self.hs[t * h..(t + 1) * h])?;
+            m.embed.row(tok, &mut self.chunk_hidden[t * h..(t + 1) * h])?;
         }
         let ar = c.attn_res_block;
         self.nblocks = 0;
@@ -279,29 +297,29 @@ impl<'m> Session<'m> {
             let restarted = ar.is_some_and(|b| l % b == 0);
             // --- attention inputs of every token (they depend on earlier layers only)
             for t in 0..nt {
-                let hh = &mut self.hs[t * h..(t + 1) * h];
-                let xa = &mut self.xns[t * h..(t + 1) * h];
+                let hh = &mut self.chunk_hidden[t * h..(t + 1) * h];
+                let xa = &mut self.chunk_ffn_in[t * h..(t + 1) * h];
                 if ar.is_some() {
-                    let p = &mut self.ps[t * h..(t + 1) * h];
+                    let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
                     let blocks = &mut self.blocks[t * nb * h..(t + 1) * nb * h];
                     p.copy_from_slice(hh);
                     let w = &layer.res.as_ref().expect("attn res weights").attn;
                     if self.nblocks > 0 {
-                        attn_res(&blocks[..self.nblocks * h], h, p, w, c.rms_eps, &mut self.x);
+                        attn_res(&blocks[..self.nblocks * h], h, p, w, c.rms_eps, &mut self.token_in);
                     } else {
-                        self.x.copy_from_slice(p);
+                        self.token_in.copy_from_slice(p);
                     }
                     if restarted {
                         blocks[self.nblocks * h..(self.nblocks + 1) * h].copy_from_slice(p);
                     }
-                    rmsnorm(&self.x, &layer.in_norm, c.rms_eps, xa);
+                    rmsnorm(&self.token_in, &layer.in_norm, c.rms_eps, xa);
                 } else {
                     rmsnorm(hh, &layer.in_norm, c.rms_eps, xa);
                 }
             }
             // --- attention for the chunk: projections batched, the recurrence token after token
             let ta = Instant::now();
-            let (xs, outs) = (&self.xns[..nt * h], &mut self.rs[..nt * h]);
+            let (xs, outs) = (&self.chunk_ffn_in[..nt * h], &mut self.chunk_ffn_out[..nt * h]);
             match (&layer.attn, &mut self.states[l]) {
                 (Attn::Kda(w), LayerState::Kda(st)) => {
                     let sc = self.kda_sc.as_mut().expect("kda scratch");
@@ -310,17 +328,17 @@ impl<'m> Session<'m> {
                 (Attn::Mla(w), LayerState::Mla(st)) => {
                     let sc = self.mla_sc.as_mut().expect("mla scratch");
                     mla::chunk(pool, &mla_config(c, m.opts.ctx), w, st, sc, xs, nt, outs)
-                        .map_err(|e| Error::Arg(format!("context full at {} tokens", e.0)))?;
+                        .map_err(|e| Error::ContextFull { pos: e.0, n: nt, ctx: m.opts.ctx })?;
                 }
                 _ => unreachable!("layer state matches its kind"),
             }
             self.stats.attn_seconds += ta.elapsed().as_secs_f64();
             // --- residuals and FFN inputs
             for t in 0..nt {
-                let r = &self.rs[t * h..(t + 1) * h];
-                let xn_t = &mut self.xns[t * h..(t + 1) * h];
+                let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
+                let xn_t = &mut self.chunk_ffn_in[t * h..(t + 1) * h];
                 if ar.is_some() {
-                    let p = &mut self.ps[t * h..(t + 1) * h];
+                    let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
                     if restarted {
                         p.copy_from_slice(r);
                     } else {
@@ -328,10 +346,10 @@ impl<'m> Session<'m> {
                     }
                     let w = &layer.res.as_ref().expect("attn res weights").mlp;
                     let nbk = self.nblocks + restarted as usize;
-                    attn_res(&self.blocks[t * nb * h..t * nb * h + nbk * h], h, p, w, c.rms_eps, &mut self.x);
-                    rmsnorm(&self.x, &layer.post_norm, c.rms_eps, xn_t);
+                    attn_res(&self.blocks[t * nb * h..t * nb * h + nbk * h], h, p, w, c.rms_eps, &mut self.token_in);
+                    rmsnorm(&self.token_in, &layer.post_norm, c.rms_eps, xn_t);
                 } else {
-                    let hh = &mut self.hs[t * h..(t + 1) * h];
+                    let hh = &mut self.chunk_hidden[t * h..(t + 1) * h];
                     add(hh, r);
                     rmsnorm(hh, &layer.post_norm, c.rms_eps, xn_t);
                 }
@@ -346,22 +364,22 @@ impl<'m> Session<'m> {
                         d.forward(
                             pool,
                             c.activation,
-                            &self.xns[t * h..(t + 1) * h],
+                            &self.chunk_ffn_in[t * h..(t + 1) * h],
                             &mut self.ffn_tmp,
-                            &mut self.rs[t * h..(t + 1) * h],
+                            &mut self.chunk_ffn_out[t * h..(t + 1) * h],
                         );
                     }
                 }
                 Ffn::Moe(w) => self.moe(l, w, nt)?,
             }
             for t in 0..nt {
-                let r = &self.rs[t * h..(t + 1) * h];
+                let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
                 if ar.is_some() {
-                    let p = &mut self.ps[t * h..(t + 1) * h];
+                    let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
                     add(p, r);
-                    self.hs[t * h..(t + 1) * h].copy_from_slice(p);
+                    self.chunk_hidden[t * h..(t + 1) * h].copy_from_slice(p);
                 } else {
-                    add(&mut self.hs[t * h..(t + 1) * h], r);
+                    add(&mut self.chunk_hidden[t * h..(t + 1) * h], r);
                 }
             }
         }
@@ -369,20 +387,20 @@ impl<'m> Session<'m> {
         if let Some(w) = &m.out_res {
             // alias-safe: the live candidate is a copy, the output the state itself
             if want_logits {
-                self.hcopy.copy_from_slice(&self.hs[last..last + h]);
+                self.out_copy.copy_from_slice(&self.chunk_hidden[last..last + h]);
                 attn_res(
                     &self.blocks[(nt - 1) * nb * h..(nt - 1) * nb * h + self.nblocks * h],
                     h,
-                    &self.hcopy,
+                    &self.out_copy,
                     w,
                     c.rms_eps,
-                    &mut self.hs[last..last + h],
+                    &mut self.chunk_hidden[last..last + h],
                 );
             }
         }
         if want_logits {
-            rmsnorm(&self.hs[last..last + h], &m.final_norm, c.rms_eps, &mut self.xn);
-            pool.matvec(&m.lm_head.view(), &self.xn, &mut self.logits);
+            rmsnorm(&self.chunk_hidden[last..last + h], &m.final_norm, c.rms_eps, &mut self.head_in);
+            pool.matvec(&m.lm_head.view(), &self.head_in, &mut self.logits);
         }
         self.pos += nt;
         self.stats.tokens += nt as u64;
@@ -537,7 +555,7 @@ impl<'m> Session<'m> {
         // 1. route every token of the chunk; each token's experts in ascending id
         let mut routes: Vec<(usize, f32)> = Vec::with_capacity(nt * k);
         for t in 0..nt {
-            pool.matvec(&w.gate.view(), &self.xns[t * h..(t + 1) * h], &mut self.router);
+            pool.matvec(&w.gate.view(), &self.chunk_ffn_in[t * h..(t + 1) * h], &mut self.router);
             route(&router_config(c), &self.router, &w.bias, &mut self.chosen);
             let mut order = self.chosen.clone();
             order.sort_by_key(|e| e.0);
@@ -575,8 +593,8 @@ impl<'m> Session<'m> {
         let sc = self.ex_sc.as_mut().expect("expert scratch") as *mut ExpertScratch;
         for t in 0..nt {
             match &w.latent {
-                Some((down, _, _)) => pool.matvec(&down.view(), &self.xns[t * h..(t + 1) * h], &mut self.lat_in),
-                None => self.lat_in.copy_from_slice(&self.xns[t * h..(t + 1) * h]),
+                Some(lt) => pool.matvec(&lt.down.view(), &self.chunk_ffn_in[t * h..(t + 1) * h], &mut self.lat_in),
+                None => self.lat_in.copy_from_slice(&self.chunk_ffn_in[t * h..(t + 1) * h]),
             }
             // SAFETY: `sc` points into self.ex_sc, which nothing else touches during this loop.
             let scr = unsafe { &mut *sc };
@@ -610,19 +628,25 @@ impl<'m> Session<'m> {
                     *s += v * wgt;
                 }
             }
-            let r = &mut self.rs[t * h..(t + 1) * h];
+            let r = &mut self.chunk_ffn_out[t * h..(t + 1) * h];
             match &w.latent {
-                Some((_, up, norm)) => {
-                    if let Some(n) = norm {
+                Some(lt) => {
+                    if let Some(n) = &lt.norm {
                         rmsnorm_inplace(&mut self.lat_sum, n, c.rms_eps);
                     }
-                    pool.matvec(&up.view(), &self.lat_sum, r);
+                    pool.matvec(&lt.up.view(), &self.lat_sum, r);
                 }
                 None => r.copy_from_slice(&self.lat_sum),
             }
             if let Some(sh) = &w.shared {
-                sh.forward(pool, c.activation, &self.xns[t * h..(t + 1) * h], &mut self.ffn_tmp, &mut self.x);
-                add(r, &self.x);
+                sh.forward(
+                    pool,
+                    c.activation,
+                    &self.chunk_ffn_in[t * h..(t + 1) * h],
+                    &mut self.ffn_tmp,
+                    &mut self.token_in,
+                );
+                add(r, &self.token_in);
             }
         }
         {
@@ -635,7 +659,7 @@ impl<'m> Session<'m> {
         // 4. router lookahead from the last token: prefetch the next MoE layer's likely experts
         if m.opts.lookahead > 0 {
             if let Some(Ffn::Moe(next)) = m.layers.get(l + 1).map(|x| &x.ffn) {
-                let xn = &self.xns[(nt - 1) * h..nt * h];
+                let xn = &self.chunk_ffn_in[(nt - 1) * h..nt * h];
                 pool.matvec(&next.gate.view(), xn, &mut self.router);
                 let mut guess = Vec::with_capacity(k);
                 route(&router_config(c), &self.router, &next.bias, &mut guess);
@@ -673,32 +697,5 @@ impl Drop for Session<'_> {
 fn add(a: &mut [f32], b: &[f32]) {
     for (x, y) in a.iter_mut().zip(b) {
         *x += y;
-    }
-}
-
-/// [`attn_res`] with the live candidate and the output in one buffer (the
-/// output aggregation's form): alias-safe.
-pub fn attn_res_in_place(blocks: &[f32], h: usize, x: &mut [f32], w: &[f32], eps: f32) {
-    let p = x.to_vec();
-    attn_res(blocks, h, &p, w, eps, x);
-}
-
-/// Attention Residuals: softmax over candidates (the `blocks`, each `h`
-/// wide, then `p`) of `rsqrt(mean v² + eps) · Σ v ⊙ w`, returning the mix of
-/// the raw candidates. `out` must not alias the inputs.
-pub fn attn_res(blocks: &[f32], h: usize, p: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let nb = blocks.len() / h;
-    let cand = |i: usize| if i < nb { &blocks[i * h..(i + 1) * h] } else { p };
-    let mut scores = [0f32; 129];
-    let scores = &mut scores[..nb + 1];
-    for (i, s) in scores.iter_mut().enumerate() {
-        let v = cand(i);
-        let r = rms_scale(v, eps);
-        *s = v.iter().zip(w).map(|(a, b)| a * r * b).sum();
-    }
-    softmax(scores);
-    out.fill(0.0);
-    for (i, a) in scores.iter().enumerate() {
-        waste_quant::ops::axpy(*a, cand(i), out);
     }
 }

@@ -108,10 +108,20 @@ pub struct MoeWeights {
     pub bias: Vec<f32>,
     /// Shared experts.
     pub shared: Option<DenseGlu>,
-    /// K3 latent projections (down `[lat, hidden]`, up `[hidden, lat]`, optional norm).
-    pub latent: Option<(Matrix, Matrix, Option<Vec<f32>>)>,
+    /// K3 latent projections around the routed experts.
+    pub latent: Option<Latent>,
     /// Codebooks.
     pub books: LayerBooks,
+}
+
+/// K3's latent MoE: experts work in a narrower space than the hidden state.
+pub struct Latent {
+    /// Down-projection into the latent space, `[lat, hidden]`.
+    pub down: Matrix,
+    /// Up-projection of the routed sum back, `[hidden, lat]`.
+    pub up: Matrix,
+    /// RMSNorm weight of the routed sum (`routed_expert_norm`), if the config has it.
+    pub norm: Option<Vec<f32>>,
 }
 
 /// K3 Attention Residuals weights of one layer.
@@ -269,11 +279,15 @@ pub fn load_layers(c: &Container, r: &mut TrunkReader<'_>, progress: &dyn Fn(usi
                     None
                 },
                 latent: match cfg.latent {
-                    Some(_) => Some((
-                        r.matrix(&format!("{m}routed_expert_down_proj.weight"))?,
-                        r.matrix(&format!("{m}routed_expert_up_proj.weight"))?,
-                        if cfg.latent_norm { Some(r.vector(&format!("{m}routed_expert_norm.weight"))?) } else { None },
-                    )),
+                    Some(_) => Some(Latent {
+                        down: r.matrix(&format!("{m}routed_expert_down_proj.weight"))?,
+                        up: r.matrix(&format!("{m}routed_expert_up_proj.weight"))?,
+                        norm: if cfg.latent_norm {
+                            Some(r.vector(&format!("{m}routed_expert_norm.weight"))?)
+                        } else {
+                            None
+                        },
+                    }),
                     None => None,
                 },
                 books,

@@ -144,14 +144,14 @@ struct OnlySome {
 }
 
 impl waste_model::TokenConstraint for OnlySome {
-    fn allowed(&mut self, mask: &mut [bool]) -> Result<bool, String> {
+    fn allowed(&mut self, mask: &mut [bool]) -> Result<bool, waste_model::ConstraintError> {
         mask.fill(false);
         for &a in &self.allowed {
             mask[a as usize] = true;
         }
         Ok(true)
     }
-    fn commit(&mut self, token: u32) -> Result<(), String> {
+    fn commit(&mut self, token: u32) -> Result<(), waste_model::ConstraintError> {
         self.committed.push(token);
         Ok(())
     }
@@ -202,12 +202,12 @@ fn marked_specials_are_distinguishable_from_lookalike_text() {
     script.extend(tok.encode_plain(&name));
     struct Script(Vec<u32>, usize);
     impl waste_model::TokenConstraint for Script {
-        fn allowed(&mut self, mask: &mut [bool]) -> Result<bool, String> {
+        fn allowed(&mut self, mask: &mut [bool]) -> Result<bool, waste_model::ConstraintError> {
             mask.fill(false);
             mask[self.0[self.1] as usize] = true;
             Ok(true)
         }
-        fn commit(&mut self, _: u32) -> Result<(), String> {
+        fn commit(&mut self, _: u32) -> Result<(), waste_model::ConstraintError> {
             self.1 += 1;
             Ok(())
         }

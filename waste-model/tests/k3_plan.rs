@@ -4,8 +4,8 @@
 //! trunk, Q8G embedding/head): the C WASTE's record size, its trunk within 2%,
 //! and a floor that grows with the context by exactly the MLA latent cache.
 
-use waste_format::synth::{shape_config, synth, SynthOptions};
 use waste_format::ExpertFmt;
+use waste_synth::{shape_config, synth, SynthOptions};
 
 /// The C WASTE's measured resident trunk for K3 (it prints GiB as "GB").
 const C_TRUNK_GIB: f64 = 27.28;

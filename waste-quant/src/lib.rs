@@ -4,7 +4,9 @@
 //! scalar reference decoders, matrix-vector products for the trunk formats
 //! (F32, F16, BF16, Q8G, Q4G) and lookup-table products for the VQ expert
 //! formats (VQ3R, VQ2R, VQ4P), with runtime SIMD dispatch through
-//! `core::arch` (`WASTE_SIMD=scalar|avx2` forces a level).
+//! `core::arch` (`WASTE_SIMD=scalar|avx2|avx512` forces a level); the
+//! group quantizer and the residual-VQ encoder for the converter; the
+//! project's one seeded generator ([`SplitMix64`]).
 //!
 //! **Exactness.** Every SIMD kernel is bit-identical to the scalar one: the
 //! scalar code defines a canonical order (32 fused-multiply-add lanes and a
@@ -23,15 +25,19 @@
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod group;
 mod level;
 mod matrix;
+mod rng;
 pub mod scalar;
 pub mod vq;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 
+pub use group::quantize_groups;
 pub use level::{level, Level};
 pub use matrix::{MatRef, Matrix, ShapeError};
+pub use rng::SplitMix64;
 pub use vq::{VqBook, VqLayout};
 pub use waste_format::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 mod pool;

@@ -4,22 +4,8 @@
 
 use crate::level::{level, Level};
 use crate::vq::{VqBook, VqLayout};
+use crate::SplitMix64 as Rng;
 use waste_format::half::{f16_to_f32, f32_to_f16};
-
-/// Deterministic generator for sampling and initialisation.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 /// A codebook prepared for nearest-entry search: entries transposed
 /// (`dim × entries`) for 8-wide SIMD, and their squared norms.
@@ -125,7 +111,7 @@ pub fn nearest(book: &[f32], norms: &[f32], dim: usize, x: &[f32]) -> usize {
 /// Returns the f16 bits.
 pub fn kmeans(points: &[f32], dim: usize, k: usize, iters: usize, seed: u64) -> Vec<u16> {
     let n = points.len() / dim;
-    let mut rng = Rng(seed ^ 0xC0DE);
+    let mut rng = Rng::new(seed ^ 0xC0DE);
     let mut cent: Vec<f32> = (0..k)
         .flat_map(|_| {
             let i = rng.below(n);
@@ -192,7 +178,7 @@ pub fn row_scale(row: &[f32]) -> u16 {
 
 /// Normalized sample vectors of a matrix: up to `max` random rows' vectors.
 pub fn sample_vectors(w: &[f32], rows: usize, cols: usize, dim: usize, max_rows: usize, seed: u64, out: &mut Vec<f32>) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     for _ in 0..max_rows.min(rows) {
         let r = rng.below(rows);
         let row = &w[r * cols..(r + 1) * cols];
@@ -262,8 +248,8 @@ mod tests {
 
     #[test]
     fn simd_search_is_bit_identical_to_scalar() {
-        let mut rng = Rng(11);
-        let mut g = || ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0;
+        let mut rng = Rng::new(11);
+        let mut g = || ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0;
         for entries in [64usize, 256] {
             let book: Vec<f32> = (0..entries * 8).map(|_| g()).collect();
             // duplicate entries create exact ties: the first must win everywhere
@@ -284,9 +270,9 @@ mod tests {
     #[test]
     fn encode_decode_roundtrip_error_is_small_and_matches_the_decoder() {
         let (rows, cols, dim) = (40, 64, 8);
-        let mut rng = Rng(5);
+        let mut rng = Rng::new(5);
         let w: Vec<f32> =
-            (0..rows * cols).map(|_| ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2).collect();
+            (0..rows * cols).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2).collect();
         let mut samples = Vec::new();
         sample_vectors(&w, rows, cols, dim, rows, 1, &mut samples);
         for (stages, entries, packed) in [(3, 256, false), (4, 64, true), (2, 256, false)] {

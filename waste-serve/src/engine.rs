@@ -137,18 +137,7 @@ pub fn run(model: &Model, rx: std::sync::mpsc::Receiver<Job>, counters: &Counter
                 all.extend(&g.tokens);
                 all.truncate(s.position());
                 held = all;
-                let st = s.stats();
-                let stats = waste_model::Stats {
-                    tokens: st.tokens - st0.tokens,
-                    experts_hit: st.experts_hit - st0.experts_hit,
-                    experts_missed: st.experts_missed - st0.experts_missed,
-                    bytes_read: st.bytes_read - st0.bytes_read,
-                    prefetch_issued: st.prefetch_issued - st0.prefetch_issued,
-                    io_seconds: st.io_seconds - st0.io_seconds,
-                    trunk_seconds: st.trunk_seconds - st0.trunk_seconds,
-                    attn_seconds: st.attn_seconds - st0.attn_seconds,
-                    expert_seconds: st.expert_seconds - st0.expert_seconds,
-                };
+                let stats = s.stats() - st0;
                 let _ = job.tx.send(Event::Done {
                     finish: g.finish.reason(),
                     prompt_tokens: job.prompt.len(),

@@ -4,8 +4,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use waste_format::synth::{shape_config, synth, SynthOptions, SHAPES};
 use waste_format::ExpertFmt;
+use waste_synth::{shape_config, synth, SynthOptions, SHAPES};
 
 mod synth_source;
 mod tidy;
@@ -91,14 +91,8 @@ fn main() -> Result<()> {
         Cmd::Synth { shape, out, seed, layers, experts, manifest_only, routing, jobs } => {
             let config = shape_config(&shape)
                 .with_context(|| format!("unknown shape {shape:?} (known: {})", SHAPES.join(", ")))?;
-            let experts = match experts.as_str() {
-                "vq3r" => ExpertFmt::Vq3r,
-                "vq4p" => ExpertFmt::Vq4p,
-                "vq2r" => ExpertFmt::Vq2r,
-                "f16" => ExpertFmt::F16,
-                "bf16" => ExpertFmt::Bf16,
-                o => bail!("unknown --experts {o:?} (vq3r, vq4p, vq2r, f16, bf16)"),
-            };
+            let experts = waste_format::ExpertQuant::parse_fmt(&experts)
+                .with_context(|| format!("unknown --experts {experts:?} (vq3r, vq4p, vq2r, f16, bf16)"))?;
             let skewed = match routing.as_str() {
                 "uniform" => false,
                 "skewed" => true,

@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use std::io::Write;
 use std::path::Path;
 use waste_format::half::f32_to_bf16;
-use waste_format::synth::Rng;
+use waste_quant::SplitMix64 as Rng;
 
 /// Write `config.json` + `model.safetensors` with `experts` experts in one MoE layer.
 pub fn run(out: &Path, shape: &str, experts: usize, mxfp4: bool, seed: u64) -> Result<()> {

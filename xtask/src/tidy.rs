@@ -12,6 +12,7 @@ pub const LAYERS: &[(&str, u8)] = &[
     ("waste-attn", 2),
     ("waste-moe", 2),
     ("waste-cache", 2),
+    ("waste-synth", 2),
     ("waste-tokenizer", 2),
     ("waste-model", 3),
     ("waste-convert", 4),

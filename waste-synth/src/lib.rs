@@ -2,19 +2,36 @@
 //! random scales and codebooks, quantized random trunk matrices) written at
 //! disk speed, deterministic for a seed. Tests use the tiny shapes;
 //! benchmarks use full-size shapes (`kimi-linear-48b`, K3 slices).
+//!
+//! ```no_run
+//! # fn example() -> waste_format::Result<()> {
+//! use waste_synth::{shape_config, synth, SynthOptions};
+//! let config = shape_config("tiny").expect("a known shape");
+//! let opts = SynthOptions {
+//!     config,
+//!     layers: None,
+//!     experts: waste_format::ExpertFmt::Vq3r,
+//!     seed: 1,
+//!     manifest_only: false,
+//!     skewed: false,
+//!     jobs: 2,
+//! };
+//! let report = synth("/tmp/tiny.waste".as_ref(), &opts, &|_, _| {})?;
+//! assert!(report.bytes > 0);
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
 
-use crate::codebook::Codebooks;
-use crate::config::{AttnKind, ModelConfig};
-use crate::error::{Error, Result};
-use crate::half::{f32_to_bf16, f32_to_f16};
-use crate::manifest::{LayerEntry, Manifest, FORMAT_VERSION};
-use crate::record::{ExpertFmt, RecordLayout};
-use crate::schema::required_tensors;
-use crate::tensor::Fmt;
-use crate::writer::{write_manifest, BankWriter, TrunkWriter};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
+use waste_format::half::{f32_to_bf16, f32_to_f16};
+use waste_format::{
+    required_tensors, write_manifest, AttnKind, BankWriter, Codebooks, Error, ExpertFmt, Fmt, LayerEntry, Manifest,
+    ModelConfig, RecordLayout, Result, TrunkWriter, FORMAT_VERSION,
+};
+pub use waste_quant::quantize_groups;
+use waste_quant::SplitMix64 as Rng;
 
 /// Names of the built-in shapes.
 pub const SHAPES: &[&str] = &["tiny", "tiny-b", "tiny-c", "tiny-k3", "kimi-linear-48b", "k3"];
@@ -128,56 +145,6 @@ pub struct SynthReport {
     pub seconds: f64,
 }
 
-/// Deterministic xorshift generator (fast enough to fill banks at disk speed).
-#[derive(Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// Seeded generator.
-    pub fn new(seed: u64) -> Rng {
-        let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03);
-        for _ in 0..4 {
-            r.next_u64();
-        }
-        r
-    }
-    /// Generator for a named stream of a seed.
-    pub fn for_name(seed: u64, name: &str) -> Rng {
-        let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-        Rng::new(seed ^ h)
-    }
-    /// Next 64 bits.
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in [0, 1).
-    pub fn unif(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    /// Standard normal (Box–Muller).
-    pub fn gauss(&mut self) -> f32 {
-        let u = self.unif().max(1e-7);
-        let v = self.unif();
-        (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
-    }
-    /// Fill bytes.
-    pub fn fill(&mut self, b: &mut [u8]) {
-        let mut ch = b.chunks_exact_mut(8);
-        for c in &mut ch {
-            c.copy_from_slice(&self.next_u64().to_le_bytes());
-        }
-        let r = ch.into_remainder();
-        let last = self.next_u64().to_le_bytes();
-        let n = r.len();
-        r.copy_from_slice(&last[..n]);
-    }
-}
-
 /// f32 values of a 1-D/small tensor by role.
 fn vector_values(name: &str, n: usize, rng: &mut Rng, skewed: bool) -> Vec<f32> {
     (0..n)
@@ -203,35 +170,6 @@ fn vector_values(name: &str, n: usize, rng: &mut Rng, skewed: bool) -> Vec<f32> 
 
 fn is_vector(name: &str) -> bool {
     ["norm", "A_log", "dt_bias", "conv1d", "bias", "_res_proj"].iter().any(|k| name.contains(k))
-}
-
-/// Quantize a row-major f32 matrix into group format (`Q8G`/`Q4G`), round-to-nearest per group.
-pub fn quantize_groups(fmt: Fmt, rows: usize, cols: usize, group: usize, w: &[f32]) -> (Vec<u8>, Vec<u8>) {
-    let np = cols.div_ceil(group) * group;
-    let (qmax, rb) = if fmt == Fmt::Q8G { (127.0f32, np) } else { (7.0f32, np / 2) };
-    let mut data = vec![0u8; rows * rb];
-    let mut scales = Vec::with_capacity(rows * np / group * 2);
-    for r in 0..rows {
-        for g in 0..np / group {
-            let c0 = g * group;
-            let c1 = (c0 + group).min(cols);
-            let amax = (c0..c1).map(|c| w[r * cols + c].abs()).fold(0f32, f32::max);
-            let sh = f32_to_f16(if amax > 0.0 { amax / qmax } else { 0.0 });
-            let s = crate::half::f16_to_f32(sh);
-            scales.extend_from_slice(&sh.to_le_bytes());
-            for c in c0..c0 + group {
-                let v =
-                    if c < c1 && s > 0.0 { (w[r * cols + c] / s).round().clamp(-qmax - 1.0, qmax) as i32 } else { 0 };
-                if fmt == Fmt::Q8G {
-                    data[r * rb + c] = v as i8 as u8;
-                } else {
-                    let nib = (v + 8) as u8 & 15;
-                    data[r * rb + c / 2] |= if c % 2 == 0 { nib } else { nib << 4 };
-                }
-            }
-        }
-    }
-    (data, scales)
 }
 
 /// Write a byte-level tokenizer (256 byte tokens) and the K3-style specials
@@ -307,7 +245,7 @@ pub fn synth(dir: &Path, opts: &SynthOptions, progress: &(dyn Fn(u64, u64) + Syn
         }
     }
     let cfg = ModelConfig::from_json(&config)?;
-    let q = crate::record::ExpertQuant::standard(opts.experts);
+    let q = waste_format::ExpertQuant::standard(opts.experts);
     let lay = RecordLayout::new(&cfg, q)?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
 
@@ -320,7 +258,7 @@ pub fn synth(dir: &Path, opts: &SynthOptions, progress: &(dyn Fn(u64, u64) + Syn
         let mut rng = Rng::for_name(opts.seed, &name);
         let n = req.expect.numel();
         let (rows, cols) = match req.expect {
-            crate::schema::Expect::Mat(r, c) => (r, c),
+            waste_format::Expect::Mat(r, c) => (r, c),
             _ => (1, n),
         };
         if sparse {
@@ -519,7 +457,7 @@ fn write_bank(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::container::Container;
+    use waste_format::Container;
 
     #[test]
     fn every_tiny_shape_roundtrips_through_the_reader() {
