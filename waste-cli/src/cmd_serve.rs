@@ -25,11 +25,39 @@ pub struct ServeArgs {
     /// Cap on tokens per request.
     #[arg(long, default_value_t = 4096)]
     max_tokens: usize,
-    /// Largest request body in bytes.
+    /// Largest request body in bytes (a larger Content-Length gets 413 at once).
     #[arg(long, default_value_t = 4 << 20)]
     body_limit: usize,
+    /// Seconds a client has to send a request's headers.
+    #[arg(long, default_value_t = 10.0)]
+    header_timeout: f64,
+    /// Seconds a client has to send a request's body.
+    #[arg(long, default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Seconds a connection may stay open without a request.
+    #[arg(long, default_value_t = 30.0)]
+    idle_timeout: f64,
+    /// Open connections at most (more are closed at once).
+    #[arg(long, default_value_t = 256)]
+    max_connections: usize,
+    /// Requests waiting for the engine at most (more get 503 with Retry-After).
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Another Host name a key-less server answers to (repeatable; loopback
+    /// names and the bound address always work).
+    #[arg(long = "allow-host")]
+    allow_host: Vec<String>,
+    /// A browser origin (scheme://host:port) a key-less server accepts
+    /// cross-site requests from (repeatable).
+    #[arg(long = "allow-origin")]
+    allow_origin: Vec<String>,
     #[command(flatten)]
     engine: EngineArgs,
+}
+
+fn seconds(v: f64, flag: &str) -> Result<std::time::Duration> {
+    anyhow::ensure!(v.is_finite() && v > 0.0 && v <= 86_400.0, "{flag} {v}: expected seconds in (0, 86400]");
+    Ok(std::time::Duration::from_secs_f64(v))
 }
 
 pub fn serve(a: ServeArgs) -> Result<ExitCode> {
@@ -49,6 +77,14 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         model_id: model_id.clone(),
         max_tokens: a.max_tokens,
         body_limit: a.body_limit,
+        header_timeout: seconds(a.header_timeout, "--header-timeout")?,
+        body_timeout: seconds(a.body_timeout, "--body-timeout")?,
+        idle_timeout: seconds(a.idle_timeout, "--idle-timeout")?,
+        max_connections: a.max_connections.max(1),
+        max_queue: a.max_queue,
+        allowed_hosts: a.allow_host.clone(),
+        allowed_origins: a.allow_origin.clone(),
+        log: Some(std::sync::Arc::new(|line: &str| eprintln!("waste serve: {line}"))),
     };
     waste_serve::serve(model, opts, |addr| {
         // one line on stdout so scripts can find the port

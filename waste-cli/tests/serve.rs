@@ -44,7 +44,7 @@ fn start(extra: &[&str]) -> Server {
 fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\nContent-Type: application/json\r\n", body.len());
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\nContent-Type: application/json\r\n", body.len());
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -235,7 +235,12 @@ fn a_disconnected_client_stops_its_generation() {
     let body = json!({"messages": [{"role": "user", "content": "go on forever"}], "max_tokens": 3500, "temperature": 0, "stream": true}).to_string();
     {
         let mut c = TcpStream::connect(&s.addr).unwrap();
-        write!(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        write!(
+            c,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            s.addr,
+            body.len()
+        )
             .unwrap();
         let mut r = BufReader::new(c.try_clone().unwrap());
         let mut events = 0;
