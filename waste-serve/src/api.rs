@@ -411,6 +411,10 @@ fn common(st: &AppState, v: &Value, prompt_len: usize, chat: bool) -> Result<Com
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(bad("top_p must be in (0, 1]", "top_p"));
     }
+    let top_k = uint(v, "top_k")?.unwrap_or(0);
+    if top_k > 1 << 20 {
+        return Err(bad("top_k must be at most 1048576", "top_k"));
+    }
     let seed = match v.get("seed") {
         None | Some(Value::Null) => 0,
         Some(x) => x.as_i64().map(|s| s as u64).ok_or_else(|| bad("seed must be an integer", "seed"))?,
@@ -472,7 +476,7 @@ fn common(st: &AppState, v: &Value, prompt_len: usize, chat: bool) -> Result<Com
             sampling: SamplingParams {
                 temperature: temperature as f32,
                 top_p: top_p as f32,
-                top_k: 0,
+                top_k: top_k as usize,
                 min_p: 0.0,
                 seed,
             },

@@ -113,8 +113,44 @@ pub fn messages(v: &Value) -> Result<Vec<ChatMessage>, Bad> {
         if role == "tool" {
             msg.tool_call_id = m.get("tool_call_id").and_then(|x| x.as_str()).map(str::to_string);
         }
+        if role == "system" {
+            // tools that become available mid-conversation (the reference's
+            // "New Tools Available" block), validated as the top-level ones
+            if let Some(t) = m.get("tools").filter(|t| !t.is_null()) {
+                msg.tools = tool_list(t, &format!("messages[{i}].tools"))?;
+            }
+        }
         msg.name = m.get("name").and_then(|x| x.as_str()).map(str::to_string);
         out.push(msg);
+    }
+    Ok(out)
+}
+
+/// A `tools` array: function tools with valid, distinct names and object
+/// schemas (`at` names it in errors).
+fn tool_list(t: &Value, at: &str) -> Result<Vec<Value>, Bad> {
+    let Value::Array(a) = t else { return bad("tools must be an array", at) };
+    let mut out: Vec<Value> = Vec::with_capacity(a.len());
+    for (i, t) in a.iter().enumerate() {
+        let p = format!("{at}[{i}]");
+        if t.get("type").and_then(|x| x.as_str()) != Some("function") {
+            return bad("only tools of type \"function\" are supported", p);
+        }
+        let f = t
+            .get("function")
+            .filter(|f| f.is_object())
+            .ok_or_else(|| ("a tool needs a function object".to_string(), p.clone()))?;
+        let name = f.get("name").and_then(|n| n.as_str()).unwrap_or_default();
+        if !valid_name(name) {
+            return bad("function names are 1-64 letters, digits, '_', '-' or '.'", format!("{p}.function.name"));
+        }
+        if f.get("parameters").is_some_and(|x| !x.is_object() && !x.is_null()) {
+            return bad("function parameters must be a JSON schema object", format!("{p}.function.parameters"));
+        }
+        if out.iter().any(|x| x["function"]["name"] == name) {
+            return bad(format!("two tools are named {name:?}"), p);
+        }
+        out.push(t.clone());
     }
     Ok(out)
 }
@@ -122,35 +158,8 @@ pub fn messages(v: &Value) -> Result<Vec<ChatMessage>, Bad> {
 /// `tools`, `tool_choice`, `response_format`, thinking.
 pub fn options(v: &Value) -> Result<XtmlOptions, Bad> {
     let mut o = XtmlOptions::default();
-    match v.get("tools") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(a)) => {
-            for (i, t) in a.iter().enumerate() {
-                let p = format!("tools[{i}]");
-                if t.get("type").and_then(|x| x.as_str()) != Some("function") {
-                    return bad("only tools of type \"function\" are supported", p);
-                }
-                let f = t
-                    .get("function")
-                    .filter(|f| f.is_object())
-                    .ok_or_else(|| ("a tool needs a function object".to_string(), p.clone()))?;
-                let name = f.get("name").and_then(|n| n.as_str()).unwrap_or_default();
-                if !valid_name(name) {
-                    return bad(
-                        "function names are 1-64 letters, digits, '_', '-' or '.'",
-                        format!("{p}.function.name"),
-                    );
-                }
-                if f.get("parameters").is_some_and(|x| !x.is_object() && !x.is_null()) {
-                    return bad("function parameters must be a JSON schema object", format!("{p}.function.parameters"));
-                }
-                if o.tools.iter().any(|x| x["function"]["name"] == name) {
-                    return bad(format!("two tools are named {name:?}"), p);
-                }
-                o.tools.push(t.clone());
-            }
-        }
-        Some(_) => return bad("tools must be an array", "tools"),
+    if let Some(t) = v.get("tools").filter(|t| !t.is_null()) {
+        o.tools = tool_list(t, "tools")?;
     }
     if v.get("functions").is_some_and(|f| !f.is_null()) {
         return bad("the deprecated functions parameter is not supported; use tools", "functions");
@@ -193,13 +202,22 @@ pub fn options(v: &Value) -> Result<XtmlOptions, Bad> {
     if o.response_format.is_some() && matches!(o.tool_choice, ToolChoice::Required | ToolChoice::Function(_)) {
         return bad("response_format cannot be combined with a forced tool_choice", "response_format");
     }
-    // thinking: on (K3's default, effort max) unless turned off
+    // thinking: on (the reference template's default: thinking_effort max) unless turned off
     o.thinking = Some(Effort::Max);
-    if let Some(e) = v.get("reasoning_effort").filter(|e| !e.is_null()) {
+    let effort = v.get("reasoning_effort").filter(|e| !e.is_null());
+    match v.get("thinking") {
+        Some(Value::Bool(_)) if effort.is_some() => {
+            return bad("thinking (a boolean) and reasoning_effort cannot be combined: send one of them", "thinking")
+        }
+        Some(Value::Bool(false)) => o.thinking = None,
+        _ => {}
+    }
+    if let Some(e) = effort {
         o.thinking = match e.as_str() {
             Some("none") => None,
             Some("minimal") | Some("low") => Some(Effort::Low),
-            Some("medium") | Some("high") => Some(Effort::High),
+            Some("medium") => Some(Effort::Medium),
+            Some("high") => Some(Effort::High),
             Some("xhigh") | Some("max") => Some(Effort::Max),
             _ => {
                 return bad(
@@ -216,7 +234,7 @@ pub fn options(v: &Value) -> Result<XtmlOptions, Bad> {
         Some(Value::Bool(true)) => o.thinking = o.thinking.or(Some(Effort::Max)),
         Some(_) => return bad("chat_template_kwargs.thinking must be a boolean", "chat_template_kwargs"),
     }
-    if let Some(t) = v.get("thinking").and_then(|t| t.get("type")).and_then(|t| t.as_str()) {
+    if let Some(t) = v.get("thinking").filter(|t| t.is_object()).and_then(|t| t.get("type")).and_then(|t| t.as_str()) {
         match t {
             "disabled" => o.thinking = None,
             "enabled" => o.thinking = o.thinking.or(Some(Effort::Max)),
@@ -415,6 +433,27 @@ mod tests {
         b.push(&text);
         assert_eq!(b.finish_reason("stop"), "stop");
         assert!(b.message().get("tool_calls").is_none());
+    }
+
+    #[test]
+    fn thinking_as_the_reference_takes_it() {
+        // a boolean `thinking` turns it off or on; beside reasoning_effort it is refused
+        assert!(options(&json!({"thinking": false})).unwrap().thinking.is_none());
+        assert_eq!(options(&json!({"thinking": true})).unwrap().thinking, Some(Effort::Max));
+        let e = options(&json!({"thinking": false, "reasoning_effort": "low"})).unwrap_err();
+        assert_eq!(e.1, "thinking");
+        assert!(options(&json!({"thinking": true, "reasoning_effort": "high"})).is_err());
+        // every value the reference template accepts, medium included
+        for (v, e) in [("low", Effort::Low), ("medium", Effort::Medium), ("high", Effort::High), ("max", Effort::Max)] {
+            assert_eq!(options(&json!({"reasoning_effort": v})).unwrap().thinking, Some(e), "{v}");
+        }
+        // tools on a system message are validated like top-level ones
+        let ok =
+            json!({"messages": [{"role": "system", "tools": [{"type": "function", "function": {"name": "late"}}]}]});
+        assert_eq!(messages(&ok).unwrap()[0].tools.len(), 1);
+        let bad =
+            json!({"messages": [{"role": "system", "tools": [{"type": "function", "function": {"name": "a b"}}]}]});
+        assert_eq!(messages(&bad).unwrap_err().1, "messages[0].tools[0].function.name");
     }
 
     #[test]

@@ -84,7 +84,18 @@ impl ChatTemplate {
         }
         let c = dir.join("chat.json");
         if c.exists() {
-            return Self::parse_json(&read(&c)?);
+            let t = Self::parse_json(&read(&c)?)?;
+            // the C converter writes K3's markers as plain affixes; on a
+            // tokenizer that has them that means K3's format (tools,
+            // thinking, the output parser), never text to show
+            if let ChatTemplate::Affix { roles, open } = &t {
+                let k3 = roles.iter().any(|(_, pre, _)| pre.contains("<|open|>message role="))
+                    || open.contains("<|open|>message role=");
+                if k3 && crate::xtml::supported(tok) {
+                    return Ok(ChatTemplate::Xtml);
+                }
+            }
+            return Ok(t);
         }
         Ok(Self::default_for(tok))
     }

@@ -49,6 +49,9 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     /// Optional participant / tool name.
     pub name: Option<String>,
+    /// Tools that become available at this point (a system message carrying
+    /// `tools`: rendered as the reference's "New Tools Available" block).
+    pub tools: Vec<Value>,
 }
 
 impl ChatMessage {
@@ -77,6 +80,8 @@ pub enum ToolChoice {
 pub enum Effort {
     /// `low`.
     Low,
+    /// `medium`.
+    Medium,
     /// `high`.
     High,
     /// `max` (the reference default).
@@ -87,6 +92,7 @@ impl Effort {
     fn name(self) -> &'static str {
         match self {
             Effort::Low => "low",
+            Effort::Medium => "medium",
             Effort::High => "high",
             Effort::Max => "max",
         }
@@ -145,6 +151,33 @@ pub fn json_sorted(v: &Value) -> String {
             format!("{{{}}}", inner.join(","))
         }
         Value::Array(a) => format!("[{}]", a.iter().map(json_sorted).collect::<Vec<_>>().join(",")),
+        other => other.to_string(),
+    }
+}
+
+/// JSON as Python's `json.dumps(v, ensure_ascii=False)` writes it — what the
+/// reference template's `tojson` gives for a non-string tool-call argument:
+/// `", "` and `": "` separators, keys in their order, floats as Python's
+/// `repr` (`1e-07`, `1e+16`).
+pub fn json_py(v: &Value) -> String {
+    match v {
+        Value::Object(m) => {
+            let inner: Vec<String> =
+                m.iter().map(|(k, x)| format!("{}: {}", Value::String(k.clone()), json_py(x))).collect();
+            format!("{{{}}}", inner.join(", "))
+        }
+        Value::Array(a) => format!("[{}]", a.iter().map(json_py).collect::<Vec<_>>().join(", ")),
+        Value::Number(n) if n.is_f64() => {
+            let t = n.to_string();
+            match t.split_once('e') {
+                // Python: an explicit sign and at least two exponent digits
+                Some((m, e)) => {
+                    let (sign, digits) = e.strip_prefix('-').map_or(("+", e), |d| ("-", d));
+                    format!("{m}e{sign}{digits:0>2}")
+                }
+                None => t,
+            }
+        }
         other => other.to_string(),
     }
 }
@@ -225,7 +258,7 @@ fn render_assistant(o: &mut Out, m: &ChatMessage, thinking: bool) {
                     o.open("argument", &[("key", k), ("type", xtml_type(v))]);
                     match v {
                         Value::String(s) => o.text(s),
-                        v => o.text(&v.to_string()),
+                        v => o.text(&json_py(v)),
                     }
                     o.close("argument");
                 }
@@ -285,6 +318,13 @@ fn render_parts(messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Res
         };
         match m.role.as_str() {
             "user" => o.message(&named("user"), &m.content),
+            "system" if !m.tools.is_empty() => {
+                let body = format!(
+                    "## New Tools Available\nThe system dynamically extends the toolset via lazy-loading.\nYou have access to all existing and extended tools.\nHere are the specs for the extended tools.\n\n```json\n{}\n```",
+                    json_sorted(&Value::Array(m.tools.clone()))
+                );
+                o.message(&[("role", "system"), ("type", "tool-declare")], &body);
+            }
             "system" => o.message(&named("system"), &m.content),
             "assistant" => {
                 calls = &m.tool_calls;
@@ -704,6 +744,70 @@ mod tests {
             "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>",
         );
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn object_and_array_arguments_are_written_as_tojson_writes_them() {
+        // the template's xtml_value: strings raw, anything else `value|tojson(ensure_ascii=false)`,
+        // i.e. Python's json.dumps with ", " / ": " separators and the keys in their order
+        let msgs = vec![ChatMessage {
+            role: "assistant".into(),
+            tool_calls: vec![ToolCall {
+                id: "c1".into(),
+                name: "f".into(),
+                arguments: r#"{"opts":{"k":"v","n":1.5},"list":[1,"two",null],"flag":true,"tiny":1e-7,"über":"ä"}"#
+                    .into(),
+            }],
+            ..Default::default()
+        }];
+        let got = text_of(&render(&msgs, &XtmlOptions::default(), false).unwrap());
+        let want = concat!(
+            "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|><|close|>response<|sep|>",
+            "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>",
+            "<|open|>argument key=\"opts\" type=\"object\"<|sep|>{\"k\": \"v\", \"n\": 1.5}<|close|>argument<|sep|>",
+            "<|open|>argument key=\"list\" type=\"array\"<|sep|>[1, \"two\", null]<|close|>argument<|sep|>",
+            "<|open|>argument key=\"flag\" type=\"boolean\"<|sep|>true<|close|>argument<|sep|>",
+            "<|open|>argument key=\"tiny\" type=\"number\"<|sep|>1e-07<|close|>argument<|sep|>",
+            "<|open|>argument key=\"über\" type=\"string\"<|sep|>ä<|close|>argument<|sep|>",
+            "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>",
+        );
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn tools_on_a_system_message_are_a_new_tools_block() {
+        // `message.role == 'system' and message.get('tools')` → render_tool_declare(tools, dynamic=true)
+        let tool =
+            serde_json::json!({"type": "function", "function": {"name": "late", "parameters": {"type": "object"}}});
+        let msgs = vec![
+            ChatMessage::new("user", "hi"),
+            ChatMessage { role: "system".into(), content: "ignored".into(), tools: vec![tool], ..Default::default() },
+        ];
+        let got = text_of(&render(&msgs, &XtmlOptions::default(), false).unwrap());
+        let want = concat!(
+            "<|open|>message role=\"user\"<|sep|>hi<|close|>message<|sep|><|end_of_msg|>",
+            "<|open|>message role=\"system\" type=\"tool-declare\"<|sep|>## New Tools Available\n",
+            "The system dynamically extends the toolset via lazy-loading.\nYou have access to all existing and extended tools.\n",
+            "Here are the specs for the extended tools.\n\n```json\n",
+            "[{\"function\":{\"name\":\"late\",\"parameters\":{\"type\":\"object\"}},\"type\":\"function\"}]\n```",
+            "<|close|>message<|sep|><|end_of_msg|>",
+        );
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn every_effort_the_reference_accepts_has_its_notice() {
+        for (e, name) in
+            [(Effort::Low, "low"), (Effort::Medium, "medium"), (Effort::High, "high"), (Effort::Max, "max")]
+        {
+            let opts = XtmlOptions { thinking: Some(e), ..Default::default() };
+            let got = text_of(&render(&[ChatMessage::new("user", "x")], &opts, true).unwrap());
+            let notice = format!(
+                "<|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), supported values include `low`, `medium`, `high`, and `max`.\nNow the system is invoked with `thinking_effort={name}`.<|close|>message<|sep|><|end_of_msg|>"
+            );
+            assert!(got.starts_with(&notice), "{got}");
+            assert!(got.ends_with("<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>"));
+        }
     }
 
     #[test]
