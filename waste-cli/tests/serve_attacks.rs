@@ -264,3 +264,39 @@ fn under_a_load_of_idle_slow_and_streaming_clients_health_answers_and_streams_ar
     assert!(rss > 0 && rss <= budget + SERVER_MARGIN_BYTES, "peak RSS {rss} over budget {budget} + margin");
     drop(held);
 }
+
+#[test]
+fn heavy_request_work_does_not_stall_the_async_workers() {
+    // two requests with 2,000 tools each and a forced call: rendering and
+    // tokenizing them is CPU work for the blocking pool; on this model's
+    // byte-level tokenizer the prompt (~199K tokens) exceeds the context, and
+    // that cheap check comes before any grammar is compiled
+    let s = start(&[]);
+    let tools: Vec<Value> = (0..2000)
+        .map(|i| {
+            json!({"type": "function", "function": {"name": format!("tool_{i}"), "parameters": {"type": "object",
+            "properties": {"x": {"type": "string"}}}}})
+        })
+        .collect();
+    let body = json!({"messages": [{"role": "user", "content": "call one"}], "tools": tools, "tool_choice": "required",
+        "max_tokens": 4, "reasoning_effort": "none"})
+    .to_string();
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                let (addr, body) = (s.addr.clone(), body.clone());
+                sc.spawn(move || request(&addr, &addr, "Content-Type: application/json\r\n", &body))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        for _ in 0..5 {
+            assert!(health_ok(&s.addr, Duration::from_secs(1)), "/health stalled behind request work");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for h in hs {
+            let r = h.join().unwrap();
+            assert_eq!(status(&r), 400, "{r}");
+            assert!(r.contains("context_length_exceeded"), "{r}");
+        }
+    });
+}
