@@ -46,6 +46,21 @@ pub enum SlotState {
     InFlight,
     /// Holds a validated record.
     Ready,
+    /// Its read failed while other sessions held it pinned: no longer found
+    /// by lookups, freed when the last pin is released. Every session waiting
+    /// on it gets an error.
+    Failed,
+}
+
+/// Who completes an in-flight read (see [`ExpertCache::claim_read`]).
+#[derive(Debug)]
+pub enum Claim {
+    /// The read was issued to the reader pool: wait on this ticket.
+    Ticket(Ticket),
+    /// Nothing was issued: read the record into the slot yourself.
+    ReadYourself,
+    /// Another session is completing it: wait until the slot is Ready or Failed.
+    Wait,
 }
 
 #[derive(Debug)]
@@ -59,6 +74,8 @@ struct Slot {
     window: bool,
     next_use: u64,
     ticket: Option<Ticket>,
+    /// A session is completing the read (holding the ticket, or reading).
+    claimed: bool,
 }
 
 /// Result of a lookup.
@@ -110,6 +127,15 @@ pub enum CacheError {
         inflight: usize,
         /// Window slots.
         window: usize,
+    },
+    /// Another session's read of this record failed (that session got the
+    /// reason); this one stops too rather than compute with a bad record.
+    #[error("expert {expert} of layer {layer}: its read failed in another session")]
+    ReadFailed {
+        /// Layer.
+        layer: u32,
+        /// Expert.
+        expert: u32,
     },
     /// A pin was released twice.
     #[error("expert cache: slot {slot} unpinned more often than pinned")]
@@ -168,6 +194,7 @@ impl ExpertCache {
                     window: false,
                     next_use: u64::MAX,
                     ticket: None,
+                    claimed: false,
                 })
                 .collect(),
             map: HashMap::with_capacity(slots * 2),
@@ -236,11 +263,14 @@ impl ExpertCache {
     }
     /// Release a pin.
     pub fn unpin(&mut self, slot: usize) -> Result<(), CacheError> {
-        let s = &mut self.slots[slot];
+        let s = self.slots.get_mut(slot).ok_or(CacheError::PinUnderflow { slot })?;
         if s.pins == 0 {
             return Err(CacheError::PinUnderflow { slot });
         }
         s.pins -= 1;
+        if s.pins == 0 && s.state == SlotState::Failed {
+            self.free_slot(slot);
+        }
         Ok(())
     }
     /// Hold or release a slot for the current prefetch window.
@@ -335,6 +365,7 @@ impl ExpertCache {
             window: false,
             next_use: u64::MAX,
             ticket: None,
+            claimed: false,
         };
         self.map.insert(key, slot);
         if speculative {
@@ -345,20 +376,54 @@ impl ExpertCache {
 
     /// The read into `slot` completed and validated.
     pub fn mark_ready(&mut self, slot: usize) {
-        self.slots[slot].state = SlotState::Ready;
+        let s = &mut self.slots[slot];
+        s.state = SlotState::Ready;
+        s.claimed = false;
     }
-    /// The read into `slot` failed: forget the slot (it becomes free).
+    /// The read into `slot` failed: lookups no longer find it (a later use
+    /// reads the record again, into another slot). Unpinned, the slot is free
+    /// at once; pinned by other sessions, it stays `Failed` — so none of them
+    /// can mistake it for a good record or see it reused — until the last
+    /// pin goes.
     pub fn mark_failed(&mut self, slot: usize) {
         let s = &mut self.slots[slot];
-        if let Some(k) = s.key.take() {
-            self.map.remove(&k);
+        if let Some(k) = s.key {
+            if self.map.get(&k) == Some(&slot) {
+                self.map.remove(&k);
+            }
         }
+        s.state = SlotState::Failed;
+        s.claimed = false;
+        s.ticket = None;
+        if s.pins == 0 {
+            self.free_slot(slot);
+        }
+    }
+    fn free_slot(&mut self, slot: usize) {
+        let s = &mut self.slots[slot];
+        s.key = None;
         s.state = SlotState::Empty;
         s.pins = 0;
         s.spec = false;
         s.window = false;
         s.ticket = None;
+        s.claimed = false;
         self.free.push(slot);
+    }
+    /// Decide who completes the in-flight read of `slot`: the first caller
+    /// takes the ticket (or, when nothing was issued, reads itself); later
+    /// callers wait for it. Exactly one claimant per read, so no two sessions
+    /// ever write a slot at once.
+    pub fn claim_read(&mut self, slot: usize) -> Claim {
+        let s = &mut self.slots[slot];
+        if s.state != SlotState::InFlight || s.claimed {
+            return Claim::Wait;
+        }
+        s.claimed = true;
+        match s.ticket.take() {
+            Some(t) => Claim::Ticket(t),
+            None => Claim::ReadYourself,
+        }
     }
     /// Attach the in-flight read's ticket.
     pub fn set_ticket(&mut self, slot: usize, t: Ticket) {
@@ -366,14 +431,21 @@ impl ExpertCache {
     }
     /// Take the in-flight read's ticket (the taker waits on it).
     pub fn take_ticket(&mut self, slot: usize) -> Option<Ticket> {
-        self.slots[slot].ticket.take()
+        let s = &mut self.slots[slot];
+        let t = s.ticket.take();
+        s.claimed |= t.is_some();
+        t
     }
     /// Borrow a ticket (to promote it).
     pub fn ticket(&self, slot: usize) -> Option<&Ticket> {
         self.slots[slot].ticket.as_ref()
     }
     /// Destination memory of a slot.
+    ///
+    /// # Panics
+    /// When `slot` is not a slot of this cache.
     pub fn slot_ptr(&mut self, slot: usize) -> *mut u8 {
+        assert!(slot < self.slots.len(), "slot {slot} of {}", self.slots.len());
         let b = self.slot_bytes;
         let arena = self.arena.as_mut().expect("cache has an arena");
         // SAFETY: slot < slots, the arena holds slots × slot_bytes.
@@ -414,6 +486,10 @@ impl ExpertCache {
             })
             .collect()
     }
+    /// Whether a slot is in flight with a session completing its read.
+    pub fn is_claimed(&self, slot: usize) -> bool {
+        self.slots[slot].claimed
+    }
     /// An unpinned in-flight slot with its ticket still attached (a
     /// speculative read nobody waits for): waiting on it frees a victim.
     pub fn unclaimed_inflight(&self) -> Option<usize> {
@@ -429,6 +505,32 @@ impl ExpertCache {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn one_claimant_per_read_and_a_failure_outlives_other_sessions_pins() {
+        let mut c = ExpertCache::new(3, 4096, Policy::Lfru, false);
+        let s = c.reserve((1, 2), false).unwrap();
+        // a second session pins the same in-flight slot
+        assert_eq!(c.lookup((1, 2)), Lookup::InFlight(s));
+        c.pin(s);
+        // nothing issued: the first claimant reads it; everyone else waits
+        assert!(matches!(c.claim_read(s), Claim::ReadYourself));
+        assert!(matches!(c.claim_read(s), Claim::Wait));
+        assert!(c.is_claimed(s));
+        // the read fails: lookups miss at once (a new use reads again), but
+        // the slot is not reused while the other session still pins it
+        c.mark_failed(s);
+        assert_eq!(c.state(s), SlotState::Failed);
+        assert_eq!(c.lookup((1, 2)), Lookup::Miss);
+        let others: Vec<usize> = (0..2).map(|e| c.reserve((2, e), false).unwrap()).collect();
+        assert!(!others.contains(&s), "a failed slot still pinned was handed out");
+        c.unpin(s).unwrap();
+        assert_eq!(c.state(s), SlotState::Failed);
+        c.unpin(s).unwrap();
+        assert_eq!(c.state(s), SlotState::Empty);
+        assert!(c.unpin(s).is_err());
+        assert!(c.unpin(99).is_err(), "an index out of range is an error, not a panic");
+    }
+
     use super::*;
 
     #[test]

@@ -17,5 +17,5 @@ pub use budget::{
     cgroup_limit, parse_size, physical_ram, resolve, usable_ram, usable_ram_with, BelowFloor, Budget, CgroupPaths,
     Floor,
 };
-pub use cache::{CacheError, CacheStats, ExpertCache, Key, Lookup, Policy, SlotState, VICTIM_SAMPLE};
+pub use cache::{CacheError, CacheStats, Claim, ExpertCache, Key, Lookup, Policy, SlotState, VICTIM_SAMPLE};
 pub use sim::{parse_trace, simulate, SimResult, Trace};

@@ -92,6 +92,12 @@ pub struct Model {
     pub(crate) pool: Pool,
     pub(crate) readers: ReaderPool,
     pub(crate) cache: Mutex<ExpertCache>,
+    /// Signalled whenever an in-flight read settles (Ready or Failed), for
+    /// sessions waiting on a read another session claimed.
+    pub(crate) read_settled: parking_lot::Condvar,
+    /// Sessions alive on this model (the global pin-leak check only holds
+    /// when there is one).
+    pub(crate) live_sessions: std::sync::atomic::AtomicUsize,
     pub(crate) opts: ModelOptions,
     plan: Plan,
     tokenizer: Option<waste_tokenizer::Tokenizer>,
@@ -224,6 +230,8 @@ impl Model {
             pool: Pool::with_level(threads, level),
             readers: ReaderPool::new(io_threads),
             cache: Mutex::new(cache),
+            read_settled: parking_lot::Condvar::new(),
+            live_sessions: std::sync::atomic::AtomicUsize::new(0),
             opts,
             plan,
             tokenizer,

@@ -6,7 +6,7 @@ use crate::weights::{kda_config, mla_config, router_config, Attn, Ffn, MoeWeight
 use crate::{Error, Result};
 use std::time::Instant;
 use waste_attn::{attn_res, kda, mla, KdaScratch, KdaState, MlaScratch, MlaState};
-use waste_cache::{Lookup, SlotState};
+use waste_cache::{Claim, Lookup, SlotState};
 use waste_format::check_record;
 use waste_io::Priority;
 use waste_moe::{route, ExpertScratch};
@@ -101,6 +101,7 @@ pub struct Session<'m> {
 
 impl<'m> Session<'m> {
     pub(crate) fn new(m: &'m Model) -> Session<'m> {
+        m.live_sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let c = m.config();
         let kc = kda_config(c);
         let mc = mla_config(c, m.opts.ctx);
@@ -443,11 +444,16 @@ impl<'m> Session<'m> {
     /// Settle speculative reads that finished (validated, else dropped silently:
     /// a damaged record is reported when it is actually needed).
     fn reap(&self, cache: &mut waste_cache::ExpertCache) {
+        let mut settled = false;
         for s in cache.finished_reads() {
             if let Some(t) = cache.take_ticket(s) {
                 let r = t.wait_raw();
                 let _ = Self::finish_read(self.m, cache, s, r);
+                settled = true;
             }
+        }
+        if settled {
+            self.m.read_settled.notify_all();
         }
     }
 
@@ -510,36 +516,58 @@ impl<'m> Session<'m> {
     }
 
     /// Wait for (or, without read-ahead, perform) the read of a pinned slot.
+    /// Wait until `slot` (pinned by this session) holds its validated record.
+    /// Exactly one session completes each read (the cache's claim); others
+    /// wait for it and share its outcome, so no two sessions ever write a
+    /// slot and a failure reaches every session that wanted the record.
     fn ensure_ready(&mut self, slot: usize, pinned: &[usize]) -> Result<()> {
         let m = self.m;
         let lay = m.kernel.as_ref().expect("expert kernel").lay;
         let ti = Instant::now();
         let mut cache = m.cache.lock();
-        if cache.state(slot) == SlotState::InFlight {
-            let res = match cache.take_ticket(slot) {
-                Some(t) => {
-                    drop(cache);
-                    let r = t.wait_raw();
-                    cache = m.cache.lock();
-                    r
-                }
-                None => {
-                    let (l, e) = cache.key(slot).map(|(a, b)| (a as usize, b as usize)).expect("key");
-                    let bank = m.banks[l].as_ref().expect("bank");
-                    let off = m.container.banks[l].as_ref().expect("bank info").record_offset(e, &lay);
-                    // SAFETY: the slot is pinned in flight and owned by this session.
-                    let buf = unsafe { std::slice::from_raw_parts_mut(cache.slot_ptr(slot), lay.rec_bytes) };
-                    bank.read_exact_at(buf, off)
-                }
-            };
-            if let Err(e) = Self::finish_read(m, &mut cache, slot, res) {
-                for &s in pinned {
-                    if cache.key(s).is_some() {
-                        let _ = cache.unpin(s);
+        let outcome = loop {
+            match cache.state(slot) {
+                SlotState::Ready => break Ok(()),
+                SlotState::InFlight => match cache.claim_read(slot) {
+                    Claim::Ticket(t) => {
+                        drop(cache);
+                        let r = t.wait_raw();
+                        cache = m.cache.lock();
+                        let done = Self::finish_read(m, &mut cache, slot, r);
+                        m.read_settled.notify_all();
+                        break done;
                     }
+                    Claim::ReadYourself => {
+                        let (l, e) = cache.key(slot).map(|(a, b)| (a as usize, b as usize)).expect("key");
+                        let bank = m.banks[l].as_ref().expect("bank").clone();
+                        let off = m.container.banks[l].as_ref().expect("bank info").record_offset(e, &lay);
+                        let dst = cache.slot_ptr(slot);
+                        drop(cache);
+                        // SAFETY: this session holds the slot's only claim: no
+                        // reader thread and no other session writes or reads it
+                        // until the claim is settled below.
+                        let buf = unsafe { std::slice::from_raw_parts_mut(dst, lay.rec_bytes) };
+                        let r = bank.read_exact_at(buf, off);
+                        cache = m.cache.lock();
+                        let done = Self::finish_read(m, &mut cache, slot, r);
+                        m.read_settled.notify_all();
+                        break done;
+                    }
+                    Claim::Wait => m.read_settled.wait(&mut cache),
+                },
+                SlotState::Failed | SlotState::Empty => {
+                    let (layer, expert) = cache.key(slot).unwrap_or((0, 0));
+                    break Err(Error::Cache(waste_cache::CacheError::ReadFailed { layer, expert }));
                 }
-                return Err(e);
             }
+        };
+        if let Err(e) = outcome {
+            for &s in pinned {
+                if cache.key(s).is_some() {
+                    let _ = cache.unpin(s);
+                }
+            }
+            return Err(e);
         }
         drop(cache);
         self.stats.io_seconds += ti.elapsed().as_secs_f64();
@@ -654,7 +682,12 @@ impl<'m> Session<'m> {
             for &s in &pinned {
                 cache.unpin(s)?;
             }
-            cache.check_no_pins()?;
+            // alone on the model, no slot may stay pinned between layers (a
+            // leak would slowly eat the cache); with other sessions their pins
+            // are theirs, and this session released each of its own above
+            if m.live_sessions.load(std::sync::atomic::Ordering::Relaxed) == 1 {
+                cache.check_no_pins()?;
+            }
         }
         // 4. router lookahead from the last token: prefetch the next MoE layer's likely experts
         if m.opts.lookahead > 0 {
@@ -691,6 +724,7 @@ impl Drop for Session<'_> {
         let mut cache = self.m.cache.lock();
         cache.clear_window();
         self.reap(&mut cache);
+        self.m.live_sessions.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

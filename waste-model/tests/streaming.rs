@@ -206,3 +206,48 @@ fn a_context_beyond_the_machine_is_an_error_naming_the_largest_that_fits() {
     )
     .unwrap();
 }
+
+#[test]
+fn four_sessions_on_four_threads_share_one_model_exactly() {
+    let path = fixture("tiny.waste");
+    let plan = waste_model::plan(&path, CTX).unwrap();
+    let prompts: Vec<Vec<u32>> =
+        (0..4u32).map(|i| (0..14u32).map(|t| 3 + (t * 37 + i * 101) % 250).collect()).collect();
+    // each session: its prompt's logits, then 6 greedy steps' logits
+    let drive = |m: &Model, p: &[u32]| -> Vec<u32> {
+        let mut s = m.session();
+        let mut last = s.eval(p).unwrap().to_vec();
+        let mut out: Vec<u32> = last.iter().map(|v| v.to_bits()).collect();
+        for _ in 0..6 {
+            last = s.eval(&[waste_model::argmax(&last)]).unwrap().to_vec();
+            out.extend(last.iter().map(|v| v.to_bits()));
+        }
+        out
+    };
+    for readahead in [true, false] {
+        // 10 slots for a combined working set of 4 sessions × 2 experts × 3
+        // MoE layers a token, over 24 records: constant eviction and sharing
+        let o = ModelOptions {
+            ctx: CTX,
+            budget: plan.floor_bytes + 6 * plan.record_bytes,
+            readahead,
+            io_threads: 2,
+            threads: 1,
+            max_chunk: 1,
+            ..Default::default()
+        };
+        let alone: Vec<Vec<u32>> = prompts.iter().map(|p| drive(&Model::open(&path, o.clone()).unwrap(), p)).collect();
+        let m = Model::open(&path, o.clone()).unwrap();
+        assert!(m.cache_slots() < 24, "the cache must be smaller than the model's records");
+        for round in 0..3 {
+            let together: Vec<Vec<u32>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = prompts.iter().map(|p| sc.spawn(|| drive(&m, p))).collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+                assert!(a == t, "readahead {readahead}, round {round}: session {i} differs from running alone");
+            }
+        }
+        assert!(m.cache_stats().evictions > 0, "the cache never evicted: the test shares nothing");
+    }
+}
