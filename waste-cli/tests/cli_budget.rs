@@ -20,6 +20,7 @@ const TRACK_MARGIN_BYTES: u64 = 6 << 20;
 
 /// Run `waste` with `args` and return (stdout, that child's peak RSS in bytes).
 #[cfg(target_os = "linux")]
+#[allow(clippy::zombie_processes)] // reaped by wait4 below, which std's Child cannot see
 fn run_measured(args: &[&str]) -> (String, u64) {
     use std::io::Read;
     let mut child =

@@ -21,7 +21,7 @@ mod names;
 mod source;
 
 pub use convert::{convert, staging_dir, verify_against_source, ConvertOptions, Progress, Report, TrunkMode};
-pub use source::{decode_mxfp4, e2m1, e8m0, Source, TensorLoc};
+pub use source::{decode_mxfp4, e2m1, e8m0, parse_header, Source, TensorLoc, MAX_HEADER_BYTES};
 
 /// Errors of the converter.
 #[derive(Debug, thiserror::Error)]

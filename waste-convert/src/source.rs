@@ -234,11 +234,34 @@ fn read_header(path: &Path) -> Result<Vec<(String, TensorLoc)>> {
     let mut n8 = [0u8; 8];
     read_exact_at(&f, &mut n8, 0)?;
     let n = u64::from_le_bytes(n8);
-    if n > 100 << 20 || 8 + n > len {
+    if n > MAX_HEADER_BYTES || 8 + n > len {
         return Err(Error::Source(format!("{}: header of {n} bytes does not fit", path.display())));
     }
     let mut buf = vec![0u8; 8 + n as usize];
     read_exact_at(&f, &mut buf, 0)?;
+    parse_header(path, &buf, len)
+}
+
+/// Largest safetensors JSON header accepted.
+pub const MAX_HEADER_BYTES: u64 = 100 << 20;
+
+/// Parse a safetensors file's header from its first bytes (`head`: the
+/// 8-byte length and the JSON) for a file of `file_len` bytes: every
+/// tensor's dtype, shape and byte range, checked against the file with
+/// checked arithmetic. `path` only names the file in errors. The converter's
+/// reader and the fuzz target use this.
+///
+/// # Errors
+/// [`Error::Source`] naming the file and tensor for anything malformed.
+pub fn parse_header(path: &Path, head: &[u8], file_len: u64) -> Result<Vec<(String, TensorLoc)>> {
+    let len = file_len;
+    let short = || Error::Source(format!("{}: shorter than its header", path.display()));
+    let n8: [u8; 8] = head.get(..8).and_then(|b| b.try_into().ok()).ok_or_else(short)?;
+    let n = u64::from_le_bytes(n8);
+    if n > MAX_HEADER_BYTES || n.checked_add(8).is_none_or(|e| e > len) {
+        return Err(Error::Source(format!("{}: header of {n} bytes does not fit", path.display())));
+    }
+    let buf = head.get(..8 + n as usize).ok_or_else(short)?;
     // The header is `u64 length` + JSON `{name: {dtype, shape, data_offsets}}`.
     // (safetensors' own read_metadata wants the whole file in memory; we stream.)
     let meta: serde_json::Value =
@@ -334,6 +357,31 @@ mod tests {
         assert_eq!(read_header(&ok).unwrap()[0].1.shape, vec![2]);
         assert!(decode_mxfp4(&[], &[], usize::MAX, 64).is_err());
         std::fs::remove_dir_all(&d).ok();
+    }
+
+    proptest::proptest! {
+        /// The fuzz target's twin: mutations of a valid header (past its
+        /// length word, so the JSON and range checks are reached) are
+        /// parsed or refused, never a panic, and what parses fits the file.
+        #[test]
+        fn mutated_headers_are_parsed_or_refused(
+            edits in proptest::collection::vec((proptest::prelude::any::<u16>(), proptest::prelude::any::<u8>()), 0..6),
+            file_extra in 0u64..64,
+        ) {
+            let json = br#"{"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"b":{"dtype":"BF16","shape":[4],"data_offsets":[24,32]},"__metadata__":{"x":"y"}}"#;
+            let mut head = (json.len() as u64).to_le_bytes().to_vec();
+            head.extend_from_slice(json);
+            for &(pos, v) in &edits {
+                let at = 8 + pos as usize % json.len();
+                head[at] = v;
+            }
+            let len = head.len() as u64 + 32 + file_extra;
+            if let Ok(ts) = parse_header(Path::new("t"), &head, len) {
+                for (_, t) in ts {
+                    proptest::prop_assert!(t.start <= t.end && t.end <= len);
+                }
+            }
+        }
     }
 
     #[test]

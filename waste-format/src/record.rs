@@ -530,13 +530,42 @@ mod tests {
             prop_assert_eq!(RecordHeader::decode(&h.encode()), Some(h));
         }
 
+        /// Mutations of a valid sealed record reach every check past the
+        /// length test: header fields, offsets, codebook ids, the CRC. None
+        /// panics; a change anywhere in the payload is always caught.
         #[test]
-        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        fn mutated_valid_records_never_panic_and_payload_damage_is_caught(
+            seed in any::<u64>(),
+            edits in proptest::collection::vec((any::<u16>(), any::<u8>()), 1..6),
+            in_header in any::<bool>(),
+            cut in proptest::option::of(0usize..4096),
+        ) {
             let q = ExpertQuantEntry { fmt: "VQ3R".into(), stages: 3, vec_dim: 8, entries: 256, index_block: 64, index_bits: None, bits_per_weight: 3.0 }.validate().unwrap();
             let cfg = crate::config::ModelConfig::from_json(&serde_json::json!({"hidden_size": 16, "num_hidden_layers": 1, "vocab_size": 4, "num_experts": 2, "num_experts_per_token": 1, "moe_intermediate_size": 8, "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4})).unwrap();
             let lay = RecordLayout::new(&cfg, q).unwrap();
-            let _ = check_record(&bytes, 0, 0, &lay, 0, 9, true);
-        }
+            let mut rec = vec![0u8; lay.rec_bytes];
+            let mut x = seed | 1;
+            for b in rec.iter_mut() {
+                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                *b = x as u8;
+            }
+            crate::writer::seal_record(&mut rec, 0, 1, &lay, 0);
+            prop_assert!(check_record(&rec, 0, 1, &lay, 0, 9, true).is_ok());
+            let end = lay.scales_off + lay.scales_len;
+            let mut changed_payload = false;
+            for &(pos, v) in &edits {
+                let at = if in_header { pos as usize % HEADER_LEN } else { HEADER_LEN + pos as usize % (end - HEADER_LEN) };
+                changed_payload |= !in_header && rec[at] != v;
+                rec[at] = v;
+            }
+            if let Some(c) = cut {
+                rec.truncate(c.min(rec.len()));
+            }
+            let r = check_record(&rec, 0, 1, &lay, 0, 9, true);
+            if changed_payload {
+                prop_assert!(r.is_err(), "a payload change passed the CRC");
+            }
+    }
     }
 
     #[test]

@@ -100,9 +100,28 @@ mod tests {
             let u = Usage { total_tokens: total, entries: es.iter().map(|&(layer, expert, hits, last_seen)| UsageEntry { layer, expert, hits, last_seen }).collect() };
             prop_assert_eq!(Usage::parse(&u.encode()).unwrap(), u);
         }
+        /// Mutations of a valid file (past the magic, so the parser's
+        /// logic is reached): never a panic; what parses re-encodes to itself.
         #[test]
-        fn garbage_never_panics(b in proptest::collection::vec(any::<u8>(), 0..100)) {
-            let _ = Usage::parse(&b);
+        fn mutated_valid_files_never_panic(
+            es in proptest::collection::vec(any::<(u16, u16, u32, u32)>(), 0..20),
+            edits in proptest::collection::vec((any::<u16>(), any::<u8>()), 0..6),
+            cut in proptest::option::of(0usize..400),
+            extra in proptest::collection::vec(any::<u8>(), 0..24),
+        ) {
+            let u = Usage { total_tokens: 7, entries: es.iter().map(|&(layer, expert, hits, last_seen)| UsageEntry { layer, expert, hits, last_seen }).collect() };
+            let mut b = u.encode();
+            for &(pos, v) in &edits {
+                let at = 4 + pos as usize % (b.len() - 4);
+                b[at] = v;
+            }
+            if let Some(c) = cut {
+                b.truncate(c.max(4).min(b.len()));
+            }
+            b.extend(&extra);
+            if let Ok(p) = Usage::parse(&b) {
+                prop_assert_eq!(Usage::parse(&p.encode()).unwrap(), p);
+            }
         }
     }
 

@@ -189,3 +189,44 @@ impl ChatTemplate {
         }
     }
 }
+
+#[cfg(test)]
+mod template_fuzz_twin {
+    //! The `chat_template` fuzz target's twin: templates assembled from Jinja
+    //! fragments (loops, recursion, filters, broken syntax) render or fail
+    //! with an error naming the file — never a panic or a hang.
+    use super::*;
+    use proptest::prelude::*;
+
+    fn tok() -> Tokenizer {
+        let specials: Vec<(u32, String)> = vec![(256, "<|im_end|>".to_string())];
+        Tokenizer::new((0..256u32).map(|b| (vec![b as u8], b)).collect(), specials, crate::Pattern::O200k)
+            .expect("a byte tokenizer")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn assembled_templates_render_or_fail_cleanly(parts in proptest::collection::vec(0usize..12, 1..8)) {
+            const FRAG: [&str; 12] = [
+                "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
+                "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}",
+                "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+                "{{ messages[0].content | upper }}",
+                "{% if add_generation_prompt %}assistant:{% endif %}",
+                "{{ undefined_thing.attr }}",
+                "{% for",
+                "{{ 1 / 0 }}",
+                "{{ messages | length }}",
+                "{% set x = 'a' * 1000 %}{{ x }}",
+                "<|im_end|>",
+                "{{ raise_exception('no') }}",
+            ];
+            let src: String = parts.iter().map(|&i| FRAG[i]).collect();
+            match ChatTemplate::Jinja(src).encode(&tok(), &[Message::new("user", "hi")], true) {
+                Ok(_) => {}
+                Err(e) => prop_assert!(e.to_string().contains("chat_template.jinja"), "{}", e),
+            }
+        }
+    }
+}
