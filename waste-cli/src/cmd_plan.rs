@@ -38,7 +38,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     let slots = p.cache_slots(cache, true);
     if a.json {
         print_json(&json!({
-            "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes,
+            "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes, "tokenizer_bytes": p.tokenizer_bytes,
             "min_expert_cache_bytes": p.min_expert_cache_bytes, "floor_bytes": p.floor_bytes,
             "working_set_bytes": p.working_set_bytes, "recommended_bytes": p.recommended_bytes,
             "usable_ram_bytes": usable, "budget_bytes": budget, "expert_cache_bytes": cache,
@@ -49,6 +49,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         outln!("  trunk (resident)     {:>14} bytes  {}", p.trunk_bytes, gib(p.trunk_bytes));
         outln!("  state (KDA + MLA)    {:>14} bytes  {}", p.state_bytes, gib(p.state_bytes));
         outln!("  scratch              {:>14} bytes  {}", p.scratch_bytes, gib(p.scratch_bytes));
+        outln!("  tokenizer tables     {:>14} bytes  {}", p.tokenizer_bytes, gib(p.tokenizer_bytes));
         outln!("  minimum expert cache {:>14} bytes  {}", p.min_expert_cache_bytes, gib(p.min_expert_cache_bytes));
         outln!("  floor                {:>14} bytes  {}", p.floor_bytes, gib(p.floor_bytes));
         outln!("  working set / token  {:>14} bytes  {}", p.working_set_bytes, gib(p.working_set_bytes));

@@ -14,9 +14,12 @@ pub struct Plan {
     pub state_bytes: u64,
     /// Every other buffer the engine allocates (one session).
     pub scratch_bytes: u64,
+    /// The tokenizer's tables (rank and decoder maps, specials, the regex
+    /// allowance); 0 until [`Plan::with_tokenizer`] counts them.
+    pub tokenizer_bytes: u64,
     /// Smallest expert cache: top_k × record × 2.
     pub min_expert_cache_bytes: u64,
-    /// trunk + state + scratch + min cache.
+    /// trunk + state + scratch + tokenizer + min cache.
     pub floor_bytes: u64,
     /// One token's experts: top_k × record × MoE layers.
     pub working_set_bytes: u64,
@@ -147,6 +150,7 @@ impl Plan {
             trunk_bytes: trunk,
             state_bytes: state,
             scratch_bytes: scratch,
+            tokenizer_bytes: 0,
             min_expert_cache_bytes: min_cache,
             floor_bytes: floor,
             working_set_bytes: ws,
@@ -158,9 +162,12 @@ impl Plan {
         })
     }
 
-    /// The largest context (≤ [`MAX_CTX`]) whose floor fits in `bytes`, if any.
-    pub fn largest_ctx_within(ct: &Container, bytes: u64) -> Option<usize> {
-        let fits = |ctx: usize| Plan::for_container(ct, ctx).is_ok_and(|p| p.floor_bytes <= bytes);
+    /// The largest context (≤ [`MAX_CTX`]) whose floor, with `tokenizer_bytes`
+    /// counted, fits in `bytes`, if any.
+    pub fn largest_ctx_within(ct: &Container, bytes: u64, tokenizer_bytes: u64) -> Option<usize> {
+        let fits = |ctx: usize| {
+            Plan::for_container(ct, ctx).is_ok_and(|p| p.with_tokenizer(tokenizer_bytes).floor_bytes <= bytes)
+        };
         if !fits(1) {
             return None;
         }
@@ -196,18 +203,42 @@ impl Plan {
         n.min(self.expert_records) as usize
     }
 
+    /// The same plan with the tokenizer's tables counted (in the floor, and
+    /// so outside the expert cache's share of the budget).
+    pub fn with_tokenizer(mut self, bytes: u64) -> Plan {
+        self.floor_bytes = self.floor_bytes - self.tokenizer_bytes + bytes;
+        self.recommended_bytes = self.recommended_bytes - self.tokenizer_bytes + bytes;
+        self.tokenizer_bytes = bytes;
+        self
+    }
+
     /// The budget rule's inputs.
     pub fn floor(&self) -> waste_cache::Floor {
         waste_cache::Floor {
-            fixed: self.trunk_bytes + self.state_bytes + self.scratch_bytes,
+            fixed: self.trunk_bytes + self.state_bytes + self.scratch_bytes + self.tokenizer_bytes,
             min_cache: self.min_expert_cache_bytes,
             working_set: self.working_set_bytes,
         }
     }
 }
 
-/// Plan a container at `ctx` tokens without loading any weight.
+/// The container's tokenizer, if it has one.
+pub(crate) fn load_tokenizer(dir: &Path) -> Result<Option<waste_tokenizer::Tokenizer>> {
+    if dir.join("tokenizer.model").exists() {
+        Ok(Some(waste_tokenizer::Tokenizer::from_container_dir(dir)?))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Plan a container at `ctx` tokens without loading any weight (the
+/// tokenizer is loaded, to count its tables).
+///
+/// # Errors
+/// The container's or the tokenizer's validation errors; a `ctx` outside
+/// `1..=MAX_CTX`.
 pub fn plan(path: impl AsRef<Path>, ctx: usize) -> Result<Plan> {
     let ct = Container::open(path.as_ref())?;
-    Plan::for_container(&ct, ctx)
+    let tok = load_tokenizer(&ct.dir)?;
+    Ok(Plan::for_container(&ct, ctx)?.with_tokenizer(tok.map_or(0, |t| t.heap_bytes())))
 }

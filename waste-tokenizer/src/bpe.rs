@@ -55,6 +55,10 @@ impl Pattern {
     }
 }
 
+/// Resident bytes allowed for the compiled pre-tokenizer regex and its
+/// matching caches (measured: a few MiB for the o200k and Kimi patterns).
+pub const REGEX_ALLOWANCE: u64 = 8 << 20;
+
 /// A tiktoken-style tokenizer.
 pub struct Tokenizer {
     ranks: HashMap<Vec<u8>, u32>,
@@ -65,7 +69,36 @@ pub struct Tokenizer {
     pattern: Pattern,
 }
 
+/// Bytes one heap allocation of `n` bytes occupies (glibc-style: a 16-byte
+/// granule and an 8-byte header, 32 at least); 0 for no allocation.
+fn alloc_bytes(n: usize) -> u64 {
+    if n == 0 {
+        0
+    } else {
+        ((n + 8).div_ceil(16) * 16).max(32) as u64
+    }
+}
+
+/// Bytes of a hash table's slots (entries plus one control byte each).
+fn table_bytes<K, V>(m: &HashMap<K, V>) -> u64 {
+    alloc_bytes(m.capacity() * (std::mem::size_of::<(K, V)>() + 1))
+}
+
 impl Tokenizer {
+    /// Resident bytes of the tokenizer's tables (rank and decoder maps with
+    /// their keys, specials), counted from their capacities with the
+    /// allocator's per-allocation overhead, plus [`REGEX_ALLOWANCE`] for the
+    /// compiled pre-tokenizer. The memory plan counts this.
+    pub fn heap_bytes(&self) -> u64 {
+        let ranks = table_bytes(&self.ranks) + self.ranks.keys().map(|k| alloc_bytes(k.capacity())).sum::<u64>();
+        let dec = table_bytes(&self.decoder) + self.decoder.values().map(|v| alloc_bytes(v.capacity())).sum::<u64>();
+        let specials = alloc_bytes(self.specials.capacity() * std::mem::size_of::<(u32, String)>())
+            + self.specials.iter().map(|(_, s)| alloc_bytes(s.capacity())).sum::<u64>();
+        let ids =
+            table_bytes(&self.special_ids) + self.special_ids.keys().map(|k| alloc_bytes(k.capacity())).sum::<u64>();
+        ranks + dec + specials + ids + REGEX_ALLOWANCE
+    }
+
     /// Build from ranks, specials and a pattern.
     pub fn new(ranks: Vec<(Vec<u8>, u32)>, specials: Vec<(u32, String)>, pattern: Pattern) -> Result<Tokenizer> {
         let regex = fancy_regex::Regex::new(&pattern.source()).map_err(|e| Error::Pattern(e.to_string()))?;
