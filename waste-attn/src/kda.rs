@@ -162,6 +162,9 @@ pub fn step(
 /// normed; `outs`: `nt × hidden`). Every projection reads its weights once
 /// for all `nt` tokens; the conv and the delta rule run token after token.
 /// Bit-identical to `nt` calls of [`step`].
+///
+/// # Panics
+/// When `xs`/`outs` are shorter than `nt` tokens of their widths, or `nt` exceeds the scratch's chunk size.
 #[allow(clippy::too_many_arguments)]
 pub fn chunk(
     pool: &Pool,

@@ -147,6 +147,9 @@ pub struct ContextFull(pub usize);
 
 /// One token through an MLA layer. Fails (leaving state untouched) when the
 /// cache already holds `max_ctx` positions.
+///
+/// # Errors
+/// [`ContextFull`] when the cache already holds `max_ctx` positions; the state is then unchanged.
 pub fn step(
     pool: &Pool,
     c: &MlaConfig,
@@ -164,6 +167,12 @@ pub fn step(
 /// for all tokens; each token attends over the cache up to itself.
 /// Bit-identical to `nt` calls of [`step`]. Fails (leaving state untouched)
 /// when the tokens do not fit in `max_ctx`.
+///
+/// # Errors
+/// [`ContextFull`] when the `nt` tokens do not fit in the cache; the state is then unchanged.
+///
+/// # Panics
+/// When `xs`/`outs` are shorter than `nt` tokens of their widths, or `nt` exceeds the scratch's chunk size.
 #[allow(clippy::too_many_arguments)]
 pub fn chunk(
     pool: &Pool,

@@ -150,6 +150,9 @@ pub struct BelowFloor {
 /// Resolve a budget: `requested = 0` picks the largest of floor + 3×, 2×,
 /// 1× working set that fits under 7/8 of `usable`, else the floor (with a
 /// warning); an explicit budget below the floor is refused.
+///
+/// # Errors
+/// [`BelowFloor`] when an explicit budget is below the floor.
 pub fn resolve(f: &Floor, requested: u64, usable: u64) -> Result<Budget, BelowFloor> {
     let floor = f.floor();
     let budget = if requested == 0 {

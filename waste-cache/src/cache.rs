@@ -262,6 +262,9 @@ impl ExpertCache {
         self.slots[slot].pins += 1;
     }
     /// Release a pin.
+    ///
+    /// # Errors
+    /// [`CacheError::PinUnderflow`] when the slot is not pinned or does not exist.
     pub fn unpin(&mut self, slot: usize) -> Result<(), CacheError> {
         let s = self.slots.get_mut(slot).ok_or(CacheError::PinUnderflow { slot })?;
         if s.pins == 0 {
@@ -333,6 +336,9 @@ impl ExpertCache {
 
     /// Take a slot for `key` (not present): an empty one, else evict a
     /// victim. The slot is returned in flight, pinned once, untouched.
+    ///
+    /// # Errors
+    /// [`CacheError::AllPinned`] when every slot is pinned, in flight or held by the prefetch window.
     pub fn reserve(&mut self, key: Key, speculative: bool) -> Result<usize, CacheError> {
         debug_assert!(!self.map.contains_key(&key));
         let slot = match self.free.pop() {
@@ -452,12 +458,18 @@ impl ExpertCache {
         unsafe { arena.as_mut_ptr().add(slot * b) }
     }
     /// A slot's bytes (only meaningful when Ready).
+    ///
+    /// # Panics
+    /// When the cache has no arena (a simulation) or `slot` is out of range.
     pub fn slot_data(&self, slot: usize) -> &[u8] {
         let b = self.slot_bytes;
         let arena = self.arena.as_ref().expect("cache has an arena");
         &arena[slot * b..(slot + 1) * b]
     }
     /// Fail loudly if any slot is still pinned (called when a layer or token ends).
+    ///
+    /// # Errors
+    /// [`CacheError::LeakedPin`] naming the first ready slot still pinned.
     pub fn check_no_pins(&self) -> Result<(), CacheError> {
         match self.slots.iter().position(|s| s.pins > 0 && s.state == SlotState::Ready) {
             Some(i) => {

@@ -7,6 +7,9 @@ use std::collections::HashMap;
 pub type Trace = Vec<Vec<Vec<u32>>>;
 
 /// Parse a JSONL trace (`{"tok": i, "layers": [[ids], ...]}` per line).
+///
+/// # Errors
+/// A message naming the line when a line is not a JSON object with a `layers` array of expert-id arrays.
 pub fn parse_trace(text: &str) -> Result<Trace, String> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -59,6 +62,9 @@ impl SimResult {
 
 /// Replay `trace` through a cache of `slots` slots. A layer's experts are
 /// pinned while that layer runs (as in the engine).
+///
+/// # Errors
+/// [`CacheError::AllPinned`] when `slots` cannot hold one layer-step's experts.
 pub fn simulate(trace: &Trace, slots: usize, policy: Policy) -> Result<SimResult, CacheError> {
     let mut c = ExpertCache::new(slots, 0, policy, false);
     // flatten accesses; next use of each access for Belady

@@ -10,7 +10,7 @@ use waste_cache::{parse_trace, simulate, Policy};
 
 #[derive(Args)]
 pub struct CachesimArgs {
-    /// Routing trace (JSONL: {"tok": i, "layers": [[ids], ...]}).
+    /// Routing trace (JSONL: `{"tok": i, "layers": [[ids], ...]}`).
     trace: PathBuf,
     /// Experts per layer (ids must be below it).
     #[arg(long)]

@@ -115,6 +115,9 @@ fn main() -> ExitCode {
 }
 
 /// Print a JSON value (pretty) to stdout.
+///
+/// # Errors
+/// The write error (a closed pipe among them; `main` ends quietly on that one).
 pub fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();

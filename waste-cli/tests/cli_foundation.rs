@@ -4,7 +4,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub fn anchor() -> PathBuf {
+fn anchor() -> PathBuf {
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata");
     let p = base.join("anchor-tiny/kimi-linear-tiny.waste");
     assert!(p.join("manifest.json").exists(), "test data missing at {} (testdata/ in the repository)", p.display());

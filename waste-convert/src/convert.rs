@@ -592,6 +592,9 @@ fn copy_tokenizer(src: &Path, out: &Path) -> Result<()> {
 
 /// Re-check a finished container against its source: the relative
 /// reconstruction error of every expert, per kind.
+///
+/// # Errors
+/// [`Error::Source`] for a source tensor that is missing or malformed, and the container's own validation errors.
 pub fn verify_against_source(container: &Path, src_dir: &Path) -> Result<Report> {
     let t0 = Instant::now();
     let c = waste_format::Container::open(container)?;

@@ -53,6 +53,9 @@ pub fn e8m0(e: u8) -> f32 {
 
 /// Decode MXFP4: `packed` `[rows, cols/2]` (low nibble first), `scales`
 /// `[rows, cols/32]` E8M0 → `[rows, cols]` f32.
+///
+/// # Errors
+/// [`Error::Source`] when the sizes do not match `rows × cols` (or overflow).
 pub fn decode_mxfp4(packed: &[u8], scales: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>> {
     let Some(n) = rows.checked_mul(cols) else {
         return Err(Error::Source(format!("MXFP4 sizes: {rows}x{cols} overflows")));
@@ -79,6 +82,9 @@ pub fn decode_mxfp4(packed: &[u8], scales: &[u8], rows: usize, cols: usize) -> R
 
 impl Source {
     /// Open a source directory.
+    ///
+    /// # Errors
+    /// [`Error::Source`] / [`Error::Io`] for a missing or malformed `config.json`, index, or safetensors header, and for index paths outside the folder.
     pub fn open(dir: &Path) -> Result<Source> {
         let cpath = dir.join("config.json");
         let text = std::fs::read_to_string(&cpath).map_err(|e| Error::io(&cpath, e))?;
@@ -143,6 +149,9 @@ impl Source {
 
     /// Read elements `[start, start + n)` of a float tensor (row-major), only
     /// those bytes: one expert's slice of a fused `[E, rows, cols]` tensor.
+    ///
+    /// # Errors
+    /// [`Error::Source`] when the tensor is missing, not a float type, or the range lies outside it.
     pub fn read_f32_range(&self, name: &str, start: usize, n: usize) -> Result<Vec<f32>> {
         let loc = self
             .tensors
@@ -171,6 +180,9 @@ impl Source {
 
     /// Read a tensor as f32 `(shape, values)`. A name whose `.weight` is
     /// stored as MXFP4 (`.weight_packed` + `.weight_scale`) is decoded.
+    ///
+    /// # Errors
+    /// [`Error::Source`] when the tensor is missing, not a float type, or its MXFP4 parts do not match.
     pub fn read_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
         if let Some(loc) = self.tensors.get(name) {
             if !matches!(loc.dtype.as_str(), "F32" | "F16" | "BF16") {

@@ -28,6 +28,9 @@ impl Codebooks {
     }
 
     /// Parse and validate the whole file's bytes.
+    ///
+    /// # Errors
+    /// [`Error::Codebook`] for a length that is not whole records, or a record whose header or size is wrong.
     pub fn parse(bytes: &[u8], q: &ExpertQuant) -> Result<Codebooks> {
         let rl = Self::record_len(q);
         if !bytes.len().is_multiple_of(rl) {

@@ -197,6 +197,9 @@ pub fn flatten_text_config(v: &Value) -> Value {
 impl ModelConfig {
     /// Parse and bound a config object (the manifest's `config`, or a
     /// release/transformers `config.json`).
+    ///
+    /// # Errors
+    /// [`Error::Manifest`] naming the key for a missing, mistyped or out-of-range field.
     pub fn from_json(v: &Value) -> Result<Self> {
         let flat = flatten_text_config(v);
         let m = flat.as_object().ok_or_else(|| Error::manifest("config", "expected an object"))?;

@@ -78,6 +78,9 @@ fn plain_file_name(s: &str, key: &str) -> Result<()> {
 
 impl Container {
     /// Open and validate a container directory.
+    ///
+    /// # Errors
+    /// [`Error::Io`] for an unreadable or non-regular `manifest.json`, and every validation error of [`Container::from_manifest`].
     pub fn open(dir: impl AsRef<Path>) -> Result<Container> {
         let dir = dir.as_ref().to_path_buf();
         let mpath = dir.join("manifest.json");
@@ -91,6 +94,9 @@ impl Container {
     }
 
     /// Validate an already-parsed manifest against the files in `dir`.
+    ///
+    /// # Errors
+    /// The first validation failure, naming the key, tensor, layer or expert: config, tensor ranges against `trunk.bin`, bank sizes, codebooks.
     pub fn from_manifest(dir: PathBuf, manifest: Manifest) -> Result<Container> {
         let config = ModelConfig::from_json(&manifest.config)?;
         let n_moe = config.n_moe_layers();
@@ -214,6 +220,9 @@ impl Container {
     }
 
     /// A trunk tensor by name *without* the prefix.
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] when the manifest has no such tensor.
     pub fn tensor(&self, name: &str) -> Result<&TensorInfo> {
         let full = self.full_name(name);
         self.tensors.get(&full).ok_or_else(|| Error::tensor(full, "missing"))

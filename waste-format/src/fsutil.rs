@@ -6,6 +6,9 @@ use std::path::Path;
 
 /// Write `bytes` to `path` atomically: a temp file in the same directory,
 /// fsync, rename over the target, fsync the directory (best effort).
+///
+/// # Errors
+/// [`Error::Io`] naming `path`; the temporary file is removed and the target is unchanged.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

@@ -51,6 +51,9 @@ pub struct Manifest {
 
 impl Manifest {
     /// Parse manifest bytes: `format_version` checked first, with a precise error.
+    ///
+    /// # Errors
+    /// [`Error::Manifest`] for malformed JSON, a missing or unsupported `format_version`, or a missing section.
     pub fn parse(bytes: &[u8]) -> Result<Manifest> {
         let v: Value = serde_json::from_slice(bytes)
             .map_err(|e| Error::manifest("manifest.json", format!("invalid JSON: {e}")))?;

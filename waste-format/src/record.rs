@@ -98,6 +98,9 @@ pub struct ExpertQuant {
 
 impl ExpertQuantEntry {
     /// Validate the scheme.
+    ///
+    /// # Errors
+    /// [`Error::Manifest`] for an unknown format or stage/entry/block counts it cannot have.
     pub fn validate(&self) -> Result<ExpertQuant> {
         let k = |f: &str| format!("expert_quant.{f}");
         let fmt = match self.fmt.as_str() {
@@ -238,6 +241,9 @@ pub struct RecordLayout {
 
 impl RecordLayout {
     /// The canonical layout for a config and quantization.
+    ///
+    /// # Errors
+    /// [`Error::Manifest`] when the expert shapes overflow or the format does not fit the config.
     pub fn new(cfg: &ModelConfig, quant: ExpertQuant) -> Result<RecordLayout> {
         let m = cfg.moe_intermediate;
         let lat = cfg.expert_width();
@@ -398,6 +404,9 @@ impl RecordHeader {
     /// the layout the bank index predicts. This is memory safety, done on
     /// every read. `codebook_base` is the layer's base; `n_codebooks` the
     /// number of records in codebooks.bin.
+    ///
+    /// # Errors
+    /// [`Error::Record`] naming the layer and expert for a wrong magic, identity, format, codebook or section offset.
     pub fn validate(
         &self,
         layer: usize,
@@ -471,6 +480,9 @@ pub fn record_crc(rec: &[u8], hdr: &RecordHeader, lay: &RecordLayout) -> u32 {
 }
 
 /// Validate a full record buffer: header always, CRC when `verify_crc`.
+///
+/// # Errors
+/// [`Error::Record`] naming the layer and expert: short record, bad header, or (with `verify_crc`) a checksum mismatch.
 pub fn check_record(
     rec: &[u8],
     layer: usize,

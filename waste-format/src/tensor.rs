@@ -20,6 +20,9 @@ pub enum Fmt {
 
 impl Fmt {
     /// Decode a manifest `fmt` id (+ optional `dtype` for id 1).
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] for an unknown format id or one that contradicts `dtype`.
     pub fn from_id(id: u32, dtype: Option<&str>, name: &str) -> Result<Fmt> {
         match (id, dtype) {
             (0, _) => Ok(Fmt::F32),
@@ -125,6 +128,9 @@ const MAX_NUMEL: u64 = 1 << 40;
 
 impl TensorEntry {
     /// Validate the entry against the size of the file that holds it.
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] for a shape or range that overflows or lies outside the file.
     pub fn validate(&self, file_len: u64) -> Result<TensorInfo> {
         let name = &self.name;
         let fmt = Fmt::from_id(self.fmt, self.dtype.as_deref(), name)?;

@@ -34,6 +34,9 @@ pub struct Usage {
 impl Usage {
     /// Parse (strict about the header and length; entries are checked by
     /// [`Usage::filtered`]).
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for a wrong magic or version, or a length that is not whole entries.
     pub fn parse(b: &[u8]) -> Result<Usage> {
         let err = |m: String| Err(Error::Usage { msg: m });
         if b.len() < 16 {

@@ -22,6 +22,9 @@ pub struct TrunkWriter {
 impl TrunkWriter {
     /// Create `dir/trunk.bin` (truncating). Removes any existing manifest
     /// first, so a half-written container never looks complete.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when `trunk.bin` cannot be created.
     pub fn create(dir: &Path) -> Result<TrunkWriter> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let m = dir.join("manifest.json");
@@ -35,6 +38,9 @@ impl TrunkWriter {
 
     /// Append one tensor. `payload` and `scales` must already be encoded in
     /// `fmt` (scales empty for F32/F16/BF16); sizes are checked.
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] when the data does not match the shape and format; [`Error::Io`] when it cannot be written.
     pub fn add(
         &mut self,
         name: &str,
@@ -72,6 +78,9 @@ impl TrunkWriter {
 
     /// Record a tensor without writing its bytes (a hole in a sparse file):
     /// for manifest-only containers that `plan`/`info` can read.
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] for a shape that overflows; [`Error::Io`] when the file cannot be extended.
     pub fn add_sparse(&mut self, name: &str, fmt: Fmt, shape: &[usize], group: usize) -> Result<()> {
         let grouped = fmt.is_grouped();
         let probe = TensorEntry {
@@ -113,6 +122,9 @@ impl TrunkWriter {
     }
 
     /// Flush and return the manifest entries.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when `trunk.bin` cannot be flushed.
     pub fn finish(mut self) -> Result<Vec<TensorEntry>> {
         self.out.flush().map_err(|e| Error::io(&self.path, e))?;
         self.out.get_ref().set_len(self.off).map_err(|e| Error::io(&self.path, e))?;
@@ -143,6 +155,9 @@ pub struct BankWriter {
 
 impl BankWriter {
     /// Create (truncate) a bank file.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the bank file cannot be created.
     pub fn create(path: &Path, layer: usize, lay: RecordLayout, codebook_id: u16) -> Result<BankWriter> {
         let f = File::create(path).map_err(|e| Error::io(path, e))?;
         Ok(BankWriter {
@@ -155,6 +170,9 @@ impl BankWriter {
         })
     }
     /// Seal and append the next record (`rec.len() == rec_bytes`, body filled).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the record cannot be written.
     pub fn write(&mut self, rec: &mut [u8]) -> Result<()> {
         if rec.len() != self.lay.rec_bytes {
             return Err(Error::record(
@@ -169,6 +187,9 @@ impl BankWriter {
         Ok(())
     }
     /// Flush and sync; returns the number of records written.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the bank cannot be flushed and synced.
     pub fn finish(mut self) -> Result<usize> {
         self.out.flush().map_err(|e| Error::io(&self.path, e))?;
         self.out.get_ref().sync_all().map_err(|e| Error::io(&self.path, e))?;
@@ -177,6 +198,9 @@ impl BankWriter {
 }
 
 /// Write the manifest last, atomically.
+///
+/// # Errors
+/// [`Error::Io`] when the manifest cannot be serialized or written.
 pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
     write_atomic(&dir.join("manifest.json"), m.to_json().as_bytes())
 }

@@ -50,6 +50,9 @@ impl Grammars {
     /// token that ends a constrained output. Special tokens are entered with
     /// llguidance's 0xFF marker, so only a grammar naming them (`<|open|>`)
     /// can allow them; ids without a token are unreachable specials.
+    ///
+    /// # Errors
+    /// [`Error`] when the token trie cannot be built from the tokenizer.
     pub fn new(tok: &Tokenizer, vocab: usize, eos: u32) -> Result<Grammars> {
         let words: Vec<Vec<u8>> = (0..vocab as u32)
             .map(|id| {
@@ -74,6 +77,9 @@ impl Grammars {
     /// For a model: its tokenizer and logit count; a constrained output
     /// ends with `<|end_of_msg|>` when `end_of_message` (an answer in K3's
     /// tagged chat format), else with the model's first end token.
+    ///
+    /// # Errors
+    /// [`Error`] when the model has no tokenizer, or its tables cannot be built.
     pub fn for_model(model: &waste_model::Model, end_of_message: bool) -> Result<Grammars> {
         let tok = model.tokenizer().ok_or_else(|| Error::Grammar("this container has no tokenizer".into()))?;
         let eos = if end_of_message {
@@ -94,6 +100,9 @@ impl Grammars {
     }
 
     /// A constraint active from the first token.
+    ///
+    /// # Errors
+    /// [`Error`] when the grammar does not compile (the engine's message, without its panic text).
     pub fn constraint(&self, lark: &str) -> Result<Constraint> {
         Ok(Constraint { state: State::Active(self.matcher(lark)?), env: self.env.clone() })
     }
@@ -102,6 +111,9 @@ impl Grammars {
     /// with `trigger` (token bytes; specials as 0xFF + name, see
     /// [`marker_bytes`]), then holds the rest to `lark`. The grammar is
     /// checked now, so a bad one fails before generation.
+    ///
+    /// # Errors
+    /// [`Error`] when the grammar does not compile.
     pub fn lazy(&self, trigger: Vec<u8>, lark: &str) -> Result<Constraint> {
         self.matcher(lark)?;
         Ok(Constraint {
@@ -323,6 +335,9 @@ fn call_rules(tools: &[Value], only: Option<&str>, parallel: bool, g: &mut Strin
 /// Forced tool calls, from the generation prompt on: (reasoning, then) an
 /// empty response and a tools section with calls of `only` (or of any
 /// tool) — one or more with `parallel`, else exactly one.
+///
+/// # Errors
+/// [`Error`] for a tool without a usable name or schema, or `only` naming no tool.
 pub fn tool_calls_lark(tools: &[Value], only: Option<&str>, parallel: bool, thinking: bool) -> Result<String> {
     let mut g = String::new();
     let calls = call_rules(tools, only, parallel, &mut g)?;
@@ -335,6 +350,9 @@ pub fn tool_calls_lark(tools: &[Value], only: Option<&str>, parallel: bool, thin
 /// The body of a tools section after the model opened it
 /// (`<|open|>tools<|sep|>`): well-formed calls (one or more with `parallel`,
 /// else one), then the closers.
+///
+/// # Errors
+/// [`Error`] for a tool without a usable name or schema.
 pub fn tool_section_lark(tools: &[Value], parallel: bool) -> Result<String> {
     let mut g = String::new();
     let calls = call_rules(tools, None, parallel, &mut g)?;

@@ -18,6 +18,9 @@ impl DirectFile {
     /// probe read verifies the transfer works (some filesystems accept
     /// `O_DIRECT` and fail the read), else fall back to buffered reads with
     /// random-access advice. [`DirectFile::is_direct`] says which was obtained.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the file when it cannot be opened or sized.
     pub fn open(path: &Path, want_direct: bool) -> Result<DirectFile> {
         let io = |op, e| Error::Io { path: path.to_path_buf(), op, source: e };
         let buffered = File::open(path).map_err(|e| io("open", e))?;
@@ -50,6 +53,9 @@ impl DirectFile {
 
     /// Fill `buf` from `offset`. Direct files need a 4 KiB-aligned offset,
     /// buffer and length. A file that ends early is a [`Error::ShortRead`].
+    ///
+    /// # Errors
+    /// [`Error::Misaligned`] for an unaligned direct read, [`Error::ShortRead`] when the file ends first, [`Error::Io`] otherwise.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         if self.direct
             && (!offset.is_multiple_of(ALIGN as u64)
@@ -74,6 +80,9 @@ impl DirectFile {
 
     /// Read `len` bytes at any `offset` (aligning internally when direct).
     /// For small metadata reads (an embedding row, a tensor), not the hot path.
+    ///
+    /// # Errors
+    /// As [`DirectFile::read_exact_at`].
     pub fn read_vec_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         if !self.direct {
             let mut v = vec![0u8; len];

@@ -81,6 +81,9 @@ impl Ticket {
         }
     }
     /// Block until a read into caller memory finished.
+    ///
+    /// # Errors
+    /// The read's error, as [`crate::DirectFile::read_exact_at`] reports it; [`Error::Closed`] if the pool shut down.
     pub fn wait_raw(self) -> Result<()> {
         self.wait_buf().1
     }
@@ -99,6 +102,9 @@ pub struct ReaderPool {
 
 impl ReaderPool {
     /// Start `n` reader threads (at least 1).
+    ///
+    /// # Panics
+    /// When the OS refuses to start a reader thread (callers cap `n`).
     pub fn new(n: usize) -> ReaderPool {
         let shared = Arc::new(Shared { q: Mutex::new(Queues::default()), cv: Condvar::new() });
         let threads = (0..n.max(1))

@@ -24,6 +24,12 @@ pub struct ProbeResult {
 /// Read up to `max_bytes` of `path` in records of `rec` bytes (rounded to
 /// 4 KiB) with `qd` reads in flight, in a scattered order (stride walk), and
 /// report the bandwidth.
+///
+/// # Errors
+/// [`crate::Error::Io`] when the file cannot be opened, and any read's error.
+///
+/// # Panics
+/// When the OS refuses to start a reader thread.
 pub fn probe_bandwidth(
     path: &Path,
     rec: usize,

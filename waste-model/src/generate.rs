@@ -139,6 +139,9 @@ fn holdback(s: &str, stops: &[String]) -> usize {
 impl Session<'_> {
     /// Evaluate `prompt` (may be empty to continue from the current state's
     /// last logits) and generate. The callback sees every token.
+    ///
+    /// # Errors
+    /// [`Error::Arg`] for invalid sampling parameters or an empty prompt; [`Error::ContextFull`] when the prompt does not fit; the engine's I/O and record errors.
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -150,6 +153,9 @@ impl Session<'_> {
 
     /// [`Session::generate`] with an optional constraint on every sampled
     /// token. Logprobs stay those of the unconstrained model.
+    ///
+    /// # Errors
+    /// As [`Session::generate`], and [`Error::Constraint`] when the constraint fails or allows no token.
     pub fn generate_constrained(
         &mut self,
         prompt: &[u32],

@@ -75,6 +75,9 @@ pub fn softmax_in_place(x: &mut [f32]) {
 pub use waste_io as io;
 
 /// Resolve a RAM budget for a plan (0 = the default rule) against usable RAM.
+///
+/// # Errors
+/// [`waste_cache::BelowFloor`] when an explicit budget is below the floor.
 pub fn resolve_budget(
     p: &Plan,
     budget: u64,

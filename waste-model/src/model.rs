@@ -125,11 +125,17 @@ pub struct Model {
 impl Model {
     /// Open a container: validate everything, plan memory against the
     /// budget, load the resident trunk, size the expert cache.
+    ///
+    /// # Errors
+    /// As [`Model::open_with_progress`].
     pub fn open(path: impl AsRef<Path>, opts: ModelOptions) -> Result<Model> {
         Self::open_with_progress(path, opts, &|_, _| {})
     }
 
     /// [`Model::open`] with a progress callback `(layers loaded, layers)`.
+    ///
+    /// # Errors
+    /// [`Error::Format`] for a damaged container, [`Error::Arg`] for a bad `ctx` or lookahead, [`Error::FloorAboveRam`] / [`Error::Budget`] when memory cannot hold the model, [`Error::Tokenizer`], [`Error::Unsupported`] for a SIMD level this CPU lacks, and I/O errors.
     pub fn open_with_progress(
         path: impl AsRef<Path>,
         opts: ModelOptions,
@@ -305,6 +311,9 @@ impl Model {
     }
 
     /// Write the usage hotlist (which experts this process used) atomically.
+    ///
+    /// # Errors
+    /// [`Error::Format`] when the file cannot be written (it is replaced atomically).
     pub fn save_usage(&self, path: impl AsRef<Path>, tokens: u64) -> Result<()> {
         let cache = self.cache.lock();
         let mut entries: Vec<UsageEntry> = cache
@@ -332,6 +341,9 @@ impl Model {
     }
     /// Encode a conversation with the chat template (BOS first when the
     /// config has one); template text is markup, content plain.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] without a tokenizer; [`Error::Tokenizer`] when the template fails.
     pub fn encode_chat(&self, messages: &[waste_tokenizer::Message], open: bool) -> Result<Vec<u32>> {
         let (t, tpl) = match (&self.tokenizer, &self.template) {
             (Some(t), Some(p)) => (t, p),
@@ -348,6 +360,9 @@ impl Model {
     /// Encode a conversation in K3's tagged format with tools, thinking and
     /// response-format notices (BOS first when the config has one), with the
     /// token counts of its parts (BOS included).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] unless the model uses K3's tagged format; [`Error::Arg`] for a conversation the format cannot render.
     pub fn encode_xtml(
         &self,
         messages: &[waste_tokenizer::xtml::ChatMessage],
@@ -367,6 +382,9 @@ impl Model {
         Ok(e)
     }
     /// Encode raw text as plain tokens (BOS first when the config has one).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] without a tokenizer.
     pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
         let t = self.tokenizer.as_ref().ok_or_else(|| Error::Unsupported("this container has no tokenizer".into()))?;
         let mut ids = self.bos().into_iter().collect::<Vec<_>>();

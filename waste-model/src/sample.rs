@@ -23,6 +23,9 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     /// Check ranges; the message names the parameter.
+    ///
+    /// # Errors
+    /// A message naming the parameter out of range.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return Err(format!("temperature {} must be finite and ≥ 0", self.temperature));

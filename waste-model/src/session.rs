@@ -241,6 +241,9 @@ impl<'m> Session<'m> {
 
     /// Evaluate `tokens` (prefill or a single step) and return the logits of
     /// the last one. The context bound is checked before any state changes.
+    ///
+    /// # Errors
+    /// [`Error::Arg`] for no tokens or an id outside the vocabulary, [`Error::ContextFull`] when they do not fit (checked before any state changes), and the engine's I/O, record and cache errors.
     pub fn eval(&mut self, tokens: &[u32]) -> Result<&[f32]> {
         if tokens.is_empty() {
             return Err(Error::Arg("eval needs at least one token".into()));

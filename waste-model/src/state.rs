@@ -35,6 +35,9 @@ impl Reader<'_> {
 
 impl Session<'_> {
     /// Save the state (position, every layer's state, the last logits) atomically.
+    ///
+    /// # Errors
+    /// [`Error::Format`] when the file cannot be written (it is replaced atomically).
     pub fn save_state(&self, path: impl AsRef<Path>) -> Result<()> {
         let m = self.model();
         let mut out = Vec::new();
@@ -81,6 +84,9 @@ impl Session<'_> {
     /// Load a state saved by [`Session::save_state`]. Everything is checked
     /// (magic, version, model fingerprint, every shape, the exact length)
     /// before the session changes; on error the session is as it was.
+    ///
+    /// # Errors
+    /// [`Error::Format`] for a file that is missing, not a regular file, too large, from another model, or malformed; the session is then unchanged.
     pub fn load_state(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         // a state is the header, the layer table and the state itself: more
@@ -92,6 +98,9 @@ impl Session<'_> {
 
     /// [`Session::load_state`] from bytes already in memory (`path` names
     /// them in errors).
+    ///
+    /// # Errors
+    /// As [`Session::load_state`].
     pub fn load_state_bytes(&mut self, b: &[u8], path: &Path) -> Result<()> {
         let mut r = Reader { b, at: 0 };
         let trunc = || bad(path, "truncated".into());

@@ -44,6 +44,12 @@ pub struct VerifyReport {
 /// codebooks) and every expert record's header and CRC. A container that
 /// cannot even be opened is an `Err`; damage inside banks is listed in
 /// [`VerifyReport::problems`]. `progress(done, total)` gets bank bytes.
+///
+/// # Errors
+/// [`Error::Format`] when the container does not open; damaged records are counted in the report, not returned.
+///
+/// # Panics
+/// When the OS refuses to start a reader thread.
 pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> Result<VerifyReport> {
     let c = Container::open(path)?;
     let mut rep = VerifyReport { direct_io: true, ..Default::default() };

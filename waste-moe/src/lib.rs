@@ -189,6 +189,9 @@ impl ExpertKernel {
     }
 
     /// `out = E(h)` for one record (header already validated).
+    ///
+    /// # Panics
+    /// When the scratch or output buffers are smaller than the layer's widths.
     pub fn forward(
         &self,
         pool: &Pool,

@@ -61,6 +61,9 @@ impl<'a> MatRef<'a> {
         }
     }
     /// Build a view, checking every size.
+    ///
+    /// # Errors
+    /// [`ShapeError`] for an odd or zero group, an overflowing size, or a payload or scales too short.
     pub fn new(
         fmt: Fmt,
         rows: usize,
@@ -137,6 +140,9 @@ impl<'a> MatRef<'a> {
 
     /// `y[i] = W[row0 + i] · x` for `i < y.len()`, at a given SIMD level.
     /// Bit-identical across levels. `x.len() == cols`.
+    ///
+    /// # Panics
+    /// When `x.len() != cols` or the rows `row0..row0 + y.len()` are out of range.
     pub fn matvec_rows(&self, level: Level, x: &[f32], row0: usize, y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert!(row0 + y.len() <= self.rows, "matvec rows out of range");
@@ -166,6 +172,9 @@ impl<'a> MatRef<'a> {
     /// # Safety
     /// `ys` must be valid for writes at every `t·ys_stride + i` (`t < nt`,
     /// `i < n`), and no other thread may touch those elements meanwhile.
+    ///
+    /// # Panics
+    /// When `xs.len() != nt · cols`, the rows are out of range, or `ys_stride < n` with several inputs.
     pub unsafe fn matmat_rows(
         &self,
         level: Level,
@@ -237,6 +246,9 @@ pub struct Matrix {
 
 impl Matrix {
     /// Build from stored bytes: payload and raw f16 scale bytes.
+    ///
+    /// # Errors
+    /// [`ShapeError`] when the payload or scales are shorter than the shape needs.
     pub fn from_stored(
         fmt: Fmt,
         rows: usize,

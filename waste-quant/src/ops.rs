@@ -80,6 +80,9 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 
 /// [`axpy`] at a SIMD level (one fused multiply-add per element either
 /// way, so bit-identical).
+///
+/// # Panics
+/// When the slices' lengths differ.
 pub fn axpy_at(level: crate::Level, a: f32, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len());
     #[cfg(target_arch = "x86_64")]
@@ -94,6 +97,9 @@ pub fn axpy_at(level: crate::Level, a: f32, x: &[f32], y: &mut [f32]) {
 
 /// `row[j] *= e; u[j] = fma(k, row[j], u[j])` — the decay-and-project step
 /// of a delta-rule state row.
+///
+/// # Panics
+/// When the slices' lengths differ.
 pub fn decay_project(level: crate::Level, e: f32, k: f32, row: &mut [f32], u: &mut [f32]) {
     assert_eq!(row.len(), u.len());
     #[cfg(target_arch = "x86_64")]
@@ -111,6 +117,9 @@ pub fn decay_project(level: crate::Level, e: f32, k: f32, row: &mut [f32], u: &m
 
 /// `row[j] = fma(k, d[j], row[j]); o[j] = fma(q, row[j], o[j])` — the
 /// rank-one update of a delta-rule state row and its read-out.
+///
+/// # Panics
+/// When the slices' lengths differ.
 pub fn update_read(level: crate::Level, k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f32]) {
     assert!(d.len() == row.len() && row.len() == o.len());
     #[cfg(target_arch = "x86_64")]

@@ -49,6 +49,9 @@ impl Pool {
         Self::with_level(threads, level())
     }
     /// A pool at an explicit SIMD level (tests force each level).
+    ///
+    /// # Panics
+    /// When the OS refuses to start a compute thread (callers cap `threads`).
     pub fn with_level(threads: usize, level: Level) -> Pool {
         let threads = threads.max(1);
         let inner = Arc::new(Inner {
@@ -77,6 +80,9 @@ impl Pool {
     }
 
     /// Run `f(0..ntasks)` across the pool; returns when all are done.
+    ///
+    /// # Panics
+    /// When a task panicked (re-raised on the caller after every task ended).
     pub fn run(&self, ntasks: usize, f: &(dyn Fn(usize) + Sync)) {
         if ntasks == 0 {
             return;
@@ -136,6 +142,9 @@ impl Pool {
     /// `ys[t] = W · xs[t]` for `nt` token-major inputs (`xs`: `nt × cols`,
     /// `ys`: `nt × rows`), rows split across the pool; each weight row is
     /// read once for all inputs. Bit-identical to `nt` calls of [`Pool::matvec`].
+    ///
+    /// # Panics
+    /// When `xs`/`ys` are shorter than `nt` inputs/outputs of the matrix's widths.
     pub fn matmat(&self, m: &MatRef<'_>, xs: &[f32], nt: usize, ys: &mut [f32]) {
         let n = m.rows;
         assert_eq!(ys.len(), nt * n, "matmat output length");
@@ -174,6 +183,9 @@ impl<T> SyncSlice<T> {
         SyncSlice { ptr: s.as_mut_ptr(), len: s.len() }
     }
     /// A raw pointer to element `a` (for strided disjoint writes).
+    ///
+    /// # Panics
+    /// When `a` is out of range.
     pub fn ptr_at(&self, a: usize) -> *mut T {
         assert!(a <= self.len);
         // SAFETY: in bounds.
@@ -183,6 +195,9 @@ impl<T> SyncSlice<T> {
     ///
     /// # Safety
     /// No two live sub-slices may overlap, and the wrapped slice must outlive them.
+    ///
+    /// # Panics
+    /// When `a..b` is out of range.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn range(&self, a: usize, b: usize) -> &mut [T] {
         assert!(a <= b && b <= self.len);

@@ -103,6 +103,9 @@ impl VqLayout {
 
 /// Build the lookup table for input `x` (`len = nvec · dim`) against one
 /// book per stage. Entries a book lacks are NaN, so a damaged index shows.
+///
+/// # Panics
+/// When the books do not match the layout's stages, `x` is not `nvec · dim` long, or `table` is too short.
 pub fn build_table(level: Level, books: &[&VqBook], lay: &VqLayout, x: &[f32], table: &mut [f32]) {
     let te = lay.table_entries();
     assert_eq!(books.len(), lay.stages);
@@ -136,6 +139,9 @@ pub fn build_table(level: Level, books: &[&VqBook], lay: &VqLayout, x: &[f32], t
 
 /// `y[i] = σ_{r0+i} · Σ_v Σ_s T[v][s][idx(r0+i, v, s)]`. `scales` holds one
 /// f16 per row (little-endian bytes). Bit-identical across levels.
+///
+/// # Panics
+/// When the indices, scales or table are shorter than the layout needs, or the rows are out of range.
 pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], table: &[f32], r0: usize, y: &mut [f32]) {
     assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2 && table.len() >= lay.table_len());
     assert!(r0 + y.len() <= lay.rows);

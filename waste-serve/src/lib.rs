@@ -28,6 +28,9 @@ pub use api::{router, AppState, LogFn, ServeOptions};
 /// (`messages`, `tools`, `tool_choice`, `response_format`, thinking) as the
 /// server does: `Err((message, param))` is what becomes a 400. For fuzzing
 /// and for hosts that check requests before queueing them.
+///
+/// # Errors
+/// `(message, param)` — what the server answers with a 400.
 pub fn check_chat_request(body: &serde_json::Value) -> Result<(), (String, String)> {
     chat::messages(body)?;
     chat::options(body)?;

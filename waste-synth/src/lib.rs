@@ -174,6 +174,9 @@ fn is_vector(name: &str) -> bool {
 
 /// Write a byte-level tokenizer (256 byte tokens) and the K3-style specials
 /// up to the vocabulary size.
+///
+/// # Errors
+/// [`Error::Io`] when the files cannot be written.
 pub fn write_byte_tokenizer(dir: &Path, vocab: usize) -> Result<()> {
     let b64 = |bytes: &[u8]| {
         const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -222,6 +225,9 @@ pub fn write_byte_tokenizer(dir: &Path, vocab: usize) -> Result<()> {
 
 /// Write a synthetic container to `dir`. `progress(done, total)` is called
 /// as expert bytes are written.
+///
+/// # Errors
+/// [`Error::Manifest`] for a config the container format cannot hold; [`Error::Io`] when a file cannot be written.
 pub fn synth(dir: &Path, opts: &SynthOptions, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<SynthReport> {
     let t0 = std::time::Instant::now();
     let mut config = opts.config.clone();

@@ -100,6 +100,9 @@ impl Tokenizer {
     }
 
     /// Build from ranks, specials and a pattern.
+    ///
+    /// # Errors
+    /// [`Error::Pattern`] when the pattern does not compile.
     pub fn new(ranks: Vec<(Vec<u8>, u32)>, specials: Vec<(u32, String)>, pattern: Pattern) -> Result<Tokenizer> {
         let regex = fancy_regex::Regex::new(&pattern.source()).map_err(|e| Error::Pattern(e.to_string()))?;
         let mut decoder = HashMap::with_capacity(ranks.len() + specials.len());
@@ -117,6 +120,9 @@ impl Tokenizer {
     }
 
     /// Parse a tiktoken rank file (`base64 rank` per line).
+    ///
+    /// # Errors
+    /// [`Error::RankFile`] naming the line for malformed base64 or a bad rank.
     pub fn parse_ranks(text: &str, file: &str) -> Result<Vec<(Vec<u8>, u32)>> {
         let mut out = Vec::new();
         for (i, line) in text.lines().enumerate() {
@@ -135,6 +141,9 @@ impl Tokenizer {
     }
 
     /// Parse `specials.json`: `[{"id": N, "text": "<|...|>"}, ...]`.
+    ///
+    /// # Errors
+    /// [`Error::Json`] naming the file for malformed specials.
     pub fn parse_specials(text: &str, file: &str) -> Result<Vec<(u32, String)>> {
         let v: serde_json::Value =
             serde_json::from_str(text).map_err(|e| Error::Json { file: file.into(), msg: e.to_string() })?;
@@ -155,11 +164,17 @@ impl Tokenizer {
     }
 
     /// Load a container's `tokenizer.model` + `specials.json` (Kimi's pattern).
+    ///
+    /// # Errors
+    /// As [`Tokenizer::from_files`].
     pub fn from_container_dir(dir: &Path) -> Result<Tokenizer> {
         Self::from_files(&dir.join("tokenizer.model"), Some(&dir.join("specials.json")), Pattern::Kimi)
     }
 
     /// Load a rank file, optional specials, and a pattern.
+    ///
+    /// # Errors
+    /// [`Error::Io`] for a missing, non-regular or oversized file, and the parse errors of its contents.
     pub fn from_files(ranks: &Path, specials: Option<&Path>, pattern: Pattern) -> Result<Tokenizer> {
         let read = |p: &Path| crate::read_text(p, crate::MAX_TOKENIZER_FILE_BYTES);
         let r = Self::parse_ranks(&read(ranks)?, &ranks.display().to_string())?;

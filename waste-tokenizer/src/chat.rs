@@ -51,6 +51,9 @@ const CLOSE: char = '\u{F8F1}';
 
 impl ChatTemplate {
     /// Parse `chat.json`: `{"system": [prefix, suffix], "user": [...], "assistant": [...], "open": "..."}`.
+    ///
+    /// # Errors
+    /// [`Error::Json`] naming `chat.json` for malformed JSON or fields.
     pub fn parse_json(text: &str) -> Result<ChatTemplate> {
         let err = |m: String| Error::Json { file: "chat.json".into(), msg: m };
         let v: serde_json::Value = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
@@ -76,6 +79,9 @@ impl ChatTemplate {
 
     /// The container's template: `chat_template.jinja`, else `chat.json`,
     /// else a default built from the specials the tokenizer has.
+    ///
+    /// # Errors
+    /// [`Error::Io`] for an unreadable template file, and the parse errors of `chat.json`.
     pub fn from_container_dir(dir: &Path, tok: &Tokenizer) -> Result<ChatTemplate> {
         let read = |p: &Path| crate::read_text(p, crate::MAX_TEMPLATE_BYTES);
         let j = dir.join("chat_template.jinja");
@@ -128,6 +134,9 @@ impl ChatTemplate {
     }
 
     /// Encode a conversation; with `open`, end with the generation prefix.
+    ///
+    /// # Errors
+    /// [`Error::Template`] when a template fails (a Jinja error, its fuel or recursion limit, an unknown role), naming `chat_template.jinja`.
     pub fn encode(&self, tok: &Tokenizer, messages: &[Message], open: bool) -> Result<Vec<u32>> {
         match self {
             ChatTemplate::Affix { roles, open: gen } => {

@@ -27,7 +27,7 @@ mod chat;
 mod decode;
 pub mod xtml;
 
-pub use bpe::{Pattern, Tokenizer};
+pub use bpe::{Pattern, Tokenizer, REGEX_ALLOWANCE};
 pub use chat::{ChatTemplate, Message};
 pub use decode::StreamDecoder;
 

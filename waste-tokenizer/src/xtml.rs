@@ -286,6 +286,9 @@ struct Rendered {
 
 /// Render a conversation; with `open`, end with the assistant's generation
 /// prompt (which opens `think` when thinking is on, else `response`).
+///
+/// # Errors
+/// [`Error::Template`] for an unknown role or a tool message whose tool cannot be named.
 pub fn render(messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Result<Vec<Segment>> {
     Ok(render_parts(messages, opts, open)?.segs)
 }
@@ -414,6 +417,9 @@ pub struct Encoded {
 }
 
 /// Render and tokenize: markers by id, each text run as plain text.
+///
+/// # Errors
+/// As [`render`], and [`Error::Template`] when the tokenizer lacks a marker.
 pub fn encode(tok: &Tokenizer, messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Result<Encoded> {
     let r = render_parts(messages, opts, open)?;
     let total = r.segs.len();

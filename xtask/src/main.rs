@@ -242,6 +242,13 @@ fn check(quick: bool) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // the API docs build without a broken link
+    run(Command::new(&cargo).current_dir(&root).env("RUSTDOCFLAGS", "-D warnings").args([
+        "doc",
+        "--workspace",
+        "--no-deps",
+        "--quiet",
+    ]))?;
     // tests that cannot run a check (a SIMD level this CPU lacks, ...) append
     // a line here; they are listed at the end, never counted as passes
     let skip_log = std::env::temp_dir().join(format!("waste-skips-{}.txt", std::process::id()));
