@@ -1,6 +1,6 @@
 //! The converter end to end against transformers: a tiny random
 //! Kimi-Linear saved by transformers (weights f16-exact) converted with F16
-//! experts and an F32 trunk gives transformers' logits within 1e-4 relative
+//! experts and an F32 trunk gives transformers' logits within twice the measured worst relative error
 //! and its greedy continuation; VQ3R gives the expected 3-bit error and
 //! `verify_against_source` agrees; MXFP4 decodes bit-exactly; a killed
 //! conversion resumes to a byte-identical container.
@@ -36,10 +36,16 @@ fn convert_exact(fixture: &str, tag: &str) -> PathBuf {
     out
 }
 
+/// The oracle tests' helpers (worst relative error, perturbed copies).
+#[path = "../../waste-model/tests/common/mod.rs"]
+mod common;
+
 /// The container's logits at every position (token by token, and the last
-/// one by chunked prefill) within 1e-4 relative of a reference file's, and
-/// its greedy continuation; returns the worst relative error.
-fn agrees_with(container: &Path, reference: &Path) -> f32 {
+/// one by chunked prefill) within `bound` relative of a reference file's
+/// (twice the measured worst, stated at each caller), its greedy
+/// continuation, and the negative controls (perturbed copies must miss the
+/// bound); returns the worst relative error.
+fn agrees_with(container: &Path, reference: &Path, bound: f32) -> f32 {
     let f: Value = serde_json::from_slice(&std::fs::read(reference).unwrap()).unwrap();
     let ids: Vec<u32> = f["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
     let m = Model::open(container, ModelOptions { ctx: 96, threads: 2, ..Default::default() }).unwrap();
@@ -51,7 +57,7 @@ fn agrees_with(container: &Path, reference: &Path) -> f32 {
         let ma = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         let mr = want.iter().fold(0f32, |a, b| a.max(b.abs()));
         worst = worst.max(ma / mr);
-        assert!(ma / mr <= 1e-4, "{}: position {p}: relative {}", reference.display(), ma / mr);
+        assert!(ma / mr <= bound, "{}: position {p}: relative {}", reference.display(), ma / mr);
     }
     assert_eq!(m.session().eval(&ids).unwrap(), s.logits(), "chunked prefill differs from steps");
     let greedy: Vec<u32> = f["greedy"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
@@ -62,13 +68,19 @@ fn agrees_with(container: &Path, reference: &Path) -> f32 {
         next = waste_model::argmax(s.eval(&[next]).unwrap());
     }
     assert_eq!(cont, greedy, "{}: greedy continuation", reference.display());
+    let want: Vec<Vec<f32>> = (0..ids.len())
+        .map(|p| f["logits"][p].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
+        .collect();
+    let tag = container.file_name().unwrap().to_string_lossy().into_owned();
+    common::negative_controls(container, &tag, &ids, &want, 96, bound);
     worst
 }
 
 #[test]
 fn f16_experts_f32_trunk_match_transformers() {
     let out = convert_exact("hf-tiny", "exact");
-    let worst = agrees_with(&out, &fixtures().join("hf-tiny/reference.json"));
+    // measured worst 8.20e-6
+    let worst = agrees_with(&out, &fixtures().join("hf-tiny/reference.json"), 1.6e-5);
     eprintln!("hf-tiny vs transformers: worst relative error {worst:.2e}");
     std::fs::remove_dir_all(&out).ok();
 }
@@ -90,7 +102,8 @@ fn k3_release_form_matches_llama_cpp() {
             && c.shared_experts == 2
     );
     drop(m);
-    let worst = agrees_with(&out, &fixtures().join("hf-k3/llama-cpp.json"));
+    // measured worst 2.09e-5 (the L2-norm epsilon difference, REFERENCE-DIFFERENCES)
+    let worst = agrees_with(&out, &fixtures().join("hf-k3/llama-cpp.json"), 4.2e-5);
     eprintln!("hf-k3 vs llama.cpp: worst relative error {worst:.2e}");
     std::fs::remove_dir_all(&out).ok();
 }
@@ -101,9 +114,11 @@ fn vq3r_error_is_in_the_3_bit_range_and_verify_agrees() {
     let o = ConvertOptions { experts: ExpertFmt::Vq3r, trunk: TrunkMode::Q4, jobs: 2, seed: 5, ..Default::default() };
     let rep = convert(&fixtures().join("hf-tiny"), &out, &o, &|_| {}).unwrap();
     eprintln!("VQ3R relative error gate/up/down: {:?}", rep.rel_error);
-    // 3 bits per weight on Gaussian weights: well above f16 noise, well below 1
+    // 3 bits per weight on Gaussian weights: measured 0.1552 / 0.1548 / 0.1552
+    // (seeded, and bit-identical on every SIMD level); ±10% around it catches
+    // a codebook fit or encoder that got worse or suspiciously better
     for e in rep.rel_error {
-        assert!((0.02..0.35).contains(&e), "{:?}", rep.rel_error);
+        assert!((0.14..0.17).contains(&e), "{:?}", rep.rel_error);
     }
     let v = verify_against_source(&out, &fixtures().join("hf-tiny")).unwrap();
     for k in 0..3 {

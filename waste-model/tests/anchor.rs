@@ -8,9 +8,11 @@ use std::path::{Path, PathBuf};
 use waste_model::{Model, ModelOptions};
 use waste_quant::Level;
 
-/// Bound from testdata/README.md: the C engine uses rms_norm_eps in the
-/// latent norms and 1e-12 in the KDA L2 norm where the reference uses 1e-6.
-const ANCHOR_MAX_ABS: f32 = 5e-4;
+/// Twice the measured worst (1.18e-4 max abs, the 1-token case; 2.4e-5 and
+/// 5.4e-5 for the others). testdata/README.md allows 5e-4 and explains the
+/// gap: the C engine uses rms_norm_eps in the latent norms and 1e-12 in the
+/// KDA L2 norm where the reference (which this engine follows) uses 1e-6.
+const ANCHOR_MAX_ABS: f32 = 2.4e-4;
 
 fn data() -> PathBuf {
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata");
