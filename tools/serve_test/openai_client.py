@@ -112,6 +112,14 @@ def seeded():
     a = create(max_tokens=10, temperature=1.0, seed=7, **NO_THINK).choices[0].message.content
     b = create(max_tokens=10, temperature=1.0, seed=7, **NO_THINK).choices[0].message.content
     assert a == b
+    # the controls: the seed and the temperature are used (other seeds give
+    # other samples, and temperature 0 is the greedy answer every time)
+    others = {create(max_tokens=10, temperature=1.0, seed=s, **NO_THINK).choices[0].message.content for s in (8, 9, 10)}
+    assert others - {a}, f"seeds 7-10 all gave {a!r}"
+    g1 = create(max_tokens=10, temperature=0, seed=1, **NO_THINK).choices[0].message.content
+    g2 = create(max_tokens=10, temperature=0, seed=2, **NO_THINK).choices[0].message.content
+    assert g1 == g2, (g1, g2)
+    assert {a} | others != {g1}, "sampling at temperature 1 never left the greedy answer"
 
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]},
@@ -180,9 +188,8 @@ def json_schema_samples(c, model, think):
 def json_object():
     r = create(temperature=0, max_tokens=400, response_format={"type": "json_object"}, **NO_THINK)
     text = r.choices[0].message.content
-    assert text.startswith("{"), text
-    if r.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(text), dict)
+    assert r.choices[0].finish_reason == "stop", r.choices[0]
+    assert isinstance(json.loads(text), dict), text
 
 
 def refused(**kw):
@@ -191,6 +198,7 @@ def refused(**kw):
             create(max_tokens=4, **kw)
         except openai.BadRequestError as e:
             assert e.status_code == 400
+            assert isinstance(e.body, dict) and e.body.get("message"), e.body
             return
         raise AssertionError("accepted silently")
     return f
@@ -200,7 +208,8 @@ def bad_request():
     try:
         create(messages=[], max_tokens=4)
     except openai.BadRequestError as e:
-        assert e.body["param"] == "messages" if isinstance(e.body, dict) else True
+        assert isinstance(e.body, dict), e.body
+        assert e.body["param"] == "messages", e.body
         return
     raise AssertionError("empty messages accepted")
 

@@ -265,6 +265,12 @@ fn a_disconnected_client_stops_its_generation() {
     assert_eq!(h["busy"], false);
     let n = h["generated_tokens"].as_u64().unwrap();
     assert!(n < 3000, "generation went on after the client left: {n} tokens");
+    // the control: the same request with the client staying to the end runs
+    // past that mark (so the check above can fail)
+    let (st, _) = http(&s.addr, "POST", "/v1/chat/completions", &[], body.as_bytes());
+    assert_eq!(st, 200);
+    let full = health(&s.addr)["generated_tokens"].as_u64().unwrap() - n;
+    assert!(full >= 3000, "the control generated only {full} tokens: the disconnect check proves nothing");
     // the engine is free for the next client
     let (st, _) = post(
         &s.addr,

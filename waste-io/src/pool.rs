@@ -286,15 +286,37 @@ mod tests {
         let p = std::env::temp_dir().join(format!("waste-pool-promote-{}", std::process::id()));
         std::fs::File::create(&p).unwrap().write_all(&vec![7u8; 8 * 4096]).unwrap();
         let f = Arc::new(DirectFile::open(&p, false).unwrap());
-        let pool = ReaderPool::new(1);
-        let ts: Vec<_> = (0..8)
+        // a pool with no reader thread yet: the queue holds still while we look
+        let pool = ReaderPool {
+            shared: Arc::new(Shared { q: Mutex::new(Queues::default()), cv: Condvar::new() }),
+            threads: vec![],
+            next_id: AtomicU64::new(1),
+        };
+        let ts: Vec<_> = (0..4)
             .map(|i| pool.submit(f.clone(), i * 4096, AlignedBuf::new(4096, false), Priority::Speculative))
             .collect();
-        // the last one is most likely still queued; promotion must never lose it
-        let _ = pool.promote(&ts[7]);
-        for t in ts {
-            t.wait().1.unwrap();
+        let d = pool.submit(f.clone(), 5 * 4096, AlignedBuf::new(4096, false), Priority::Demand);
+        assert!(pool.promote(&ts[2]), "a queued speculative read was not promoted");
+        assert!(!pool.promote(&ts[2]), "promoted twice");
+        assert!(!pool.promote(&d), "a demand read is not speculative");
+        {
+            let q = pool.shared.q.lock();
+            let demand: Vec<u64> = q.demand.iter().map(|j| j.id).collect();
+            let spec: Vec<u64> = q.spec.iter().map(|j| j.id).collect();
+            // the promoted read goes first, ahead of the demand read queued before it
+            assert_eq!(demand, vec![ts[2].id, d.id]);
+            assert_eq!(spec, vec![ts[0].id, ts[1].id, ts[3].id]);
         }
+        // a worker now drains them, every read intact
+        let s2 = pool.shared.clone();
+        let w = std::thread::spawn(move || worker(&s2));
+        for t in ts.into_iter().chain([d]) {
+            let (b, r) = t.wait();
+            r.unwrap();
+            assert!(b.iter().all(|&x| x == 7));
+        }
+        drop(pool);
+        w.join().unwrap();
         std::fs::remove_file(p).ok();
     }
 }

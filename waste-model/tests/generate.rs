@@ -217,3 +217,50 @@ fn marked_specials_are_distinguishable_from_lookalike_text() {
     let g = m.session().generate_constrained(&prompt, &p, Some(&mut Script(script, 0)), |_| Control::Continue).unwrap();
     assert_eq!(g.text, format!("{}{name}{}{name}", waste_model::MARK_OPEN, waste_model::MARK_CLOSE));
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// The `state_file` fuzz target's twin, on mutations of a *valid* state
+    /// (past its magic and version, so the shape and length checks are
+    /// reached): a loaded state or a precise error, never a panic; a failed
+    /// load leaves the session exactly as it was.
+    #[test]
+    fn mutated_state_files_load_or_leave_the_session_untouched(
+        edits in proptest::collection::vec((proptest::prelude::any::<u32>(), proptest::prelude::any::<u8>()), 1..5),
+        cut in proptest::option::of(0usize..5000),
+    ) {
+        use std::sync::OnceLock;
+        static M: OnceLock<(Model, Vec<u8>)> = OnceLock::new();
+        let (m, good) = M.get_or_init(|| {
+            let m = Model::open(anchor(), ModelOptions { ctx: 64, threads: 1, ..Default::default() }).unwrap();
+            let p = std::env::temp_dir().join(format!("waste-state-twin-{}.state", std::process::id()));
+            {
+                let mut s = m.session();
+                s.eval(&[1, 2, 3, 4]).unwrap();
+                s.save_state(&p).unwrap();
+            }
+            let b = std::fs::read(&p).unwrap();
+            std::fs::remove_file(&p).ok();
+            (m, b)
+        });
+        let mut b = good.clone();
+        for &(pos, v) in &edits {
+            let at = 8 + pos as usize % (b.len() - 8);
+            b[at] = v;
+        }
+        if let Some(c) = cut {
+            b.truncate(c.min(b.len()));
+        }
+        let mut s = m.session();
+        s.eval(&[7, 8]).unwrap();
+        let before = s.logits().to_vec();
+        if s.load_state_bytes(&b, std::path::Path::new("mutated.state")).is_err() {
+            proptest::prop_assert_eq!(s.position(), 2, "a failed load moved the session");
+            // the session still continues as it would have
+            let mut t = m.session();
+            t.eval(&[7, 8]).unwrap();
+            proptest::prop_assert_eq!(t.logits(), &before[..]);
+            proptest::prop_assert_eq!(s.eval(&[9]).unwrap(), t.eval(&[9]).unwrap());
+        }
+    }
+}

@@ -483,6 +483,34 @@ mod tests {
                 synth(&dir, &opts, &|_, _| {}).unwrap();
                 let c = Container::open(&dir).unwrap_or_else(|e| panic!("{shape} {ex:?}: {e}"));
                 assert_eq!(c.config.attn_kinds.len(), c.config.layers);
+                // what was asked for is what the reader sees
+                let want = &opts.config;
+                let n = |k: &str| want[k].as_u64().map(|v| v as usize);
+                assert_eq!(Some(c.config.hidden), n("hidden_size"), "{shape}");
+                assert_eq!(Some(c.config.layers), n("num_hidden_layers"), "{shape}");
+                assert_eq!(Some(c.config.vocab), n("vocab_size"), "{shape}");
+                if let Some(e) = n("num_experts").or(n("n_routed_experts")) {
+                    assert_eq!(c.config.experts, e, "{shape}");
+                }
+                let (q, lay) = c.experts.as_ref().expect("an MoE shape");
+                assert_eq!(q.fmt, ex);
+                // every tensor the forward pass needs, and every expert record
+                // valid with its CRC, naming its own layer and expert
+                for r in waste_format::required_tensors(&c.config) {
+                    c.tensor(&r.name).unwrap_or_else(|e| panic!("{shape}: {e}"));
+                }
+                let mut records = 0;
+                for b in c.banks.iter().flatten() {
+                    let bytes = std::fs::read(&b.path).unwrap();
+                    for e in 0..b.experts {
+                        let off = b.record_offset(e, lay) as usize;
+                        let rec = &bytes[off..off + lay.rec_bytes];
+                        waste_format::check_record(rec, b.layer, e, lay, b.codebook_base, c.codebooks.count, true)
+                            .unwrap_or_else(|err| panic!("{shape} {ex:?}: {err}"));
+                        records += 1;
+                    }
+                }
+                assert_eq!(records, c.config.n_moe_layers() * c.config.experts);
                 // deterministic per seed
                 let a = std::fs::read(dir.join("trunk.bin")).unwrap();
                 synth(&dir, &opts, &|_, _| {}).unwrap();
