@@ -92,6 +92,11 @@ pub struct BenchArgs {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+    /// Replay a recorded routing (JSONL, the `cachesim` trace format)
+    /// instead of the router's choice: a synthetic container then streams
+    /// experts like the real model (testdata/routing/).
+    #[arg(long)]
+    routing: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -123,6 +128,11 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let vocab = model.config().vocab as u32;
     let prompt: Vec<u32> = (0..a.prompt_len.max(1) as u32).map(|i| 1 + (i * 7919) % (vocab - 1).max(1)).collect();
     let mut s = model.session();
+    if let Some(p) = &a.routing {
+        let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        let trace = waste_cache::parse_trace(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        s.replay_routing(std::sync::Arc::new(trace))?;
+    }
     let t0 = std::time::Instant::now();
     let mut next = argmax(s.eval(&prompt)?);
     let prefill_s = t0.elapsed().as_secs_f64();

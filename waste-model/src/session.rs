@@ -97,6 +97,8 @@ pub struct Session<'m> {
     ffn_tmp: Vec<f32>,
     logits: Vec<f32>,
     stats: Stats,
+    /// A recorded routing to replay instead of the router's choice (benchmarks).
+    replay: Option<std::sync::Arc<Vec<Vec<Vec<u32>>>>>,
 }
 
 impl<'m> Session<'m> {
@@ -145,6 +147,7 @@ impl<'m> Session<'m> {
             ffn_tmp: vec![0.0; 2 * ffn_w],
             logits: vec![0.0; c.vocab],
             stats: Stats::default(),
+            replay: None,
         }
     }
 
@@ -265,6 +268,47 @@ impl<'m> Session<'m> {
             i += t;
         }
         Ok(&self.logits)
+    }
+
+    /// Replay a recorded routing (the `cachesim` trace format: per token, per
+    /// MoE layer, the chosen expert ids) instead of the router's choice, from
+    /// this session's next token on; position `p` takes the trace's token
+    /// `p mod len`. The gates are still the router's weights for those
+    /// experts, so compute is unchanged — the point is to reproduce a real
+    /// model's expert traffic on a synthetic container (`waste bench
+    /// --routing`). Logits are then not the model's.
+    ///
+    /// # Errors
+    /// [`Error::Arg`] naming the token and layer when the trace is empty, has
+    /// fewer MoE layers than the model, or a layer's choice is not `top_k`
+    /// distinct ids below the expert count.
+    pub fn replay_routing(&mut self, trace: std::sync::Arc<Vec<Vec<Vec<u32>>>>) -> Result<()> {
+        let c = self.m.config();
+        if trace.is_empty() {
+            return Err(Error::Arg("the routing trace has no tokens".into()));
+        }
+        let moe = c.n_moe_layers();
+        for (t, tok) in trace.iter().enumerate() {
+            if tok.len() < moe {
+                return Err(Error::Arg(format!(
+                    "routing trace token {t}: {} MoE layers, the model has {moe}",
+                    tok.len()
+                )));
+            }
+            for (l, ids) in tok.iter().take(moe).enumerate() {
+                let mut seen = ids.clone();
+                seen.sort_unstable();
+                seen.dedup();
+                if ids.len() != c.top_k || seen.len() != ids.len() || ids.iter().any(|&e| e as usize >= c.experts) {
+                    return Err(Error::Arg(format!(
+                        "routing trace token {t}, MoE layer {l}: {ids:?} is not {} distinct experts below {}",
+                        c.top_k, c.experts
+                    )));
+                }
+            }
+        }
+        self.replay = Some(trace);
+        Ok(())
     }
 
     /// Tokens evaluated together in a prefill chunk: as many as the cache can
@@ -588,6 +632,12 @@ impl<'m> Session<'m> {
         for t in 0..nt {
             pool.matvec(&w.gate.view(), &self.chunk_ffn_in[t * h..(t + 1) * h], &mut self.router);
             route(&router_config(c), &self.router, &w.bias, &mut self.chosen);
+            if let Some(tr) = &self.replay {
+                // the trace's experts for this position and MoE layer (wrapping)
+                let mi = c.moe_layers().position(|x| x == l).unwrap_or(0);
+                let ids: Vec<usize> = tr[(self.pos + t) % tr.len()][mi].iter().map(|&e| e as usize).collect();
+                waste_moe::route_forced(&router_config(c), &self.router, &ids, &mut self.chosen);
+            }
             let mut order = self.chosen.clone();
             order.sort_by_key(|e| e.0);
             routes.extend(order);

@@ -251,3 +251,46 @@ fn four_sessions_on_four_threads_share_one_model_exactly() {
         assert!(m.cache_stats().evictions > 0, "the cache never evicted: the test shares nothing");
     }
 }
+
+#[test]
+fn a_recorded_routing_is_replayed_and_a_bad_one_refused() {
+    let path = fixture("tiny.waste");
+    let plan = waste_model::plan(&path, CTX).unwrap();
+    let m = Model::open(
+        &path,
+        ModelOptions { ctx: CTX, budget: plan.floor_bytes + 16 * plan.record_bytes, ..Default::default() },
+    )
+    .unwrap();
+    let c = m.config();
+    let (moe, k) = (c.n_moe_layers(), c.top_k);
+    let fixed: Vec<u32> = (0..k as u32).collect();
+    // every token routes to experts 0..k in every layer: each is read once, then hit
+    let trace = std::sync::Arc::new(vec![vec![fixed.clone(); moe]; 5]);
+    let mut s = m.session();
+    s.replay_routing(trace).unwrap();
+    let ids: Vec<u32> = (1..=12).collect();
+    for &t in &ids {
+        s.eval(&[t]).unwrap();
+    }
+    let st = s.stats();
+    assert_eq!(st.experts_missed, (moe * k) as u64, "{st:?}");
+    assert_eq!(st.experts_hit, ((ids.len() - 1) * moe * k) as u64, "{st:?}");
+    // the control: left to the router, the same tokens use other experts
+    let mut r = m.session();
+    for &t in &ids {
+        r.eval(&[t]).unwrap();
+    }
+    assert_ne!(r.stats().experts_missed, st.experts_missed, "the router chose exactly the replayed experts");
+    // bad traces: precise errors naming token and layer
+    let mut s = m.session();
+    let mut bad = |v: Vec<Vec<Vec<u32>>>| s.replay_routing(std::sync::Arc::new(v)).unwrap_err().to_string();
+    let mut dup = vec![vec![fixed.clone(); moe]; 2];
+    dup[1][0] = vec![0; k];
+    let e = bad(dup);
+    assert!(e.contains("token 1") && e.contains("MoE layer 0"), "{e}");
+    let mut big = vec![vec![fixed.clone(); moe]; 1];
+    big[0][moe - 1][0] = 999;
+    assert!(bad(big).contains("below"));
+    assert!(bad(vec![vec![fixed.clone(); moe - 1]]).contains("MoE layers"));
+    assert!(bad(vec![]).contains("no tokens"));
+}

@@ -66,6 +66,21 @@ pub fn route(c: &RouterConfig, logits: &[f32], bias: &[f32], out: &mut Vec<(usiz
     }
 }
 
+/// [`route`] with the experts given (a recorded trace's choice): each gets
+/// the weight the router gives it — its sigmoid score, renormalized over the
+/// given set when the config says so, times the scaling — so the compute is
+/// the model's, only the choice is replayed. `experts` must be distinct ids
+/// below `c.experts`.
+pub fn route_forced(c: &RouterConfig, logits: &[f32], experts: &[usize], out: &mut Vec<(usize, f32)>) {
+    let scores: Vec<f32> = experts.iter().map(|&i| sigmoid(logits[i])).collect();
+    let sum: f32 = scores.iter().sum::<f32>() + 1e-20;
+    out.clear();
+    for (&i, &s) in experts.iter().zip(&scores) {
+        let w = if c.renormalize { s / sum } else { s };
+        out.push((i, w * c.scaling));
+    }
+}
+
 /// GLU activation `act(g, u)`.
 #[inline]
 pub fn glu(act: Activation, g: f32, u: f32) -> f32 {
