@@ -61,6 +61,12 @@ pub fn parse_budget(s: &str) -> Result<u64, String> {
 
 impl EngineArgs {
     pub fn open(&self, model: &PathBuf) -> Result<Model> {
+        self.open_for(model, false)
+    }
+
+    /// [`EngineArgs::open`], reserving the constrained-decoding tables in
+    /// the budget when `grammar` (servers, `--json-schema`).
+    pub fn open_for(&self, model: &PathBuf, grammar: bool) -> Result<Model> {
         let policy = match self.cache.as_str() {
             "lfru" => waste_model::Policy::Lfru,
             "lru" => waste_model::Policy::Lru,
@@ -82,6 +88,7 @@ impl EngineArgs {
             usage: self.usage.clone(),
             force: self.force,
             usable_ram: None,
+            grammar,
         };
         let bar = crate::progress::count_bar("loading", false);
         let m = Model::open_with_progress(model, opts, &|done, total| {
@@ -312,7 +319,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         ),
         None => None,
     };
-    let model = a.engine.open(&a.model)?;
+    let model = a.engine.open_for(&a.model, schema.is_some())?;
     let chat = crate::answer::Chat::new(&model, crate::answer::effort(a.think.as_deref())?, schema);
     let templated = a.ids.is_none() && !a.raw;
     let ids = match (&a.ids, &text) {

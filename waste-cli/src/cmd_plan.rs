@@ -29,6 +29,7 @@ fn gib(b: u64) -> String {
 
 pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     let p = waste_model::plan(&a.model, a.ctx).with_context(|| format!("planning {}", a.model.display()))?;
+    let vocab = waste_model::format::Container::open(&a.model)?.config.vocab;
     let usable = waste_model::usable_ram();
     let resolved = waste_cache_resolve(&p, a.budget, usable);
     let (budget, cache, note) = match &resolved {
@@ -39,6 +40,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     if a.json {
         print_json(&json!({
             "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes, "tokenizer_bytes": p.tokenizer_bytes,
+            "grammar_bytes_when_constrained": p.with_grammar(vocab).grammar_bytes,
             "min_expert_cache_bytes": p.min_expert_cache_bytes, "floor_bytes": p.floor_bytes,
             "working_set_bytes": p.working_set_bytes, "recommended_bytes": p.recommended_bytes,
             "usable_ram_bytes": usable, "budget_bytes": budget, "expert_cache_bytes": cache,
@@ -50,6 +52,8 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         outln!("  state (KDA + MLA)    {:>14} bytes  {}", p.state_bytes, gib(p.state_bytes));
         outln!("  scratch              {:>14} bytes  {}", p.scratch_bytes, gib(p.scratch_bytes));
         outln!("  tokenizer tables     {:>14} bytes  {}", p.tokenizer_bytes, gib(p.tokenizer_bytes));
+        let g = p.with_grammar(vocab).grammar_bytes;
+        outln!("  (grammar tables      {:>14} bytes  {} more for `serve` and `run --json-schema`)", g, gib(g));
         outln!("  minimum expert cache {:>14} bytes  {}", p.min_expert_cache_bytes, gib(p.min_expert_cache_bytes));
         outln!("  floor                {:>14} bytes  {}", p.floor_bytes, gib(p.floor_bytes));
         outln!("  working set / token  {:>14} bytes  {}", p.working_set_bytes, gib(p.working_set_bytes));

@@ -61,7 +61,8 @@ fn seconds(v: f64, flag: &str) -> Result<std::time::Duration> {
 }
 
 pub fn serve(a: ServeArgs) -> Result<ExitCode> {
-    let model = a.engine.open(&a.model)?;
+    // a server may get constrained requests: their tables are in its budget
+    let model = a.engine.open_for(&a.model, true)?;
     let api_key = a.api_key.clone().or_else(|| std::env::var("WASTE_API_KEY").ok()).filter(|k| !k.is_empty());
     let loopback = a.host == "127.0.0.1" || a.host == "::1" || a.host == "localhost";
     if !loopback && api_key.is_none() {

@@ -49,6 +49,9 @@ pub struct ModelOptions {
     /// The RAM to plan against (`None` = this machine's usable RAM,
     /// cgroup-aware): the automatic budget and the floor check use it.
     pub usable_ram: Option<u64>,
+    /// Reserve the constrained-decoding tables (JSON schema, tool grammars)
+    /// in the budget: servers and `--json-schema` runs, which may build them.
+    pub grammar: bool,
 }
 
 /// Give the heap's freed pages back to the OS. Loading the trunk frees
@@ -87,6 +90,7 @@ impl Default for ModelOptions {
             usage: None,
             force: false,
             usable_ram: None,
+            grammar: false,
         }
     }
 }
@@ -150,6 +154,7 @@ impl Model {
         let tokenizer = crate::plan::load_tokenizer(&container.dir)?;
         let plan =
             Plan::for_container(&container, opts.ctx)?.with_tokenizer(tokenizer.as_ref().map_or(0, |t| t.heap_bytes()));
+        let plan = if opts.grammar { plan.with_grammar(container.config.vocab) } else { plan };
         let usable = opts.usable_ram.unwrap_or_else(waste_cache::usable_ram);
         if plan.floor_bytes > usable && !opts.force {
             return Err(Error::FloorAboveRam {

@@ -17,6 +17,10 @@ pub struct Plan {
     /// The tokenizer's tables (rank and decoder maps, specials, the regex
     /// allowance); 0 until [`Plan::with_tokenizer`] counts them.
     pub tokenizer_bytes: u64,
+    /// The constrained-decoding tables (token trie and lexer) when reserved
+    /// by [`Plan::with_grammar`]; 0 otherwise (they are built only by the
+    /// first constrained generation).
+    pub grammar_bytes: u64,
     /// Smallest expert cache: top_k × record × 2.
     pub min_expert_cache_bytes: u64,
     /// trunk + state + scratch + tokenizer + min cache.
@@ -34,6 +38,11 @@ pub struct Plan {
     /// Expert records in the container (MoE layers × experts).
     pub expert_records: u64,
 }
+
+/// Resident bytes of the constrained-decoding tables per vocabulary entry:
+/// measured +87 MiB for o200k's 200,000 entries (docs/LEARNED.md,
+/// "Constrained decoding cost"), about 456 bytes; 480 with margin.
+pub const GRAMMAR_BYTES_PER_TOKEN: u64 = 480;
 
 /// Most tokens a prefill chunk evaluates together (the plan sizes the
 /// session's scratch for it).
@@ -151,6 +160,7 @@ impl Plan {
             state_bytes: state,
             scratch_bytes: scratch,
             tokenizer_bytes: 0,
+            grammar_bytes: 0,
             min_expert_cache_bytes: min_cache,
             floor_bytes: floor,
             working_set_bytes: ws,
@@ -212,10 +222,20 @@ impl Plan {
         self
     }
 
+    /// The same plan with the constrained-decoding tables reserved:
+    /// [`GRAMMAR_BYTES_PER_TOKEN`] per vocabulary entry.
+    pub fn with_grammar(mut self, vocab: usize) -> Plan {
+        let bytes = GRAMMAR_BYTES_PER_TOKEN * vocab as u64;
+        self.floor_bytes = self.floor_bytes - self.grammar_bytes + bytes;
+        self.recommended_bytes = self.recommended_bytes - self.grammar_bytes + bytes;
+        self.grammar_bytes = bytes;
+        self
+    }
+
     /// The budget rule's inputs.
     pub fn floor(&self) -> waste_cache::Floor {
         waste_cache::Floor {
-            fixed: self.trunk_bytes + self.state_bytes + self.scratch_bytes + self.tokenizer_bytes,
+            fixed: self.trunk_bytes + self.state_bytes + self.scratch_bytes + self.tokenizer_bytes + self.grammar_bytes,
             min_cache: self.min_expert_cache_bytes,
             working_set: self.working_set_bytes,
         }

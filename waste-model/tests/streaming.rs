@@ -294,3 +294,23 @@ fn a_recorded_routing_is_replayed_and_a_bad_one_refused() {
     assert!(bad(vec![vec![fixed.clone(); moe - 1]]).contains("MoE layers"));
     assert!(bad(vec![]).contains("no tokens"));
 }
+
+#[test]
+fn reserving_the_grammar_tables_takes_them_from_the_cache() {
+    let path = fixture("tiny.waste");
+    let plan = waste_model::plan(&path, CTX).unwrap();
+    let vocab = Model::open(&path, ModelOptions { ctx: CTX, ..Default::default() }).unwrap().config().vocab;
+    let grammar = waste_model::GRAMMAR_BYTES_PER_TOKEN * vocab as u64;
+    assert_eq!(plan.with_grammar(vocab).grammar_bytes, grammar);
+    // a budget where the cache is not capped by the record count either way
+    let budget = plan.with_grammar(vocab).floor_bytes + 4 * plan.record_bytes;
+    let open = |grammar| Model::open(&path, ModelOptions { ctx: CTX, budget, grammar, ..Default::default() }).unwrap();
+    let (plain, constrained) = (open(false), open(true));
+    assert_eq!(plain.plan().grammar_bytes, 0);
+    assert_eq!(constrained.plan().grammar_bytes, grammar);
+    assert_eq!(constrained.plan().floor_bytes - plain.plan().floor_bytes, grammar);
+    // the budget is the same; the cache gets the grammar's share less
+    let (a, b) = (plain.cache_slots() as u64, constrained.cache_slots() as u64);
+    assert!(b < a, "{b} slots with the grammar reserved, {a} without");
+    assert!((a - b) * plan.record_bytes <= grammar + 2 * plan.record_bytes);
+}
