@@ -6,6 +6,8 @@
 //! budgets' difference within a stated margin — a cache over its budget, or
 //! one never filled, fails.
 
+#![cfg(target_os = "linux")] // peak RSS by wait4 / ru_maxrss in kilobytes: Linux
+
 use std::process::Command;
 use waste_model::format::{ExpertFmt, Usage, UsageEntry};
 use waste_synth::{synth, SynthOptions};

@@ -180,6 +180,7 @@ fn a_keyless_server_answers_only_its_own_names_and_same_site_pages() {
     assert_eq!(status(&r), 200, "{r}");
 }
 
+#[cfg(target_os = "linux")]
 fn peak_rss_bytes(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines()
@@ -193,6 +194,7 @@ fn peak_rss_bytes(pid: u32) -> u64 {
 /// Margin over the budget for the server's own memory: the tokio runtime,
 /// the binary, one task and buffer per connection (282 here), the SSE
 /// channels of 32 streams.
+#[cfg(target_os = "linux")]
 const SERVER_MARGIN_BYTES: u64 = 64 << 20;
 
 #[test]

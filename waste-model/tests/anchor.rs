@@ -126,3 +126,38 @@ fn prefill_equals_token_by_token_exactly() {
     }
     assert_eq!(la, lb);
 }
+
+/// Logits of the anchor's three prompts (prefill, then 3 greedy steps) as
+/// f32 bit patterns, written on x86_64 (`WASTE_WRITE_ARCH_FIXTURE=1 cargo
+/// test -p waste-model --test anchor`) and compared bit for bit on every
+/// architecture: the canonical arithmetic order makes aarch64 (scalar today)
+/// and x86_64 (any level) identical. Rewrite it only when the canonical
+/// definition changes on purpose — the oracle tests bound it independently.
+#[test]
+fn logits_are_bit_identical_across_architectures() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures/anchor-logits-x86_64.json");
+    let m = open(2, waste_quant::level());
+    let mut all: Vec<Vec<u32>> = vec![];
+    for (ids, _, _, _) in cases() {
+        let mut s = m.session();
+        let mut l = s.eval(&ids).unwrap().to_vec();
+        let mut bits: Vec<u32> = l.iter().map(|v| v.to_bits()).collect();
+        for _ in 0..3 {
+            l = s.eval(&[waste_model::argmax(&l)]).unwrap().to_vec();
+            bits.extend(l.iter().map(|v| v.to_bits()));
+        }
+        all.push(bits);
+    }
+    if std::env::var("WASTE_WRITE_ARCH_FIXTURE").is_ok_and(|v| v == "1") {
+        assert!(cfg!(target_arch = "x86_64"), "the fixture is written on x86_64");
+        std::fs::write(&path, serde_json::to_vec(&serde_json::json!({"arch": "x86_64", "logit_bits": all})).unwrap())
+            .unwrap();
+    }
+    let want: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let want: Vec<Vec<u32>> = serde_json::from_value(want["logit_bits"].clone()).unwrap();
+    assert_eq!(want.len(), all.len());
+    for (i, (w, g)) in want.iter().zip(&all).enumerate() {
+        let diff = w.iter().zip(g).filter(|(a, b)| a != b).count();
+        assert_eq!(diff, 0, "prompt {i}: {diff} of {} logits differ from x86_64", w.len());
+    }
+}

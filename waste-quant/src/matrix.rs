@@ -194,6 +194,7 @@ impl<'a> MatRef<'a> {
             unsafe { crate::x86_64::avx2::matmat_rows(self, xs, nt, row0, n, ys, ys_stride) };
             return;
         }
+        let _ = level; // the scalar definition serves every other level
         for i in 0..n {
             for t in 0..nt {
                 let v = self.row_dot_scalar(row0 + i, &xs[t * self.cols..(t + 1) * self.cols]);

@@ -145,6 +145,7 @@ pub fn build_table(level: Level, books: &[&VqBook], lay: &VqLayout, x: &[f32], t
 pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], table: &[f32], r0: usize, y: &mut [f32]) {
     assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2 && table.len() >= lay.table_len());
     assert!(r0 + y.len() <= lay.rows);
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512

@@ -9,6 +9,7 @@ use waste_format::half::{f16_to_f32, f32_to_f16};
 
 /// A codebook prepared for nearest-entry search: entries transposed
 /// (`dim × entries`) for 8-wide SIMD, and their squared norms.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the transposed form feeds the x86 kernel
 pub struct Searcher {
     entries: usize,
     dim: usize,

@@ -265,6 +265,7 @@ fn check(quick: bool) -> Result<()> {
     std::fs::remove_file(&skip_log).ok();
     skips.sort();
     skips.dedup();
+    cross(&root, &cargo, &mut skips)?;
     if !quick {
         // the README's main job, end to end on a fresh synthetic model
         let tmp = std::env::temp_dir().join(format!("waste-check-{}", std::process::id()));
@@ -292,6 +293,76 @@ fn check(quick: bool) -> Result<()> {
         bail!("WASTE_REQUIRE_ALL=1 and {} required check(s) skipped", required.len());
     }
     eprintln!("xtask check: all checks passed");
+    Ok(())
+}
+
+/// Whether a command runs and succeeds.
+fn works(cmd: &mut Command) -> bool {
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// The aarch64 checks: the whole workspace type-checks for macOS and Linux
+/// on ARM without a warning, and the format/quant/attn/moe/model suites run
+/// under `qemu-aarch64 -cpu max` (correctness only; timings under emulation
+/// mean nothing). What this machine cannot provide (rustup targets, the
+/// cross linker, qemu) is installed when possible, else listed as skipped.
+fn cross(root: &Path, cargo: &str, skips: &mut Vec<String>) -> Result<()> {
+    let targets = ["aarch64-apple-darwin", "aarch64-unknown-linux-gnu"];
+    if !works(Command::new("rustup").arg("target").arg("add").args(targets)) {
+        skips.push("aarch64 checks: `rustup target add` failed (no rustup or no network)".into());
+        return Ok(());
+    }
+    for t in targets {
+        run(Command::new(cargo).current_dir(root).env("RUSTFLAGS", "-D warnings").args([
+            "check",
+            "--quiet",
+            "--workspace",
+            "--all-targets",
+            "--target",
+            t,
+        ]))?;
+    }
+    let have = || {
+        works(Command::new("qemu-aarch64").arg("--version"))
+            && works(Command::new("aarch64-linux-gnu-gcc").arg("--version"))
+    };
+    if !have() {
+        let _ = works(Command::new("apt-get").args(["update", "-qq"]));
+        let _ = works(Command::new("apt-get").env("DEBIAN_FRONTEND", "noninteractive").args([
+            "install",
+            "-y",
+            "-qq",
+            "gcc-aarch64-linux-gnu",
+            "libc6-dev-arm64-cross",
+            "qemu-user",
+        ]));
+    }
+    if !have() {
+        skips
+            .push("aarch64 tests under qemu: qemu-aarch64 or aarch64-linux-gnu-gcc missing and not installable".into());
+        return Ok(());
+    }
+    run(Command::new(cargo)
+        .current_dir(root)
+        .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", "aarch64-linux-gnu-gcc")
+        .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER", "qemu-aarch64 -cpu max -L /usr/aarch64-linux-gnu")
+        .args(["test", "--quiet", "--release", "--target", "aarch64-unknown-linux-gnu"])
+        .args([
+            "-p",
+            "waste-format",
+            "-p",
+            "waste-quant",
+            "-p",
+            "waste-attn",
+            "-p",
+            "waste-moe",
+            "-p",
+            "waste-model",
+        ]))?;
     Ok(())
 }
 
