@@ -1,30 +1,12 @@
 //! Careless and hostile use of the `waste` binary: every case is a precise
 //! error or a quiet success, never a panic (exit 101), an abort or a hang.
 
+mod common;
+
+use common::{anchor, waste};
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
-
-fn anchor() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/anchor-tiny/kimi-linear-tiny.waste")
-}
-
-fn waste(args: &[&str], stdin: &str) -> (i32, String, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_waste"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    let o = c.wait_with_output().unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into(),
-        String::from_utf8_lossy(&o.stderr).into(),
-    )
-}
 
 fn copy_anchor(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("waste-hard-{}-{tag}", std::process::id()));

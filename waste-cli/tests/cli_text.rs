@@ -2,31 +2,9 @@
 //! argument and from stdin, tokenize/detokenize, and a chat saved after two
 //! turns and reloaded in a new process continuing with exactly the same text.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+mod common;
 
-fn anchor() -> PathBuf {
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata");
-    base.join("anchor-tiny/kimi-linear-tiny.waste")
-}
-
-fn waste(args: &[&str], stdin: &str) -> (i32, String, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_waste"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    let o = c.wait_with_output().unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into(),
-        String::from_utf8_lossy(&o.stderr).into(),
-    )
-}
+use common::{anchor, waste};
 
 #[test]
 fn chat_state_saved_after_two_turns_continues_identically_in_a_new_process() {

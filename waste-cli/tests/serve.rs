@@ -3,42 +3,13 @@
 //! stopping its generation, prefix reuse giving the same tokens as a fresh
 //! prefill.
 
+mod common;
+
+use common::start;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn anchor() -> PathBuf {
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata");
-    base.join("anchor-tiny/kimi-linear-tiny.waste")
-}
-
-struct Server {
-    child: Child,
-    addr: String,
-}
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_waste"))
-        .args(["serve", anchor().to_str().unwrap(), "--port", "0", "--ctx", "4096"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().rsplit("http://").next().unwrap().to_string();
-    Server { child, addr }
-}
 
 /// One HTTP/1.1 request; returns (status, body).
 fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {

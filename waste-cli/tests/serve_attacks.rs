@@ -5,43 +5,14 @@
 //! headers and 32 concurrent streams leaves `/health` answering and every
 //! stream exactly as when run alone.
 
+mod common;
+
+use common::{anchor, start};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
-
-fn anchor() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/anchor-tiny/kimi-linear-tiny.waste")
-}
-
-struct Server {
-    child: Child,
-    addr: String,
-    port: u16,
-}
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_waste"))
-        .args(["serve", anchor().to_str().unwrap(), "--port", "0", "--ctx", "4096"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().rsplit("http://").next().unwrap().to_string();
-    let port = addr.rsplit(':').next().unwrap().parse().unwrap();
-    Server { child, addr, port }
-}
 
 /// Send raw bytes, read until the server closes (or `wait` passes): the
 /// response text, and whether the server closed the connection.

@@ -3,40 +3,14 @@
 //! a container whose `chat.json` (written by the C converter) carries the K3
 //! markers as plain affixes served exactly like one without it.
 
+mod common;
+
+use common::{anchor, start_with};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
-
-fn anchor() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/anchor-tiny/kimi-linear-tiny.waste")
-}
-
-struct Server {
-    child: Child,
-    addr: String,
-}
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(model: &Path) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_waste"))
-        .args(["serve", model.to_str().unwrap(), "--port", "0", "--ctx", "4096", "--model-id", "tiny"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().rsplit("http://").next().unwrap().to_string();
-    Server { child, addr }
-}
 
 fn post(addr: &str, v: &Value) -> (u16, Value) {
     let body = v.to_string();
@@ -66,7 +40,7 @@ fn tokens_of(text: &str) -> usize {
 
 #[test]
 fn a_default_request_costs_what_the_reference_template_renders() {
-    let s = start(&anchor());
+    let s = start_with(&anchor(), &["--model-id", "tiny"]);
     let (st, v) = post(&s.addr, &json!({"messages": [{"role": "user", "content": "Hello."}], "max_tokens": 1}));
     assert_eq!(st, 200, "{v}");
     // Kimi-K3.jinja with no kwargs: thinking defaults to true and
@@ -96,7 +70,7 @@ fn a_default_request_costs_what_the_reference_template_renders() {
 
 #[test]
 fn top_k_is_honoured() {
-    let s = start(&anchor());
+    let s = start_with(&anchor(), &["--model-id", "tiny"]);
     let ask = |extra: Value| {
         let mut body = json!({"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 12, "reasoning_effort": "none"});
         body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
@@ -133,8 +107,8 @@ fn a_c_converted_chat_json_means_the_k3_format() {
         .to_string(),
     )
     .unwrap();
-    let plain = start(&anchor());
-    let converted = start(&d);
+    let plain = start_with(&anchor(), &["--model-id", "tiny"]);
+    let converted = start_with(&d, &["--model-id", "tiny"]);
     let tool = json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
         "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}, "required": ["city"]}}});
     let requests = [

@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use waste_model::{Model, ModelOptions};
 use waste_quant::Level;
 
+#[path = "../../waste-quant/tests/support/skip.rs"]
+mod skip;
+use skip::report_skip;
+
 /// Twice the measured worst (1.18e-4 max abs, the 1-token case; 2.4e-5 and
 /// 5.4e-5 for the others). testdata/README.md allows 5e-4 and explains the
 /// gap: the C engine uses rms_norm_eps in the latent norms and 1e-12 in the
@@ -94,23 +98,6 @@ fn logits_are_bit_identical_across_threads_and_simd_levels() {
             );
         }
     }
-}
-
-/// A check this machine cannot run: listed by `cargo xtask check` (through
-/// `WASTE_SKIP_LOG`) and printed, never a silent pass; a required one fails
-/// the test when `WASTE_REQUIRE_ALL=1` (CI).
-fn report_skip(what: &str, required: bool) {
-    let line = format!("{what}{}", if required { " (required)" } else { "" });
-    if required && std::env::var("WASTE_REQUIRE_ALL").is_ok_and(|v| v == "1") {
-        panic!("required check skipped: {line}");
-    }
-    if let Some(p) = std::env::var_os("WASTE_SKIP_LOG") {
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(p) {
-            let _ = writeln!(f, "{line}");
-        }
-    }
-    println!("SKIP: {line}");
 }
 
 #[test]

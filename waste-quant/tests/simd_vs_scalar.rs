@@ -2,7 +2,11 @@
 //! bit-identical (the design's promise), and the scalar against an f64
 //! dequantize-then-dot within a stated bound.
 
+#[path = "support/skip.rs"]
+mod skip;
+
 use proptest::prelude::*;
+use skip::report_skip;
 use waste_format::Fmt;
 use waste_quant::vq::{build_table, dequant_row, matvec_rows, VqBook, VqLayout};
 use waste_quant::{f32_to_f16, Level, Matrix};
@@ -149,21 +153,4 @@ fn reports_skipped_levels() {
             );
         }
     }
-}
-
-/// A check this machine cannot run: listed by `cargo xtask check` (through
-/// `WASTE_SKIP_LOG`) and printed, never a silent pass; a required one fails
-/// the test when `WASTE_REQUIRE_ALL=1` (CI).
-fn report_skip(what: &str, required: bool) {
-    let line = format!("{what}{}", if required { " (required)" } else { "" });
-    if required && std::env::var("WASTE_REQUIRE_ALL").is_ok_and(|v| v == "1") {
-        panic!("required check skipped: {line}");
-    }
-    if let Some(p) = std::env::var_os("WASTE_SKIP_LOG") {
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(p) {
-            let _ = writeln!(f, "{line}");
-        }
-    }
-    println!("SKIP: {line}");
 }

@@ -1,0 +1,68 @@
+//! Shared by the CLI and server tests: the anchor container, running the
+//! `waste` binary, and a `waste serve` child that is killed when dropped.
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// The C engine's anchor container (testdata/).
+pub fn anchor() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/anchor-tiny/kimi-linear-tiny.waste");
+    assert!(p.join("manifest.json").exists(), "test data missing at {} (testdata/ in the repository)", p.display());
+    p
+}
+
+/// Run `waste args` with `stdin`: (exit code, stdout, stderr).
+pub fn waste(args: &[&str], stdin: &str) -> (i32, String, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_waste"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let o = c.wait_with_output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
+}
+
+/// A running `waste serve` (killed on drop).
+pub struct Server {
+    pub child: Child,
+    /// `host:port` it listens on.
+    pub addr: String,
+    pub port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `waste serve MODEL --port 0 --ctx 4096 EXTRA…`, once it printed its address.
+pub fn start_with(model: &Path, extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_waste"))
+        .args(["serve", model.to_str().unwrap(), "--port", "0", "--ctx", "4096"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().rsplit("http://").next().unwrap().to_string();
+    let port = addr.rsplit(':').next().unwrap().parse().unwrap();
+    Server { child, addr, port }
+}
+
+/// [`start_with`] on the anchor.
+pub fn start(extra: &[&str]) -> Server {
+    start_with(&anchor(), extra)
+}
