@@ -7,10 +7,13 @@
 
 mod common;
 
-use common::{anchor, start};
+#[cfg(target_os = "linux")]
+use common::anchor;
+use common::start;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
+#[cfg(target_os = "linux")]
 use std::process::Command;
 use std::time::Duration;
 
