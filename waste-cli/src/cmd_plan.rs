@@ -110,7 +110,9 @@ pub struct BenchArgs {
 /// 256 MB. Run before the model is opened, so its buffers never add to the
 /// engine's peak memory.
 fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) -> Option<f64> {
-    let p = waste_model::plan(path, 1).ok()?;
+    // the record size only: the manifest, not the tokenizer `plan` would load
+    let ct = waste_model::format::Container::open(path).ok()?;
+    let p = waste_model::Plan::for_container(&ct, 1).ok()?;
     if p.record_bytes == 0 {
         return None;
     }

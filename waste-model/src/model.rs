@@ -54,19 +54,6 @@ pub struct ModelOptions {
     pub grammar: bool,
 }
 
-/// Give the heap's freed pages back to the OS. Loading the trunk frees
-/// large temporaries (stored bytes before conversion); glibc raises its
-/// mmap threshold after such frees, so later ones land in the heap and stay
-/// resident — 60–90 MB on the 48B shapes, outside every plan. Elsewhere a
-/// no-op.
-fn release_freed_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free memory of the allocator to the OS.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// Compute threads at most this many per core (more only adds switching).
 pub const MAX_THREADS_PER_CORE: usize = 4;
 /// Reader threads at most (each holds one read in flight).
@@ -209,7 +196,6 @@ impl Model {
             r.matrix("lm_head.weight")?
         };
         let embed = Embedding::new(&container)?;
-        release_freed_heap();
         let mut banks = Vec::with_capacity(container.config.layers);
         for b in &container.banks {
             banks.push(match b {
