@@ -3,8 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
-/// Physical RAM in bytes (0 if unknown).
+/// Physical RAM in bytes (0 if unknown): `hw.memsize` on macOS, else
+/// `sysconf` pages × page size.
 pub fn physical_ram() -> u64 {
+    #[cfg(target_os = "macos")]
+    if let Some(v) = sysctl_u64("hw.memsize") {
+        return v;
+    }
     #[cfg(unix)]
     {
         // SAFETY: sysconf has no preconditions.
@@ -99,9 +104,66 @@ pub fn usable_ram_with(p: &CgroupPaths) -> u64 {
     }
 }
 
-/// Usable RAM of this process.
+/// Usable RAM of this process: physical RAM or a smaller cgroup limit on
+/// Linux; on macOS (no cgroups) physical RAM, or what the system reports as
+/// available while it is under memory pressure ([`usable_ram_macos`]).
 pub fn usable_ram() -> u64 {
+    #[cfg(target_os = "macos")]
+    return usable_ram_macos(&MacMemory::probe());
+    #[cfg(not(target_os = "macos"))]
     usable_ram_with(&CgroupPaths::default())
+}
+
+/// What macOS reports about memory (the inputs of [`usable_ram_macos`],
+/// separate so the rule is tested with synthetic values on every OS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MacMemory {
+    /// `hw.memsize`: physical RAM in bytes.
+    pub memsize: u64,
+    /// `kern.memorystatus_vm_pressure_level`: 1 normal, 2 warning, 4 critical.
+    pub pressure_level: Option<u32>,
+    /// `kern.memorystatus_level`: the share of memory available now, percent.
+    pub available_percent: Option<u32>,
+}
+
+impl MacMemory {
+    /// Read the three sysctls (absent ones are `None`; `memsize` 0 if unknown).
+    #[cfg(target_os = "macos")]
+    pub fn probe() -> MacMemory {
+        MacMemory {
+            memsize: physical_ram(),
+            pressure_level: sysctl_u64("kern.memorystatus_vm_pressure_level").and_then(|v| u32::try_from(v).ok()),
+            available_percent: sysctl_u64("kern.memorystatus_level").and_then(|v| u32::try_from(v).ok()),
+        }
+    }
+}
+
+/// The macOS rule: with no memory pressure (level 1, or unknown) the whole
+/// physical RAM, as on Linux without a cgroup limit; under warning or
+/// critical pressure (level ≥ 2) only the share the system reports as
+/// available, so a default budget does not push the machine into swap and
+/// the kernel's memory-status killer. macOS has no per-process limit like a
+/// cgroup, so pressure is the only signal a budget can honour.
+pub fn usable_ram_macos(m: &MacMemory) -> u64 {
+    match (m.pressure_level, m.available_percent) {
+        (Some(level), Some(pct)) if level >= 2 => (u128::from(m.memsize) * u128::from(pct.min(100)) / 100) as u64,
+        _ => m.memsize,
+    }
+}
+
+/// An integer sysctl by name (4- or 8-byte values), `None` when absent.
+#[cfg(target_os = "macos")]
+fn sysctl_u64(name: &str) -> Option<u64> {
+    let cname = std::ffi::CString::new(name).ok()?;
+    let mut buf = [0u8; 8];
+    let mut len: libc::size_t = buf.len();
+    // SAFETY: buf is 8 writable bytes and len says so; no new value is set.
+    let rc = unsafe { libc::sysctlbyname(cname.as_ptr(), buf.as_mut_ptr().cast(), &mut len, std::ptr::null_mut(), 0) };
+    match (rc, len) {
+        (0, 8) => Some(u64::from_ne_bytes(buf)),
+        (0, 4) => Some(u64::from(u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]))),
+        _ => None,
+    }
 }
 
 /// The figures the budget rule needs.
@@ -232,6 +294,25 @@ mod tests {
         assert_eq!(cgroup_limit(&p), Some(1 << 30));
         put(&d.join("mem/docker/abc/memory.limit_in_bytes"), "9223372036854771712\n");
         assert_eq!(cgroup_limit(&p), None);
+    }
+
+    #[test]
+    fn macos_rule_uses_physical_ram_unless_under_pressure() {
+        const G: u64 = 1 << 30;
+        let m = |level, pct| MacMemory { memsize: 64 * G, pressure_level: level, available_percent: pct };
+        // normal pressure, or the sysctls missing: the whole machine
+        assert_eq!(usable_ram_macos(&m(Some(1), Some(12))), 64 * G);
+        assert_eq!(usable_ram_macos(&m(None, None)), 64 * G);
+        assert_eq!(usable_ram_macos(&m(Some(4), None)), 64 * G);
+        // warning / critical: what is available now
+        assert_eq!(usable_ram_macos(&m(Some(2), Some(25))), 16 * G);
+        assert_eq!(usable_ram_macos(&m(Some(4), Some(5))), 64 * G * 5 / 100);
+        // a nonsense percentage never grows the machine
+        assert_eq!(usable_ram_macos(&m(Some(2), Some(250))), 64 * G);
+        // and the budget rule then sizes within it
+        let f = Floor { fixed: 2 * G, min_cache: G, working_set: 2 * G };
+        assert_eq!(resolve(&f, 0, usable_ram_macos(&m(Some(1), None))).unwrap().budget, 9 * G);
+        assert_eq!(resolve(&f, 0, usable_ram_macos(&m(Some(2), Some(10)))).unwrap().budget, 5 * G);
     }
 
     #[test]

@@ -14,8 +14,8 @@ mod cache;
 mod sim;
 
 pub use budget::{
-    cgroup_limit, parse_size, physical_ram, resolve, usable_ram, usable_ram_with, BelowFloor, Budget, CgroupPaths,
-    Floor,
+    cgroup_limit, parse_size, physical_ram, resolve, usable_ram, usable_ram_macos, usable_ram_with, BelowFloor, Budget,
+    CgroupPaths, Floor, MacMemory,
 };
 pub use cache::{CacheError, CacheStats, Claim, ExpertCache, Key, Lookup, Policy, SlotState, VICTIM_SAMPLE};
 pub use sim::{parse_trace, simulate, SimResult, Trace};

@@ -51,6 +51,20 @@ impl DirectFile {
         &self.path
     }
 
+    /// Tell the OS that `len` bytes from `offset` will be read soon, so it
+    /// starts reading them in the background (`posix_fadvise(WILLNEED)` on
+    /// Linux, `F_RDADVISE` on macOS). Only buffered files: a direct file has
+    /// no page cache to fill. Advisory — a refusal changes nothing.
+    pub fn will_need(&self, offset: u64, len: u64) {
+        if self.direct || len == 0 {
+            return;
+        }
+        let end = offset.saturating_add(len).min(self.len);
+        if offset < end {
+            will_need(&self.file, offset, end - offset);
+        }
+    }
+
     /// Fill `buf` from `offset`. Direct files need a 4 KiB-aligned offset,
     /// buffer and length. A file that ends early is a [`Error::ShortRead`].
     ///
@@ -184,6 +198,36 @@ fn advise_random(f: &File) {
 #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
 fn advise_random(_f: &File) {}
 
+#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+fn will_need(f: &File, offset: u64, len: u64) {
+    use std::os::unix::io::AsRawFd;
+    let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else { return };
+    // SAFETY: advisory call on a descriptor we own.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), off, n, libc::POSIX_FADV_WILLNEED);
+    }
+}
+#[cfg(target_os = "macos")]
+fn will_need(f: &File, offset: u64, len: u64) {
+    use std::os::unix::io::AsRawFd;
+    // F_RDADVISE takes an int count: advise in pieces of at most 1 GiB
+    // (the range is bounded by the file's length, so the loop is too).
+    const PIECE: u64 = 1 << 30;
+    let mut at = offset;
+    while at < offset + len {
+        let n = (offset + len - at).min(PIECE);
+        let Ok(ra_offset) = libc::off_t::try_from(at) else { return };
+        let ra = libc::radvisory { ra_offset, ra_count: n as libc::c_int };
+        // SAFETY: fcntl on a descriptor we own with a valid radvisory.
+        unsafe {
+            libc::fcntl(f.as_raw_fd(), libc::F_RDADVISE, &ra);
+        }
+        at += n;
+    }
+}
+#[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd", target_os = "macos")))]
+fn will_need(_f: &File, _offset: u64, _len: u64) {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +252,11 @@ mod tests {
             let mut b = AlignedBuf::new(ALIGN, false);
             let e = f.read_exact_at(&mut b, 3 * ALIGN as u64).unwrap_err();
             assert!(matches!(e, Error::ShortRead { got: 100, .. }), "{e}");
+            // read-ahead advice is only advice: any range (past the end,
+            // overflowing, empty), on either kind of file, changes no byte
+            f.will_need(0, u64::MAX);
+            f.will_need(u64::MAX - 1, 10);
+            f.will_need(ALIGN as u64, 0);
             let v = f.read_vec_at(5, 3 * ALIGN + 90).unwrap();
             assert!(v.iter().enumerate().all(|(i, &x)| x == ((i + 5) * 7 + 3) as u8));
             assert!(f.read_vec_at(3 * ALIGN as u64, 101).is_err());

@@ -112,7 +112,10 @@ impl ReaderPool {
                 let s = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("waste-io-{i}"))
-                    .spawn(move || worker(&s))
+                    .spawn(move || {
+                        user_initiated_qos();
+                        worker(&s)
+                    })
                     .expect("spawn reader thread")
             })
             .collect();
@@ -233,6 +236,18 @@ impl Drop for ReaderPool {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+/// macOS: reader threads run at the quality-of-service class of work a
+/// user waits on (a demand read stalls a token), not the default class the
+/// scheduler may park on efficiency cores with throttled I/O. Elsewhere:
+/// nothing.
+fn user_initiated_qos() {
+    #[cfg(target_os = "macos")]
+    // SAFETY: sets the calling thread's own QoS class; no pointers involved.
+    unsafe {
+        libc::pthread_set_qos_class_self_np(libc::qos_class_t::QOS_CLASS_USER_INITIATED, 0);
     }
 }
 

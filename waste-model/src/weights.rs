@@ -16,9 +16,29 @@ pub struct TrunkReader<'c> {
 }
 
 impl<'c> TrunkReader<'c> {
-    /// Open trunk.bin.
+    /// Open trunk.bin and ask the OS to read the resident part ahead (the
+    /// whole file but the embedding table, which stays on disk and is read
+    /// a row per token), so the disk streams while tensors are converted.
+    ///
+    /// # Errors
+    /// When trunk.bin cannot be opened.
     pub fn new(c: &'c Container) -> Result<Self> {
         let file = DirectFile::open(&c.trunk_path(), false)?;
+        let mut skip: Vec<(u64, u64)> = vec![];
+        if let Ok(e) = c.tensor("model.embed_tokens.weight") {
+            skip.push((e.off, e.off.saturating_add(e.payload_len)));
+            if e.scale_len > 0 {
+                skip.push((e.scale_off, e.scale_off.saturating_add(e.scale_len)));
+            }
+        }
+        skip.sort_unstable();
+        let mut at = 0;
+        for (a, b) in skip.into_iter().chain([(file.len(), file.len())]) {
+            if a > at {
+                file.will_need(at, a - at);
+            }
+            at = at.max(b);
+        }
         Ok(TrunkReader { c, file, loaded: 0 })
     }
 

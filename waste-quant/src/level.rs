@@ -14,20 +14,25 @@ pub enum Level {
     /// matvec; every other kernel is the AVX2 one (all levels are
     /// bit-identical, so mixing them is exact).
     Avx512,
+    /// AArch64 Advanced SIMD (baseline on every aarch64 CPU; no optional
+    /// extension is used — see `aarch64/neon.rs` for why).
+    Neon,
 }
 
 impl Level {
     /// Every level this crate knows, lowest first (whether or not the CPU has it).
-    pub const ALL: [Level; 3] = [Level::Scalar, Level::Avx2, Level::Avx512];
+    pub const ALL: [Level; 4] = [Level::Scalar, Level::Avx2, Level::Avx512, Level::Neon];
 
     /// Whether the test suite requires this level on this architecture: a
     /// machine that lacks it cannot vouch for the kernels CI ships (scalar
-    /// always; AVX2 on x86_64). Optional levels are reported as skipped.
+    /// always; AVX2 on x86_64; NEON on aarch64). Optional levels are reported
+    /// as skipped.
     pub fn required(self) -> bool {
         match self {
             Level::Scalar => true,
             Level::Avx2 => cfg!(target_arch = "x86_64"),
             Level::Avx512 => false,
+            Level::Neon => cfg!(target_arch = "aarch64"),
         }
     }
 
@@ -37,6 +42,7 @@ impl Level {
             Level::Scalar => "scalar",
             Level::Avx2 => "avx2",
             Level::Avx512 => "avx512",
+            Level::Neon => "neon",
         }
     }
     /// Whether this CPU can run the level.
@@ -56,12 +62,21 @@ impl Level {
             }
             #[cfg(not(target_arch = "x86_64"))]
             Level::Avx2 | Level::Avx512 => false,
+            #[cfg(target_arch = "aarch64")]
+            Level::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[cfg(not(target_arch = "aarch64"))]
+            Level::Neon => false,
         }
     }
     /// Whether this level runs the AVX2 kernels (AVX2 itself, and AVX-512 for
     /// the kernels it has no own version of) and the CPU has them.
     pub fn avx2_kernels(self) -> bool {
         matches!(self, Level::Avx2 | Level::Avx512) && Level::Avx2.supported()
+    }
+
+    /// Whether this level runs the NEON kernels and the CPU has them.
+    pub fn neon_kernels(self) -> bool {
+        self == Level::Neon && Level::Neon.supported()
     }
 
     /// Every level this CPU can run, lowest first.
@@ -74,6 +89,7 @@ impl Level {
             "scalar" => Some(Level::Scalar),
             "avx2" => Some(Level::Avx2),
             "avx512" => Some(Level::Avx512),
+            "neon" => Some(Level::Neon),
             _ => None,
         }
     }

@@ -4,7 +4,7 @@
 //! scalar reference decoders, matrix-vector products for the trunk formats
 //! (F32, F16, BF16, Q8G, Q4G) and lookup-table products for the VQ expert
 //! formats (VQ3R, VQ2R, VQ4P), with runtime SIMD dispatch through
-//! `core::arch` (`WASTE_SIMD=scalar|avx2|avx512` forces a level); the
+//! `core::arch` (`WASTE_SIMD=scalar|avx2|avx512|neon` forces a level); the
 //! group quantizer and the residual-VQ encoder for the converter; the
 //! project's one seeded generator ([`SplitMix64`]).
 //!
@@ -25,6 +25,8 @@
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 mod group;
 mod level;
 mod matrix;

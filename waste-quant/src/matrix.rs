@@ -158,6 +158,12 @@ impl<'a> MatRef<'a> {
             unsafe { crate::x86_64::avx2::matvec_rows(self, x, row0, y) };
             return;
         }
+        #[cfg(target_arch = "aarch64")]
+        if level.neon_kernels() {
+            // SAFETY: NEON verified just above; sizes checked by MatRef::new and the asserts.
+            unsafe { crate::aarch64::neon::matvec_rows(self, x, row0, y) };
+            return;
+        }
         let _ = level;
         for (i, yo) in y.iter_mut().enumerate() {
             *yo = self.row_dot_scalar(row0 + i, x);
@@ -192,6 +198,12 @@ impl<'a> MatRef<'a> {
         if level.avx2_kernels() {
             // SAFETY: AVX2/FMA/F16C verified just above; sizes asserted; ys per the contract.
             unsafe { crate::x86_64::avx2::matmat_rows(self, xs, nt, row0, n, ys, ys_stride) };
+            return;
+        }
+        #[cfg(target_arch = "aarch64")]
+        if level.neon_kernels() {
+            // SAFETY: NEON verified just above; sizes asserted; ys per the contract.
+            unsafe { crate::aarch64::neon::matmat_rows(self, xs, nt, row0, n, ys, ys_stride) };
             return;
         }
         let _ = level; // the scalar definition serves every other level

@@ -85,14 +85,19 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 /// When the slices' lengths differ.
 pub fn axpy_at(level: crate::Level, a: f32, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len());
+    #[allow(unused_mut)]
+    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if level.avx2_kernels() {
         // SAFETY: AVX2/FMA verified; equal lengths asserted.
-        unsafe { crate::x86_64::avx2::axpy(a, x, y) };
-        return;
+        done = unsafe { crate::x86_64::avx2::axpy(a, x, y) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if level.neon_kernels() {
+        done = crate::aarch64::neon::axpy(a, x, y);
     }
     let _ = level;
-    axpy(a, x, y);
+    axpy(a, &x[done..], &mut y[done..]);
 }
 
 /// `row[j] *= e; u[j] = fma(k, row[j], u[j])` — the decay-and-project step
@@ -102,14 +107,19 @@ pub fn axpy_at(level: crate::Level, a: f32, x: &[f32], y: &mut [f32]) {
 /// When the slices' lengths differ.
 pub fn decay_project(level: crate::Level, e: f32, k: f32, row: &mut [f32], u: &mut [f32]) {
     assert_eq!(row.len(), u.len());
+    #[allow(unused_mut)]
+    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if level.avx2_kernels() {
         // SAFETY: AVX2/FMA verified; equal lengths asserted.
-        unsafe { crate::x86_64::avx2::decay_project(e, k, row, u) };
-        return;
+        done = unsafe { crate::x86_64::avx2::decay_project(e, k, row, u) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if level.neon_kernels() {
+        done = crate::aarch64::neon::decay_project(e, k, row, u);
     }
     let _ = level;
-    for (sv, uj) in row.iter_mut().zip(u.iter_mut()) {
+    for (sv, uj) in row[done..].iter_mut().zip(u[done..].iter_mut()) {
         *sv *= e;
         *uj = k.mul_add(*sv, *uj);
     }
@@ -122,14 +132,19 @@ pub fn decay_project(level: crate::Level, e: f32, k: f32, row: &mut [f32], u: &m
 /// When the slices' lengths differ.
 pub fn update_read(level: crate::Level, k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f32]) {
     assert!(d.len() == row.len() && row.len() == o.len());
+    #[allow(unused_mut)]
+    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if level.avx2_kernels() {
         // SAFETY: AVX2/FMA verified; equal lengths asserted.
-        unsafe { crate::x86_64::avx2::update_read(k, d, row, q, o) };
-        return;
+        done = unsafe { crate::x86_64::avx2::update_read(k, d, row, q, o) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if level.neon_kernels() {
+        done = crate::aarch64::neon::update_read(k, d, row, q, o);
     }
     let _ = level;
-    for ((sv, &dj), oj) in row.iter_mut().zip(d).zip(o.iter_mut()) {
+    for ((sv, &dj), oj) in row[done..].iter_mut().zip(&d[done..]).zip(o[done..].iter_mut()) {
         *sv = k.mul_add(dj, *sv);
         *oj = q.mul_add(*sv, *oj);
     }

@@ -64,7 +64,10 @@ impl Pool {
                 let inner = inner.clone();
                 std::thread::Builder::new()
                     .name(format!("waste-compute-{i}"))
-                    .spawn(move || worker(&inner))
+                    .spawn(move || {
+                        user_initiated_qos();
+                        worker(&inner)
+                    })
                     .expect("spawn compute thread")
             })
             .collect();
@@ -254,6 +257,17 @@ impl Drop for Pool {
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
+    }
+}
+
+/// macOS: ask for the quality-of-service class of work a user is waiting
+/// on, so compute threads are placed on performance cores (threads without
+/// a class may land on efficiency cores). Other systems: nothing.
+fn user_initiated_qos() {
+    #[cfg(target_os = "macos")]
+    // SAFETY: sets the calling thread's own QoS class; no pointers involved.
+    unsafe {
+        libc::pthread_set_qos_class_self_np(libc::qos_class_t::QOS_CLASS_USER_INITIATED, 0);
     }
 }
 

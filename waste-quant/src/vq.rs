@@ -116,15 +116,19 @@ pub fn build_table(level: Level, books: &[&VqBook], lay: &VqLayout, x: &[f32], t
         for v in 0..lay.nvec {
             let t = &mut table[(v * lay.stages + s) * te..][..te];
             let xv = &x[v * dim..(v + 1) * dim];
+            #[allow(unused_mut)]
+            let mut done = 0;
             #[cfg(target_arch = "x86_64")]
             if level.avx2_kernels() {
                 // SAFETY: features checked; slices sized above.
-                unsafe { crate::x86_64::avx2::table_entries(b, xv, t) };
-                t[b.entries..].fill(f32::NAN);
-                continue;
+                done = unsafe { crate::x86_64::avx2::table_entries(b, xv, t) };
+            }
+            #[cfg(target_arch = "aarch64")]
+            if level.neon_kernels() {
+                done = crate::aarch64::neon::table_entries(b, xv, t);
             }
             let _ = level;
-            for e in 0..b.entries {
+            for e in done..b.entries {
                 let c = &b.cb[e * dim..(e + 1) * dim];
                 let mut acc = xv[0] * c[0];
                 for d in 1..dim {
@@ -145,7 +149,7 @@ pub fn build_table(level: Level, books: &[&VqBook], lay: &VqLayout, x: &[f32], t
 pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], table: &[f32], r0: usize, y: &mut [f32]) {
     assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2 && table.len() >= lay.table_len());
     assert!(r0 + y.len() <= lay.rows);
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(unused_mut))]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512
@@ -176,6 +180,16 @@ pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], tabl
             *yo *= f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
         }
         done += n8;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if level.neon_kernels() && lay.block > 0 && lay.block.is_multiple_of(4) && r0.is_multiple_of(4) {
+        let n4 = y.len() / 4 * 4;
+        crate::aarch64::neon::vq_rows4(lay, idx, table, r0, &mut y[..n4]);
+        for (i, yo) in y[..n4].iter_mut().enumerate() {
+            let r = r0 + i;
+            *yo *= f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
+        }
+        done = n4;
     }
     let _ = level;
     let te = lay.table_entries();

@@ -307,7 +307,8 @@ fn works(cmd: &mut Command) -> bool {
 
 /// The aarch64 checks: the whole workspace type-checks for macOS and Linux
 /// on ARM without a warning, and the format/quant/attn/moe/model suites run
-/// under `qemu-aarch64 -cpu max` (correctness only; timings under emulation
+/// under `qemu-aarch64 -cpu max`, the kernel suites and the anchor once more
+/// on a plain `-cpu cortex-a53` (correctness only; timings under emulation
 /// mean nothing). What this machine cannot provide (rustup targets, the
 /// cross linker, qemu) is installed when possible, else listed as skipped.
 fn cross(root: &Path, cargo: &str, skips: &mut Vec<String>) -> Result<()> {
@@ -346,23 +347,29 @@ fn cross(root: &Path, cargo: &str, skips: &mut Vec<String>) -> Result<()> {
             .push("aarch64 tests under qemu: qemu-aarch64 or aarch64-linux-gnu-gcc missing and not installable".into());
         return Ok(());
     }
-    run(Command::new(cargo)
-        .current_dir(root)
-        .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", "aarch64-linux-gnu-gcc")
-        .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER", "qemu-aarch64 -cpu max -L /usr/aarch64-linux-gnu")
-        .args(["test", "--quiet", "--release", "--target", "aarch64-unknown-linux-gnu"])
-        .args([
-            "-p",
-            "waste-format",
-            "-p",
-            "waste-quant",
-            "-p",
-            "waste-attn",
-            "-p",
-            "waste-moe",
-            "-p",
-            "waste-model",
-        ]))?;
+    let qemu_test = |cpu: &str, args: &[&str]| {
+        eprintln!("xtask: aarch64 tests under qemu-aarch64 -cpu {cpu}: {}", args.join(" "));
+        run(Command::new(cargo)
+            .current_dir(root)
+            .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", "aarch64-linux-gnu-gcc")
+            .env(
+                "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER",
+                format!("qemu-aarch64 -cpu {cpu} -L /usr/aarch64-linux-gnu"),
+            )
+            .args(["test", "--quiet", "--release", "--target", "aarch64-unknown-linux-gnu"])
+            .args(args))
+    };
+    // every optional feature present (the NEON level and the scalar one are
+    // both forced by the suites, which walk every available level) …
+    qemu_test(
+        "max",
+        &["-p", "waste-format", "-p", "waste-quant", "-p", "waste-attn", "-p", "waste-moe", "-p", "waste-model"],
+    )?;
+    // … and a plain ARMv8.0 core (no dotprod/fp16/i8mm): the kernels use
+    // only the base ISA, which this proves; the anchor logits must still
+    // equal the x86_64 fixture bit for bit.
+    qemu_test("cortex-a53", &["-p", "waste-quant", "-p", "waste-attn"])?;
+    qemu_test("cortex-a53", &["-p", "waste-model", "--test", "anchor"])?;
     Ok(())
 }
 

@@ -226,12 +226,14 @@ unsafe fn row_dot_multi(m: &MatRef<'_>, r: usize, xs: &[f32], out: &mut [f32; MU
     }
 }
 
-/// Table entries for one (v, s): `t[e] = x0·c0 (+ fma over d)`, 8 entries a lane.
+/// Table entries for one (v, s): `t[e] = x0·c0 (+ fma over d)`, 8 entries a
+/// lane, for the whole vectors of entries; returns how many entries it
+/// wrote (the caller computes the rest with the scalar definition).
 ///
 /// # Safety
 /// AVX2+FMA; `x.len() == b.dim`, `t.len() >= b.entries`.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) {
+pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) -> usize {
     let e8 = b.entries / 8 * 8;
     let mut e = 0;
     while e < e8 {
@@ -246,13 +248,7 @@ pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) {
         }
         e += 8;
     }
-    for e in e8..b.entries {
-        let mut acc = x[0] * b.cbt[e];
-        for d in 1..b.dim {
-            acc = x[d].mul_add(b.cbt[d * b.entries + e], acc);
-        }
-        t[e] = acc;
-    }
+    e8
 }
 
 /// Unscaled VQ row sums for rows `r0..r0+y.len()` (a multiple of 8, `r0 % 8
@@ -367,12 +363,13 @@ pub unsafe fn vq_rows8(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: 
 /// 4 bytes = 24 KiB of table, inside a 32 KiB L1.
 pub const VQ_TILE: usize = 8;
 
-/// `y[j] = fma(a, x[j], y[j])`.
+/// `y[j] = fma(a, x[j], y[j])` for the whole vectors at the start; returns how
+/// many elements it did (the caller finishes the rest with the scalar loop).
 ///
 /// # Safety
 /// AVX2+FMA; `x.len() == y.len()`.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) -> usize {
     let n8 = y.len() / 8 * 8;
     let av = _mm256_set1_ps(a);
     let mut j = 0;
@@ -384,17 +381,16 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
         }
         j += 8;
     }
-    for j in n8..y.len() {
-        y[j] = a.mul_add(x[j], y[j]);
-    }
+    n8
 }
 
-/// `row[j] *= e; u[j] = fma(k, row[j], u[j])`.
+/// `row[j] *= e; u[j] = fma(k, row[j], u[j])` for the whole vectors at the start; returns how
+/// many elements it did (the caller finishes the rest with the scalar loop).
 ///
 /// # Safety
 /// AVX2+FMA; `row.len() == u.len()`.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn decay_project(e: f32, k: f32, row: &mut [f32], u: &mut [f32]) {
+pub unsafe fn decay_project(e: f32, k: f32, row: &mut [f32], u: &mut [f32]) -> usize {
     let n8 = row.len() / 8 * 8;
     let (ev, kv) = (_mm256_set1_ps(e), _mm256_set1_ps(k));
     let mut j = 0;
@@ -407,18 +403,16 @@ pub unsafe fn decay_project(e: f32, k: f32, row: &mut [f32], u: &mut [f32]) {
         }
         j += 8;
     }
-    for j in n8..row.len() {
-        row[j] *= e;
-        u[j] = k.mul_add(row[j], u[j]);
-    }
+    n8
 }
 
-/// `row[j] = fma(k, d[j], row[j]); o[j] = fma(q, row[j], o[j])`.
+/// `row[j] = fma(k, d[j], row[j]); o[j] = fma(q, row[j], o[j])` for the whole vectors at the start; returns how
+/// many elements it did (the caller finishes the rest with the scalar loop).
 ///
 /// # Safety
 /// AVX2+FMA; equal lengths.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn update_read(k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f32]) {
+pub unsafe fn update_read(k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f32]) -> usize {
     let n8 = row.len() / 8 * 8;
     let (kv, qv) = (_mm256_set1_ps(k), _mm256_set1_ps(q));
     let mut j = 0;
@@ -431,8 +425,5 @@ pub unsafe fn update_read(k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f
         }
         j += 8;
     }
-    for j in n8..row.len() {
-        row[j] = k.mul_add(d[j], row[j]);
-        o[j] = q.mul_add(row[j], o[j]);
-    }
+    n8
 }

@@ -1,0 +1,2 @@
+//! aarch64 SIMD kernels (one module per ISA, same functions as `scalar`).
+pub mod neon;
