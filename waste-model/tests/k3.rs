@@ -118,10 +118,10 @@ fn check_model(name: &str, bound: f32) {
 
 #[test]
 fn tiny_k3_block_size_not_dividing_layers_matches_the_oracle() {
-    check_model("tiny-k3", 1.9e-5); // measured worst 9.46e-6
+    check_model("tiny-k3", 5.4e-5); // measured worst 2.66e-5 (position 22; 9.46e-6 with glibc tanhf, see ops::tanh)
 }
 
 #[test]
 fn tiny_k3_block_size_dividing_layers_matches_the_oracle() {
-    check_model("tiny-k3-4", 1.4e-5); // measured worst 7.18e-6
+    check_model("tiny-k3-4", 2.8e-5); // measured worst 1.39e-5 (position 23; 7.18e-6 with glibc tanhf)
 }

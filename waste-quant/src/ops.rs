@@ -51,9 +51,51 @@ pub fn softplus(x: f32) -> f32 {
 /// SiTU-GLU: `β·tanh(g/β)·σ(g) · β'·tanh(u/β')` (β' ≤ 0: `u` raw).
 #[inline]
 pub fn situ(g: f32, u: f32, beta: f32, linear_beta: f32) -> f32 {
-    let a = beta * (g / beta).tanh() * sigmoid(g);
-    let b = if linear_beta > 0.0 { linear_beta * (u / linear_beta).tanh() } else { u };
+    let a = beta * tanh(g / beta) * sigmoid(g);
+    let b = if linear_beta > 0.0 { linear_beta * tanh(u / linear_beta) } else { u };
     a * b
+}
+
+/// Hyperbolic tangent, the same bits on every machine. The C library's
+/// `tanhf` is not: glibc's x86_64 and aarch64 versions disagree on many
+/// inputs (as do `expm1f` and `log1pf`; `expf`, `logf`, `sinf`, `cosf`,
+/// `powf` and `sqrtf` agree — checked over 47 million inputs each,
+/// docs/LEARNED.md), which made K3's logits depend on the architecture.
+/// Computed in f64 with only +, −, ×, ÷ (Rust never fuses them): `(1 −
+/// e)/(1 + e)` with `e = exp(−2|x|)` from [`exp_f64`]; the f64 error
+/// (~1e-15 relative, even where `1 − e` cancels: |x| ≥ 2⁻¹² there) is far
+/// below f32's half ulp, so the result is the correctly rounded tanh except
+/// within ~1e-15 of a rounding boundary.
+pub fn tanh(x: f32) -> f32 {
+    let a = (x as f64).abs();
+    if a.is_nan() {
+        return x;
+    }
+    if a < 1.0 / 4096.0 {
+        // tanh x = x − x³/3 + …: x³/3 < 2⁻²⁵·x, under half an ulp of x
+        return x;
+    }
+    if a > 20.0 {
+        return 1f32.copysign(x); // 1 − tanh < 1e-17
+    }
+    let e = exp_f64(-2.0 * a);
+    (((1.0 - e) / (1.0 + e)) as f32).copysign(x)
+}
+
+/// `e^y` for `-41 ≤ y ≤ 0` in f64 from basic arithmetic only (so the same
+/// bits on every machine): `y = k·ln 2 + r`, |r| ≤ ln2/2, a degree-14
+/// Taylor polynomial for `e^r` (truncation < 1e-17), scaled by `2^k`.
+fn exp_f64(y: f64) -> f64 {
+    const LN2_HI: f64 = 0.693_147_180_369_123_816_49; // ln 2 with the low 32 bits of the significand clear
+    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10; // ln 2 − LN2_HI
+    debug_assert!((-41.0..=0.0).contains(&y));
+    let k = (y * std::f64::consts::LOG2_E).round();
+    let r = (y - k * LN2_HI) - k * LN2_LO;
+    let mut p = 1.0;
+    for n in (1..=14).rev() {
+        p = 1.0 + p * r / n as f64;
+    }
+    p * f64::from_bits(((k as i64 + 1023) as u64) << 52)
 }
 
 /// In-place softmax.
@@ -175,6 +217,28 @@ mod tests {
         let mut y = d.clone();
         axpy(0.37, &x, &mut y);
         assert_eq!(want.unwrap().0, bits(&y));
+    }
+
+    #[test]
+    fn tanh_is_accurate_and_odd() {
+        // against f64's tanh: within one f32 ulp everywhere (the f64 value
+        // rounded to f32 is the reference; we allow the ulp for the rare
+        // boundary case), exact sign symmetry, saturation, NaN
+        let mut x = 1e-6f32;
+        let mut worst = 0u32;
+        while x < 30.0 {
+            let want = (x as f64).tanh() as f32;
+            let got = tanh(x);
+            worst = worst.max(got.to_bits().abs_diff(want.to_bits()));
+            assert_eq!(tanh(-x).to_bits(), (-got).to_bits());
+            x *= 1.000_37;
+        }
+        assert!(worst <= 1, "{worst} ulps");
+        assert_eq!(tanh(0.0), 0.0);
+        assert_eq!(tanh(100.0), 1.0);
+        assert_eq!(tanh(-100.0), -1.0);
+        assert!(tanh(f32::NAN).is_nan());
+        assert_eq!(tanh(f32::INFINITY), 1.0);
     }
 
     #[test]
