@@ -86,8 +86,10 @@ pub fn tanh(x: f32) -> f32 {
 /// bits on every machine): `y = k·ln 2 + r`, |r| ≤ ln2/2, a degree-14
 /// Taylor polynomial for `e^r` (truncation < 1e-17), scaled by `2^k`.
 fn exp_f64(y: f64) -> f64 {
-    const LN2_HI: f64 = 0.693_147_180_369_123_816_49; // ln 2 with the low 32 bits of the significand clear
-    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10; // ln 2 − LN2_HI
+    // fdlibm's split of ln 2: the high part has the low 32 significand bits clear,
+    // so k·LN2_HI is exact for |k| < 2^20
+    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
     debug_assert!((-41.0..=0.0).contains(&y));
     let k = (y * std::f64::consts::LOG2_E).round();
     let r = (y - k * LN2_HI) - k * LN2_LO;
