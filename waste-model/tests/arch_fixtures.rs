@@ -10,7 +10,7 @@
 //! rewrite it only when the canonical definition changes on purpose (the
 //! oracle tests bound the values independently).
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use waste_model::{Model, ModelOptions};
 
@@ -60,6 +60,7 @@ fn oracle_fixture_logits_are_bit_identical_across_architectures() {
         .collect();
     #[cfg(target_arch = "x86_64")]
     if std::env::var("WASTE_WRITE_ARCH_FIXTURE").is_ok_and(|v| v == "1") {
+        use serde_json::json;
         let map: serde_json::Map<String, Value> =
             got.iter().map(|(n, d, l)| (n.to_string(), json!({"digests": d, "last_bits": l}))).collect();
         std::fs::write(&path, serde_json::to_vec(&json!({"arch": "x86_64", "containers": map})).unwrap()).unwrap();
