@@ -1,5 +1,6 @@
 //! The expert cache: a fixed arena of record-sized slots.
 
+use crate::eta::Eta;
 use std::collections::HashMap;
 use waste_io::{AlignedBuf, Ticket};
 
@@ -9,7 +10,10 @@ pub type Key = (u32, u32);
 /// Eviction policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
-    /// Least frequently used, recency tie-break (default).
+    /// Evict the expert expected to be needed last: a decayed per-expert
+    /// rate and the expert's place in the layer cycle (`eta.rs`; default).
+    Eta,
+    /// Least frequently used, recency tie-break.
     Lfru,
     /// Least recently used.
     Lru,
@@ -18,9 +22,10 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// Parse `lfru | lru | belady`.
+    /// Parse `eta | lfru | lru | belady`.
     pub fn parse(s: &str) -> Option<Policy> {
         match s {
+            "eta" => Some(Policy::Eta),
             "lfru" => Some(Policy::Lfru),
             "lru" => Some(Policy::Lru),
             "belady" => Some(Policy::Belady),
@@ -30,6 +35,7 @@ impl Policy {
     /// Name.
     pub fn name(self) -> &'static str {
         match self {
+            Policy::Eta => "eta",
             Policy::Lfru => "lfru",
             Policy::Lru => "lru",
             Policy::Belady => "belady",
@@ -170,6 +176,10 @@ pub struct ExpertCache {
     clock: u64,
     rng: waste_quant::SplitMix64,
     policy: Policy,
+    /// The `eta` policy's estimator (set by [`ExpertCache::set_layers`]).
+    eta: Option<Eta>,
+    /// Layer of the key being placed (the `eta` policy's "now").
+    placing: u32,
     /// Counters.
     pub stats: CacheStats,
 }
@@ -203,7 +213,16 @@ impl ExpertCache {
             clock: 0,
             rng: waste_quant::SplitMix64::new(0x9E37_79B9_7F4A_7C15),
             policy,
+            eta: (policy == Policy::Eta).then(|| Eta::new(&[0], 1)),
+            placing: 0,
             stats: CacheStats::default(),
+        }
+    }
+    /// The MoE layers in the order a token visits them and the experts each
+    /// uses per token (the `eta` policy's cycle; other policies ignore it).
+    pub fn set_layers(&mut self, layers: &[u32], top_k: usize) {
+        if self.policy == Policy::Eta {
+            self.eta = Some(Eta::new(layers, top_k));
         }
     }
     /// Number of slots.
@@ -252,6 +271,9 @@ impl ExpertCache {
             s.freq = *h;
         }
         s.last = self.clock;
+        if let (Some(e), Some(k)) = (self.eta.as_mut(), s.key) {
+            e.used(k);
+        }
         if s.spec {
             s.spec = false;
             self.stats.prefetch_used += 1;
@@ -309,13 +331,31 @@ impl ExpertCache {
             Policy::Lru => x.last < y.last,
             Policy::Lfru => (x.freq, x.last) < (y.freq, y.last),
             Policy::Belady => x.next_use > y.next_use,
+            Policy::Eta => match (&self.eta, x.key, y.key) {
+                (Some(e), Some(kx), Some(ky)) => e.distance(kx, self.placing) > e.distance(ky, self.placing),
+                _ => x.last < y.last,
+            },
         }
     }
 
     fn victim(&mut self) -> Option<usize> {
         let n = self.slots.len();
         let mut best: Option<usize> = None;
-        if self.policy != Policy::Belady && n > VICTIM_SAMPLE {
+        if let (Policy::Eta, Some(e)) = (self.policy, &self.eta) {
+            // every candidate once: an unused speculative slot first, then
+            // the farthest expected next use
+            let mut far = (false, f64::NEG_INFINITY);
+            for (i, s) in self.slots.iter().enumerate() {
+                if let (true, Some(k)) = (Self::evictable(s), s.key) {
+                    let d = (s.spec, e.distance(k, self.placing));
+                    if best.is_none() || d > far {
+                        (best, far) = (Some(i), d);
+                    }
+                }
+            }
+            return best;
+        }
+        if !matches!(self.policy, Policy::Belady | Policy::Eta) && n > VICTIM_SAMPLE {
             for _ in 0..VICTIM_SAMPLE {
                 let i = (self.next_rand() % n as u64) as usize;
                 if Self::evictable(&self.slots[i]) && best.is_none_or(|b| self.better(i, b)) {
@@ -341,6 +381,7 @@ impl ExpertCache {
     /// [`CacheError::AllPinned`] when every slot is pinned, in flight or held by the prefetch window.
     pub fn reserve(&mut self, key: Key, speculative: bool) -> Result<usize, CacheError> {
         debug_assert!(!self.map.contains_key(&key));
+        self.placing = key.0;
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
@@ -483,9 +524,13 @@ impl ExpertCache {
     pub fn history(&self) -> Vec<(Key, u32)> {
         self.history.iter().map(|(k, v)| (*k, *v)).collect()
     }
-    /// Seed a key's use count (from a usage hotlist).
-    pub fn seed_history(&mut self, key: Key, count: u32) {
+    /// Seed a key's use count (from a usage hotlist whose largest count is
+    /// `max_count`).
+    pub fn seed_history(&mut self, key: Key, count: u32, max_count: u32) {
         self.history.insert(key, count);
+        if let Some(e) = self.eta.as_mut() {
+            e.seed(key, count, max_count);
+        }
         if let Some(&s) = self.map.get(&key) {
             self.slots[s].freq = count;
         }
@@ -544,6 +589,28 @@ mod tests {
     }
 
     use super::*;
+
+    /// The layer cycle: three MoE layers, two slots. After layers 0 and 1
+    /// of a token, layer 2's expert needs a slot: LRU evicts layer 0's (the
+    /// oldest — and the first needed by the next token), `eta` evicts layer
+    /// 1's (equally likely to return, but a whole token later).
+    #[test]
+    fn eta_keeps_the_expert_needed_next_where_lru_evicts_it() {
+        for (pol, gone) in [(Policy::Lru, (0, 0)), (Policy::Eta, (1, 0))] {
+            let mut c = ExpertCache::new(2, 0, pol, false);
+            c.set_layers(&[0, 1, 2], 1);
+            for key in [(0, 0), (1, 0)] {
+                let s = c.reserve(key, false).unwrap();
+                c.touch(s);
+                c.mark_ready(s);
+                c.unpin(s).unwrap();
+            }
+            let s = c.reserve((2, 0), false).unwrap();
+            c.touch(s);
+            assert_eq!(c.lookup(gone), Lookup::Miss, "{pol:?}");
+            assert_eq!(c.stats.evictions, 1);
+        }
+    }
 
     #[test]
     fn evicts_by_policy_and_never_pinned() {

@@ -11,6 +11,7 @@
 
 mod budget;
 mod cache;
+pub mod eta;
 mod sim;
 
 pub use budget::{

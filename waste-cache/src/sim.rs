@@ -67,6 +67,9 @@ impl SimResult {
 /// [`CacheError::AllPinned`] when `slots` cannot hold one layer-step's experts.
 pub fn simulate(trace: &Trace, slots: usize, policy: Policy) -> Result<SimResult, CacheError> {
     let mut c = ExpertCache::new(slots, 0, policy, false);
+    let layers = trace.iter().map(|t| t.len()).max().unwrap_or(0);
+    let top_k = trace.iter().flatten().map(|ids| ids.len()).max().unwrap_or(1);
+    c.set_layers(&(0..layers as u32).collect::<Vec<_>>(), top_k);
     // flatten accesses; next use of each access for Belady
     let mut flat: Vec<(u32, u32)> = Vec::new();
     for tok in trace {

@@ -18,8 +18,8 @@ pub struct CachesimArgs {
     /// Cache slots.
     #[arg(long)]
     slots: usize,
-    /// lfru, lru or belady.
-    #[arg(long, default_value = "lfru")]
+    /// eta (the engine's default), lfru, lru or belady (the offline optimum).
+    #[arg(long, default_value = "eta")]
     policy: String,
     /// Machine-readable output.
     #[arg(long)]
@@ -27,8 +27,8 @@ pub struct CachesimArgs {
 }
 
 pub fn cachesim(a: CachesimArgs) -> Result<ExitCode> {
-    let policy =
-        Policy::parse(&a.policy).with_context(|| format!("--policy {:?}: expected lfru, lru or belady", a.policy))?;
+    let policy = Policy::parse(&a.policy)
+        .with_context(|| format!("--policy {:?}: expected eta, lfru, lru or belady", a.policy))?;
     if a.slots == 0 {
         bail!("--slots must be at least 1");
     }

@@ -23,8 +23,8 @@ pub struct EngineArgs {
     /// Reader threads for expert I/O (0 = 4).
     #[arg(long, default_value_t = 0)]
     pub io_threads: usize,
-    /// Expert cache policy: lfru or lru.
-    #[arg(long, default_value = "lfru")]
+    /// Expert cache policy: eta (expected next use; default), lfru or lru.
+    #[arg(long, default_value = "eta")]
     pub cache: String,
     /// Experts of the next layer to prefetch from a router lookahead (0 = off).
     #[arg(long, default_value_t = 0)]
@@ -68,9 +68,10 @@ impl EngineArgs {
     /// the budget when `grammar` (servers, `--json-schema`).
     pub fn open_for(&self, model: &PathBuf, grammar: bool) -> Result<Model> {
         let policy = match self.cache.as_str() {
+            "eta" => waste_model::Policy::Eta,
             "lfru" => waste_model::Policy::Lfru,
             "lru" => waste_model::Policy::Lru,
-            o => bail!("--cache {o:?}: expected lfru or lru"),
+            o => bail!("--cache {o:?}: expected eta, lfru or lru"),
         };
         let opts = ModelOptions {
             budget: self.budget,

@@ -69,7 +69,7 @@ impl Default for ModelOptions {
             direct_io: true,
             verify_records: std::env::var_os("WASTE_VERIFY").is_some_and(|v| v == "1"),
             simd: None,
-            policy: Policy::Lfru,
+            policy: Policy::Eta,
             readahead: true,
             lookahead: 0,
             huge_pages: true,
@@ -207,7 +207,9 @@ impl Model {
             container.experts.as_ref().map(|(_, lay)| ExpertKernel { lay: *lay, act: container.config.activation });
         let rec = plan.record_bytes as usize;
         let slots = plan.cache_slots(resolved.cache_bytes, opts.huge_pages);
-        let cache = ExpertCache::new(slots, rec, opts.policy, opts.huge_pages);
+        let mut cache = ExpertCache::new(slots, rec, opts.policy, opts.huge_pages);
+        let cfg = &container.config;
+        cache.set_layers(&(0..cfg.layers).filter(|&l| cfg.is_moe(l)).map(|l| l as u32).collect::<Vec<_>>(), cfg.top_k);
         let io_threads = if opts.io_threads == 0 { 4 } else { opts.io_threads };
         let dir = container.dir.clone();
         let template = match &tokenizer {
@@ -266,6 +268,7 @@ impl Model {
         let cfg = &self.container.config;
         let mut entries = u.filtered(|l, e| l < cfg.layers && cfg.is_moe(l) && e < cfg.experts);
         entries.sort_by(|a, b| b.hits.cmp(&a.hits).then((a.layer, a.expert).cmp(&(b.layer, b.expert))));
+        let max_hits = entries.first().map_or(0, |e| e.hits);
         let Some(kernel) = &self.kernel else { return Ok(()) };
         let lay = kernel.lay;
         let mut cache = self.cache.lock();
@@ -290,7 +293,7 @@ impl Model {
                 .is_ok();
             if ok {
                 cache.mark_ready(slot);
-                cache.seed_history(key, e.hits);
+                cache.seed_history(key, e.hits, max_hits);
                 let _ = cache.unpin(slot);
                 self.preloaded += 1;
             } else {
