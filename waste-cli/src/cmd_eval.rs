@@ -382,4 +382,3 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub use waste_model::argmax;

@@ -1,6 +1,6 @@
 //! `waste plan` and `waste bench`.
 
-use crate::cmd_eval::{argmax, parse_budget, EngineArgs};
+use crate::cmd_eval::{parse_budget, EngineArgs};
 use crate::print_json;
 use anyhow::{Context, Result};
 use clap::Args;
@@ -101,6 +101,13 @@ pub struct BenchArgs {
     /// experts like the real model (testdata/routing/).
     #[arg(long)]
     routing: Option<PathBuf>,
+    /// Sample decode tokens at this temperature instead of greedy (0): a
+    /// random model's greedy loop repeats one token, and so its experts.
+    #[arg(long, default_value_t = 0.0)]
+    temp: f32,
+    /// Seed for `--temp`.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -135,12 +142,18 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let prompt: Vec<u32> = (0..a.prompt_len.max(1) as u32).map(|i| 1 + (i * 7919) % (vocab - 1).max(1)).collect();
     let mut s = model.session();
     if let Some(p) = &a.routing {
-        let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        // a trace is a few MB; refuse anything beyond 1 GiB rather than read it
+        let bytes =
+            waste_model::format::read_regular(p, 1 << 30).with_context(|| format!("reading {}", p.display()))?;
+        let text = String::from_utf8(bytes).with_context(|| format!("{}: not UTF-8", p.display()))?;
         let trace = waste_cache::parse_trace(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
         s.replay_routing(std::sync::Arc::new(trace))?;
     }
+    let params = waste_model::SamplingParams { temperature: a.temp, seed: a.seed, ..Default::default() };
+    params.validate().map_err(|e| anyhow::anyhow!("--temp: {e}"))?;
+    let mut sampler = waste_model::Sampler::new(params);
     let t0 = std::time::Instant::now();
-    let mut next = argmax(s.eval(&prompt)?);
+    let mut next = sampler.pick(s.eval(&prompt)?, None);
     let prefill_s = t0.elapsed().as_secs_f64();
     let st0 = s.stats();
     let cs0 = model.cache_stats();
@@ -150,7 +163,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         if s.position() >= model.options().ctx {
             break;
         }
-        next = argmax(s.eval(&[next])?);
+        next = sampler.pick(s.eval(&[next])?, None);
         steps += 1;
     }
     let dec_s = t1.elapsed().as_secs_f64();
@@ -189,6 +202,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "budget_bytes": model.budget(), "cache_slots": model.cache_slots(), "huge_pages": model.huge_pages(),
         "threads": model.threads(), "io_threads": model.options().io_threads, "simd": model.simd().name(),
         "lookahead": model.options().lookahead, "readahead": model.options().readahead, "preloaded": model.preloaded(),
+        "policy": model.options().policy.name(), "temperature": a.temp,
     });
     if a.json {
         print_json(&v)?;

@@ -145,6 +145,25 @@ pub struct SynthReport {
     pub seconds: f64,
 }
 
+/// A byte map making uniformly random Q4G/Q8G codes zero-mean: the code of
+/// value −8 (each Q4G nibble 0) or −128 (Q8G byte 0x80) becomes value 0.
+fn zero_mean_codes(fmt: Fmt) -> [u8; 256] {
+    core::array::from_fn(|b| {
+        let b = b as u8;
+        if fmt == Fmt::Q8G {
+            if b == 0x80 {
+                0
+            } else {
+                b
+            }
+        } else {
+            let (lo, hi) = (b & 15, b >> 4);
+            let fix = |n: u8| if n == 0 { 8 } else { n };
+            fix(lo) | fix(hi) << 4
+        }
+    })
+}
+
 /// f32 values of a 1-D/small tensor by role.
 fn vector_values(name: &str, n: usize, rng: &mut Rng, skewed: bool) -> Vec<f32> {
     (0..n)
@@ -295,10 +314,22 @@ pub fn synth(dir: &Path, opts: &SynthOptions, progress: &(dyn Fn(u64, u64) + Syn
                 // scale are valid data and cost nothing to make, so writing
                 // stays disk-bound; small (test) matrices keep the quantized
                 // Gaussians below
+                //
+                // The codes must be zero-mean: raw random nibbles are q − 8 ∈
+                // [−8, 7] (mean −0.5), and that shared offset, summed over
+                // thousands of columns, outweighs the random part — every
+                // matvec adds the same vector, the residual stream collapses
+                // onto one direction and every token routes to the same
+                // experts (bench then saw 100 % hits at any budget). So the
+                // one code without a mirror (−8, or −128 for Q8G) becomes 0.
                 let np = cols.div_ceil(128) * 128;
-                let (rb, code_std) = if fmt == Fmt::Q8G { (np, 73.9f32) } else { (np / 2, 4.61f32) };
+                let (rb, code_std) = if fmt == Fmt::Q8G { (np, 73.47f32) } else { (np / 2, 4.18f32) };
                 let mut d = vec![0u8; rows * rb];
                 rng.fill(&mut d);
+                let lut = zero_mean_codes(fmt);
+                for b in d.iter_mut() {
+                    *b = lut[*b as usize];
+                }
                 let sc = f32_to_f16(gain / (code_std * (cols as f32).sqrt())).to_le_bytes();
                 (d, sc.iter().copied().cycle().take(rows * np / 128 * 2).collect())
             } else {
@@ -517,6 +548,27 @@ mod tests {
                 assert_eq!(a, std::fs::read(dir.join("trunk.bin")).unwrap());
                 std::fs::remove_dir_all(&dir).ok();
             }
+        }
+    }
+
+    #[test]
+    fn random_codes_are_zero_mean() {
+        for (fmt, want_std) in [(Fmt::Q4G, 4.18f64), (Fmt::Q8G, 73.47)] {
+            let lut = zero_mean_codes(fmt);
+            let vals: Vec<f64> = (0..=255u8)
+                .flat_map(|b| {
+                    let c = lut[b as usize];
+                    if fmt == Fmt::Q8G {
+                        vec![c as i8 as f64]
+                    } else {
+                        vec![(c & 15) as f64 - 8.0, (c >> 4) as f64 - 8.0]
+                    }
+                })
+                .collect();
+            let mean = vals.iter().sum::<f64>() / vals.len() as f64;
+            let std = (vals.iter().map(|v| v * v).sum::<f64>() / vals.len() as f64).sqrt();
+            assert_eq!(mean, 0.0, "{fmt:?}");
+            assert!((std - want_std).abs() < 0.01, "{fmt:?}: std {std}");
         }
     }
 }
