@@ -143,6 +143,22 @@ pub enum CacheError {
         /// Expert.
         expert: u32,
     },
+    /// An expert of a layer whose records are not in the container.
+    #[error("expert {expert} of layer {layer}: the container has no record for it")]
+    NoRecord {
+        /// Layer.
+        layer: u32,
+        /// Expert.
+        expert: u32,
+    },
+    /// A record asked of a pin guard that did not acquire it (an engine bug).
+    #[error("expert {expert} of layer {layer} was not acquired for this step")]
+    NotPinned {
+        /// Layer.
+        layer: u32,
+        /// Expert.
+        expert: u32,
+    },
     /// A pin was released twice.
     #[error("expert cache: slot {slot} unpinned more often than pinned")]
     PinUnderflow {

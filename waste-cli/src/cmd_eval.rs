@@ -381,4 +381,3 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
-

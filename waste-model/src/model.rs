@@ -4,12 +4,11 @@
 use crate::plan::Plan;
 use crate::weights::{load_layers, load_output_res, Attn, Embedding, Ffn, Layer, TrunkReader};
 use crate::{Error, Result};
-use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use waste_cache::{ExpertCache, Policy};
-use waste_format::{check_record, Container, Usage, UsageEntry};
-use waste_io::{DirectFile, ReaderPool};
+use waste_cache::{ExpertCache, ExpertStore, Key, Policy, RecordSource};
+use waste_format::{check_record, Bank, Container, RecordLayout, Usage, UsageEntry};
+use waste_io::DirectFile;
 use waste_moe::ExpertKernel;
 use waste_quant::{Level, Matrix, Pool};
 
@@ -91,17 +90,10 @@ pub struct Model {
     pub(crate) final_norm: Vec<f32>,
     pub(crate) lm_head: Matrix,
     pub(crate) out_res: Option<Vec<f32>>,
-    pub(crate) banks: Vec<Option<Arc<DirectFile>>>,
     pub(crate) kernel: Option<ExpertKernel>,
     pub(crate) pool: Pool,
-    pub(crate) readers: ReaderPool,
-    pub(crate) cache: Mutex<ExpertCache>,
-    /// Signalled whenever an in-flight read settles (Ready or Failed), for
-    /// sessions waiting on a read another session claimed.
-    pub(crate) read_settled: parking_lot::Condvar,
-    /// Sessions alive on this model (the global pin-leak check only holds
-    /// when there is one).
-    pub(crate) live_sessions: std::sync::atomic::AtomicUsize,
+    /// The expert store: cache, readers, record checks.
+    pub(crate) store: ExpertStore<Records>,
     pub(crate) opts: ModelOptions,
     plan: Plan,
     tokenizer: Option<waste_tokenizer::Tokenizer>,
@@ -196,10 +188,10 @@ impl Model {
             r.matrix("lm_head.weight")?
         };
         let embed = Embedding::new(&container)?;
-        let mut banks = Vec::with_capacity(container.config.layers);
+        let mut files = Vec::with_capacity(container.config.layers);
         for b in &container.banks {
-            banks.push(match b {
-                Some(b) => Some(Arc::new(DirectFile::open(&b.path, opts.direct_io)?)),
+            files.push(match b {
+                Some(b) => Some((Arc::new(DirectFile::open(&b.path, opts.direct_io)?), b.clone())),
                 None => None,
             });
         }
@@ -229,6 +221,14 @@ impl Model {
         fnv(&waste_format::read_regular(&dir.join("manifest.json"), waste_format::MAX_MANIFEST_BYTES)
             .map_err(|e| waste_format::Error::io(dir.join("manifest.json"), e))?);
         fnv(&container.trunk_len.to_le_bytes());
+        let records = Records {
+            banks: files,
+            lay: container.experts.as_ref().map(|(_, lay)| *lay),
+            codebooks: container.codebooks.count,
+            verify: opts.verify_records,
+        };
+        let rec_bytes = container.experts.as_ref().map_or(0, |(_, lay)| lay.rec_bytes);
+        let store = ExpertStore::new(cache, io_threads, records, rec_bytes, opts.readahead);
         let mut m = Model {
             container,
             layers,
@@ -236,13 +236,9 @@ impl Model {
             final_norm,
             lm_head,
             out_res,
-            banks,
+            store,
             kernel,
             pool: Pool::with_level(threads, level),
-            readers: ReaderPool::new(io_threads),
-            cache: Mutex::new(cache),
-            read_settled: parking_lot::Condvar::new(),
-            live_sessions: std::sync::atomic::AtomicUsize::new(0),
             opts,
             plan,
             tokenizer,
@@ -268,39 +264,11 @@ impl Model {
         let cfg = &self.container.config;
         let mut entries = u.filtered(|l, e| l < cfg.layers && cfg.is_moe(l) && e < cfg.experts);
         entries.sort_by(|a, b| b.hits.cmp(&a.hits).then((a.layer, a.expert).cmp(&(b.layer, b.expert))));
-        let max_hits = entries.first().map_or(0, |e| e.hits);
-        let Some(kernel) = &self.kernel else { return Ok(()) };
-        let lay = kernel.lay;
-        let mut cache = self.cache.lock();
-        let n = cache.slots().min(entries.len());
-        for e in &entries[..n] {
-            let (l, x) = (e.layer as usize, e.expert as usize);
-            let key = (l as u32, x as u32);
-            let slot = cache.reserve(key, false)?;
-            let (Some(bank), Some(info)) = (&self.banks[l], &self.container.banks[l]) else { continue };
-            // SAFETY: the slot is reserved (pinned, in flight) for this read only.
-            let buf = unsafe { std::slice::from_raw_parts_mut(cache.slot_ptr(slot), lay.rec_bytes) };
-            let ok = bank.read_exact_at(buf, info.record_offset(x, &lay)).is_ok()
-                && check_record(
-                    buf,
-                    l,
-                    x,
-                    &lay,
-                    info.codebook_base,
-                    self.container.codebooks.count,
-                    self.opts.verify_records,
-                )
-                .is_ok();
-            if ok {
-                cache.mark_ready(slot);
-                cache.seed_history(key, e.hits, max_hits);
-                let _ = cache.unpin(slot);
-                self.preloaded += 1;
-            } else {
-                cache.mark_failed(slot);
-            }
+        if self.kernel.is_none() {
+            return Ok(());
         }
-        cache.stats = Default::default();
+        let list: Vec<(Key, u32)> = entries.iter().map(|e| ((e.layer as u32, e.expert as u32), e.hits)).collect();
+        self.preloaded = self.store.preload(&list)?;
         Ok(())
     }
 
@@ -309,8 +277,8 @@ impl Model {
     /// # Errors
     /// [`Error::Format`] when the file cannot be written (it is replaced atomically).
     pub fn save_usage(&self, path: impl AsRef<Path>, tokens: u64) -> Result<()> {
-        let cache = self.cache.lock();
-        let mut entries: Vec<UsageEntry> = cache
+        let mut entries: Vec<UsageEntry> = self
+            .store
             .history()
             .into_iter()
             .map(|((l, e), hits)| UsageEntry { layer: l as u16, expert: e as u16, hits, last_seen: 0 })
@@ -416,11 +384,11 @@ impl Model {
     }
     /// Expert cache slots.
     pub fn cache_slots(&self) -> usize {
-        self.cache.lock().slots()
+        self.store.slots()
     }
     /// Whether the cache arena got huge pages.
     pub fn huge_pages(&self) -> bool {
-        self.cache.lock().huge_pages()
+        self.store.huge_pages()
     }
     /// Records preloaded from the usage hotlist at open.
     pub fn preloaded(&self) -> usize {
@@ -428,7 +396,7 @@ impl Model {
     }
     /// Cache counters (all sessions).
     pub fn cache_stats(&self) -> waste_cache::CacheStats {
-        self.cache.lock().stats
+        self.store.stats()
     }
     /// Every resident trunk matrix (not the vectors, codebooks or embedding).
     fn trunk_matrices(&self) -> Vec<&Matrix> {
@@ -501,7 +469,7 @@ impl Model {
             }
         }
         t += v(&self.final_norm) + self.out_res.as_ref().map_or(0, v);
-        (t, self.cache.lock().arena_bytes() as u64)
+        (t, self.store.arena_bytes() as u64)
     }
 
     /// Memory read bandwidth in GB/s over the model's own resident trunk
@@ -520,7 +488,7 @@ impl Model {
 
     /// Whether every expert bank got direct I/O.
     pub fn direct_io(&self) -> bool {
-        self.banks.iter().flatten().all(|b| b.is_direct())
+        self.store.source().banks.iter().flatten().all(|b| b.0.is_direct())
     }
     /// Compute threads.
     pub fn threads(&self) -> usize {
@@ -533,5 +501,33 @@ impl Model {
     /// A new session (its own state, position 0).
     pub fn session(&self) -> crate::Session<'_> {
         crate::Session::new(self)
+    }
+}
+
+/// The container's expert banks as the store sees them: where each record
+/// is and how to check it.
+pub(crate) struct Records {
+    /// Per layer: the opened bank and its description (None: no experts).
+    pub(crate) banks: Vec<Option<(Arc<DirectFile>, Bank)>>,
+    lay: Option<RecordLayout>,
+    codebooks: usize,
+    verify: bool,
+}
+
+impl RecordSource for Records {
+    type Error = Error;
+
+    fn locate(&self, (layer, expert): Key) -> Option<(Arc<DirectFile>, u64)> {
+        let (file, bank) = self.banks.get(layer as usize)?.as_ref()?;
+        let lay = self.lay.as_ref()?;
+        ((expert as usize) < bank.experts).then(|| (file.clone(), bank.record_offset(expert as usize, lay)))
+    }
+
+    fn check(&self, (layer, expert): Key, record: &[u8]) -> Result<()> {
+        let (Some((_, bank)), Some(lay)) = (self.banks.get(layer as usize).and_then(|b| b.as_ref()), &self.lay) else {
+            return Err(Error::Cache(waste_cache::CacheError::NoRecord { layer, expert }));
+        };
+        check_record(record, layer as usize, expert as usize, lay, bank.codebook_base, self.codebooks, self.verify)?;
+        Ok(())
     }
 }

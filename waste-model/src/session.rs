@@ -6,9 +6,6 @@ use crate::weights::{kda_config, mla_config, router_config, Attn, Ffn, MoeWeight
 use crate::{Error, Result};
 use std::time::Instant;
 use waste_attn::{attn_res, kda, mla, KdaScratch, KdaState, MlaScratch, MlaState};
-use waste_cache::{Claim, Lookup, SlotState};
-use waste_format::check_record;
-use waste_io::Priority;
 use waste_moe::{route, ExpertScratch};
 use waste_quant::ops::{rmsnorm, rmsnorm_inplace};
 
@@ -103,7 +100,7 @@ pub struct Session<'m> {
 
 impl<'m> Session<'m> {
     pub(crate) fn new(m: &'m Model) -> Session<'m> {
-        m.live_sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        m.store.enter();
         let c = m.config();
         let kc = kda_config(c);
         let mc = mla_config(c, m.opts.ctx);
@@ -460,167 +457,6 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
-    /// Validate a finished read into `slot`; mark it ready or failed.
-    fn finish_read(
-        m: &Model,
-        cache: &mut waste_cache::ExpertCache,
-        slot: usize,
-        res: waste_io::Result<()>,
-    ) -> Result<()> {
-        let (l, e) = cache.key(slot).map(|(l, e)| (l as usize, e as usize)).expect("in-flight slot has a key");
-        let lay = m.kernel.as_ref().expect("expert kernel").lay;
-        let info = m.container.banks[l].as_ref().expect("bank info");
-        let r = res.map_err(Error::from).and_then(|_| {
-            let data = cache.slot_data(slot);
-            check_record(data, l, e, &lay, info.codebook_base, m.container.codebooks.count, m.opts.verify_records)
-                .map(|_| ())
-                .map_err(Error::from)
-        });
-        match r {
-            Ok(()) => {
-                cache.mark_ready(slot);
-                Ok(())
-            }
-            Err(err) => {
-                cache.mark_failed(slot);
-                Err(err)
-            }
-        }
-    }
-
-    /// Settle speculative reads that finished (validated, else dropped silently:
-    /// a damaged record is reported when it is actually needed).
-    fn reap(&self, cache: &mut waste_cache::ExpertCache) {
-        let mut settled = false;
-        for s in cache.finished_reads() {
-            if let Some(t) = cache.take_ticket(s) {
-                let r = t.wait_raw();
-                let _ = Self::finish_read(self.m, cache, s, r);
-                settled = true;
-            }
-        }
-        if settled {
-            self.m.read_settled.notify_all();
-        }
-    }
-
-    fn submit(&self, cache: &mut waste_cache::ExpertCache, slot: usize, prio: Priority) {
-        let m = self.m;
-        let (l, e) = cache.key(slot).map(|(l, e)| (l as usize, e as usize)).expect("reserved slot has a key");
-        let lay = m.kernel.as_ref().expect("expert kernel").lay;
-        let bank = m.banks[l].as_ref().expect("bank").clone();
-        let off = m.container.banks[l].as_ref().expect("bank info").record_offset(e, &lay);
-        let dst = cache.slot_ptr(slot);
-        // SAFETY: the slot is reserved and pinned in flight; nobody touches it until the ticket is waited on.
-        let t = unsafe { m.readers.submit_into(bank, off, dst, lay.rec_bytes, prio) };
-        cache.set_ticket(slot, t);
-    }
-
-    /// Acquire `key` for use: pin it; issue its read if missing. Returns (slot, ready).
-    fn acquire(&mut self, cache: &mut waste_cache::ExpertCache, key: (u32, u32)) -> Result<(usize, bool)> {
-        let m = self.m;
-        let rec = m.kernel.as_ref().expect("expert kernel").lay.rec_bytes;
-        let (slot, ready) = match cache.lookup(key) {
-            Lookup::Ready(s) => {
-                self.stats.experts_hit += 1;
-                (s, true)
-            }
-            Lookup::InFlight(s) => {
-                self.stats.experts_hit += 1;
-                if let Some(t) = cache.ticket(s) {
-                    m.readers.promote(t);
-                }
-                (s, false)
-            }
-            Lookup::Miss => {
-                let s = loop {
-                    match cache.reserve(key, false) {
-                        Ok(s) => break s,
-                        // every slot busy: settle a speculative read nobody claimed, then retry
-                        Err(e) => match cache.unclaimed_inflight() {
-                            Some(spec) => {
-                                let t = cache.take_ticket(spec).expect("unclaimed read has a ticket");
-                                let ti = Instant::now();
-                                let r = t.wait_raw();
-                                self.stats.io_seconds += ti.elapsed().as_secs_f64();
-                                let _ = Self::finish_read(m, cache, spec, r);
-                            }
-                            None => return Err(e.into()),
-                        },
-                    }
-                };
-                cache.unpin(s)?; // pinned below like every other use
-                self.stats.experts_missed += 1;
-                self.stats.bytes_read += rec as u64;
-                if m.opts.readahead {
-                    self.submit(cache, s, Priority::Demand);
-                }
-                (s, false)
-            }
-        };
-        cache.pin(slot);
-        Ok((slot, ready))
-    }
-
-    /// Wait for (or, without read-ahead, perform) the read of a pinned slot.
-    /// Wait until `slot` (pinned by this session) holds its validated record.
-    /// Exactly one session completes each read (the cache's claim); others
-    /// wait for it and share its outcome, so no two sessions ever write a
-    /// slot and a failure reaches every session that wanted the record.
-    fn ensure_ready(&mut self, slot: usize, pinned: &[usize]) -> Result<()> {
-        let m = self.m;
-        let lay = m.kernel.as_ref().expect("expert kernel").lay;
-        let ti = Instant::now();
-        let mut cache = m.cache.lock();
-        let outcome = loop {
-            match cache.state(slot) {
-                SlotState::Ready => break Ok(()),
-                SlotState::InFlight => match cache.claim_read(slot) {
-                    Claim::Ticket(t) => {
-                        drop(cache);
-                        let r = t.wait_raw();
-                        cache = m.cache.lock();
-                        let done = Self::finish_read(m, &mut cache, slot, r);
-                        m.read_settled.notify_all();
-                        break done;
-                    }
-                    Claim::ReadYourself => {
-                        let (l, e) = cache.key(slot).map(|(a, b)| (a as usize, b as usize)).expect("key");
-                        let bank = m.banks[l].as_ref().expect("bank").clone();
-                        let off = m.container.banks[l].as_ref().expect("bank info").record_offset(e, &lay);
-                        let dst = cache.slot_ptr(slot);
-                        drop(cache);
-                        // SAFETY: this session holds the slot's only claim: no
-                        // reader thread and no other session writes or reads it
-                        // until the claim is settled below.
-                        let buf = unsafe { std::slice::from_raw_parts_mut(dst, lay.rec_bytes) };
-                        let r = bank.read_exact_at(buf, off);
-                        cache = m.cache.lock();
-                        let done = Self::finish_read(m, &mut cache, slot, r);
-                        m.read_settled.notify_all();
-                        break done;
-                    }
-                    Claim::Wait => m.read_settled.wait(&mut cache),
-                },
-                SlotState::Failed | SlotState::Empty => {
-                    let (layer, expert) = cache.key(slot).unwrap_or((0, 0));
-                    break Err(Error::Cache(waste_cache::CacheError::ReadFailed { layer, expert }));
-                }
-            }
-        };
-        if let Err(e) = outcome {
-            for &s in pinned {
-                if cache.key(s).is_some() {
-                    let _ = cache.unpin(s);
-                }
-            }
-            return Err(e);
-        }
-        drop(cache);
-        self.stats.io_seconds += ti.elapsed().as_secs_f64();
-        Ok(())
-    }
-
     fn moe(&mut self, l: usize, w: &MoeWeights, nt: usize) -> Result<()> {
         let m = self.m;
         let c = m.config();
@@ -642,64 +478,34 @@ impl<'m> Session<'m> {
             order.sort_by_key(|e| e.0);
             routes.extend(order);
         }
-        // 2. each distinct expert once: look up, pin, issue the misses (consumption order)
-        let mut distinct: Vec<usize> = Vec::with_capacity(nt * k);
+        // 2. each distinct expert once, in consumption order: pin it, start
+        // the reads of the missing ones; a chunk's later uses are repeats
+        let mut distinct: Vec<u32> = Vec::with_capacity(nt * k);
+        let mut repeats: Vec<u32> = Vec::new();
         for &(e, _) in &routes {
-            if !distinct.contains(&e) {
-                distinct.push(e);
+            if distinct.contains(&(e as u32)) {
+                repeats.push(e as u32);
+            } else {
+                distinct.push(e as u32);
             }
         }
-        let mut slot_of: Vec<(usize, usize, bool)> = Vec::with_capacity(distinct.len());
-        {
-            let mut cache = m.cache.lock();
-            cache.clear_window();
-            self.reap(&mut cache);
-            for &e in &distinct {
-                let (s, ready) = self.acquire(&mut cache, (l as u32, e as u32))?;
-                cache.touch(s);
-                slot_of.push((e, s, ready));
-            }
-            // a chunk's later uses of an expert are hits; every use counts for LFRU
-            self.stats.experts_hit += (routes.len() - distinct.len()) as u64;
-            for (j, &(e, _)) in routes.iter().enumerate() {
-                if routes[..j].iter().any(|x| x.0 == e) {
-                    if let Some(&(_, s, _)) = slot_of.iter().find(|x| x.0 == e) {
-                        cache.touch(s);
-                    }
-                }
-            }
-        }
-        let pinned: Vec<usize> = slot_of.iter().map(|x| x.1).collect();
+        let mut experts = m.store.acquire(l as u32, &distinct, &repeats)?;
         // 3. per token: tables, then its experts (resident ones first), summed in ascending id
-        let sc = self.ex_sc.as_mut().expect("expert scratch") as *mut ExpertScratch;
+        let scr = self.ex_sc.as_mut().expect("expert scratch");
         for t in 0..nt {
             match &w.latent {
                 Some(lt) => pool.matvec(&lt.down.view(), &self.chunk_ffn_in[t * h..(t + 1) * h], &mut self.lat_in),
                 None => self.lat_in.copy_from_slice(&self.chunk_ffn_in[t * h..(t + 1) * h]),
             }
-            // SAFETY: `sc` points into self.ex_sc, which nothing else touches during this loop.
-            let scr = unsafe { &mut *sc };
             let te = Instant::now();
             kernel.prepare(pool, &w.books, &self.lat_in, scr);
             self.stats.expert_seconds += te.elapsed().as_secs_f64();
             let mine = &routes[t * k..(t + 1) * k];
-            let ready = |i: usize| slot_of.iter().any(|x| x.0 == mine[i].0 && x.2);
-            let mut todo: Vec<usize> = (0..k).filter(|&i| ready(i)).collect();
-            todo.extend((0..k).filter(|&i| !ready(i)));
+            let mut todo: Vec<usize> = (0..k).filter(|&i| experts.is_ready(mine[i].0 as u32)).collect();
+            todo.extend((0..k).filter(|&i| !experts.is_ready(mine[i].0 as u32)));
             for i in todo {
-                let idx = slot_of.iter().position(|x| x.0 == mine[i].0).expect("acquired");
-                let slot = slot_of[idx].1;
-                if !slot_of[idx].2 {
-                    self.ensure_ready(slot, &pinned)?;
-                    slot_of[idx].2 = true;
-                }
+                let rec = experts.wait(mine[i].0 as u32)?;
                 let te = Instant::now();
-                let rec = {
-                    let mut cache = m.cache.lock();
-                    let p = cache.slot_ptr(slot);
-                    // SAFETY: the slot is Ready and pinned until this layer's chunk is done.
-                    unsafe { std::slice::from_raw_parts(p as *const u8, kernel.lay.rec_bytes) }
-                };
                 kernel.forward(pool, &w.books, rec, &self.lat_in, scr, &mut self.eouts[i * lat..(i + 1) * lat]);
                 self.stats.expert_seconds += te.elapsed().as_secs_f64();
             }
@@ -730,18 +536,11 @@ impl<'m> Session<'m> {
                 add(r, &self.token_in);
             }
         }
-        {
-            let mut cache = m.cache.lock();
-            for &s in &pinned {
-                cache.unpin(s)?;
-            }
-            // alone on the model, no slot may stay pinned between layers (a
-            // leak would slowly eat the cache); with other sessions their pins
-            // are theirs, and this session released each of its own above
-            if m.live_sessions.load(std::sync::atomic::Ordering::Relaxed) == 1 {
-                cache.check_no_pins()?;
-            }
-        }
+        let traffic = experts.release()?;
+        self.stats.experts_hit += traffic.hits;
+        self.stats.experts_missed += traffic.misses;
+        self.stats.bytes_read += traffic.bytes_read;
+        self.stats.io_seconds += traffic.io_seconds;
         // 4. router lookahead from the last token: prefetch the next MoE layer's likely experts
         if m.opts.lookahead > 0 {
             if let Some(Ffn::Moe(next)) = m.layers.get(l + 1).map(|x| &x.ffn) {
@@ -749,22 +548,8 @@ impl<'m> Session<'m> {
                 pool.matvec(&next.gate.view(), xn, &mut self.router);
                 let mut guess = Vec::with_capacity(k);
                 route(&router_config(c), &self.router, &next.bias, &mut guess);
-                let mut cache = m.cache.lock();
-                for &(e, _) in guess.iter().take(m.opts.lookahead) {
-                    let key = ((l + 1) as u32, e as u32);
-                    match cache.lookup(key) {
-                        Lookup::Miss => {
-                            if let Ok(s) = cache.reserve(key, true) {
-                                // in flight protects it until settled; no reservation pin is kept
-                                cache.unpin(s)?;
-                                self.stats.prefetch_issued += 1;
-                                self.submit(&mut cache, s, Priority::Speculative);
-                                cache.set_window(s, true);
-                            }
-                        }
-                        Lookup::Ready(s) | Lookup::InFlight(s) => cache.set_window(s, true),
-                    }
-                }
+                let want: Vec<u32> = guess.iter().take(m.opts.lookahead).map(|&(e, _)| e as u32).collect();
+                self.stats.prefetch_issued += m.store.prefetch((l + 1) as u32, &want)?;
             }
         }
         Ok(())
@@ -773,11 +558,8 @@ impl<'m> Session<'m> {
 
 impl Drop for Session<'_> {
     fn drop(&mut self) {
-        // settle speculative reads so no ticket outlives its reader
-        let mut cache = self.m.cache.lock();
-        cache.clear_window();
-        self.reap(&mut cache);
-        self.m.live_sessions.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        // release the prefetch window; settle finished speculative reads
+        self.m.store.leave();
     }
 }
 

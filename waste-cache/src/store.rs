@@ -1,0 +1,602 @@
+//! The expert store: the slot cache, the reader pool and the record checks
+//! behind one small API, so a model's MoE block reads like the math —
+//! route, [`ExpertStore::acquire`], use each expert as it arrives
+//! ([`Pinned::wait`]), release — with no locking, tickets or raw slot
+//! memory on the caller's side.
+//!
+//! **Concurrency.** One store serves every session of a model. Each read
+//! into a slot is completed by exactly one party (the cache's claim: the
+//! session that waits on the read's ticket, or the one that reads the
+//! record itself without read-ahead); everyone else waiting for that record
+//! sleeps on a condition variable until it settles, then sees the same
+//! outcome. A slot a session holds pinned is never evicted or rewritten, so
+//! the record bytes [`Pinned::wait`] returns stay valid while the guard
+//! lives; dropping the guard unpins them.
+
+use crate::cache::{CacheError, CacheStats, Claim, ExpertCache, Key, Lookup, SlotState};
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use waste_io::{DirectFile, Priority, ReaderPool};
+
+/// Where the expert records live and how to check one: the model's side of
+/// the store.
+pub trait RecordSource: Send + Sync {
+    /// The caller's error type: cache and I/O failures convert into it, and
+    /// a record check returns it (so a damaged record keeps its precise
+    /// message).
+    type Error: From<CacheError> + From<waste_io::Error>;
+    /// The bank file and byte offset of `key`'s record (`None`: the layer
+    /// has no experts on disk).
+    fn locate(&self, key: Key) -> Option<(Arc<DirectFile>, u64)>;
+    /// Validate a record just read into memory.
+    ///
+    /// # Errors
+    /// Why the record cannot be used (a bad header, a checksum mismatch).
+    fn check(&self, key: Key, record: &[u8]) -> Result<(), Self::Error>;
+}
+
+/// What acquiring and waiting cost one caller (added to its statistics).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Traffic {
+    /// Uses served from memory (resident or already in flight).
+    pub hits: u64,
+    /// Uses that started a read.
+    pub misses: u64,
+    /// Bytes of the reads started.
+    pub bytes_read: u64,
+    /// Seconds spent waiting for reads.
+    pub io_seconds: f64,
+    /// Speculative reads started by [`ExpertStore::prefetch`].
+    pub prefetch_issued: u64,
+}
+
+impl std::ops::AddAssign for Traffic {
+    fn add_assign(&mut self, o: Traffic) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.bytes_read += o.bytes_read;
+        self.io_seconds += o.io_seconds;
+        self.prefetch_issued += o.prefetch_issued;
+    }
+}
+
+/// The store: the cache, its readers and the record source.
+pub struct ExpertStore<S: RecordSource> {
+    cache: Mutex<ExpertCache>,
+    /// Signalled whenever an in-flight read settles (Ready or Failed).
+    settled: Condvar,
+    readers: ReaderPool,
+    source: S,
+    rec_bytes: usize,
+    readahead: bool,
+    users: AtomicUsize,
+}
+
+impl<S: RecordSource> ExpertStore<S> {
+    /// A store over `cache` (its slots hold records of `rec_bytes`), with
+    /// `io_threads` reader threads. With `readahead`, every missing expert
+    /// of a layer is read at once in the background; without, each is read
+    /// when first needed, by the session that needs it.
+    pub fn new(cache: ExpertCache, io_threads: usize, source: S, rec_bytes: usize, readahead: bool) -> Self {
+        ExpertStore {
+            cache: Mutex::new(cache),
+            settled: Condvar::new(),
+            readers: ReaderPool::new(io_threads),
+            source,
+            rec_bytes,
+            readahead,
+            users: AtomicUsize::new(0),
+        }
+    }
+
+    /// The record source.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+    /// Reader threads.
+    pub fn io_threads(&self) -> usize {
+        self.readers.threads()
+    }
+    /// Cache slots.
+    pub fn slots(&self) -> usize {
+        self.cache.lock().slots()
+    }
+    /// Whether the arena got huge pages.
+    pub fn huge_pages(&self) -> bool {
+        self.cache.lock().huge_pages()
+    }
+    /// Bytes of the arena.
+    pub fn arena_bytes(&self) -> usize {
+        self.cache.lock().arena_bytes()
+    }
+    /// The cache's counters.
+    pub fn stats(&self) -> CacheStats {
+        self.cache.lock().stats
+    }
+    /// Every expert used so far with its use count (the usage hotlist).
+    pub fn history(&self) -> Vec<(Key, u32)> {
+        self.cache.lock().history()
+    }
+
+    /// A session starts using the store (the global pin check in
+    /// [`Pinned::release`] holds only while there is one).
+    pub fn enter(&self) {
+        self.users.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A session stops using the store: its prefetch window is released and
+    /// finished speculative reads are settled, so no ticket outlives it.
+    pub fn leave(&self) {
+        let mut cache = self.cache.lock();
+        cache.clear_window();
+        self.reap(&mut cache);
+        self.users.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Read the experts of a usage hotlist into the cache now (most used
+    /// first, as many as there are slots), each checked; a record that fails
+    /// its read or check is skipped (it is reported when a token needs it).
+    /// The cache's counters start from zero afterwards. Returns how many
+    /// were loaded.
+    ///
+    /// # Errors
+    /// A cache error (no slot could be had).
+    pub fn preload(&self, entries: &[(Key, u32)]) -> Result<usize, S::Error> {
+        let max = entries.iter().map(|e| e.1).max().unwrap_or(0);
+        let mut cache = self.cache.lock();
+        let n = cache.slots().min(entries.len());
+        let mut loaded = 0;
+        for &(key, hits) in &entries[..n] {
+            let Some((file, off)) = self.source.locate(key) else { continue };
+            let slot = cache.reserve(key, false)?;
+            let ok = {
+                // SAFETY: the slot is reserved (pinned, in flight) for this
+                // read only, and the cache lock is held throughout.
+                let buf = unsafe { std::slice::from_raw_parts_mut(cache.slot_ptr(slot), self.rec_bytes) };
+                file.read_exact_at(buf, off).is_ok() && self.source.check(key, buf).is_ok()
+            };
+            if ok {
+                cache.mark_ready(slot);
+                cache.seed_history(key, hits, max);
+                cache.unpin(slot)?;
+                loaded += 1;
+            } else {
+                cache.mark_failed(slot);
+                cache.unpin(slot)?;
+            }
+        }
+        cache.stats = Default::default();
+        Ok(loaded)
+    }
+
+    /// Pin layer `layer`'s `experts` (distinct, in the order they will be
+    /// used) for one layer-step and start reading the missing ones. `repeats`
+    /// are further uses of the same experts in this step (a prefill chunk's
+    /// tokens sharing an expert): counted as hits and as uses for the policy.
+    ///
+    /// # Errors
+    /// A cache error when no slot can be had for a missing expert.
+    pub fn acquire(&self, layer: u32, experts: &[u32], repeats: &[u32]) -> Result<Pinned<'_, S>, S::Error> {
+        let mut pinned = Pinned {
+            store: self,
+            layer,
+            slots: Vec::with_capacity(experts.len()),
+            traffic: Traffic::default(),
+            released: false,
+        };
+        let mut cache = self.cache.lock();
+        cache.clear_window();
+        self.reap(&mut cache);
+        for &e in experts {
+            match self.acquire_one(&mut cache, (layer, e), &mut pinned.traffic) {
+                Ok((s, ready)) => {
+                    cache.touch(s);
+                    pinned.slots.push((e, s, ready));
+                }
+                Err(err) => {
+                    drop(cache); // the guard's drop unpins what it holds
+                    return Err(err);
+                }
+            }
+        }
+        for &e in repeats {
+            if let Some(&(_, s, _)) = pinned.slots.iter().find(|x| x.0 == e) {
+                cache.touch(s);
+                pinned.traffic.hits += 1;
+            }
+        }
+        Ok(pinned)
+    }
+
+    /// Start speculative reads of layer `layer`'s `experts` (a router's
+    /// guess for the next layer) and hold them until the next acquire, so
+    /// they are not evicted before they can be used. Returns the reads
+    /// started.
+    ///
+    /// # Errors
+    /// A cache error (a pin bookkeeping bug).
+    pub fn prefetch(&self, layer: u32, experts: &[u32]) -> Result<u64, S::Error> {
+        let mut cache = self.cache.lock();
+        let mut issued = 0;
+        for &e in experts {
+            let key = (layer, e);
+            match cache.lookup(key) {
+                Lookup::Miss => {
+                    if self.source.locate(key).is_none() {
+                        continue;
+                    }
+                    if let Ok(s) = cache.reserve(key, true) {
+                        // in flight protects it until settled; no reservation pin is kept
+                        cache.unpin(s)?;
+                        issued += 1;
+                        self.submit(&mut cache, s, Priority::Speculative);
+                        cache.set_window(s, true);
+                    }
+                }
+                Lookup::Ready(s) | Lookup::InFlight(s) => cache.set_window(s, true),
+            }
+        }
+        Ok(issued)
+    }
+
+    /// Pin `key` for use, starting its read if missing. Returns (slot, ready).
+    fn acquire_one(&self, cache: &mut ExpertCache, key: Key, traffic: &mut Traffic) -> Result<(usize, bool), S::Error> {
+        let (slot, ready) = match cache.lookup(key) {
+            Lookup::Ready(s) => {
+                traffic.hits += 1;
+                (s, true)
+            }
+            Lookup::InFlight(s) => {
+                traffic.hits += 1;
+                if let Some(t) = cache.ticket(s) {
+                    self.readers.promote(t);
+                }
+                (s, false)
+            }
+            Lookup::Miss => {
+                if self.source.locate(key).is_none() {
+                    return Err(CacheError::NoRecord { layer: key.0, expert: key.1 }.into());
+                }
+                let s = loop {
+                    match cache.reserve(key, false) {
+                        Ok(s) => break s,
+                        // every slot busy: settle a speculative read nobody claimed, then retry
+                        Err(e) => match cache.unclaimed_inflight() {
+                            Some(spec) => {
+                                let Some(t) = cache.take_ticket(spec) else { return Err(e.into()) };
+                                let ti = Instant::now();
+                                let r = t.wait_raw();
+                                traffic.io_seconds += ti.elapsed().as_secs_f64();
+                                let _ = self.finish_read(cache, spec, r);
+                                self.settled.notify_all();
+                            }
+                            None => return Err(e.into()),
+                        },
+                    }
+                };
+                cache.unpin(s)?; // pinned below like every other use
+                traffic.misses += 1;
+                traffic.bytes_read += self.rec_bytes as u64;
+                if self.readahead {
+                    self.submit(cache, s, Priority::Demand);
+                }
+                (s, false)
+            }
+        };
+        cache.pin(slot);
+        Ok((slot, ready))
+    }
+
+    /// Start the read of a reserved slot on the reader pool.
+    fn submit(&self, cache: &mut ExpertCache, slot: usize, prio: Priority) {
+        let Some(key) = cache.key(slot) else { return };
+        let Some((file, off)) = self.source.locate(key) else { return };
+        let dst = cache.slot_ptr(slot);
+        // SAFETY: the slot is reserved in flight; nobody touches its memory
+        // until the ticket is waited on (the claim protocol).
+        let t = unsafe { self.readers.submit_into(file, off, dst, self.rec_bytes, prio) };
+        cache.set_ticket(slot, t);
+    }
+
+    /// Validate a finished read into `slot`; mark it ready or failed.
+    fn finish_read(&self, cache: &mut ExpertCache, slot: usize, res: waste_io::Result<()>) -> Result<(), S::Error> {
+        let Some(key) = cache.key(slot) else {
+            return Err(CacheError::ReadFailed { layer: 0, expert: 0 }.into());
+        };
+        let r = res.map_err(S::Error::from).and_then(|()| self.source.check(key, cache.slot_data(slot)));
+        match r {
+            Ok(()) => cache.mark_ready(slot),
+            Err(_) => cache.mark_failed(slot),
+        }
+        r
+    }
+
+    /// Settle speculative reads that finished (validated, else dropped
+    /// silently: a damaged record is reported when it is actually needed).
+    fn reap(&self, cache: &mut ExpertCache) {
+        let mut settled = false;
+        for s in cache.finished_reads() {
+            if let Some(t) = cache.take_ticket(s) {
+                let r = t.wait_raw();
+                let _ = self.finish_read(cache, s, r);
+                settled = true;
+            }
+        }
+        if settled {
+            self.settled.notify_all();
+        }
+    }
+
+    /// Wait until `slot` (pinned by the caller) holds its validated record.
+    /// Exactly one party completes each read (the cache's claim); others
+    /// wait for it and share its outcome.
+    fn ensure_ready(&self, slot: usize, traffic: &mut Traffic) -> Result<(), S::Error> {
+        let ti = Instant::now();
+        let mut cache = self.cache.lock();
+        let outcome = loop {
+            match cache.state(slot) {
+                SlotState::Ready => break Ok(()),
+                SlotState::InFlight => match cache.claim_read(slot) {
+                    Claim::Ticket(t) => {
+                        drop(cache);
+                        let r = t.wait_raw();
+                        cache = self.cache.lock();
+                        let done = self.finish_read(&mut cache, slot, r);
+                        self.settled.notify_all();
+                        break done;
+                    }
+                    Claim::ReadYourself => {
+                        let Some((file, off)) = cache.key(slot).and_then(|k| self.source.locate(k)) else {
+                            cache.mark_failed(slot);
+                            self.settled.notify_all();
+                            break Err(CacheError::ReadFailed { layer: 0, expert: 0 }.into());
+                        };
+                        let dst = cache.slot_ptr(slot);
+                        drop(cache);
+                        // SAFETY: this caller holds the slot's only claim: no
+                        // reader thread and no other session writes or reads it
+                        // until the claim is settled below.
+                        let buf = unsafe { std::slice::from_raw_parts_mut(dst, self.rec_bytes) };
+                        let r = file.read_exact_at(buf, off);
+                        cache = self.cache.lock();
+                        let done = self.finish_read(&mut cache, slot, r);
+                        self.settled.notify_all();
+                        break done;
+                    }
+                    Claim::Wait => self.settled.wait(&mut cache),
+                },
+                SlotState::Failed | SlotState::Empty => {
+                    let (layer, expert) = cache.key(slot).unwrap_or((0, 0));
+                    break Err(CacheError::ReadFailed { layer, expert }.into());
+                }
+            }
+        };
+        traffic.io_seconds += ti.elapsed().as_secs_f64();
+        outcome
+    }
+}
+
+/// One layer-step's experts, pinned: each stays resident (or in flight)
+/// until the guard is released or dropped.
+pub struct Pinned<'s, S: RecordSource> {
+    store: &'s ExpertStore<S>,
+    layer: u32,
+    /// (expert, slot, known ready)
+    slots: Vec<(u32, usize, bool)>,
+    traffic: Traffic,
+    released: bool,
+}
+
+impl<S: RecordSource> Pinned<'_, S> {
+    /// Whether `expert`'s record is already in memory (use it first).
+    pub fn is_ready(&self, expert: u32) -> bool {
+        self.slots.iter().any(|x| x.0 == expert && x.2)
+    }
+    /// What acquiring and waiting have cost so far.
+    pub fn traffic(&self) -> Traffic {
+        self.traffic
+    }
+
+    /// `expert`'s record, waiting for its read if needed.
+    ///
+    /// # Errors
+    /// The read's failure (I/O error or a damaged record — the session that
+    /// completed the read reports the precise reason, others
+    /// [`CacheError::ReadFailed`]), or [`CacheError::NotPinned`] for an
+    /// expert this guard did not acquire.
+    pub fn wait(&mut self, expert: u32) -> Result<&[u8], S::Error> {
+        let i =
+            self.slots.iter().position(|x| x.0 == expert).ok_or(CacheError::NotPinned { layer: self.layer, expert })?;
+        let slot = self.slots[i].1;
+        if !self.slots[i].2 {
+            self.store.ensure_ready(slot, &mut self.traffic)?;
+            self.slots[i].2 = true;
+        }
+        let ptr = self.store.cache.lock().slot_ptr(slot);
+        // SAFETY: the slot is Ready and pinned by this guard: it is neither
+        // evicted nor written until the guard unpins it (release/drop), which
+        // needs the guard by value or `&mut` — so not while this borrow lives.
+        Ok(unsafe { std::slice::from_raw_parts(ptr as *const u8, self.store.rec_bytes) })
+    }
+
+    /// Unpin everything; with one session on the store, also check that no
+    /// slot stayed pinned (a leak would slowly eat the cache).
+    ///
+    /// # Errors
+    /// A pin bookkeeping error (an engine bug), reported loudly.
+    pub fn release(mut self) -> Result<Traffic, S::Error> {
+        self.released = true;
+        let mut cache = self.store.cache.lock();
+        // every pin goes even if one is refused; the first refusal is reported
+        let mut first = Ok(());
+        for &(_, s, _) in &self.slots {
+            if let (Err(e), Ok(())) = (cache.unpin(s), &first) {
+                first = Err(e);
+            }
+        }
+        first?;
+        if self.store.users.load(Ordering::Relaxed) <= 1 {
+            cache.check_no_pins()?;
+        }
+        Ok(self.traffic)
+    }
+}
+
+impl<S: RecordSource> Drop for Pinned<'_, S> {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let mut cache = self.store.cache.lock();
+        for &(_, s, _) in &self.slots {
+            let _ = cache.unpin(s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::Policy;
+    use std::io::Write;
+
+    const REC: usize = 4096;
+
+    /// Records of one layer in a temp file: record `e` is filled with byte
+    /// `e`; record 3 is "damaged" (its check fails).
+    struct Fake {
+        file: Arc<DirectFile>,
+        experts: u32,
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum E {
+        Cache(CacheError),
+        Io(String),
+        Bad(u32),
+    }
+    impl From<CacheError> for E {
+        fn from(e: CacheError) -> E {
+            E::Cache(e)
+        }
+    }
+    impl From<waste_io::Error> for E {
+        fn from(e: waste_io::Error) -> E {
+            E::Io(e.to_string())
+        }
+    }
+
+    impl RecordSource for Fake {
+        type Error = E;
+        fn locate(&self, (layer, e): Key) -> Option<(Arc<DirectFile>, u64)> {
+            (layer == 1 && e < self.experts).then(|| (self.file.clone(), e as u64 * REC as u64))
+        }
+        fn check(&self, (_, e): Key, rec: &[u8]) -> Result<(), E> {
+            if e == 3 || rec.iter().any(|&b| b != e as u8) {
+                return Err(E::Bad(e));
+            }
+            Ok(())
+        }
+    }
+
+    fn store(slots: usize, readahead: bool, tag: &str) -> ExpertStore<Fake> {
+        let p = std::env::temp_dir().join(format!("waste-store-{}-{tag}", std::process::id()));
+        let mut f = std::fs::File::create(&p).unwrap();
+        for e in 0..8u8 {
+            f.write_all(&[e; REC]).unwrap();
+        }
+        drop(f);
+        let file = Arc::new(DirectFile::open(&p, false).unwrap());
+        let mut cache = ExpertCache::new(slots, REC, Policy::Eta, false);
+        cache.set_layers(&[1], 2);
+        ExpertStore::new(cache, 2, Fake { file, experts: 8 }, REC, readahead)
+    }
+
+    #[test]
+    fn acquire_wait_release_with_and_without_readahead() {
+        for readahead in [true, false] {
+            let s = store(4, readahead, &format!("a{readahead}"));
+            s.enter();
+            let mut p = s.acquire(1, &[5, 2], &[5]).unwrap();
+            assert_eq!(p.traffic().misses, 2);
+            assert_eq!(p.traffic().hits, 1, "the repeat counts as a hit");
+            assert!(p.wait(5).unwrap().iter().all(|&b| b == 5));
+            assert!(p.wait(2).unwrap().iter().all(|&b| b == 2));
+            assert!(p.is_ready(5) && p.is_ready(2));
+            assert_eq!(p.wait(6), Err(E::Cache(CacheError::NotPinned { layer: 1, expert: 6 })));
+            p.release().unwrap();
+            // now resident: hits, no reads
+            let p = s.acquire(1, &[2, 5], &[]).unwrap();
+            assert_eq!((p.traffic().hits, p.traffic().misses), (2, 0));
+            drop(p); // dropping unpins too
+            let p = s.acquire(1, &[0, 1, 4, 7], &[]).unwrap(); // evicts both, none pinned
+            p.release().unwrap();
+            s.leave();
+        }
+    }
+
+    #[test]
+    fn a_damaged_record_is_the_source_error_and_nothing_stays_pinned() {
+        let s = store(4, true, "bad");
+        s.enter();
+        let mut p = s.acquire(1, &[3, 4], &[]).unwrap();
+        assert_eq!(p.wait(3).unwrap_err(), E::Bad(3));
+        drop(p);
+        // the failed record is not cached: the next use reads (and fails) again
+        let mut p = s.acquire(1, &[3], &[]).unwrap();
+        assert_eq!(p.traffic().misses, 1);
+        assert_eq!(p.wait(3).unwrap_err(), E::Bad(3));
+        drop(p);
+        // a layer without records is an error, not a panic
+        assert!(matches!(s.acquire(2, &[0], &[]), Err(E::Cache(CacheError::NoRecord { layer: 2, expert: 0 }))));
+        assert!(matches!(s.acquire(1, &[99], &[]), Err(E::Cache(CacheError::NoRecord { layer: 1, expert: 99 }))));
+        // every pin was released (a single user: release checks)
+        s.acquire(1, &[4], &[]).unwrap().release().unwrap();
+        s.leave();
+    }
+
+    #[test]
+    fn sessions_on_threads_share_reads_and_see_the_same_bytes() {
+        // 3 threads × 2 pins ≤ 6 slots (sessions pinning every slot get
+        // AllPinned — the known limit), 7 usable experts: evictions happen
+        let s = store(6, true, "threads");
+        std::thread::scope(|sc| {
+            for t in 0..3u32 {
+                let s = &s;
+                sc.spawn(move || {
+                    s.enter();
+                    for round in 0..50u32 {
+                        let want = [(t + round) % 8, (t + round + 1) % 8];
+                        let want: Vec<u32> = want.into_iter().filter(|&e| e != 3).collect();
+                        let mut p = s.acquire(1, &want, &[]).unwrap();
+                        for &e in &want {
+                            assert!(p.wait(e).unwrap().iter().all(|&b| b == e as u8));
+                        }
+                        drop(p);
+                    }
+                    s.leave();
+                });
+            }
+        });
+        assert_eq!(s.slots(), 6);
+    }
+
+    #[test]
+    fn prefetch_reads_ahead_and_preload_fills() {
+        let s = store(4, true, "pre");
+        s.enter();
+        assert_eq!(s.prefetch(1, &[6, 7]).unwrap(), 2);
+        let p = s.acquire(1, &[6], &[]).unwrap();
+        assert_eq!(p.traffic().misses, 0, "a prefetched expert is a hit");
+        p.release().unwrap();
+        s.leave();
+        let s = store(2, true, "preload");
+        assert_eq!(s.preload(&[((1, 1), 9), ((1, 3), 8), ((1, 2), 1)]).unwrap(), 1, "damaged 3 skipped, 2 slots");
+        s.enter();
+        let p = s.acquire(1, &[1], &[]).unwrap();
+        assert_eq!(p.traffic().hits, 1);
+        p.release().unwrap();
+        s.leave();
+    }
+}
