@@ -26,4 +26,4 @@ pub use budget::{
 };
 pub use cache::{CacheError, CacheStats, Claim, ExpertCache, Key, Lookup, Policy, SlotState, VICTIM_SAMPLE};
 pub use sim::{parse_trace, simulate, SimResult, Trace};
-pub use store::{ExpertStore, Pinned, RecordSource, Traffic};
+pub use store::{ExpertStore, Pinned, RecordSource, Traffic, PIN_WAIT};

@@ -175,9 +175,43 @@ impl<S: RecordSource> ExpertStore<S> {
     /// are further uses of the same experts in this step (a prefill chunk's
     /// tokens sharing an expert): counted as hits and as uses for the policy.
     ///
+    /// When other sessions hold so many pins that no slot is free, this one
+    /// lets go of what it pinned so far, waits for a release and tries again
+    /// (at most [`PIN_WAIT`]); alone on the store, a step that needs more
+    /// slots than exist is an error at once.
+    ///
     /// # Errors
     /// A cache error when no slot can be had for a missing expert.
     pub fn acquire(&self, layer: u32, experts: &[u32], repeats: &[u32]) -> Result<Pinned<'_, S>, S::Error> {
+        let deadline = Instant::now() + PIN_WAIT;
+        let mut carried = Traffic::default();
+        loop {
+            match self.try_acquire(layer, experts, repeats) {
+                Ok(mut p) => {
+                    p.traffic += carried;
+                    return Ok(p);
+                }
+                Err((Full(e), t)) => {
+                    if self.users.load(Ordering::Relaxed) <= 1 || Instant::now() >= deadline {
+                        return Err(e.into());
+                    }
+                    // the reads started stay in flight (found again on retry);
+                    // their cost is real, the attempt's hits are not
+                    carried += Traffic { hits: 0, ..t };
+                    let mut cache = self.cache.lock();
+                    self.settled.wait_for(&mut cache, std::time::Duration::from_millis(50));
+                }
+                Err((Fail(e), _)) => return Err(e),
+            }
+        }
+    }
+
+    fn try_acquire(
+        &self,
+        layer: u32,
+        experts: &[u32],
+        repeats: &[u32],
+    ) -> Result<Pinned<'_, S>, (Stop<S::Error>, Traffic)> {
         let mut pinned = Pinned {
             store: self,
             layer,
@@ -196,7 +230,8 @@ impl<S: RecordSource> ExpertStore<S> {
                 }
                 Err(err) => {
                     drop(cache); // the guard's drop unpins what it holds
-                    return Err(err);
+                    let t = pinned.traffic;
+                    return Err((err, t));
                 }
             }
         }
@@ -241,7 +276,12 @@ impl<S: RecordSource> ExpertStore<S> {
     }
 
     /// Pin `key` for use, starting its read if missing. Returns (slot, ready).
-    fn acquire_one(&self, cache: &mut ExpertCache, key: Key, traffic: &mut Traffic) -> Result<(usize, bool), S::Error> {
+    fn acquire_one(
+        &self,
+        cache: &mut ExpertCache,
+        key: Key,
+        traffic: &mut Traffic,
+    ) -> Result<(usize, bool), Stop<S::Error>> {
         let (slot, ready) = match cache.lookup(key) {
             Lookup::Ready(s) => {
                 traffic.hits += 1;
@@ -256,7 +296,7 @@ impl<S: RecordSource> ExpertStore<S> {
             }
             Lookup::Miss => {
                 if self.source.locate(key).is_none() {
-                    return Err(CacheError::NoRecord { layer: key.0, expert: key.1 }.into());
+                    return Err(Fail(CacheError::NoRecord { layer: key.0, expert: key.1 }.into()));
                 }
                 let s = loop {
                     match cache.reserve(key, false) {
@@ -264,18 +304,18 @@ impl<S: RecordSource> ExpertStore<S> {
                         // every slot busy: settle a speculative read nobody claimed, then retry
                         Err(e) => match cache.unclaimed_inflight() {
                             Some(spec) => {
-                                let Some(t) = cache.take_ticket(spec) else { return Err(e.into()) };
+                                let Some(t) = cache.take_ticket(spec) else { return Err(Full(e)) };
                                 let ti = Instant::now();
                                 let r = t.wait_raw();
                                 traffic.io_seconds += ti.elapsed().as_secs_f64();
                                 let _ = self.finish_read(cache, spec, r);
                                 self.settled.notify_all();
                             }
-                            None => return Err(e.into()),
+                            None => return Err(Full(e)),
                         },
                     }
                 };
-                cache.unpin(s)?; // pinned below like every other use
+                cache.unpin(s).map_err(|e| Fail(e.into()))?; // pinned below like every other use
                 traffic.misses += 1;
                 traffic.bytes_read += self.rec_bytes as u64;
                 if self.readahead {
@@ -435,6 +475,7 @@ impl<S: RecordSource> Pinned<'_, S> {
                 first = Err(e);
             }
         }
+        self.store.settled.notify_all(); // a session waiting for a free slot
         first?;
         if self.store.users.load(Ordering::Relaxed) <= 1 {
             cache.check_no_pins()?;
@@ -452,8 +493,21 @@ impl<S: RecordSource> Drop for Pinned<'_, S> {
         for &(_, s, _) in &self.slots {
             let _ = cache.unpin(s);
         }
+        self.store.settled.notify_all(); // a session waiting for a free slot
     }
 }
+
+/// Longest an acquire waits for other sessions to release slots.
+pub const PIN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Why an acquire attempt stopped.
+enum Stop<E> {
+    /// Every slot pinned or in flight: worth waiting when others hold them.
+    Full(CacheError),
+    /// Anything else.
+    Fail(E),
+}
+use Stop::{Fail, Full};
 
 #[cfg(test)]
 mod tests {
@@ -580,6 +634,48 @@ mod tests {
             }
         });
         assert_eq!(s.slots(), 6);
+    }
+
+    /// Two sessions, three slots: the first holds two, the second needs
+    /// two new ones — it waits for the release instead of failing. Alone,
+    /// a step larger than the cache fails at once.
+    #[test]
+    fn a_session_waits_for_slots_another_holds() {
+        let s = store(3, true, "wait");
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|sc| {
+            let s = &s;
+            s.enter();
+            s.enter();
+            sc.spawn(move || {
+                let mut p = s.acquire(1, &[0, 1], &[]).unwrap();
+                p.wait(0).unwrap();
+                p.wait(1).unwrap();
+                held_tx.send(()).unwrap();
+                // hold the two slots until the other session is blocked on them
+                go_rx.recv().unwrap();
+                drop(p);
+                s.leave();
+            });
+            held_rx.recv().unwrap();
+            let waiter = sc.spawn(move || {
+                let mut p = s.acquire(1, &[4, 5], &[]).unwrap();
+                assert!(p.wait(4).unwrap().iter().all(|&b| b == 4));
+                assert!(p.wait(5).unwrap().iter().all(|&b| b == 5));
+                drop(p);
+                s.leave();
+            });
+            // the waiter cannot finish while two of three slots are held
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            assert!(!waiter.is_finished(), "acquired two slots while only one was free");
+            go_tx.send(()).unwrap();
+            waiter.join().unwrap();
+        });
+        // alone: four experts never fit three slots
+        s.enter();
+        assert!(matches!(s.acquire(1, &[0, 1, 2, 4], &[]), Err(E::Cache(CacheError::AllPinned { .. }))));
+        s.leave();
     }
 
     #[test]
