@@ -117,21 +117,35 @@ unsafe fn rows_dot<const N: usize, const FMT: u8>(m: &MatRef<'_>, r0: usize, x: 
         c += LANES;
     }
     for k in 0..N {
-        if full < m.cols {
-            let mut wt = [0f32; LANES];
-            let mut xt = [0f32; LANES];
-            let n = m.cols - full;
-            m.dequant(r0 + k, full, &mut wt[..n]);
-            xt[..n].copy_from_slice(&x[full..]);
-            // SAFETY: both tails are 32 floats.
-            unsafe {
-                let (wl, wh) = (_mm512_loadu_ps(wt.as_ptr()), _mm512_loadu_ps(wt.as_ptr().add(16)));
-                let (xl, xh) = (_mm512_loadu_ps(xt.as_ptr()), _mm512_loadu_ps(xt.as_ptr().add(16)));
-                acc[k][0] = _mm512_fmadd_ps(wl, xl, acc[k][0]);
-                acc[k][1] = _mm512_fmadd_ps(wh, xh, acc[k][1]);
-            }
-        }
-        out[k] = reduce(acc[k][0], acc[k][1]);
+        let [lo, hi] = acc[k];
+        // SAFETY: features enabled on this function; row r0 + k exists.
+        let (lo, hi) = unsafe { tail_fma(m, r0 + k, full, x, lo, hi) };
+        out[k] = reduce(lo, hi);
+    }
+}
+
+/// The zero-padded last partial block of row `r` (columns `full..cols`)
+/// into the canonical lanes `lo` (0..16) and `hi` (16..32).
+///
+/// # Safety
+/// AVX-512 F; `m` checked, row `r` exists, `x.len() == m.cols`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn tail_fma(m: &MatRef<'_>, r: usize, full: usize, x: &[f32], lo: __m512, hi: __m512) -> (__m512, __m512) {
+    if full == m.cols {
+        return (lo, hi);
+    }
+    let mut wt = [0f32; LANES];
+    let mut xt = [0f32; LANES];
+    let n = m.cols - full;
+    m.dequant(r, full, &mut wt[..n]);
+    xt[..n].copy_from_slice(&x[full..]);
+    // SAFETY: both tails are 32 floats.
+    unsafe {
+        (
+            _mm512_fmadd_ps(_mm512_loadu_ps(wt.as_ptr()), _mm512_loadu_ps(xt.as_ptr()), lo),
+            _mm512_fmadd_ps(_mm512_loadu_ps(wt.as_ptr().add(16)), _mm512_loadu_ps(xt.as_ptr().add(16)), hi),
+        )
     }
 }
 
@@ -175,20 +189,10 @@ unsafe fn rows_dot_q4<const N: usize>(m: &MatRef<'_>, r0: usize, x: &[f32], xe: 
     let hi_ix = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     for k in 0..N {
         // back to canonical lanes: lo = lanes 0..15, hi = 16..31
-        let mut lo = _mm512_permutex2var_ps(acc[k][0], lo_ix, acc[k][1]);
-        let mut hi = _mm512_permutex2var_ps(acc[k][0], hi_ix, acc[k][1]);
-        if full < m.cols {
-            let mut wt = [0f32; LANES];
-            let mut xt = [0f32; LANES];
-            let n = m.cols - full;
-            m.dequant(r0 + k, full, &mut wt[..n]);
-            xt[..n].copy_from_slice(&x[full..]);
-            // SAFETY: both tails are 32 floats.
-            unsafe {
-                lo = _mm512_fmadd_ps(_mm512_loadu_ps(wt.as_ptr()), _mm512_loadu_ps(xt.as_ptr()), lo);
-                hi = _mm512_fmadd_ps(_mm512_loadu_ps(wt.as_ptr().add(16)), _mm512_loadu_ps(xt.as_ptr().add(16)), hi);
-            }
-        }
+        let lo = _mm512_permutex2var_ps(acc[k][0], lo_ix, acc[k][1]);
+        let hi = _mm512_permutex2var_ps(acc[k][0], hi_ix, acc[k][1]);
+        // SAFETY: features enabled on this function; row r0 + k exists.
+        let (lo, hi) = unsafe { tail_fma(m, r0 + k, full, x, lo, hi) };
         out[k] = reduce(lo, hi);
     }
 }
