@@ -92,15 +92,7 @@ fn f16_experts_f32_trunk_match_transformers() {
 fn k3_release_form_matches_llama_cpp() {
     let out = convert_exact("hf-k3", "k3");
     let m = Model::open(&out, ModelOptions { ctx: 96, threads: 2, ..Default::default() }).unwrap();
-    let c = m.config();
-    assert!(
-        c.latent.is_some()
-            && c.attn_res_block.is_some()
-            && c.q_lora.is_some()
-            && c.mla_output_gate
-            && c.kda_full_rank_gate
-            && c.shared_experts == 2
-    );
+    common::assert_k3_features(&m);
     drop(m);
     // measured worst 2.09e-5 (the L2-norm epsilon difference, REFERENCE-DIFFERENCES)
     let worst = agrees_with(&out, &fixtures().join("hf-k3/llama-cpp.json"), 4.2e-5);

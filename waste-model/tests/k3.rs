@@ -82,15 +82,7 @@ fn check_model(name: &str, bound: f32) {
         ModelOptions { ctx: 96, threads: 2, ..Default::default() },
     )
     .unwrap();
-    let c = m.config();
-    assert!(
-        c.latent.is_some()
-            && c.attn_res_block.is_some()
-            && c.q_lora.is_some()
-            && c.mla_output_gate
-            && c.kda_full_rank_gate
-            && c.shared_experts == 2
-    );
+    common::assert_k3_features(&m);
     let mut s = m.session();
     let mut worst = 0f32;
     for (p, &t) in ids.iter().enumerate() {

@@ -110,3 +110,16 @@ pub fn negative_controls(container: &Path, tag: &str, ids: &[u32], want: &[Vec<f
         std::fs::remove_dir_all(d).ok();
     }
 }
+
+/// The K3 features every K3 fixture must have switched on (a converter or
+/// loader that silently drops one would otherwise pass on the rest).
+#[allow(dead_code)] // not every test crate including this module checks K3
+pub fn assert_k3_features(m: &Model) {
+    let c = m.config();
+    assert!(c.latent.is_some(), "latent MoE");
+    assert!(c.attn_res_block.is_some(), "attention residuals");
+    assert!(c.q_lora.is_some(), "q-LoRA");
+    assert!(c.mla_output_gate, "MLA output gate");
+    assert!(c.kda_full_rank_gate, "full-rank KDA gate");
+    assert_eq!(c.shared_experts, 2, "shared experts");
+}
