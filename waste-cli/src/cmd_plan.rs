@@ -29,7 +29,7 @@ fn gib(b: u64) -> String {
 
 pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     let p = waste_model::plan(&a.model, a.ctx).with_context(|| format!("planning {}", a.model.display()))?;
-    let vocab = waste_model::format::Container::open(&a.model)?.config.vocab;
+    let vocab = p.vocab as usize;
     let usable = waste_model::usable_ram();
     let resolved = waste_cache_resolve(&p, a.budget, usable);
     let (budget, cache, note) = match &resolved {

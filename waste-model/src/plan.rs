@@ -37,6 +37,8 @@ pub struct Plan {
     pub top_k: u64,
     /// Expert records in the container (MoE layers × experts).
     pub expert_records: u64,
+    /// Vocabulary entries (what the grammar tables scale with).
+    pub vocab: u64,
 }
 
 /// Resident bytes of the constrained-decoding tables per vocabulary entry:
@@ -169,6 +171,7 @@ impl Plan {
             ctx: ctx as u64,
             top_k: k,
             expert_records: moe * c.experts as u64,
+            vocab: c.vocab as u64,
         })
     }
 
