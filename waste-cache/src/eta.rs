@@ -21,6 +21,29 @@
 
 use crate::cache::Key;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Tokens after which a count is taken as fully decayed: γ^128 < 2⁻²⁵.
+const DECAY_TABLE: usize = 128;
+
+/// A multiplicative hash of a `(layer, expert)` key: the victim scan looks
+/// up every resident expert, and SipHash was most of its cost.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (self.0.rotate_left(32) ^ u64::from(v)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 /// Half-life of an expert's use count, in tokens.
 pub const HALF_LIFE_TOKENS: f64 = 5.0;
@@ -43,9 +66,11 @@ pub struct Eta {
     /// Position of the last layer used.
     last_pos: u32,
     /// Per expert: decayed count and the token it was last updated.
-    counts: HashMap<Key, (f64, u64)>,
+    counts: HashMap<Key, (f64, u64), BuildHasherDefault<KeyHasher>>,
     /// γ per token.
     gamma: f64,
+    /// γ^k for k < [`DECAY_TABLE`].
+    decay: Vec<f64>,
 }
 
 impl Eta {
@@ -63,8 +88,9 @@ impl Eta {
             top_k: top_k.max(1) as u32,
             token: 0,
             last_pos: 0,
-            counts: HashMap::new(),
+            counts: HashMap::default(),
             gamma: 0.5f64.powf(1.0 / HALF_LIFE_TOKENS),
+            decay: (0..DECAY_TABLE).map(|k| 0.5f64.powf(k as f64 / HALF_LIFE_TOKENS)).collect(),
         }
     }
 
@@ -73,7 +99,9 @@ impl Eta {
     }
 
     fn decayed(&self, key: Key) -> f64 {
-        self.counts.get(&key).map_or(0.0, |&(c, t)| c * self.gamma.powi((self.token - t).min(1 << 20) as i32))
+        self.counts
+            .get(&key)
+            .map_or(0.0, |&(c, t)| c * self.decay.get((self.token - t) as usize).copied().unwrap_or(0.0))
     }
 
     /// Record a use of `key` (the first use of an expert in a token counts
