@@ -536,6 +536,11 @@ impl ExpertCache {
             None => Ok(()),
         }
     }
+    /// Slots a session holds: pinned or in its prefetch window (an
+    /// unpinned read in flight is not held: an acquire settles it itself).
+    pub fn held_slots(&self) -> usize {
+        self.slots.iter().filter(|s| s.pins > 0 || s.window).count()
+    }
     /// Every key used so far with its use count (for the usage hotlist).
     pub fn history(&self) -> Vec<(Key, u32)> {
         self.history.iter().map(|(k, v)| (*k, *v)).collect()

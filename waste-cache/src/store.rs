@@ -72,6 +72,8 @@ pub struct ExpertStore<S: RecordSource> {
     rec_bytes: usize,
     readahead: bool,
     users: AtomicUsize,
+    /// Times an acquire waited for another session to release slots.
+    pin_waits: std::sync::atomic::AtomicU64,
 }
 
 impl<S: RecordSource> ExpertStore<S> {
@@ -88,6 +90,7 @@ impl<S: RecordSource> ExpertStore<S> {
             rec_bytes,
             readahead,
             users: AtomicUsize::new(0),
+            pin_waits: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -114,6 +117,11 @@ impl<S: RecordSource> ExpertStore<S> {
     /// The cache's counters.
     pub fn stats(&self) -> CacheStats {
         self.cache.lock().stats
+    }
+    /// Times an acquire found every slot held by other sessions and waited
+    /// for a release.
+    pub fn pin_waits(&self) -> u64 {
+        self.pin_waits.load(Ordering::Relaxed)
     }
     /// Every expert used so far with its use count (the usage hotlist).
     pub fn history(&self) -> Vec<(Key, u32)> {
@@ -199,6 +207,12 @@ impl<S: RecordSource> ExpertStore<S> {
                     // their cost is real, the attempt's hits are not
                     carried += Traffic { hits: 0, ..t };
                     let mut cache = self.cache.lock();
+                    // with this step's pins let go, a cache no session holds
+                    // anything of cannot hold the step at all: waiting cannot help
+                    if cache.held_slots() == 0 {
+                        return Err(e.into());
+                    }
+                    self.pin_waits.fetch_add(1, Ordering::Relaxed);
                     self.settled.wait_for(&mut cache, std::time::Duration::from_millis(50));
                 }
                 Err((Fail(e), _)) => return Err(e),
@@ -672,9 +686,23 @@ mod tests {
             go_tx.send(()).unwrap();
             waiter.join().unwrap();
         });
+        assert!(s.pin_waits() > 0, "the second session never waited");
+        let waits = s.pin_waits();
         // alone: four experts never fit three slots
         s.enter();
         assert!(matches!(s.acquire(1, &[0, 1, 2, 4], &[]), Err(E::Cache(CacheError::AllPinned { .. }))));
+        // with an idle second session (no pins) it still fails at once
+        // rather than wait for a release that cannot come
+        s.enter();
+        for e in [0, 1, 2, 4] {
+            // settle the reads the failed attempts left in flight
+            if let Ok(mut p) = s.acquire(1, &[e], &[]) {
+                p.wait(e).unwrap();
+            }
+        }
+        assert!(matches!(s.acquire(1, &[0, 1, 2, 4], &[]), Err(E::Cache(CacheError::AllPinned { .. }))));
+        assert_eq!(s.pin_waits(), waits, "waited for a release no session could give");
+        s.leave();
         s.leave();
     }
 
