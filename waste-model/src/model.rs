@@ -29,7 +29,7 @@ pub struct ModelOptions {
     pub verify_records: bool,
     /// Force a SIMD level (None = the process default, `WASTE_SIMD` aware).
     pub simd: Option<Level>,
-    /// Cache eviction policy (LFRU or LRU).
+    /// Cache eviction policy (`Eta` by default; LFRU or LRU).
     pub policy: Policy,
     /// Issue all of a layer's misses at once and compute resident experts while they arrive.
     pub readahead: bool,
