@@ -15,7 +15,12 @@
 //! Frequency alone (LFRU) ignores where in the layer cycle an expert sits:
 //! with a cache smaller than a token's experts it keeps evicting the
 //! experts of the early layers, exactly the ones needed first (LRU does the
-//! same and hits nothing). Recency alone ignores popularity. The two
+//! same and hits nothing). Recency alone ignores popularity.
+//!
+//! The token clock is inferred from the layer order (a use of an earlier
+//! layer than the last starts a token), so a prefill chunk counts as one
+//! step and several sessions interleaving their layers age the counts
+//! faster; both only shift the estimate, never what is computed. The two
 //! parameters are fixed for every trace and every model (docs/LEARNED.md
 //! has the measurements that chose them and what lost).
 
