@@ -1,6 +1,6 @@
 //! Kernel timings, one thread, every SIMD level this CPU has, on the
 //! Kimi-Linear-48B shapes: the trunk matvec (Q4G/Q8G 9216×2304 and
-//! 2304×9216) and one VQ3R expert matrix (1024×2304, 64-row index blocks).
+//! 2304×9216, and as a 16-input matmat) and one VQ3R expert matrix (1024×2304, 64-row index blocks).
 //! Prints the median and range of `--reps` runs per kernel and level, with
 //! weights per cycle-free unit (G weights/s) and the bytes' bandwidth.
 //!
@@ -46,6 +46,23 @@ fn main() {
         let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1).collect();
         let mut y = vec![0f32; rows];
         let bytes = m.heap_bytes() as f64;
+        // prefill: 16 inputs through one matmat (one dequantization per block for several)
+        let nt = 16;
+        let xs: Vec<f32> = (0..nt * cols).map(|i| (i % 11) as f32 * 0.05).collect();
+        let mut ys = vec![0f32; nt * rows];
+        for lv in Level::available().into_iter().filter(|&l| l != Level::Scalar) {
+            let pool = waste_quant::Pool::with_level(1, lv);
+            let (med, lo, hi) = time(reps, || pool.matmat(&m.view(), &xs, nt, &mut ys));
+            println!(
+                "matmat {:?} {rows}x{cols} x{nt} {:>7}: {:.3} ms ({:.3}–{:.3}) {:.2} Gw/s",
+                fmt,
+                lv.name(),
+                med * 1e3,
+                lo * 1e3,
+                hi * 1e3,
+                (nt * rows * cols) as f64 / med / 1e9
+            );
+        }
         for lv in Level::available() {
             let (med, lo, hi) = time(reps, || m.view().matvec_rows(lv, &x, 0, &mut y));
             println!(

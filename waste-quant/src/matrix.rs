@@ -207,13 +207,10 @@ impl<'a> MatRef<'a> {
             return;
         }
         let _ = level; // the scalar definition serves every other level
-        for i in 0..n {
-            for t in 0..nt {
-                let v = self.row_dot_scalar(row0 + i, &xs[t * self.cols..(t + 1) * self.cols]);
-                // SAFETY: per the contract.
-                unsafe { *ys.add(t * ys_stride + i) = v };
-            }
-        }
+                       // SAFETY: per the contract.
+        unsafe {
+            matmat_groups::<1>(self, xs, nt, row0, n, ys, ys_stride, |r, x, out| out[0] = self.row_dot_scalar(r, x))
+        };
     }
 
     /// Canonical scalar dot of row `r` with `x`.
@@ -237,6 +234,42 @@ impl<'a> MatRef<'a> {
             c += n;
         }
         scalar::reduce(&acc)
+    }
+}
+
+/// The loop every matmat kernel shares: for each row `row0 + i` (`i < n`)
+/// and each group of up to `M` consecutive tokens, `dots(row, inputs, out)`
+/// computes the row's dot with each of the group's inputs (`inputs` holds
+/// `out.len()` of them, `cols` floats each) and the results are stored at
+/// `ys[t·ys_stride + i]`.
+///
+/// # Safety
+/// As [`MatRef::matmat_rows`]: `ys` valid for writes at every
+/// `t·ys_stride + i` and touched by no other thread meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn matmat_groups<const M: usize>(
+    m: &MatRef<'_>,
+    xs: &[f32],
+    nt: usize,
+    row0: usize,
+    n: usize,
+    ys: *mut f32,
+    ys_stride: usize,
+    mut dots: impl FnMut(usize, &[f32], &mut [f32]),
+) {
+    let cols = m.cols;
+    for i in 0..n {
+        let mut t = 0;
+        while t < nt {
+            let k = (nt - t).min(M);
+            let mut out = [0f32; M];
+            dots(row0 + i, &xs[t * cols..(t + k) * cols], &mut out[..k]);
+            for (j, v) in out[..k].iter().enumerate() {
+                // SAFETY: per the contract.
+                unsafe { *ys.add((t + j) * ys_stride + i) = *v };
+            }
+            t += k;
+        }
     }
 }
 

@@ -270,45 +270,36 @@ pub unsafe fn matmat_rows(
     let cols = m.cols;
     let full = cols / LANES * LANES;
     let rbs = m.row_bytes();
-    for i in 0..n {
-        let r = row0 + i;
-        let mut t = 0;
-        while t < nt {
-            let k = (nt - t).min(MULTI);
-            let mut out = [0f32; MULTI];
-            if fused(m) {
-                let rb = m.data[r * rbs..(r + 1) * rbs].as_ptr();
-                let mut acc = [zero(); MULTI];
-                let mut c = 0;
-                while c < full {
-                    // SAFETY: c + 32 <= cols; tokens t..t+k each hold cols floats.
-                    unsafe {
-                        let w = load32(m.fmt, rb, c, scale_at(m, r, c));
-                        for (j, a) in acc.iter_mut().enumerate().take(k) {
-                            fma8(a, &w, xs.as_ptr().add((t + j) * cols + c));
-                        }
-                    }
-                    c += LANES;
-                }
-                for (j, a) in acc.iter_mut().enumerate().take(k) {
-                    let x = &xs[(t + j) * cols..(t + j + 1) * cols];
-                    if full < cols {
-                        tail_fma(m, r, full, x, a);
-                    }
-                    out[j] = reduce(a);
-                }
-            } else {
-                for (j, o) in out.iter_mut().enumerate().take(k) {
-                    *o = row_dot_unfused(m, r, &xs[(t + j) * cols..(t + j + 1) * cols]);
-                }
+    let dots = |r: usize, x: &[f32], out: &mut [f32]| {
+        let k = out.len();
+        if !fused(m) {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = row_dot_unfused(m, r, &x[j * cols..(j + 1) * cols]);
             }
-            for (j, v) in out.iter().enumerate().take(k) {
-                // SAFETY: forwarded contract.
-                unsafe { *ys.add((t + j) * ys_stride + i) = *v };
-            }
-            t += k;
+            return;
         }
-    }
+        let rb = m.data[r * rbs..(r + 1) * rbs].as_ptr();
+        let mut acc = [zero(); MULTI];
+        let mut c = 0;
+        while c < full {
+            // SAFETY: c + 32 <= cols; the k inputs each hold cols floats.
+            unsafe {
+                let w = load32(m.fmt, rb, c, scale_at(m, r, c));
+                for (j, a) in acc.iter_mut().enumerate().take(k) {
+                    fma8(a, &w, x.as_ptr().add(j * cols + c));
+                }
+            }
+            c += LANES;
+        }
+        for (j, a) in acc.iter_mut().enumerate().take(k) {
+            if full < cols {
+                tail_fma(m, r, full, &x[j * cols..(j + 1) * cols], a);
+            }
+            out[j] = reduce(a);
+        }
+    };
+    // SAFETY: forwarded contract.
+    unsafe { crate::matrix::matmat_groups::<MULTI>(m, xs, nt, row0, n, ys, ys_stride, dots) };
 }
 
 /// Table entries for one (v, s): `t[e] = x0·c0 (+ fma over d)`, 4 entries a

@@ -161,27 +161,18 @@ pub unsafe fn matmat_rows(
     ys_stride: usize,
 ) {
     let fused = !m.fmt.is_grouped() || m.group.is_multiple_of(LANES);
-    for i in 0..n {
-        let mut t = 0;
-        while t < nt {
-            let k = (nt - t).min(MULTI);
-            if fused && k == MULTI {
-                let mut out = [0f32; MULTI];
-                // SAFETY: forwarded contract; tokens t..t+MULTI exist.
-                unsafe { row_dot_multi(m, row0 + i, &xs[t * m.cols..(t + MULTI) * m.cols], &mut out) };
-                for (j, v) in out.iter().enumerate() {
-                    // SAFETY: forwarded contract.
-                    unsafe { *ys.add((t + j) * ys_stride + i) = *v };
-                }
-            } else {
-                for j in t..t + k {
-                    // SAFETY: forwarded contract.
-                    unsafe { *ys.add(j * ys_stride + i) = row_dot(m, row0 + i, &xs[j * m.cols..(j + 1) * m.cols]) };
+    let cols = m.cols;
+    // SAFETY: forwarded contract; AVX2/FMA/F16C enabled on this function.
+    unsafe {
+        crate::matrix::matmat_groups::<MULTI>(m, xs, nt, row0, n, ys, ys_stride, |r, x, out| match out.try_into() {
+            Ok(out3) if fused => row_dot_multi(m, r, x, out3),
+            _ => {
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = row_dot(m, r, &x[j * cols..(j + 1) * cols]);
                 }
             }
-            t += k;
-        }
-    }
+        })
+    };
 }
 
 /// Tokens sharing one dequantization of a weight block in [`row_dot_multi`].
