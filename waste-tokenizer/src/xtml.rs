@@ -130,6 +130,17 @@ pub enum Segment {
     Text(String),
 }
 
+/// A rendered prompt as plain text, each marker written as its token's text
+/// (what the reference template prints; for display and comparison).
+pub fn text(segs: &[Segment]) -> String {
+    segs.iter()
+        .map(|s| match s {
+            Segment::Marker(m) => m,
+            Segment::Text(t) => t.as_str(),
+        })
+        .collect()
+}
+
 /// Whether a tokenizer has the markers this format needs.
 pub fn supported(tok: &Tokenizer) -> bool {
     [OPEN, CLOSE, SEP, END_OF_MSG].iter().all(|m| tok.special_id(m).is_some())
@@ -701,15 +712,6 @@ mod tests {
         format!("{MARK_OPEN}{s}{MARK_CLOSE}")
     }
 
-    fn text_of(segs: &[Segment]) -> String {
-        segs.iter()
-            .map(|s| match s {
-                Segment::Marker(m) => m.to_string(),
-                Segment::Text(t) => t.clone(),
-            })
-            .collect()
-    }
-
     #[test]
     fn renders_like_the_reference_template() {
         // expected text written by hand from Kimi-K3.jinja (llama.cpp models/templates)
@@ -735,7 +737,7 @@ mod tests {
             },
         ];
         let opts = XtmlOptions { tools, thinking: None, ..Default::default() };
-        let got = text_of(&render(&msgs, &opts, true).unwrap());
+        let got = text(&render(&msgs, &opts, true).unwrap());
         let want = concat!(
             "<|open|>message role=\"system\" type=\"tool-declare\"<|sep|># Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n",
             "[{\"function\":{\"name\":\"get_weather\",\"parameters\":{\"properties\":{\"city\":{\"type\":\"string\"}},\"type\":\"object\"}},\"type\":\"function\"}]\n```",
@@ -766,7 +768,7 @@ mod tests {
             }],
             ..Default::default()
         }];
-        let got = text_of(&render(&msgs, &XtmlOptions::default(), false).unwrap());
+        let got = text(&render(&msgs, &XtmlOptions::default(), false).unwrap());
         let want = concat!(
             "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|><|close|>response<|sep|>",
             "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>",
@@ -789,7 +791,7 @@ mod tests {
             ChatMessage::new("user", "hi"),
             ChatMessage { role: "system".into(), content: "ignored".into(), tools: vec![tool], ..Default::default() },
         ];
-        let got = text_of(&render(&msgs, &XtmlOptions::default(), false).unwrap());
+        let got = text(&render(&msgs, &XtmlOptions::default(), false).unwrap());
         let want = concat!(
             "<|open|>message role=\"user\"<|sep|>hi<|close|>message<|sep|><|end_of_msg|>",
             "<|open|>message role=\"system\" type=\"tool-declare\"<|sep|>## New Tools Available\n",
@@ -807,7 +809,7 @@ mod tests {
             [(Effort::Low, "low"), (Effort::Medium, "medium"), (Effort::High, "high"), (Effort::Max, "max")]
         {
             let opts = XtmlOptions { thinking: Some(e), ..Default::default() };
-            let got = text_of(&render(&[ChatMessage::new("user", "x")], &opts, true).unwrap());
+            let got = text(&render(&[ChatMessage::new("user", "x")], &opts, true).unwrap());
             let notice = format!(
                 "<|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), supported values include `low`, `medium`, `high`, and `max`.\nNow the system is invoked with `thinking_effort={name}`.<|close|>message<|sep|><|end_of_msg|>"
             );
@@ -833,7 +835,7 @@ mod tests {
             response_format: Some(ResponseFormat::JsonObject),
             ..Default::default()
         };
-        let got = text_of(&render(&msgs, &opts, true).unwrap());
+        let got = text(&render(&msgs, &opts, true).unwrap());
         assert!(
             got.starts_with("<|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>`thinking_effort` guides")
         );
@@ -901,7 +903,7 @@ mod tests {
             res("b", "B"),
             res("a", "A"),
         ];
-        let got = text_of(&render(&msgs, &XtmlOptions::default(), false).unwrap());
+        let got = text(&render(&msgs, &XtmlOptions::default(), false).unwrap());
         let fa = got.find("tool=\"f\" index=\"1\"<|sep|>A").unwrap();
         let gb = got.find("tool=\"g\" index=\"2\"<|sep|>B").unwrap();
         assert!(fa < gb);

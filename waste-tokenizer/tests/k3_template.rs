@@ -6,16 +6,7 @@
 
 use serde_json::Value;
 use std::path::Path;
-use waste_tokenizer::xtml::{render, ChatMessage, Effort, ResponseFormat, Segment, ToolCall, ToolChoice, XtmlOptions};
-
-fn text_of(segs: &[Segment]) -> String {
-    segs.iter()
-        .map(|s| match s {
-            Segment::Marker(m) => m.to_string(),
-            Segment::Text(t) => t.clone(),
-        })
-        .collect()
-}
+use waste_tokenizer::xtml::{render, text, ChatMessage, Effort, ResponseFormat, ToolCall, ToolChoice, XtmlOptions};
 
 fn message(m: &Value) -> ChatMessage {
     let s = |k: &str| m.get(k).and_then(|v| v.as_str()).map(str::to_string);
@@ -73,7 +64,7 @@ fn every_case_renders_as_the_reference_template_does() {
     assert!(cases.len() >= 9);
     for c in cases {
         let msgs: Vec<ChatMessage> = c["messages"].as_array().unwrap().iter().map(message).collect();
-        let got = text_of(&render(&msgs, &options(&c["kwargs"]), true).unwrap());
+        let got = text(&render(&msgs, &options(&c["kwargs"]), true).unwrap());
         assert_eq!(got, c["text"].as_str().unwrap(), "case {}", c["name"]);
     }
 }
