@@ -11,9 +11,6 @@ use waste_convert::{convert, verify_against_source, ConvertOptions, TrunkMode};
 use waste_format::ExpertFmt;
 use waste_model::{Model, ModelOptions};
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures")
-}
 fn tmp(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("waste-convert-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -39,6 +36,7 @@ fn convert_exact(fixture: &str, tag: &str) -> PathBuf {
 /// The oracle tests' helpers (worst relative error, perturbed copies).
 #[path = "../../waste-model/tests/common/mod.rs"]
 mod common;
+use common::fixtures;
 
 /// The container's logits at every position (token by token, and the last
 /// one by chunked prefill) within `bound` relative of a reference file's

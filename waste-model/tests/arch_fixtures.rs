@@ -10,15 +10,12 @@
 //! rewrite it only when the canonical definition changes on purpose (the
 //! oracle tests bound the values independently).
 
+mod common;
+
+use common::fixtures;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use waste_model::{Model, ModelOptions};
 
 const CONTAINERS: [&str; 5] = ["tiny", "tiny-b", "tiny-c", "tiny-k3", "tiny-k3-4"];
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures")
-}
 
 fn fnv1a(bits: &[u32]) -> String {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
@@ -30,14 +27,8 @@ fn fnv1a(bits: &[u32]) -> String {
 
 /// (digest per position, bits of the last position) for one container.
 fn run(name: &str) -> (Vec<String>, Vec<u32>) {
-    let f: Value =
-        serde_json::from_slice(&std::fs::read(fixtures().join(format!("{name}.logits.json"))).unwrap()).unwrap();
-    let ids: Vec<u32> = f["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-    let m = Model::open(
-        fixtures().join(format!("{name}.waste")),
-        ModelOptions { ctx: 128, threads: 2, ..Default::default() },
-    )
-    .unwrap();
+    let ids = common::reference(name).ids;
+    let m = common::open_fixture(name, 128);
     let mut s = m.session();
     let mut digests = vec![];
     let mut last = vec![];

@@ -9,17 +9,13 @@
 
 mod common;
 
+use common::Reference;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use waste_model::{Model, ModelOptions};
 
 const COMPONENT_MAX_ABS: f32 = 2e-5;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures")
-}
 fn load(name: &str) -> Value {
-    serde_json::from_slice(&std::fs::read(fixtures().join(name)).unwrap()).unwrap()
+    serde_json::from_slice(&std::fs::read(common::fixtures().join(name)).unwrap()).unwrap()
 }
 fn v(x: &Value) -> Vec<f32> {
     x.as_array().unwrap().iter().map(|a| a.as_f64().unwrap() as f32).collect()
@@ -74,30 +70,21 @@ fn attention_residuals_match_including_in_place_output_aggregation() {
 
 /// `bound`: twice the fixture's measured worst relative error.
 fn check_model(name: &str, bound: f32) {
-    let f = load(&format!("{name}.logits.json"));
-    let ids: Vec<u32> = f["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
-    let want: Vec<Vec<f32>> = f["logits"].as_array().unwrap().iter().map(v).collect();
-    let m = Model::open(
-        fixtures().join(format!("{name}.waste")),
-        ModelOptions { ctx: 96, threads: 2, ..Default::default() },
-    )
-    .unwrap();
+    let Reference { ids, logits: want, greedy } = common::reference(name);
+    let m = common::open_fixture(name, 96);
     common::assert_k3_features(&m);
     let mut s = m.session();
     let mut worst = 0f32;
     for (p, &t) in ids.iter().enumerate() {
-        let got = s.eval(&[t]).unwrap();
-        let ma = max_abs(got, &want[p]);
-        let mr = want[p].iter().fold(0f32, |a, b| a.max(b.abs()));
-        worst = worst.max(ma / mr);
-        assert!(ma / mr <= bound, "{name} position {p}: rel {}", ma / mr);
+        let rel = common::rel_err(s.eval(&[t]).unwrap(), &want[p]);
+        worst = worst.max(rel);
+        assert!(rel <= bound, "{name} position {p}: rel {rel}");
     }
     eprintln!("{name}: worst relative error {worst:.2e}");
     // prefill in chunks gives the same last logits as the steps
     let last = s.logits().to_vec();
     let mut b = m.session();
     assert_eq!(b.eval(&ids).unwrap(), &last[..]);
-    let greedy: Vec<u32> = f["greedy"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
     let mut next = waste_model::argmax(&last);
     let mut cont = vec![];
     for _ in 0..greedy.len() {
@@ -105,7 +92,7 @@ fn check_model(name: &str, bound: f32) {
         next = waste_model::argmax(s.eval(&[next]).unwrap());
     }
     assert_eq!(cont, greedy, "{name} greedy");
-    common::negative_controls(&fixtures().join(format!("{name}.waste")), name, &ids, &want, 96, bound);
+    common::negative_controls(&common::fixtures().join(format!("{name}.waste")), name, &ids, &want, 96, bound);
 }
 
 #[test]

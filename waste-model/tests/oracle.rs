@@ -11,41 +11,20 @@
 
 mod common;
 
-use serde_json::Value;
-use std::path::{Path, PathBuf};
-use waste_model::{Model, ModelOptions};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures")
-}
+use common::Reference;
+use waste_model::Model;
 
 /// `bound`: twice the fixture's measured worst relative error (stated at
 /// each test).
 fn check(name: &str, bound: f32) {
-    let f: Value =
-        serde_json::from_slice(&std::fs::read(fixtures().join(format!("{name}.logits.json"))).unwrap()).unwrap();
-    let ids: Vec<u32> = f["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-    let want: Vec<Vec<f32>> = f["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect())
-        .collect();
-    let greedy: Vec<u32> = f["greedy"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-    let m = Model::open(
-        fixtures().join(format!("{name}.waste")),
-        ModelOptions { ctx: 128, threads: 2, ..Default::default() },
-    )
-    .unwrap();
+    let Reference { ids, logits: want, greedy } = common::reference(name);
+    let m = common::open_fixture(name, 128);
     let mut s = m.session();
     let mut worst = 0f32;
     for (p, &t) in ids.iter().enumerate() {
-        let got = s.eval(&[t]).unwrap();
-        let max_abs = got.iter().zip(&want[p]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        let max_ref = want[p].iter().fold(0f32, |a, b| a.max(b.abs()));
-        let rel = max_abs / max_ref;
+        let rel = common::rel_err(s.eval(&[t]).unwrap(), &want[p]);
         worst = worst.max(rel);
-        assert!(rel <= bound, "{name}: position {p}: max abs {max_abs} / max |logit| {max_ref} = {rel}");
+        assert!(rel <= bound, "{name}: position {p}: relative error {rel}");
     }
     eprintln!("{name}: worst relative error over {} positions {worst:.2e}", ids.len());
     let argmax = |l: &[f32]| (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b }) as u32;
@@ -59,7 +38,7 @@ fn check(name: &str, bound: f32) {
     // prefill in one call gives the same last logits as the steps
     let mut b = m.session();
     assert_eq!(b.eval(&ids).unwrap(), &want_last(&m, &ids)[..]);
-    common::negative_controls(&fixtures().join(format!("{name}.waste")), name, &ids, &want, 128, bound);
+    common::negative_controls(&common::fixtures().join(format!("{name}.waste")), name, &ids, &want, 128, bound);
 }
 
 fn want_last(m: &Model, ids: &[u32]) -> Vec<f32> {

@@ -1,23 +1,62 @@
-//! Shared by the oracle tests: the worst relative error of a container
-//! against reference logits, and copies of a container perturbed by the size
+//! Shared by the oracle tests: the committed fixtures (reference runs,
+//! containers), the relative error of logits against a reference, and copies of a container perturbed by the size
 //! of a real bug (negative controls: a bound that such a copy still meets
 //! could not catch that bug).
+#![allow(dead_code)] // each test crate including this module uses part of it
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use waste_model::{Model, ModelOptions};
 
-/// Worst over positions of max |ours − reference| / max |reference|,
-/// evaluating `ids` one token at a time.
+/// The committed oracle fixtures (`tools/oracle/fixtures`).
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures")
+}
+
+/// A reference run: the prompt ids, the logits at every position, the
+/// greedy continuation (`NAME.logits.json`).
+pub struct Reference {
+    /// Prompt ids.
+    pub ids: Vec<u32>,
+    /// Logits after each prompt position.
+    pub logits: Vec<Vec<f32>>,
+    /// Greedy continuation after the prompt.
+    pub greedy: Vec<u32>,
+}
+
+/// `NAME.logits.json` of the fixtures.
+pub fn reference(name: &str) -> Reference {
+    let f: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join(format!("{name}.logits.json"))).unwrap()).unwrap();
+    let ids = |k: &str| -> Vec<u32> { f[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
+    let row = |r: &Value| -> Vec<f32> { r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect() };
+    Reference {
+        ids: ids("ids"),
+        logits: f["logits"].as_array().unwrap().iter().map(row).collect(),
+        greedy: ids("greedy"),
+    }
+}
+
+/// The fixture container `NAME.waste`, two threads.
+pub fn open_fixture(name: &str, ctx: usize) -> Model {
+    Model::open(fixtures().join(format!("{name}.waste")), ModelOptions { ctx, threads: 2, ..Default::default() })
+        .unwrap()
+}
+
+/// max |got − want| / max |want|.
+pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let max_abs = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    max_abs / want.iter().fold(0f32, |a, b| a.max(b.abs()))
+}
+
+/// Worst over positions of [`rel_err`], evaluating `ids` one token at a time.
 pub fn worst_rel(container: &Path, ids: &[u32], want: &[Vec<f32>], ctx: usize) -> f32 {
     let m = Model::open(container, ModelOptions { ctx, threads: 2, ..Default::default() }).unwrap();
     let mut s = m.session();
     let mut worst = 0f32;
     for (p, &t) in ids.iter().enumerate() {
-        let got = s.eval(&[t]).unwrap();
-        let max_abs = got.iter().zip(&want[p]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        let max_ref = want[p].iter().fold(0f32, |a, b| a.max(b.abs()));
-        worst = worst.max(max_abs / max_ref);
+        worst = worst.max(rel_err(s.eval(&[t]).unwrap(), &want[p]));
     }
     worst
 }
@@ -113,7 +152,6 @@ pub fn negative_controls(container: &Path, tag: &str, ids: &[u32], want: &[Vec<f
 
 /// The K3 features every K3 fixture must have switched on (a converter or
 /// loader that silently drops one would otherwise pass on the rest).
-#[allow(dead_code)] // not every test crate including this module checks K3
 pub fn assert_k3_features(m: &Model) {
     let c = m.config();
     assert!(c.latent.is_some(), "latent MoE");
