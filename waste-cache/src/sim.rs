@@ -66,6 +66,10 @@ impl SimResult {
 /// # Errors
 /// [`CacheError::AllPinned`] when `slots` cannot hold one layer-step's experts.
 pub fn simulate(trace: &Trace, slots: usize, policy: Policy) -> Result<SimResult, CacheError> {
+    // a cache never holds more keys than the trace has accesses: capping the
+    // slot table there changes no result and bounds what a caller's number allocates
+    let accesses: usize = trace.iter().flatten().map(Vec::len).sum();
+    let slots = slots.min(accesses.max(1));
     let mut c = ExpertCache::new(slots, 0, policy, false);
     let layers = trace.iter().map(|t| t.len()).max().unwrap_or(0);
     let top_k = trace.iter().flatten().map(|ids| ids.len()).max().unwrap_or(1);
@@ -132,6 +136,14 @@ mod tests {
         assert!(bel.hits > 60, "{bel:?}");
         assert!(bel.hits >= lfru.hits);
         assert_eq!(lru.accesses, 100);
+    }
+
+    #[test]
+    fn a_huge_slot_count_is_the_whole_trace_not_an_allocation() {
+        let trace: Trace = (0..50).map(|t| vec![vec![(t % 7) as u32, 9]]).collect();
+        let all = simulate(&trace, 100, Policy::Eta).unwrap();
+        assert_eq!(simulate(&trace, usize::MAX, Policy::Eta).unwrap(), all);
+        assert_eq!(all.hits, 100 - 8, "only first uses miss");
     }
 
     #[test]

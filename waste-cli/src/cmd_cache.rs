@@ -32,8 +32,7 @@ pub fn cachesim(a: CachesimArgs) -> Result<ExitCode> {
     if a.slots == 0 {
         bail!("--slots must be at least 1");
     }
-    let text = std::fs::read_to_string(&a.trace).with_context(|| format!("reading {}", a.trace.display()))?;
-    let trace = parse_trace(&text).map_err(|e| anyhow::anyhow!("{}: {e}", a.trace.display()))?;
+    let trace = load_trace(&a.trace)?;
     for (t, tok) in trace.iter().enumerate() {
         for ids in tok {
             if let Some(&e) = ids.iter().find(|&&e| e >= a.experts) {
@@ -62,4 +61,13 @@ pub fn cachesim(a: CachesimArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Read and parse a routing trace (JSONL; a trace is a few MB, anything
+/// beyond 1 GiB is refused rather than read).
+pub fn load_trace(path: &std::path::Path) -> Result<waste_cache::Trace> {
+    let bytes =
+        waste_model::format::read_regular(path, 1 << 30).with_context(|| format!("reading {}", path.display()))?;
+    let text = String::from_utf8(bytes).with_context(|| format!("{}: not UTF-8", path.display()))?;
+    parse_trace(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }

@@ -142,11 +142,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let prompt: Vec<u32> = (0..a.prompt_len.max(1) as u32).map(|i| 1 + (i * 7919) % (vocab - 1).max(1)).collect();
     let mut s = model.session();
     if let Some(p) = &a.routing {
-        // a trace is a few MB; refuse anything beyond 1 GiB rather than read it
-        let bytes =
-            waste_model::format::read_regular(p, 1 << 30).with_context(|| format!("reading {}", p.display()))?;
-        let text = String::from_utf8(bytes).with_context(|| format!("{}: not UTF-8", p.display()))?;
-        let trace = waste_cache::parse_trace(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        let trace = crate::cmd_cache::load_trace(p)?;
         s.replay_routing(std::sync::Arc::new(trace))?;
     }
     let params = waste_model::SamplingParams { temperature: a.temp, seed: a.seed, ..Default::default() };
