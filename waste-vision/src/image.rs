@@ -297,7 +297,7 @@ mod tests {
         assert_eq!(grid(&c, 14 * 7, 14 * 3).unwrap(), Grid { gw: 6, gh: 2 });
         // large: the budget binds, aspect kept
         let g = grid(&c, 4000, 3000).unwrap();
-        assert!(g.patches() <= 1024 && g.gw % 2 == 0 && g.gh % 2 == 0, "{g:?}");
+        assert!(g.patches() <= 1024 && g.gw.is_multiple_of(2) && g.gh.is_multiple_of(2), "{g:?}");
         assert!((g.gw as f64 / g.gh as f64 - 4.0 / 3.0).abs() < 0.1, "{g:?}");
         // a very long strip ends within budget (the loop takes from the long side)
         let g = grid(&cfg(64), 10, 1990).unwrap();

@@ -163,7 +163,7 @@ impl Tower {
     pub fn embed(&self, pool: &Pool, px: &Pixels) -> Result<Vec<f32>> {
         let g = px.grid;
         let n = g.patches();
-        if g.gw < 2 || g.gh < 2 || g.gw % 2 != 0 || g.gh % 2 != 0 || n > MAX_PATCHES_LIMIT {
+        if g.gw < 2 || g.gh < 2 || !g.gw.is_multiple_of(2) || !g.gh.is_multiple_of(2) || n > MAX_PATCHES_LIMIT {
             return Err(Error::Image(format!("a {}x{} patch grid is not even or too large", g.gw, g.gh)));
         }
         if px.patches.len() != n * PATCH_VALUES {
