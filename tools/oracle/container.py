@@ -49,7 +49,11 @@ class Container:
                 self.books.append(_f16(cb, i * rl + 16, e * d).reshape(e, d))
 
     def tensor(self, name):
-        t = self.index[self.prefix + name]
+        return self.tensor_full(self.prefix + name)
+
+    def tensor_full(self, name):
+        """A trunk tensor by its full name (the vision tower's live outside the text prefix)."""
+        t = self.index[name]
         shape = t["shape"]
         cols = shape[-1]
         rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1

@@ -8,6 +8,12 @@
       logits at every position of a prompt for a K3-shaped container (weights
       decoded by container.py), token by token: recurrent KDA, non-absorbed MLA
       with full keys/values, latent MoE, SiTU, AttnRes.
+  python k3_oracle.py vision CONTAINER OUT_DIR
+      two test images (written as PNG: one whose sides are whole patches, one
+      RGBA that is resampled), their patch grids, the vision tower's patch
+      embedding and final image embeddings (tower + 2x2 merge + projector, from
+      MODEL.md "Vision"), and the text model's logits at every position of a
+      prompt holding both images, plus a greedy continuation.
 
 Everything in float64 so the oracle's own rounding is negligible.
 """
@@ -169,9 +175,9 @@ class K3:
             y = y + w(sh + "down_proj.weight") @ self.act(w(sh + "gate_proj.weight") @ x, w(sh + "up_proj.weight") @ x)
         return y
 
-    def step(self, tok):
+    def step(self, tok, emb=None):
         w, eps = self.w, self.eps
-        x = w("model.embed_tokens.weight")[tok]
+        x = w("model.embed_tokens.weight")[tok] if emb is None else emb
         blocks = []
         for L in range(self.L):
             p = f"model.layers.{L}."
@@ -212,13 +218,151 @@ def model(container, out, n):
                    "logits": [[float(f"{v:.9g}") for v in row] for row in logits], "greedy": greedy}, f)
 
 
+def write_png(path, a):
+    """An 8-bit RGB or RGBA PNG (no PIL here): filter 0 per row, zlib."""
+    import struct as st
+    import zlib
+    h, w, c = a.shape
+    raw = b"".join(b"\x00" + a[y].tobytes() for y in range(h))
+
+    def chunk(t, d):
+        return st.pack(">I", len(d)) + t + d + st.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", st.pack(">IIBBBBB", w, h, 8, {3: 2, 4: 6}[c], 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+class Vision:
+    """K3's vision tower and projector from MODEL.md, float64."""
+
+    def __init__(self, ct):
+        import os
+        with open(os.path.join(ct.path, "vision.json")) as f:
+            self.c = json.load(f)
+        self.w = lambda n: torch.from_numpy(ct.tensor_full(n).astype(np.float64))
+        self.eps = float(np.finfo(np.float32).eps)
+
+    def grid(self, W, H):
+        mp = self.c.get("max_patches", 1024)
+        s = min(1.0, math.sqrt(mp / (W * H / 196)))
+        gw = max(2, int(math.floor(W * s / 14 + 0.5))) & ~1
+        gh = max(2, int(math.floor(H * s / 14 + 0.5))) & ~1
+        while gw * gh > mp:
+            if gw >= gh:
+                gw -= 2
+            else:
+                gh -= 2
+        return gw, gh
+
+    def patches(self, img):
+        H, W = img.shape[:2]
+        gw, gh = self.grid(W, H)
+        x = torch.tensor(img[..., :3].astype(np.float64)).permute(2, 0, 1)[None]  # alpha dropped
+        if (W, H) != (14 * gw, 14 * gh):
+            x = torch.nn.functional.interpolate(x, size=(14 * gh, 14 * gw), mode="bilinear", align_corners=False, antialias=False)
+        mean = torch.tensor(self.c["image_mean"])[:, None, None]
+        std = torch.tensor(self.c["image_std"])[:, None, None]
+        x = (x[0] / 255.0 - mean) / std
+        return x.reshape(3, gh, 14, gw, 14).permute(1, 3, 0, 2, 4).reshape(gh * gw, 588), gw, gh
+
+    def embed(self, p, gw, gh):
+        c, w = self.c, self.w
+        D = c["vt_hidden_size"]
+        x = p @ w("vision_tower.patch_embed.proj.weight").reshape(D, 588).T
+        ph, pw = c["init_pos_emb_height"], c["init_pos_emb_width"]
+        pos = w("vision_tower.patch_embed.pos_emb.weight").reshape(ph, pw, D).permute(2, 0, 1)[None]
+        if (gh, gw) != (ph, pw):
+            pos = torch.nn.functional.interpolate(pos, size=(gh, gw), mode="bilinear", align_corners=False, antialias=False)
+        return x + pos[0].permute(1, 2, 0).reshape(gh * gw, D)
+
+    def encode(self, p, gw, gh):
+        c, w, eps = self.c, self.w, self.eps
+        D, nh, Q = c["vt_hidden_size"], c["vt_num_attention_heads"], c["qkv_hidden_size"]
+        hd = Q // nh
+        N = gw * gh
+        x = self.embed(p, gw, gh)
+        idx = torch.arange(N)
+        col, row = (idx % gw).double(), (idx // gw).double()
+        j = torch.arange(hd // 2)
+        freq = 10000.0 ** (-(4 * (j // 2)).double() / hd)
+        ang = torch.where(j % 2 == 0, col[:, None], row[:, None]) * freq  # [N, hd/2]
+        cos, sin = torch.cos(ang)[:, None, :], torch.sin(ang)[:, None, :]
+
+        def rope(t):  # [N, nh, hd], pairs (2j, 2j+1)
+            a, b = t[..., 0::2], t[..., 1::2]
+            return torch.stack([a * cos - b * sin, a * sin + b * cos], -1).reshape(t.shape)
+        for b in range(c["vt_num_hidden_layers"]):
+            pre = f"vision_tower.encoder.blocks.{b}."
+            h = rmsnorm(x, w(pre + "norm0.weight"), eps)
+            qkv = h @ w(pre + "wqkv.weight").T
+            q, k, v = (qkv[:, i * Q:(i + 1) * Q].reshape(N, nh, hd) for i in range(3))
+            q, k = rope(q), rope(k)
+            att = torch.softmax(torch.einsum("ihd,jhd->hij", q, k) * hd ** -0.5, -1)
+            o = torch.einsum("hij,jhd->ihd", att, v).reshape(N, Q)
+            x = x + o @ w(pre + "wo.weight").T
+            h = rmsnorm(x, w(pre + "norm1.weight"), eps)
+            h = torch.nn.functional.gelu(h @ w(pre + "mlp.fc0.weight").T, approximate="tanh")
+            x = x + h @ w(pre + "mlp.fc1.weight").T
+        y = rmsnorm(x, w("vision_tower.encoder.final_layernorm.weight"), eps)
+        m = y.reshape(gh // 2, 2, gw // 2, 2, D).permute(0, 2, 1, 3, 4).reshape(-1, 4 * D)
+        z = torch.nn.functional.gelu(m @ w("mm_projector.proj.0.weight").T)
+        z = z @ w("mm_projector.proj.2.weight").T
+        return rmsnorm(z, w("mm_projector.post_norm.weight"), 1e-5)
+
+
+def vision(container, out_dir):
+    import os
+    ct = Container(container)
+    vis = Vision(ct)
+    m = K3(ct)
+    pad = vis.c["media_placeholder_token_id"]
+    with open(os.path.join(container, "specials.json")) as f:
+        sp = {s["text"]: s["id"] for s in json.load(f)}
+    rng = np.random.default_rng(31)
+    # a: 84x56 RGB, whole patches (6x4, not resampled); b: 75x45 RGBA (resampled to 56x28)
+    imgs = {"a.png": rng.integers(0, 256, (56, 84, 3), dtype=np.uint8),
+            "b.png": rng.integers(0, 256, (45, 75, 4), dtype=np.uint8)}
+    os.makedirs(out_dir, exist_ok=True)
+    res = {"_": "K3 vision reference (float64 PyTorch from MODEL.md) made by tools/oracle/k3_oracle.py vision", "images": []}
+    embs = []
+    with torch.no_grad():
+        for name, img in imgs.items():
+            write_png(os.path.join(out_dir, name), img)
+            p, gw, gh = vis.patches(img)
+            e = vis.encode(p, gw, gh)
+            embs.append(e)
+            res["images"].append({"file": name, "width": img.shape[1], "height": img.shape[0], "grid": [gw, gh],
+                                  "patch_embed": [[float(f"{v:.9g}") for v in r] for r in vis.embed(p, gw, gh).tolist()],
+                                  "embedding": [[float(f"{v:.9g}") for v in r] for r in e.tolist()]})
+        mb, mc, me = sp["<|media_begin|>"], sp["<|media_content|>"], sp["<|media_end|>"]
+        ids = [ct.config.get("bos_token_id", 0), 17, 42, mb, 30, 31, mc, pad, me, 55, 60, 61, mb, 33, mc, pad, me, 70, 80, 90]
+        logits, k = [], 0
+        for t in ids:
+            if t == pad:
+                for r in embs[k]:
+                    logits.append(m.step(None, r).tolist())
+                k += 1
+            else:
+                logits.append(m.step(t).tolist())
+        nxt = int(np.argmax(logits[-1]))
+        greedy = []
+        for _ in range(6):
+            greedy.append(nxt)
+            nxt = int(torch.argmax(m.step(nxt)))
+    res.update({"ids": ids, "logits": [[float(f"{v:.9g}") for v in row] for row in logits], "greedy": greedy})
+    with open(os.path.join(out_dir, "oracle.json"), "w") as f:
+        json.dump(res, f)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["components", "model"])
+    ap.add_argument("what", choices=["components", "model", "vision"])
     ap.add_argument("args", nargs="+")
     ap.add_argument("--len", type=int, default=36)
     a = ap.parse_args()
     if a.what == "components":
         components(a.args[0])
+    elif a.what == "vision":
+        vision(a.args[0], a.args[1])
     else:
         model(a.args[0], a.args[1], a.len)

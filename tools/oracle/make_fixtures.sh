@@ -25,6 +25,14 @@ done
 rm -rf $F/hf-tiny
 $PY tools/oracle/make_hf_tiny.py $F/hf-tiny
 $PY tools/oracle/mxfp4.py $F/mxfp4.json
+# Kimi K3 with a vision tower in the release's HF form, converted (F16 experts,
+# F32 text trunk, Q8G tower: the engine's default), and the PyTorch vision
+# oracle over it: two PNGs, their embeddings, a prompt holding both.
+rm -rf $F/hf-k3-vision $F/k3-vision /tmp/waste-k3-vision.waste
+$PY tools/oracle/make_hf_k3.py $F/tiny-k3.waste $F/hf-k3-vision --vision
+cargo run --release -q -p waste-cli -- convert --src $F/hf-k3-vision --out /tmp/waste-k3-vision.waste --experts f16 --trunk f32 -q
+$PY tools/oracle/k3_oracle.py vision /tmp/waste-k3-vision.waste $F/k3-vision
+rm -rf /tmp/waste-k3-vision.waste
 # Kimi K3 in the release's HF form (MXFP4 experts) + llama.cpp's kimi-k3 logits.
 # Needs llama.cpp's source (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp,
 # LLAMA_CPP_SRC) and that llama-cpp-python installed in the oracle venv.

@@ -8,7 +8,7 @@ use serde_json::json;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use waste_convert::{convert as run_convert, ConvertOptions, Progress, TrunkMode};
+use waste_convert::{convert as run_convert, ConvertOptions, Progress, TrunkMode, VisionMode};
 
 #[derive(Args)]
 pub struct ConvertArgs {
@@ -24,6 +24,13 @@ pub struct ConvertArgs {
     /// Trunk format: q4, q8, f16, f32.
     #[arg(long, default_value = "q4")]
     trunk: String,
+    /// K3's vision tower (when the source has one): q8 (default; the C WASTE
+    /// reads it) or f16 (this engine only).
+    #[arg(long, default_value = "q8", conflicts_with = "no_vision")]
+    vision: String,
+    /// Leave the vision tower out (a text-only container).
+    #[arg(long)]
+    no_vision: bool,
     /// Convert only the MoE layers A-B (inclusive) in this run.
     #[arg(long)]
     layers: Option<String>,
@@ -54,6 +61,11 @@ pub fn convert(a: ConvertArgs) -> Result<ExitCode> {
         .with_context(|| format!("--experts {:?}: expected vq3r, vq4p, vq2r, f16 or bf16", a.experts))?;
     let trunk =
         TrunkMode::parse(&a.trunk).with_context(|| format!("--trunk {:?}: expected q4, q8, f16 or f32", a.trunk))?;
+    let vision = if a.no_vision {
+        VisionMode::Off
+    } else {
+        VisionMode::parse(&a.vision).with_context(|| format!("--vision {:?}: expected q8 or f16", a.vision))?
+    };
     let layers = match &a.layers {
         None => None,
         Some(s) => {
@@ -73,6 +85,7 @@ pub fn convert(a: ConvertArgs) -> Result<ExitCode> {
         seed: a.seed,
         cb_sample: a.cb_sample,
         force: a.force,
+        vision,
         ..Default::default()
     };
     let bar =

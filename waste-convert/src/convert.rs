@@ -5,6 +5,7 @@
 type EncodedExpert = (Vec<u8>, [f64; 3], [f64; 3]);
 use crate::names::{read, read_expert};
 use crate::source::Source;
+use crate::vision::{tensors as vision_tensors, vision_json, VisionMode};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -65,6 +66,8 @@ pub struct ConvertOptions {
     /// Discard an unfinished conversion made with other options (only a
     /// staging folder this converter made, recognised by its fingerprint).
     pub force: bool,
+    /// How K3's vision tower is stored (when the source has one).
+    pub vision: VisionMode,
 }
 
 impl Default for ConvertOptions {
@@ -79,6 +82,7 @@ impl Default for ConvertOptions {
             kmeans_iters: 10,
             stop_after_banks: None,
             force: false,
+            vision: VisionMode::Q8,
         }
     }
 }
@@ -148,6 +152,7 @@ fn fingerprint(src_dir: &Path, src: &Source, o: &ConvertOptions) -> serde_json::
         "seed": o.seed,
         "cb_sample": o.cb_sample,
         "kmeans_iters": o.kmeans_iters,
+        "vision": format!("{:?}", o.vision).to_lowercase(),
     })
 }
 
@@ -210,6 +215,10 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
     let config = flatten_text_config(&src.config);
     let prefix = if src.names().any(|n| n.starts_with("language_model.")) { "language_model." } else { "" }.to_string();
     let cfg = ModelConfig::from_json(&config)?;
+    let vision = match o.vision {
+        VisionMode::Off => None,
+        _ => vision_json(src_dir, &src, cfg.hidden, cfg.vocab)?,
+    };
     let q = ExpertQuant::standard(o.experts);
     let lay = RecordLayout::new(&cfg, q)?;
     let fp = fingerprint(src_dir, &src, o);
@@ -252,6 +261,7 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
         Some(t) => t,
         None => {
             let reqs: Vec<_> = required_tensors(&cfg);
+            let nvis = vision.as_ref().map_or(0, |(_, vc)| vc.tensors().len());
             let mut tw = TrunkWriter::create(out)?;
             for (i, req) in reqs.iter().enumerate() {
                 let (shape, v) = read(&src, &prefix, &req.name, cfg.conv_kernel)?;
@@ -279,29 +289,16 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
                     _ => Fmt::Q4G,
                 };
                 let stored_shape: Vec<usize> = if rows == 1 { shape.clone() } else { vec![rows, cols] };
-                match fmt {
-                    Fmt::F32 => tw.add(
-                        &name,
-                        fmt,
-                        &stored_shape,
-                        0,
-                        &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
-                        &[],
-                    )?,
-                    Fmt::F16 => tw.add(
-                        &name,
-                        fmt,
-                        &stored_shape,
-                        0,
-                        &v.iter().flat_map(|x| f32_to_f16(*x).to_le_bytes()).collect::<Vec<_>>(),
-                        &[],
-                    )?,
-                    _ => {
-                        let (d, s) = quantize_groups(fmt, rows, cols, 128, &v);
-                        tw.add(&name, fmt, &[rows, cols], 128, &d, &s)?
-                    }
+                add_tensor(&mut tw, &name, fmt, &stored_shape, rows, cols, &v)?;
+                progress(Progress::Trunk { done: i + 1, total: reqs.len() + nvis });
+            }
+            // K3's vision tower, outside the text prefix under its release names
+            if let Some((_, vc)) = &vision {
+                for (k, (name, fmt, rows, cols, v)) in vision_tensors(&src, vc, o.vision)?.into_iter().enumerate() {
+                    let shape: Vec<usize> = if rows == 1 { vec![cols] } else { vec![rows, cols] };
+                    add_tensor(&mut tw, &name, fmt, &shape, rows, cols, &v)?;
+                    progress(Progress::Trunk { done: reqs.len() + k + 1, total: reqs.len() + nvis });
                 }
-                progress(Progress::Trunk { done: i + 1, total: reqs.len() });
             }
             let entries = tw.finish()?;
             write_atomic(&side, &serde_json::to_vec(&entries).map_err(|e| Error::Source(e.to_string()))?)?;
@@ -405,6 +402,10 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
             write_atomic(&out.join("codebooks.bin"), &cb)?;
         }
         copy_tokenizer(src_dir, out)?;
+        if let Some((vj, _)) = &vision {
+            let b = serde_json::to_vec_pretty(vj).map_err(|e| Error::Source(e.to_string()))?;
+            write_atomic(&out.join("vision.json"), &b)?;
+        }
         let layers = moe
             .iter()
             .enumerate()
@@ -451,6 +452,29 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
     rep.seconds = t0.elapsed().as_secs_f64();
     let _ = kind_names();
     Ok(rep)
+}
+
+/// Append one tensor of `rows × cols` values in `fmt` (grouped formats by 128).
+fn add_tensor(
+    tw: &mut TrunkWriter,
+    name: &str,
+    fmt: Fmt,
+    shape: &[usize],
+    rows: usize,
+    cols: usize,
+    v: &[f32],
+) -> Result<()> {
+    match fmt {
+        Fmt::F32 => tw.add(name, fmt, shape, 0, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(), &[])?,
+        Fmt::F16 => {
+            tw.add(name, fmt, shape, 0, &v.iter().flat_map(|x| f32_to_f16(*x).to_le_bytes()).collect::<Vec<_>>(), &[])?
+        }
+        _ => {
+            let (d, s) = quantize_groups(fmt, rows, cols, 128, v);
+            tw.add(name, fmt, &[rows, cols], 128, &d, &s)?
+        }
+    }
+    Ok(())
 }
 
 /// Codebooks of one layer: for each kind and stage, k-means on a sample.

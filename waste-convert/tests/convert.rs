@@ -6,32 +6,15 @@
 //! conversion resumes to a byte-identical container.
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use waste_convert::{convert, verify_against_source, ConvertOptions, TrunkMode};
 use waste_format::ExpertFmt;
 use waste_model::{Model, ModelOptions};
 
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("waste-convert-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    let _ = std::fs::remove_dir_all(waste_convert::staging_dir(&d));
-    d
-}
-
-/// Convert a fixture with F16 experts and an F32 trunk, which must hold its
-/// weights exactly (f16-exact or MXFP4 experts, bf16/f16/f32 trunk).
-fn convert_exact(fixture: &str, tag: &str) -> PathBuf {
-    let out = tmp(tag);
-    let o = ConvertOptions { experts: ExpertFmt::F16, trunk: TrunkMode::F32, jobs: 2, ..Default::default() };
-    let rep = convert(&fixtures().join(fixture), &out, &o, &|_| {}).unwrap();
-    assert!(rep.complete);
-    assert!(
-        rep.rel_error.iter().all(|&e| e == 0.0),
-        "{fixture}: the experts must convert losslessly: {:?}",
-        rep.rel_error
-    );
-    out
-}
+/// `tmp` and `convert_exact`, shared with the vision test.
+#[path = "support/mod.rs"]
+mod support;
+use support::{convert_exact, tmp};
 
 /// The oracle tests' helpers (worst relative error, perturbed copies).
 #[path = "../../waste-model/tests/common/mod.rs"]

@@ -54,6 +54,10 @@ pub enum Error {
     /// A [`crate::TokenConstraint`] failed (a grammar error).
     #[error("constraint: {0}")]
     Constraint(#[from] ConstraintError),
+    /// An image cannot be used, or the vision tower's config or weights are
+    /// malformed (the message names which).
+    #[error(transparent)]
+    Vision(#[from] waste_vision::Error),
     /// An allocation failed.
     #[error("out of memory: {0}")]
     Oom(String),

@@ -170,13 +170,14 @@ impl Session<'_> {
         }
         let eos: Vec<u32> = self.model().config().eos.iter().copied().chain(p.stop_tokens.iter().copied()).collect();
         let mut sampler = Sampler::new(p.sampling.clone());
+        let pos0 = self.position();
         if !prompt.is_empty() {
             self.eval(prompt)?;
         } else if self.position() == 0 {
             return Err(Error::Arg("generate needs a prompt on a fresh session".into()));
         }
-        let mut out =
-            Generation { tokens: Vec::new(), text: String::new(), finish: Finish::Length, prompt_tokens: prompt.len() };
+        let prompt_tokens = self.position() - pos0;
+        let mut out = Generation { tokens: Vec::new(), text: String::new(), finish: Finish::Length, prompt_tokens };
         let mut dec = StreamDecoder::new();
         let mut pending = String::new();
         let ctx = self.model().options().ctx;
@@ -256,7 +257,7 @@ impl Session<'_> {
             let ends = stopped.is_some() || out.tokens.len() >= p.max_tokens;
             let full = self.position() >= ctx;
             if !ends && !full {
-                self.eval(&[id])?;
+                self.eval_inner(&[id], false)?;
             }
             let st = self.stats() - st0;
             let ev = TokenEvent {

@@ -51,6 +51,9 @@ pub struct ModelOptions {
     /// Reserve the constrained-decoding tables (JSON schema, tool grammars)
     /// in the budget: servers and `--json-schema` runs, which may build them.
     pub grammar: bool,
+    /// Load K3's vision tower (images in prompts); its bytes are counted in
+    /// the plan and come out of the expert cache's share of the budget.
+    pub vision: bool,
 }
 
 /// Compute threads at most this many per core (more only adds switching).
@@ -77,6 +80,7 @@ impl Default for ModelOptions {
             force: false,
             usable_ram: None,
             grammar: false,
+            vision: false,
         }
     }
 }
@@ -103,6 +107,7 @@ pub struct Model {
     budget_warning: Option<String>,
     warnings: Vec<String>,
     preloaded: usize,
+    pub(crate) vision: Option<crate::vision::Vision>,
 }
 
 impl Model {
@@ -134,6 +139,13 @@ impl Model {
         let plan =
             Plan::for_container(&container, opts.ctx)?.with_tokenizer(tokenizer.as_ref().map_or(0, |t| t.heap_bytes()));
         let plan = if opts.grammar { plan.with_grammar(container.config.vocab) } else { plan };
+        let vcfg = match opts.vision {
+            false => None,
+            true => Some(crate::vision::config(&container)?.ok_or_else(|| {
+                Error::Unsupported("images: this container has no vision tower (no vision.json)".into())
+            })?),
+        };
+        let plan = if vcfg.is_some() { plan.with_vision() } else { plan };
         let usable = opts.usable_ram.unwrap_or_else(waste_cache::usable_ram);
         if plan.floor_bytes > usable && !opts.force {
             return Err(Error::FloorAboveRam {
@@ -186,6 +198,10 @@ impl Model {
             r.matrix("model.embed_tokens.weight")?
         } else {
             r.matrix("lm_head.weight")?
+        };
+        let vision = match &vcfg {
+            Some(v) => Some(crate::vision::load(v, &mut r)?),
+            None => None,
         };
         let embed = Embedding::new(&container)?;
         let mut files = Vec::with_capacity(container.config.layers);
@@ -248,6 +264,7 @@ impl Model {
             budget_warning: resolved.warning.clone(),
             warnings: resolved.warning.into_iter().chain(warnings).collect(),
             preloaded: 0,
+            vision,
         };
         m.preload_usage()?;
         Ok(m)

@@ -39,6 +39,13 @@ pub struct Plan {
     pub expert_records: u64,
     /// Vocabulary entries (what the grammar tables scale with).
     pub vocab: u64,
+    /// The vision tower's weights as loaded (0 when the container has none).
+    pub vision_weight_bytes: u64,
+    /// Buffers encoding one image at the patch budget takes.
+    pub vision_scratch_bytes: u64,
+    /// Whether the vision bytes are counted in the floor (images enabled,
+    /// [`Plan::with_vision`]): they come out of the expert cache's share.
+    pub vision: bool,
 }
 
 /// Resident bytes of the constrained-decoding tables per vocabulary entry:
@@ -157,6 +164,8 @@ impl Plan {
         let min_cache = if moe > 0 { aligned_alloc_bytes((2 * k * rec) as usize, true) } else { 0 };
         let floor = trunk + state + scratch + min_cache;
         let ws = k * rec * moe;
+        // a malformed vision.json matters only when images are enabled (Model::open reports it)
+        let vcfg = crate::vision::config(ct).ok().flatten();
         Ok(Plan {
             trunk_bytes: trunk,
             state_bytes: state,
@@ -172,6 +181,9 @@ impl Plan {
             top_k: k,
             expert_records: moe * c.experts as u64,
             vocab: c.vocab as u64,
+            vision_weight_bytes: vcfg.as_ref().map_or(0, |v| crate::vision::weight_bytes(ct, v)),
+            vision_scratch_bytes: vcfg.as_ref().map_or(0, |v| v.scratch_bytes()),
+            vision: false,
         })
     }
 
@@ -235,10 +247,32 @@ impl Plan {
         self
     }
 
+    /// What enabling images adds: the tower's weights and one image's buffers.
+    pub fn vision_bytes(&self) -> u64 {
+        self.vision_weight_bytes + self.vision_scratch_bytes
+    }
+
+    /// The same plan with images enabled: the vision bytes counted in the
+    /// floor (and so taken from the expert cache's share of the budget).
+    pub fn with_vision(mut self) -> Plan {
+        if !self.vision {
+            self.floor_bytes += self.vision_bytes();
+            self.recommended_bytes += self.vision_bytes();
+            self.vision = true;
+        }
+        self
+    }
+
     /// The budget rule's inputs.
     pub fn floor(&self) -> waste_cache::Floor {
+        let vision = if self.vision { self.vision_bytes() } else { 0 };
         waste_cache::Floor {
-            fixed: self.trunk_bytes + self.state_bytes + self.scratch_bytes + self.tokenizer_bytes + self.grammar_bytes,
+            fixed: self.trunk_bytes
+                + self.state_bytes
+                + self.scratch_bytes
+                + self.tokenizer_bytes
+                + self.grammar_bytes
+                + vision,
             min_cache: self.min_expert_cache_bytes,
             working_set: self.working_set_bytes,
         }

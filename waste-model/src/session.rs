@@ -96,6 +96,15 @@ pub struct Session<'m> {
     stats: Stats,
     /// A recorded routing to replay instead of the router's choice (benchmarks).
     replay: Option<std::sync::Arc<Vec<Vec<Vec<u32>>>>>,
+    /// Images waiting for their `<|media_pad|>` placeholders, in order.
+    images: std::collections::VecDeque<crate::Image>,
+}
+
+/// One sequence position's input: a token's embedding row or an image's row.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Token(u32),
+    Row(&'a [f32]),
 }
 
 impl<'m> Session<'m> {
@@ -145,6 +154,7 @@ impl<'m> Session<'m> {
             logits: vec![0.0; c.vocab],
             stats: Stats::default(),
             replay: None,
+            images: Default::default(),
         }
     }
 
@@ -160,9 +170,10 @@ impl<'m> Session<'m> {
     pub fn model(&self) -> &'m Model {
         self.m
     }
-    /// Forget everything: position 0, zero states, zero counters.
+    /// Forget everything: position 0, zero states, zero counters, no queued images.
     pub fn reset(&mut self) {
         self.pos = 0;
+        self.images.clear();
         for s in &mut self.states {
             match s {
                 LayerState::Kda(k) => k.reset(),
@@ -242,29 +253,95 @@ impl<'m> Session<'m> {
     /// Evaluate `tokens` (prefill or a single step) and return the logits of
     /// the last one. The context bound is checked before any state changes.
     ///
+    /// With images enabled, each `<|media_pad|>` placeholder takes the next
+    /// queued image ([`Session::add_image`]) and stands for its
+    /// [`crate::Image::positions`] positions; the positions evaluated are
+    /// the tokens minus the placeholders plus the images' positions.
+    ///
     /// # Errors
-    /// [`Error::Arg`] for no tokens or an id outside the vocabulary, [`Error::ContextFull`] when they do not fit (checked before any state changes), and the engine's I/O, record and cache errors.
+    /// [`Error::Arg`] for no tokens, an id outside the vocabulary, or more
+    /// placeholders than queued images; [`Error::ContextFull`] when the
+    /// positions do not fit (checked before any state changes); the engine's
+    /// I/O, record and cache errors.
     pub fn eval(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.eval_inner(tokens, true)
+    }
+
+    /// [`Session::eval`]; placeholders are expanded only when `images` (a
+    /// placeholder the model *generates* is an ordinary token).
+    pub(crate) fn eval_inner(&mut self, tokens: &[u32], images: bool) -> Result<&[f32]> {
         if tokens.is_empty() {
             return Err(Error::Arg("eval needs at least one token".into()));
-        }
-        let ctx = self.m.opts.ctx;
-        if self.pos + tokens.len() > ctx {
-            return Err(Error::ContextFull { pos: self.pos, n: tokens.len(), ctx });
         }
         let vocab = self.m.embed.rows();
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Arg(format!("token id {t} is outside the vocabulary (0..{vocab})")));
         }
+        let pad = self.m.vision().filter(|_| images).map(|v| v.placeholder);
+        let npad = pad.map_or(0, |p| tokens.iter().filter(|&&t| t == p).count());
+        if npad > self.images.len() {
+            return Err(Error::Arg(format!(
+                "the tokens hold {npad} image placeholder(s) (<|media_pad|>) but {} image(s) are queued",
+                self.images.len()
+            )));
+        }
+        let n = tokens.len() - npad + self.images.iter().take(npad).map(|i| i.positions()).sum::<usize>();
+        let ctx = self.m.opts.ctx;
+        if self.pos + n > ctx {
+            return Err(Error::ContextFull { pos: self.pos, n, ctx });
+        }
+        let imgs: Vec<crate::Image> = self.images.drain(..npad).collect();
+        let h = self.m.config().hidden;
+        let mut inputs = Vec::with_capacity(n);
+        let mut next = imgs.iter();
+        for &t in tokens {
+            if Some(t) == pad {
+                if let Some(img) = next.next() {
+                    inputs.extend(img.rows.chunks_exact(h).map(Input::Row));
+                    continue;
+                }
+            }
+            inputs.push(Input::Token(t));
+        }
         let chunk = self.chunk_len();
-        let n = tokens.len();
         let mut i = 0;
         while i < n {
             let t = chunk.min(n - i);
-            self.forward(&tokens[i..i + t], i + t == n)?;
+            self.forward(&inputs[i..i + t], i + t == n)?;
             i += t;
         }
         Ok(&self.logits)
+    }
+
+    /// Queue an encoded image for the next `<|media_pad|>` placeholder
+    /// [`Session::eval`] meets.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when images are not enabled; [`Error::Arg`] for
+    /// an image encoded by a model of another width.
+    pub fn add_image(&mut self, img: crate::Image) -> Result<()> {
+        let v =
+            self.m.vision().ok_or_else(|| Error::Unsupported("images: open the model with images enabled".into()))?;
+        if img.rows.len() != img.positions() * v.text_hidden {
+            return Err(Error::Arg(format!(
+                "the image has {} values, not {} positions of width {}",
+                img.rows.len(),
+                img.positions(),
+                v.text_hidden
+            )));
+        }
+        self.images.push_back(img);
+        Ok(())
+    }
+
+    /// Images queued and not yet placed.
+    pub fn queued_images(&self) -> usize {
+        self.images.len()
+    }
+
+    /// Drop the queued images.
+    pub fn clear_images(&mut self) {
+        self.images.clear();
     }
 
     /// Replay a recorded routing (the `cachesim` trace format: per token, per
@@ -324,7 +401,7 @@ impl<'m> Session<'m> {
         &self.logits
     }
 
-    fn forward(&mut self, toks: &[u32], want_logits: bool) -> Result<()> {
+    fn forward(&mut self, toks: &[Input<'_>], want_logits: bool) -> Result<()> {
         let m = self.m;
         let c = m.config();
         let pool = &m.pool;
@@ -333,8 +410,12 @@ impl<'m> Session<'m> {
         let nb = self.res_blocks;
         let t0 = Instant::now();
         let (io0, ex0, at0) = (self.stats.io_seconds, self.stats.expert_seconds, self.stats.attn_seconds);
-        for (t, &tok) in toks.iter().enumerate() {
-            m.embed.row(tok, &mut self.chunk_hidden[t * h..(t + 1) * h])?;
+        for (t, inp) in toks.iter().enumerate() {
+            let dst = &mut self.chunk_hidden[t * h..(t + 1) * h];
+            match *inp {
+                Input::Token(tok) => m.embed.row(tok, dst)?,
+                Input::Row(r) => dst.copy_from_slice(r),
+            }
         }
         let ar = c.attn_res_block;
         self.nblocks = 0;

@@ -50,7 +50,12 @@ impl<'c> TrunkReader<'c> {
 
     /// Load a tensor (name without prefix) as a matrix `[rows, cols]`.
     pub fn matrix(&mut self, name: &str) -> Result<Matrix> {
-        let t = self.c.tensor(name)?.clone();
+        self.matrix_full(&self.c.full_name(name))
+    }
+
+    /// Load a tensor by its full name (the vision tower's live outside the text prefix).
+    pub fn matrix_full(&mut self, full: &str) -> Result<Matrix> {
+        let t = self.c.tensors.get(full).ok_or_else(|| waste_format::Error::tensor(full, "missing"))?.clone();
         let data = self.read(t.off, t.payload_len)?;
         let scales = if t.fmt.is_grouped() { self.read(t.scale_off, t.scale_len)? } else { vec![] };
         self.loaded += t.stored_bytes();

@@ -1,0 +1,151 @@
+//! Images for Kimi K3: the vision tower loaded when asked, images encoded
+//! into embedding rows, and the prompt markup that announces them.
+
+use crate::weights::TrunkReader;
+use crate::{Error, Model, Result};
+use waste_format::Container;
+pub use waste_vision::{Grid, ImageInfo, VisionConfig};
+
+/// An image encoded for the text model: one embedding row per sequence
+/// position, queued on a session with [`crate::Session::add_image`] and
+/// spliced in at the next `<|media_pad|>` placeholder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Image {
+    /// The image file's own width (before any resize).
+    pub width: u32,
+    /// The image file's own height.
+    pub height: u32,
+    /// Its patch grid.
+    pub grid: Grid,
+    pub(crate) rows: Vec<f32>,
+    key: u64,
+}
+
+impl Image {
+    /// Sequence positions the image takes: `(gw/2)·(gh/2)`.
+    pub fn positions(&self) -> usize {
+        self.grid.positions()
+    }
+    /// The embedding rows, `positions × hidden`.
+    pub fn rows(&self) -> &[f32] {
+        &self.rows
+    }
+    /// A 64-bit digest of the encoded image file's bytes (for prefix reuse).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+}
+
+/// FNV-1a 64 of a byte string.
+pub fn digest(b: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &x in b {
+        h = (h ^ x as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// The loaded tower with its configuration.
+pub(crate) struct Vision {
+    pub(crate) tower: waste_vision::Tower,
+}
+
+/// `vision.json` of a container, if it has one, validated against its text model.
+///
+/// # Errors
+/// [`Error::Vision`] for a malformed file, [`Error::Format`] when it cannot be read.
+pub(crate) fn config(c: &Container) -> Result<Option<VisionConfig>> {
+    let p = c.dir.join("vision.json");
+    if !p.exists() {
+        return Ok(None);
+    }
+    let b = waste_format::read_regular(&p, 1 << 20).map_err(|e| waste_format::Error::io(&p, e))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&b).map_err(|e| waste_vision::Error::Config(format!("not JSON: {e}")))?;
+    Ok(Some(VisionConfig::from_json(&v, c.config.hidden, c.config.vocab)?))
+}
+
+/// Bytes the tower's weights take once loaded (matrices as stored, vectors
+/// and the position grid as f32), from the manifest alone.
+pub(crate) fn weight_bytes(c: &Container, v: &VisionConfig) -> u64 {
+    v.tensors()
+        .iter()
+        .map(|(name, rows, cols)| match c.tensors.get(name) {
+            Some(t) if *rows > 1 && !name.contains("pos_emb") => t.payload_len + t.scale_len,
+            _ => 4 * (*rows * *cols) as u64,
+        })
+        .sum()
+}
+
+/// Load the tower through the trunk reader (its I/O errors kept as they are).
+pub(crate) fn load(v: &VisionConfig, r: &mut TrunkReader<'_>) -> Result<Vision> {
+    let mut err = None;
+    let tower = waste_vision::Tower::load(v, &mut |name: &str| {
+        r.matrix_full(name).map_err(|e| {
+            let m = e.to_string();
+            err = Some(e);
+            waste_vision::Error::Weights(m)
+        })
+    });
+    match (tower, err) {
+        (Ok(tower), _) => Ok(Vision { tower }),
+        (Err(_), Some(e)) => Err(e),
+        (Err(e), None) => Err(e.into()),
+    }
+}
+
+impl Model {
+    /// The vision tower's configuration, when images are enabled
+    /// ([`crate::ModelOptions::vision`]) and the container has a tower.
+    pub fn vision(&self) -> Option<&VisionConfig> {
+        self.vision.as_ref().map(|v| v.tower.config())
+    }
+
+    fn vision_or_err(&self) -> Result<&Vision> {
+        self.vision.as_ref().ok_or_else(|| {
+            Error::Unsupported(if self.plan().vision_weight_bytes > 0 {
+                "images: open the model with images enabled (ModelOptions::vision, --image)".into()
+            } else {
+                "images: this model has no vision tower".into()
+            })
+        })
+    }
+
+    /// Read an image's header only: format and size, checked against the limits.
+    ///
+    /// # Errors
+    /// [`Error::Vision`] naming what is wrong (format, size, pixel count, aspect ratio).
+    pub fn image_info(&self, bytes: &[u8]) -> Result<ImageInfo> {
+        Ok(waste_vision::probe(bytes)?)
+    }
+
+    /// Sequence positions an image will take, from its header alone.
+    ///
+    /// # Errors
+    /// As [`Model::image_info`], and [`Error::Unsupported`] without a loaded tower.
+    pub fn image_positions(&self, bytes: &[u8]) -> Result<usize> {
+        let v = self.vision_or_err()?;
+        let i = waste_vision::probe(bytes)?;
+        Ok(waste_vision::grid(v.tower.config(), i.width, i.height)?.positions())
+    }
+
+    /// Decode and encode an image (PNG, JPEG, WebP, GIF's first frame) into
+    /// its embedding rows.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] without a loaded tower; [`Error::Vision`] for an
+    /// image that cannot be used (format, size, damage — precise).
+    pub fn encode_image(&self, bytes: &[u8]) -> Result<Image> {
+        let v = self.vision_or_err()?;
+        let px = waste_vision::preprocess(v.tower.config(), bytes)?;
+        let rows = v.tower.encode(&self.pool, &px)?;
+        Ok(Image { width: px.width, height: px.height, grid: px.grid, rows, key: digest(bytes) })
+    }
+
+    /// The prompt markup announcing an image (MODEL.md): `<|media_begin|>image
+    /// {W}x{H}<|media_content|><|media_pad|><|media_end|>`, to be encoded with
+    /// specials recognised; its one placeholder takes the image's positions.
+    pub fn image_markup(width: u32, height: u32) -> String {
+        format!("<|media_begin|>image {width}x{height}<|media_content|><|media_pad|><|media_end|>")
+    }
+}
