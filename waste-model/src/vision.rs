@@ -146,6 +146,6 @@ impl Model {
     /// {W}x{H}<|media_content|><|media_pad|><|media_end|>`, to be encoded with
     /// specials recognised; its one placeholder takes the image's positions.
     pub fn image_markup(width: u32, height: u32) -> String {
-        format!("<|media_begin|>image {width}x{height}<|media_content|><|media_pad|><|media_end|>")
+        waste_tokenizer::image_markup(width, height)
     }
 }

@@ -13,12 +13,42 @@ pub struct Message {
     pub role: String,
     /// Content (plain text).
     pub content: String,
+    /// Images announced before the content, by their files' `(width,
+    /// height)`: each renders as [`image_markup`] (specials recognised).
+    pub images: Vec<(u32, u32)>,
 }
 
 impl Message {
     /// A message.
     pub fn new(role: &str, content: &str) -> Message {
-        Message { role: role.into(), content: content.into() }
+        Message { role: role.into(), content: content.into(), images: Vec::new() }
+    }
+    /// The message with images announced before its content.
+    pub fn with_images(mut self, images: &[(u32, u32)]) -> Message {
+        self.images = images.to_vec();
+        self
+    }
+}
+
+/// Opens an image announcement.
+pub const MEDIA_BEGIN: &str = "<|media_begin|>";
+/// Separates the announcement's text from the image.
+pub const MEDIA_CONTENT: &str = "<|media_content|>";
+/// The image itself: one placeholder, expanded by the engine to the image's positions.
+pub const MEDIA_PAD: &str = "<|media_pad|>";
+/// Closes the announcement.
+pub const MEDIA_END: &str = "<|media_end|>";
+
+/// How K3 announces an image of a file's `width × height` (MODEL.md):
+/// `<|media_begin|>image {W}x{H}<|media_content|><|media_pad|><|media_end|>`,
+/// to be encoded with specials recognised.
+pub fn image_markup(width: u32, height: u32) -> String {
+    format!("{MEDIA_BEGIN}image {width}x{height}{MEDIA_CONTENT}{MEDIA_PAD}{MEDIA_END}")
+}
+
+fn encode_images(tok: &Tokenizer, images: &[(u32, u32)], out: &mut Vec<u32>) {
+    for &(w, h) in images {
+        out.extend(tok.encode_markup(&image_markup(w, h)));
     }
 }
 
@@ -147,6 +177,7 @@ impl ChatTemplate {
                         .find(|(r, _, _)| *r == m.role)
                         .ok_or_else(|| Error::Template(format!("no template for role {:?}", m.role)))?;
                     out.extend(tok.encode_markup(pre));
+                    encode_images(tok, &m.images, &mut out);
                     out.extend(tok.encode_plain(&m.content));
                     out.extend(tok.encode_markup(suf));
                 }
@@ -156,8 +187,13 @@ impl ChatTemplate {
                 Ok(out)
             }
             ChatTemplate::Xtml => {
-                let msgs: Vec<crate::xtml::ChatMessage> =
-                    messages.iter().map(|m| crate::xtml::ChatMessage::new(&m.role, &m.content)).collect();
+                let msgs: Vec<crate::xtml::ChatMessage> = messages
+                    .iter()
+                    .map(|m| crate::xtml::ChatMessage {
+                        images: m.images.clone(),
+                        ..crate::xtml::ChatMessage::new(&m.role, &m.content)
+                    })
+                    .collect();
                 crate::xtml::encode(tok, &msgs, &crate::xtml::XtmlOptions::default(), open).map(|e| e.ids)
             }
             ChatTemplate::Jinja(src) => {
@@ -189,6 +225,7 @@ impl ChatTemplate {
                         .parse()
                         .map_err(|_| Error::Template("template altered a content placeholder".into()))?;
                     let m = messages.get(idx).ok_or_else(|| Error::Template("bad content placeholder".into()))?;
+                    encode_images(tok, &m.images, &mut out);
                     out.extend(tok.encode_plain(&m.content));
                     rest = &after[b + CLOSE.len_utf8()..];
                 }
@@ -236,6 +273,62 @@ mod template_fuzz_twin {
                 Ok(_) => {}
                 Err(e) => prop_assert!(e.to_string().contains("chat_template.jinja"), "{}", e),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod images {
+    use super::*;
+
+    fn tok() -> Tokenizer {
+        let specials: Vec<(u32, String)> = [
+            MEDIA_BEGIN,
+            MEDIA_CONTENT,
+            MEDIA_PAD,
+            MEDIA_END,
+            crate::xtml::OPEN,
+            crate::xtml::CLOSE,
+            crate::xtml::SEP,
+            crate::xtml::END_OF_MSG,
+        ]
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (256 + i as u32, s.to_string()))
+        .collect();
+        Tokenizer::new((0..256u32).map(|b| (vec![b as u8], b)).collect(), specials, crate::Pattern::O200k).unwrap()
+    }
+
+    /// The announcement as ids: begin, "image WxH", content, pad, end.
+    fn announced(w: u32, h: u32) -> Vec<u32> {
+        let mut v = vec![256];
+        v.extend(format!("image {w}x{h}").bytes().map(u32::from));
+        v.extend([257, 258, 259]);
+        v
+    }
+
+    #[test]
+    fn images_are_announced_before_the_content_in_every_template() {
+        let t = tok();
+        let m = [Message::new("user", "hi <|media_pad|>").with_images(&[(84, 56), (3, 4)])];
+        let mut want = announced(84, 56);
+        want.extend(announced(3, 4));
+        // the content stays plain text even when it spells a special
+        let content: Vec<u32> = "hi <|media_pad|>".bytes().map(u32::from).collect();
+        want.extend(&content);
+        let plain = ChatTemplate::Affix {
+            roles: vec![("user".into(), "user: ".into(), "\n".into())],
+            open: "assistant: ".into(),
+        };
+        for tpl in [
+            plain,
+            ChatTemplate::Xtml,
+            ChatTemplate::Jinja("{% for m in messages %}[{{ m.content }}]{% endfor %}".into()),
+        ] {
+            let ids = tpl.encode(&t, &m, false).unwrap();
+            let at = ids.windows(want.len()).position(|w| w == want.as_slice());
+            assert!(at.is_some(), "{tpl:?}: {ids:?}");
+            assert_eq!(ids.iter().filter(|&&i| i == 258).count(), 2, "{tpl:?}: exactly the two placeholders");
         }
     }
 }

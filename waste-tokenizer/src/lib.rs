@@ -28,7 +28,7 @@ mod decode;
 pub mod xtml;
 
 pub use bpe::{Pattern, Tokenizer, REGEX_ALLOWANCE};
-pub use chat::{ChatTemplate, Message};
+pub use chat::{image_markup, ChatTemplate, Message, MEDIA_BEGIN, MEDIA_CONTENT, MEDIA_END, MEDIA_PAD};
 pub use decode::StreamDecoder;
 
 /// Errors of the tokenizer.

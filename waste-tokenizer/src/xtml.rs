@@ -52,6 +52,9 @@ pub struct ChatMessage {
     /// Tools that become available at this point (a system message carrying
     /// `tools`: rendered as the reference's "New Tools Available" block).
     pub tools: Vec<Value>,
+    /// Images announced at the start of a user message's body, by their
+    /// files' `(width, height)` ([`crate::chat::image_markup`]).
+    pub images: Vec<(u32, u32)>,
 }
 
 impl ChatMessage {
@@ -236,7 +239,18 @@ impl Out {
         self.marker(SEP);
     }
     fn message(&mut self, attrs: &[(&str, &str)], body: &str) {
+        self.message_with_images(attrs, &[], body);
+    }
+    fn message_with_images(&mut self, attrs: &[(&str, &str)], images: &[(u32, u32)], body: &str) {
+        use crate::chat::{MEDIA_BEGIN, MEDIA_CONTENT, MEDIA_END, MEDIA_PAD};
         self.open("message", attrs);
+        for (w, h) in images {
+            self.marker(MEDIA_BEGIN);
+            self.text(&format!("image {w}x{h}"));
+            self.marker(MEDIA_CONTENT);
+            self.marker(MEDIA_PAD);
+            self.marker(MEDIA_END);
+        }
         self.text(body);
         self.close("message");
         self.marker(END_OF_MSG);
@@ -331,7 +345,7 @@ fn render_parts(messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Res
             a
         };
         match m.role.as_str() {
-            "user" => o.message(&named("user"), &m.content),
+            "user" => o.message_with_images(&named("user"), &m.images, &m.content),
             "system" if !m.tools.is_empty() => {
                 let body = format!(
                     "## New Tools Available\nThe system dynamically extends the toolset via lazy-loading.\nYou have access to all existing and extended tools.\nHere are the specs for the extended tools.\n\n```json\n{}\n```",
