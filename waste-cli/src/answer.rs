@@ -51,7 +51,10 @@ impl<'m> Chat<'m> {
             let ids = self.model.encode_chat(msgs, true)?;
             return Ok(if follow_up { ids[self.model.bos().map_or(0, |_| 1)..].to_vec() } else { ids });
         }
-        let cm: Vec<ChatMessage> = msgs.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect();
+        let cm: Vec<ChatMessage> = msgs
+            .iter()
+            .map(|m| ChatMessage { images: m.images.clone(), ..ChatMessage::new(&m.role, &m.content) })
+            .collect();
         let e = self.model.encode_xtml(&cm, &self.opts, true)?;
         Ok(if follow_up { e.ids[e.head..].to_vec() } else { e.ids })
     }

@@ -53,6 +53,54 @@ pub struct EngineArgs {
     /// Open even when the floor at this --ctx exceeds usable RAM.
     #[arg(long)]
     pub force: bool,
+    /// Load the vision tower (set by commands given images).
+    #[arg(skip)]
+    pub vision: bool,
+}
+
+/// An image file read for the prompt: its bytes and header size.
+pub struct ImageFile {
+    pub path: PathBuf,
+    pub bytes: Vec<u8>,
+    pub width: u32,
+    pub height: u32,
+}
+
+/// Read `--image` files (bounded) and check their headers.
+pub fn read_images(model: &Model, paths: &[PathBuf]) -> Result<Vec<ImageFile>> {
+    paths
+        .iter()
+        .map(|p| {
+            let bytes = waste_model::format::read_regular(p, waste_vision_limit())
+                .with_context(|| format!("reading image {}", p.display()))?;
+            let i = model.image_info(&bytes).with_context(|| format!("image {}", p.display()))?;
+            Ok(ImageFile { path: p.clone(), bytes, width: i.width, height: i.height })
+        })
+        .collect()
+}
+
+fn waste_vision_limit() -> u64 {
+    waste_model::MAX_IMAGE_FILE_BYTES as u64
+}
+
+/// Encode the images and queue them on the session, checking that the
+/// prompt has one `<|media_pad|>` per image.
+pub fn queue_images(s: &mut waste_model::Session<'_>, ids: &[u32], images: &[ImageFile]) -> Result<()> {
+    let m = s.model();
+    let Some(v) = m.vision() else { return Ok(()) };
+    let pads = ids.iter().filter(|&&t| t == v.placeholder).count();
+    if pads != images.len() {
+        bail!(
+            "the prompt has {pads} image placeholder(s) (<|media_pad|>, id {}) for {} --image file(s)",
+            v.placeholder,
+            images.len()
+        );
+    }
+    for f in images {
+        let img = m.encode_image(&f.bytes).with_context(|| format!("image {}", f.path.display()))?;
+        s.add_image(img)?;
+    }
+    Ok(())
 }
 
 pub fn parse_budget(s: &str) -> Result<u64, String> {
@@ -90,6 +138,7 @@ impl EngineArgs {
             force: self.force,
             usable_ram: None,
             grammar,
+            vision: self.vision,
         };
         let bar = crate::progress::count_bar("loading", false);
         let m = Model::open_with_progress(model, opts, &|done, total| {
@@ -139,6 +188,10 @@ pub struct EvalArgs {
     /// Include the full logit vector (with --json).
     #[arg(long)]
     logits: bool,
+    /// An image for the prompt's next `<|media_pad|>` placeholder
+    /// (repeatable, in order; K3 containers with a vision tower).
+    #[arg(long = "image", value_name = "FILE")]
+    images: Vec<PathBuf>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -155,10 +208,13 @@ fn prompt_ids(ids: &Option<String>, prompt: &Option<String>) -> Result<Vec<u32>>
     }
 }
 
-pub fn eval(a: EvalArgs) -> Result<ExitCode> {
+pub fn eval(mut a: EvalArgs) -> Result<ExitCode> {
     let ids = prompt_ids(&a.ids, &a.prompt)?;
+    a.engine.vision = !a.images.is_empty();
     let model = a.engine.open(&a.model)?;
+    let images = read_images(&model, &a.images)?;
     let mut s = model.session();
+    queue_images(&mut s, &ids, &images)?;
     let logits = s.eval(&ids)?.to_vec();
     let mut probs = logits.clone();
     waste_model::softmax_in_place(&mut probs);
@@ -167,7 +223,7 @@ pub fn eval(a: EvalArgs) -> Result<ExitCode> {
     let top: Vec<_> =
         order.iter().take(a.top).map(|&i| json!({"id": i, "logit": logits[i], "prob": probs[i]})).collect();
     if a.json {
-        let mut v = json!({"ids": ids, "argmax": order[0], "top": top});
+        let mut v = json!({"ids": ids, "positions": s.position(), "argmax": order[0], "top": top});
         if a.logits {
             v["logits"] = json!(logits);
         }
@@ -250,6 +306,11 @@ pub struct RunArgs {
     /// Answer in JSON matching this JSON schema file (constrained decoding).
     #[arg(long, value_name = "FILE")]
     json_schema: Option<PathBuf>,
+    /// An image to show the model (repeatable; K3 containers with a vision
+    /// tower): announced before the prompt text, or at the `<|media_pad|>`
+    /// placeholders of `--ids`.
+    #[arg(long = "image", value_name = "FILE")]
+    images: Vec<PathBuf>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -308,7 +369,7 @@ pub fn status_line(tokens: usize, secs: f64, st: &waste_model::Stats) {
     );
 }
 
-pub fn run(a: RunArgs) -> Result<ExitCode> {
+pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     use std::io::Write;
     let text = if a.ids.is_none() { read_prompt(&a.prompt, &a.file)? } else { None };
     let schema = match &a.json_schema {
@@ -320,18 +381,29 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         ),
         None => None,
     };
+    a.engine.vision = !a.images.is_empty();
     let model = a.engine.open_for(&a.model, schema.is_some())?;
+    let images = read_images(&model, &a.images)?;
+    let dims: Vec<(u32, u32)> = images.iter().map(|i| (i.width, i.height)).collect();
     let chat = crate::answer::Chat::new(&model, crate::answer::effort(a.think.as_deref())?, schema);
     let templated = a.ids.is_none() && !a.raw;
     let ids = match (&a.ids, &text) {
         (Some(i), None) => parse_ids(i)?,
-        (None, Some(t)) if a.raw => model.encode_raw(t)?,
+        (None, Some(t)) if a.raw => {
+            let tok = model.tokenizer().context("--raw needs the container's tokenizer")?;
+            let mut ids: Vec<u32> = model.bos().into_iter().collect();
+            for &(w, h) in &dims {
+                ids.extend(tok.encode_markup(&waste_model::tokenizer::image_markup(w, h)));
+            }
+            ids.extend(&model.encode_raw(t)?[model.bos().map_or(0, |_| 1)..]);
+            ids
+        }
         (None, Some(t)) => {
             let mut msgs = vec![];
             if let Some(s) = &a.system {
                 msgs.push(waste_model::tokenizer::Message::new("system", s));
             }
-            msgs.push(waste_model::tokenizer::Message::new("user", t));
+            msgs.push(waste_model::tokenizer::Message::new("user", t).with_images(&dims));
             chat.encode(&msgs, false)?
         }
         (Some(_), Some(_)) => bail!("give either --ids or a prompt, not both"),
@@ -342,6 +414,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
     let mut printer = chat.printer(templated);
     let mut s = model.session();
     let t0 = std::time::Instant::now();
+    queue_images(&mut s, &ids, &images)?;
     prefill_with_bar(&mut s, &ids)?;
     let stream = !a.json;
     let mut out = std::io::stdout().lock();

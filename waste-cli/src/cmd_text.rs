@@ -1,6 +1,6 @@
 //! `waste chat`, `waste tokenize`, `waste detokenize`.
 
-use crate::cmd_eval::{parse_ids, read_prompt, status_line, EngineArgs, SampleArgs};
+use crate::cmd_eval::{parse_ids, queue_images, read_images, read_prompt, status_line, EngineArgs, SampleArgs};
 use crate::print_json;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -21,6 +21,12 @@ pub struct ChatArgs {
     /// the reasoning is shown dimmed on stderr.
     #[arg(long, num_args = 0..=1, default_missing_value = "max", value_name = "LEVEL", value_parser = ["low", "high", "max"])]
     think: Option<String>,
+    /// An image for the first message (repeatable); later ones with `/image FILE`.
+    #[arg(long = "image", value_name = "FILE")]
+    images: Vec<PathBuf>,
+    /// Do not load the vision tower (saves its memory; `/image` is then refused).
+    #[arg(long)]
+    no_images: bool,
     #[command(flatten)]
     sample: SampleArgs,
     #[command(flatten)]
@@ -28,8 +34,14 @@ pub struct ChatArgs {
 }
 
 /// The chat REPL: state is kept across turns; `/reset`, `/save F`, `/load F`, `/stats`, Ctrl-D.
-pub fn chat(a: ChatArgs) -> Result<ExitCode> {
+pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
+    if a.no_images && !a.images.is_empty() {
+        bail!("--image and --no-images contradict each other");
+    }
+    // the tower is loaded when the container has one (for /image), unless --no-images
+    a.engine.vision = !a.images.is_empty() || (!a.no_images && a.model.join("vision.json").is_file());
     let model = a.engine.open(&a.model)?;
+    let mut pending = read_images(&model, &a.images)?;
     let chat = crate::answer::Chat::new(&model, crate::answer::effort(a.think.as_deref())?, None);
     let params = chat.params(a.sample.params());
     let mut s = model.session();
@@ -70,13 +82,21 @@ pub fn chat(a: ChatArgs) -> Result<ExitCode> {
                     }
                     Err(e) => eprintln!("error: loading {arg}: {e} (the conversation is kept)"),
                 },
+                "image" if !arg.is_empty() => match read_images(&model, &[PathBuf::from(arg)]) {
+                    Ok(mut f) if model.vision().is_some() => {
+                        eprintln!("[image {arg}: {}x{}, for the next message]", f[0].width, f[0].height);
+                        pending.append(&mut f);
+                    }
+                    Ok(_) => eprintln!("error: this model has no vision tower loaded (images need K3's tower)"),
+                    Err(e) => eprintln!("error: {e:#}"),
+                },
                 "stats" => {
                     let st = s.stats();
                     let cs = model.cache_stats();
                     eprintln!("[position {} / {} | experts {} hit / {} miss | {} bytes read | cache {} slots, {} evictions | direct I/O {}]", s.position(), model.options().ctx, st.experts_hit, st.experts_missed, st.bytes_read, model.cache_slots(), cs.evictions, model.direct_io());
                 }
                 "quit" | "exit" => break,
-                _ => eprintln!("commands: /reset, /save FILE, /load FILE, /stats, /quit (Ctrl-D)"),
+                _ => eprintln!("commands: /reset, /save FILE, /load FILE, /image FILE, /stats, /quit (Ctrl-D)"),
             }
             continue;
         }
@@ -86,13 +106,25 @@ pub fn chat(a: ChatArgs) -> Result<ExitCode> {
                 msgs.push(Message::new("system", sys));
             }
         }
-        msgs.push(Message::new("user", line));
+        let dims: Vec<(u32, u32)> = pending.iter().map(|i| (i.width, i.height)).collect();
+        msgs.push(Message::new("user", line).with_images(&dims));
         let ids = chat.encode(&msgs, !first)?;
-        first = false;
-        if s.position() + ids.len() >= model.options().ctx {
+        let mut extra = 0;
+        for f in &pending {
+            extra += model.image_positions(&f.bytes)?.saturating_sub(1);
+        }
+        if s.position() + ids.len() + extra >= model.options().ctx {
             eprintln!("[the context is full: /reset or /save]");
             continue;
         }
+        first = false;
+        if let Err(e) = queue_images(&mut s, &ids, &pending) {
+            s.clear_images();
+            pending.clear();
+            eprintln!("error: {e:#} (the images were dropped)");
+            continue;
+        }
+        pending.clear();
         let t0 = std::time::Instant::now();
         let st0 = s.stats();
         let mut printer = chat.printer(true);

@@ -68,6 +68,8 @@ pub use vision::{digest, Grid, Image, ImageInfo, VisionConfig};
 pub use waste_attn::{attn_res, attn_res_in_place};
 pub use waste_cache::{parse_size, physical_ram, usable_ram, CacheStats, Policy};
 pub use waste_tokenizer as tokenizer;
+/// The largest image file accepted (bytes).
+pub use waste_vision::MAX_FILE_BYTES as MAX_IMAGE_FILE_BYTES;
 
 /// In-place softmax (probabilities from logits).
 pub fn softmax_in_place(x: &mut [f32]) {
