@@ -51,6 +51,13 @@ pub struct ServeArgs {
     /// cross-site requests from (repeatable).
     #[arg(long = "allow-origin")]
     allow_origin: Vec<String>,
+    /// Accept `file://` image URLs (paths this server can read); remote
+    /// `http(s)://` image URLs are never fetched.
+    #[arg(long)]
+    allow_image_urls: bool,
+    /// Do not load the vision tower (saves its memory; image requests get a 400).
+    #[arg(long)]
+    no_images: bool,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -60,7 +67,9 @@ fn seconds(v: f64, flag: &str) -> Result<std::time::Duration> {
     Ok(std::time::Duration::from_secs_f64(v))
 }
 
-pub fn serve(a: ServeArgs) -> Result<ExitCode> {
+pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
+    // images: the tower is loaded when the container has one, unless --no-images
+    a.engine.vision = !a.no_images && a.model.join("vision.json").is_file();
     // a server may get constrained requests: their tables are in its budget
     let model = a.engine.open_for(&a.model, true)?;
     let api_key = a.api_key.clone().or_else(|| std::env::var("WASTE_API_KEY").ok()).filter(|k| !k.is_empty());
@@ -86,6 +95,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         allowed_hosts: a.allow_host.clone(),
         allowed_origins: a.allow_origin.clone(),
         log: Some(std::sync::Arc::new(|line: &str| eprintln!("waste serve: {line}"))),
+        allow_image_urls: a.allow_image_urls,
     };
     waste_serve::serve(model, opts, |addr| {
         // one line on stdout so scripts can find the port

@@ -64,7 +64,7 @@ pub use plan::{plan, Plan, GRAMMAR_BYTES_PER_TOKEN, MAX_CTX};
 pub use sample::{argmax, log_softmax, Sampler, SamplingParams};
 pub use session::{Session, Stats};
 pub use state::{Snapshot, STATE_MAGIC, STATE_VERSION};
-pub use vision::{digest, Grid, Image, ImageInfo, VisionConfig};
+pub use vision::{digest, Grid, Image, ImageInfo, PreparedImage, VisionConfig};
 pub use waste_attn::{attn_res, attn_res_in_place};
 pub use waste_cache::{parse_size, physical_ram, usable_ram, CacheStats, Policy};
 pub use waste_tokenizer as tokenizer;

@@ -36,6 +36,28 @@ impl Image {
     }
 }
 
+/// A decoded image cut into patches, ready for the tower.
+#[derive(Clone, Debug)]
+pub struct PreparedImage {
+    pixels: waste_vision::Pixels,
+    key: u64,
+}
+
+impl PreparedImage {
+    /// Sequence positions the image will take.
+    pub fn positions(&self) -> usize {
+        self.pixels.grid.positions()
+    }
+    /// The image file's `(width, height)`.
+    pub fn size(&self) -> (u32, u32) {
+        (self.pixels.width, self.pixels.height)
+    }
+    /// [`digest`] of the image file's bytes.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+}
+
 /// FNV-1a 64 of a byte string.
 pub fn digest(b: &[u8]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
@@ -130,16 +152,35 @@ impl Model {
     }
 
     /// Decode and encode an image (PNG, JPEG, WebP, GIF's first frame) into
-    /// its embedding rows.
+    /// its embedding rows: [`Model::prepare_image`] then [`Model::encode_prepared`].
     ///
     /// # Errors
     /// [`Error::Unsupported`] without a loaded tower; [`Error::Vision`] for an
     /// image that cannot be used (format, size, damage — precise).
     pub fn encode_image(&self, bytes: &[u8]) -> Result<Image> {
+        self.encode_prepared(&self.prepare_image(bytes)?)
+    }
+
+    /// Decode an image and cut it into the tower's patches (no tower work:
+    /// a server does this off its engine thread).
+    ///
+    /// # Errors
+    /// As [`Model::encode_image`].
+    pub fn prepare_image(&self, bytes: &[u8]) -> Result<PreparedImage> {
         let v = self.vision_or_err()?;
-        let px = waste_vision::preprocess(v.tower.config(), bytes)?;
-        let rows = v.tower.encode(&self.pool, &px)?;
-        Ok(Image { width: px.width, height: px.height, grid: px.grid, rows, key: digest(bytes) })
+        Ok(PreparedImage { pixels: waste_vision::preprocess(v.tower.config(), bytes)?, key: digest(bytes) })
+    }
+
+    /// Run the tower on a prepared image.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] without a loaded tower; [`Error::Vision`] for
+    /// pixels that do not fit this tower.
+    pub fn encode_prepared(&self, p: &PreparedImage) -> Result<Image> {
+        let v = self.vision_or_err()?;
+        let px = &p.pixels;
+        let rows = v.tower.encode(&self.pool, px)?;
+        Ok(Image { width: px.width, height: px.height, grid: px.grid, rows, key: p.key })
     }
 
     /// The prompt markup announcing an image (MODEL.md): `<|media_begin|>image

@@ -56,6 +56,9 @@ pub struct ServeOptions {
     pub allowed_origins: Vec<String>,
     /// Where log lines go (None: nowhere).
     pub log: Option<LogFn>,
+    /// Accept `file://` image URLs (local paths the server can read);
+    /// `http(s)://` URLs are never fetched.
+    pub allow_image_urls: bool,
 }
 
 impl std::fmt::Debug for ServeOptions {
@@ -95,6 +98,7 @@ impl Default for ServeOptions {
             allowed_hosts: vec![],
             allowed_origins: vec![],
             log: None,
+            allow_image_urls: false,
         }
     }
 }
@@ -518,11 +522,12 @@ fn submit(
     boundary: usize,
     params: GenerateParams,
     constraint: Option<waste_grammar::Constraint>,
+    images: Vec<waste_model::PreparedImage>,
 ) -> Result<(tokio::sync::mpsc::UnboundedReceiver<Event>, Arc<AtomicBool>), Response> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let constraint = constraint.map(|c| Box::new(c) as Box<dyn waste_model::TokenConstraint + Send>);
-    let job = Job { prompt, boundary, params, tx, cancel: cancel.clone(), constraint };
+    let job = Job { prompt, boundary, params, tx, cancel: cancel.clone(), constraint, images };
     // a bounded queue: past it, come back later (the engine runs one job at a time)
     let waiting = st.counters.queued.fetch_add(1, Ordering::Relaxed);
     if waiting >= st.opts.max_queue as u64 {
@@ -566,6 +571,8 @@ async fn prologue(st: &AppState, h: &HeaderMap, body: Body) -> Result<Value, Res
 struct ChatPlan {
     /// Prompt tokens up to the end of the messages (see `Job::boundary`).
     boundary: usize,
+    /// The images for the prompt's placeholders, in order.
+    images: Vec<waste_model::PreparedImage>,
     xtml: bool,
     thinking: bool,
     keep_calls: bool,
@@ -653,7 +660,11 @@ async fn blocking_with<T: Send + 'static>(
 /// context, and only then compile its grammar (the costly part).
 fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan, Common), Response> {
     let to400 = |(m, p): chat::Bad| bad(m, &p);
-    let msgs = chat::messages(v).map_err(to400)?;
+    let (mut msgs, refs) = chat::messages_with_images(v).map_err(to400)?;
+    let images = prepare_images(st, &refs)?;
+    for (r, img) in refs.iter().zip(&images) {
+        msgs[r.message].images.push(img.size());
+    }
     let opts = chat::options(v).map_err(to400)?;
     let xtml = st.model.is_xtml();
     let (prompt, boundary) = if xtml {
@@ -666,7 +677,8 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan, Common),
                 "tools",
             ));
         }
-        let plain: Vec<Message> = msgs.iter().map(|m| Message::new(&m.role, &m.content)).collect();
+        let plain: Vec<Message> =
+            msgs.iter().map(|m| Message::new(&m.role, &m.content).with_images(&m.images)).collect();
         let p = st.model.encode_chat(&plain, true).map_err(|e| bad(e.to_string(), "messages"))?;
         let b = st.model.encode_chat(&plain, false).map_err(|e| bad(e.to_string(), "messages"))?;
         // a template could render the messages differently when a turn is open
@@ -674,8 +686,10 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan, Common),
         (p, b)
     };
     let thinking = xtml && opts.thinking.is_some();
-    // the cheap checks first: a request the context cannot hold never compiles a grammar
-    let common = common(st, v, prompt.len(), true)?;
+    // the cheap checks first: a request the context cannot hold never compiles a grammar;
+    // each image's placeholder stands for its positions
+    let positions = prompt.len() - images.len() + images.iter().map(|i| i.positions()).sum::<usize>();
+    let common = common(st, v, positions, true)?;
     let parallel = match v.get("parallel_tool_calls") {
         None | Some(Value::Null) => true,
         Some(Value::Bool(b)) => *b,
@@ -714,7 +728,44 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan, Common),
         _ => None,
     };
     let keep_calls = !opts.tools.is_empty() && opts.tool_choice != ToolChoice::None;
-    Ok((prompt, ChatPlan { boundary, xtml, thinking, keep_calls, constraint }, common))
+    Ok((prompt, ChatPlan { boundary, xtml, thinking, keep_calls, constraint, images }, common))
+}
+
+/// Read and decode a request's images (on the blocking pool): `data:` URLs
+/// always, `file://` paths only with `--allow-image-urls`, remote URLs never.
+fn prepare_images(st: &AppState, refs: &[chat::ImageRef]) -> Result<Vec<waste_model::PreparedImage>, Response> {
+    if refs.is_empty() {
+        return Ok(vec![]);
+    }
+    if st.model.vision().is_none() {
+        let why = if st.model.plan().vision_weight_bytes > 0 {
+            "images are off on this server (started with --no-images)"
+        } else {
+            "this model has no vision tower"
+        };
+        return Err(bad(why, &refs[0].param));
+    }
+    refs.iter()
+        .map(|r| {
+            let bytes = match &r.source {
+                chat::ImageSource::Data(b) => std::borrow::Cow::Borrowed(b.as_slice()),
+                chat::ImageSource::Remote(u) => {
+                    return Err(bad(
+                        format!("remote image URLs are never fetched (no SSRF): {u:?}; send the image inline as a base64 data: URL"),
+                        &r.param,
+                    ))
+                }
+                chat::ImageSource::File(_) if !st.opts.allow_image_urls => {
+                    return Err(bad("file:// image URLs need a server started with --allow-image-urls", &r.param))
+                }
+                chat::ImageSource::File(p) => std::borrow::Cow::Owned(
+                    waste_model::format::read_regular(std::path::Path::new(p), waste_model::MAX_IMAGE_FILE_BYTES as u64)
+                        .map_err(|e| bad(format!("reading {p}: {e}"), &r.param))?,
+                ),
+            };
+            st.model.prepare_image(&bytes).map_err(|e| bad(e.to_string(), &r.param))
+        })
+        .collect()
 }
 
 async fn chat(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Response {
@@ -768,11 +819,13 @@ async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPl
     let id = format!("{}-{n}", if chat { "chatcmpl" } else { "cmpl" });
     let created = now();
     let model_id = st.opts.model_id.clone();
-    let (mut asm, constraint, boundary) = match plan {
-        Some(p) => (Assembler::new(p.xtml, p.thinking, p.keep_calls, &n.to_string()), p.constraint, p.boundary),
-        None => (Assembler::new(false, false, false, &n.to_string()), None, 0),
+    let (mut asm, constraint, boundary, images) = match plan {
+        Some(p) => {
+            (Assembler::new(p.xtml, p.thinking, p.keep_calls, &n.to_string()), p.constraint, p.boundary, p.images)
+        }
+        None => (Assembler::new(false, false, false, &n.to_string()), None, 0, vec![]),
     };
-    let (mut rx, cancel) = match submit(&st, prompt, boundary, c.params.clone(), constraint) {
+    let (mut rx, cancel) = match submit(&st, prompt, boundary, c.params.clone(), constraint, images) {
         Ok(x) => x,
         Err(r) => return r,
     };

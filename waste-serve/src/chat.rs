@@ -14,29 +14,76 @@ fn bad<T>(msg: impl Into<String>, param: impl Into<String>) -> Result<T, Bad> {
     Err((msg.into(), param.into()))
 }
 
-fn content_text(m: &Value, i: usize) -> Result<String, Bad> {
+/// Where an `image_url` part's image comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ImageSource {
+    /// A base64 `data:` URL, decoded.
+    Data(Vec<u8>),
+    /// A `file://` path (served only with `--allow-image-urls`).
+    File(String),
+    /// An `http(s)://` URL: never fetched (no SSRF).
+    Remote(String),
+}
+
+/// An image part: its message, its source, and the parameter naming it in errors.
+#[derive(Clone, Debug)]
+pub struct ImageRef {
+    /// Index of the message holding it.
+    pub message: usize,
+    /// Where its bytes are.
+    pub source: ImageSource,
+    /// `messages[i].content[k]`.
+    pub param: String,
+}
+
+/// Largest base64 text of one `data:` URL (the decoded image is capped by the engine's limit).
+const MAX_DATA_URL: usize = waste_model::MAX_IMAGE_FILE_BYTES / 3 * 4 + 4;
+
+fn image_part(p: &Value, param: &str) -> Result<ImageSource, Bad> {
+    use base64::Engine;
+    let url = p.get("image_url").and_then(|u| u.get("url").or(Some(u))).and_then(|u| u.as_str()).unwrap_or("");
+    if let Some(rest) = url.strip_prefix("data:") {
+        let Some((_, data)) = rest.split_once(";base64,") else {
+            return bad("a data: image URL must be base64 (data:image/png;base64,...)", param);
+        };
+        if data.len() > MAX_DATA_URL {
+            return bad(format!("the image is larger than {} bytes", waste_model::MAX_IMAGE_FILE_BYTES), param);
+        }
+        let b = base64::engine::general_purpose::STANDARD
+            .decode(data.trim_end())
+            .map_err(|e| (format!("the data: URL is not valid base64: {e}"), param.to_string()))?;
+        return Ok(ImageSource::Data(b));
+    }
+    if let Some(path) = url.strip_prefix("file://") {
+        return Ok(ImageSource::File(path.to_string()));
+    }
+    if url.is_empty() {
+        return bad("image_url needs a url", param);
+    }
+    Ok(ImageSource::Remote(url.chars().take(200).collect()))
+}
+
+/// A message's text, and its images (in order) into `images`.
+fn content_text(m: &Value, i: usize, images: &mut Vec<ImageRef>) -> Result<String, Bad> {
     let param = format!("messages[{i}].content");
     match m.get("content") {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => {
             let mut s = String::new();
-            for p in parts {
+            for (k, p) in parts.iter().enumerate() {
                 match p.get("type").and_then(|t| t.as_str()) {
                     Some("text") => match p.get("text").and_then(|t| t.as_str()) {
                         Some(t) => s.push_str(t),
                         None => return bad("text parts need a text string", param),
                     },
                     Some("image_url") => {
-                        let url = p
-                            .get("image_url")
-                            .and_then(|u| u.get("url").or(Some(u)))
-                            .and_then(|u| u.as_str())
-                            .unwrap_or("");
-                        if !url.starts_with("data:") {
-                            return bad("only base64 data: image URLs are accepted (no fetching)", param);
+                        let at = format!("{param}[{k}]");
+                        if m.get("role").and_then(|r| r.as_str()) != Some("user") {
+                            return bad("images are accepted in user messages", at);
                         }
-                        return bad("this model has no vision tower", param);
+                        let source = image_part(p, &at)?;
+                        images.push(ImageRef { message: i, source, param: at });
                     }
                     _ => return bad("unknown content part type", param),
                 }
@@ -83,6 +130,16 @@ fn tool_calls(m: &Value, i: usize) -> Result<Vec<ToolCall>, Bad> {
 
 /// `messages`.
 pub fn messages(v: &Value) -> Result<Vec<ChatMessage>, Bad> {
+    messages_with_images(v).map(|(m, _)| m)
+}
+
+/// [`messages`], and the image parts of the user messages in order (their
+/// messages' `images` are filled in once the images' sizes are known).
+///
+/// # Errors
+/// As [`messages`], and for an image part that is malformed or outside a user message.
+pub fn messages_with_images(v: &Value) -> Result<(Vec<ChatMessage>, Vec<ImageRef>), Bad> {
+    let mut images = Vec::new();
     let arr = match v.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => return bad("messages must not be empty", "messages"),
@@ -100,7 +157,7 @@ pub fn messages(v: &Value) -> Result<Vec<ChatMessage>, Bad> {
             "user" | "assistant" | "tool" => role,
             r => return bad(format!("unknown role {r:?}"), format!("messages[{i}].role")),
         };
-        let mut msg = ChatMessage::new(role, &content_text(m, i)?);
+        let mut msg = ChatMessage::new(role, &content_text(m, i, &mut images)?);
         if role == "assistant" {
             msg.tool_calls = tool_calls(m, i)?;
             msg.reasoning = m
@@ -123,7 +180,7 @@ pub fn messages(v: &Value) -> Result<Vec<ChatMessage>, Bad> {
         msg.name = m.get("name").and_then(|x| x.as_str()).map(str::to_string);
         out.push(msg);
     }
-    Ok(out)
+    Ok((out, images))
 }
 
 /// A `tools` array: function tools with valid, distinct names and object

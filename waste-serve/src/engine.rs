@@ -35,6 +35,27 @@ pub struct Job {
     pub boundary: usize,
     /// Constrained decoding (JSON schema, tool calls), if any.
     pub constraint: Option<Box<dyn TokenConstraint + Send>>,
+    /// The images for the prompt's `<|media_pad|>` placeholders, in order
+    /// (decoded; the tower runs here, only for images past the reused prefix).
+    pub images: Vec<waste_model::PreparedImage>,
+}
+
+/// A prompt as comparable keys, one per token: the id, or for an image
+/// placeholder its image's digest (top bit set) — two prompts share a prefix
+/// only when their images are the same files.
+fn keys(prompt: &[u32], pad: Option<u32>, images: &[waste_model::PreparedImage]) -> Vec<u64> {
+    let mut next = images.iter();
+    prompt
+        .iter()
+        .map(|&t| {
+            if Some(t) == pad {
+                if let Some(i) = next.next() {
+                    return (1 << 63) | i.key();
+                }
+            }
+            t as u64
+        })
+        .collect()
 }
 
 /// Events of a job.
@@ -76,15 +97,23 @@ pub fn run(model: &Model, rx: std::sync::mpsc::Receiver<Job>, counters: &Counter
     // the tokens whose state the session holds, and a snapshot taken right
     // after the last prompt (a follow-up turn extends the prompt, not the
     // generated tokens, which the client re-sends as text)
-    let mut held: Vec<u32> = Vec::new();
-    let mut snap: Option<(Vec<u32>, waste_model::Snapshot)> = None;
+    let mut held: Vec<u64> = Vec::new();
+    let mut snap: Option<(Vec<u64>, waste_model::Snapshot)> = None;
+    let pad = model.vision().map(|v| v.placeholder);
     for mut job in rx {
         counters.queued.fetch_sub(1, Ordering::Relaxed);
         if job.cancel.load(Ordering::Relaxed) || job.tx.is_closed() {
             continue;
         }
         counters.busy.store(true, Ordering::Relaxed);
-        let extends = |base: &[u32]| !base.is_empty() && base.len() < job.prompt.len() && job.prompt.starts_with(base);
+        let pads = job.prompt.iter().filter(|&&t| Some(t) == pad).count();
+        if pads != job.images.len() {
+            let _ = job.tx.send(Event::Error(format!("{pads} image placeholders for {} images", job.images.len())));
+            counters.busy.store(false, Ordering::Relaxed);
+            continue;
+        }
+        let keys = keys(&job.prompt, pad, &job.images);
+        let extends = |base: &[u64]| !base.is_empty() && base.len() < keys.len() && keys.starts_with(base);
         let start = if extends(&held) {
             held.len()
         } else if let Some((toks, sn)) = snap.as_ref().filter(|(t, _)| extends(t)) {
@@ -95,19 +124,29 @@ pub fn run(model: &Model, rx: std::sync::mpsc::Receiver<Job>, counters: &Counter
             0
         };
         let st0 = s.stats();
+        let pos0 = s.position();
+        // positions of the reused prefix (an image's placeholder stands for its positions)
+        let is_pad = |t: &u32| Some(*t) == pad;
+        let pads_before = job.prompt[..start].iter().filter(|t| is_pad(t)).count();
+        let reused = start - pads_before + job.images[..pads_before].iter().map(|i| i.positions()).sum::<usize>();
         let mut generated = Vec::new();
         let boundary = if job.boundary == 0 { job.prompt.len() } else { job.boundary.min(job.prompt.len()) };
-        let r = if boundary > start {
-            let r = s.eval(&job.prompt[start..boundary]).map(|_| ());
-            if r.is_ok() {
-                snap = Some((job.prompt[..boundary].to_vec(), s.snapshot()));
+        // the tower runs for the images past the reused prefix only
+        s.clear_images();
+        let mut r = Ok(());
+        for img in &job.images[pads_before..] {
+            r = r.and_then(|_| s.add_image(model.encode_prepared(img)?));
+        }
+        let r = r.and_then(|_| {
+            if boundary > start {
+                s.eval(&job.prompt[start..boundary])?;
+                snap = Some((keys[..boundary].to_vec(), s.snapshot()));
             }
-            r
-        } else {
             Ok(())
-        };
+        });
         let rest = &job.prompt[boundary.max(start)..];
         let r = r.and_then(|_| if rest.is_empty() { Ok(()) } else { s.eval(rest).map(|_| ()) });
+        let prompt_positions = reused + s.position().saturating_sub(pos0);
         let constraint = job.constraint.as_deref_mut().map(|c| c as &mut dyn TokenConstraint);
         let r = r.and_then(|_| {
             s.generate_constrained(&[], &job.params, constraint, |ev| {
@@ -133,16 +172,17 @@ pub fn run(model: &Model, rx: std::sync::mpsc::Receiver<Job>, counters: &Counter
         });
         match r {
             Ok(g) => {
-                let mut all = job.prompt.clone();
-                all.extend(&g.tokens);
-                all.truncate(s.position());
+                // the prompt and the generated tokens the session evaluated (not the last sampled one)
+                let evaluated = (reused + s.position() - pos0).saturating_sub(prompt_positions);
+                let mut all = keys;
+                all.extend(g.tokens.iter().take(evaluated).map(|&t| t as u64));
                 held = all;
                 let stats = s.stats() - st0;
                 let _ = job.tx.send(Event::Done {
                     finish: g.finish.reason(),
-                    prompt_tokens: job.prompt.len(),
+                    prompt_tokens: prompt_positions,
                     completion_tokens: g.tokens.len(),
-                    reused_tokens: start,
+                    reused_tokens: reused,
                     stats,
                     direct_io: model.direct_io(),
                 });

@@ -66,3 +66,22 @@ pub fn start_with(model: &Path, extra: &[&str]) -> Server {
 pub fn start(extra: &[&str]) -> Server {
     start_with(&anchor(), extra)
 }
+
+/// POST a chat completion (non-streaming) over raw HTTP; (status, JSON body).
+pub fn post_chat(addr: &str, v: &serde_json::Value) -> (u16, serde_json::Value) {
+    use std::io::Read;
+    let body = v.to_string();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    (status, serde_json::from_str(body).unwrap_or(serde_json::Value::Null))
+}

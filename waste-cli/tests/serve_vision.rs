@@ -1,0 +1,153 @@
+//! `waste serve` with images (K3 with a vision tower, converted from the
+//! oracle fixture `hf-k3-vision`): `image_url` parts as base64 `data:` URLs,
+//! image positions counted in `usage.prompt_tokens`, remote URLs refused,
+//! prefix reuse that tells two images apart, and the CLI's `--image`.
+
+mod common;
+
+use base64::Engine;
+use common::{post_chat as post, start_with, waste};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures")
+}
+
+/// The vision fixture converted once (F16 experts, F32 trunk, Q8G tower).
+fn container() -> &'static Path {
+    static C: OnceLock<PathBuf> = OnceLock::new();
+    C.get_or_init(|| {
+        let out = std::env::temp_dir().join(format!("waste-serve-vision-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let src = fixtures().join("hf-k3-vision");
+        let (code, _, err) = waste(
+            &[
+                "convert",
+                "--src",
+                src.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--experts",
+                "f16",
+                "--trunk",
+                "f32",
+                "-q",
+            ],
+            "",
+        );
+        assert_eq!(code, 0, "{err}");
+        out
+    })
+}
+
+fn png(name: &str) -> Vec<u8> {
+    std::fs::read(fixtures().join("k3-vision").join(name)).unwrap()
+}
+
+fn data_url(b: &[u8]) -> String {
+    format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(b))
+}
+
+fn user_with_image(url: &str, text: &str) -> Value {
+    json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]})
+}
+
+fn ask(addr: &str, msgs: Value) -> (u16, Value) {
+    post(addr, &json!({"messages": msgs, "max_tokens": 4, "temperature": 0, "reasoning_effort": "none"}))
+}
+
+/// Tokens of markup text, by the CLI's tokenizer.
+fn tokens_of(text: &str) -> i64 {
+    let (code, out, err) = waste(&["tokenize", container().to_str().unwrap(), "--markup", "--json", text], "");
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v["ids"].as_array().map(|a| a.len() as i64).unwrap_or_else(|| v.as_array().unwrap().len() as i64)
+}
+
+#[test]
+fn images_in_chat_requests() {
+    let s = start_with(container(), &[]);
+    let (a, b) = (png("a.png"), png("b.png")); // 84x56 → 6 positions; 75x45 → 2
+    let (st, va) = ask(&s.addr, json!([user_with_image(&data_url(&a), "what is it?")]));
+    assert_eq!(st, 200, "{va}");
+    // prefix reuse: a follow-up to the conversation with image a reuses its state;
+    // the same follow-up after image b (same text, another image) must not reuse a's
+    let answer = va["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let turn2 = |img: &[u8]| json!([user_with_image(&data_url(img), "what is it?"), {"role": "assistant", "content": answer}, {"role": "user", "content": "and then?"}]);
+    let (_, r1) = ask(&s.addr, turn2(&a));
+    let (_, r2) = ask(&s.addr, turn2(&b));
+    let reused = |v: &Value| v["waste"]["reused_prompt_tokens"].as_i64().unwrap();
+    assert!(reused(&r1) > 6, "{r1}");
+    assert!(reused(&r2) < reused(&r1) - 6, "image b must not reuse image a's positions: {r2}");
+    let (st, vb) = ask(&s.addr, json!([user_with_image(&data_url(&b), "what is it?")]));
+    assert_eq!(st, 200, "{vb}");
+    // the prompts differ only in the announcement's text and the image's positions
+    let pa = va["usage"]["prompt_tokens"].as_i64().unwrap();
+    let pb = vb["usage"]["prompt_tokens"].as_i64().unwrap();
+    let marks = tokens_of("<|media_begin|>image 84x56<|media_content|><|media_pad|><|media_end|>")
+        - tokens_of("<|media_begin|>image 75x45<|media_content|><|media_pad|><|media_end|>");
+    assert_eq!(pa - pb, marks + (6 - 2), "{va} {vb}");
+
+    // and the reused answer equals a fresh server's
+    let fresh = start_with(container(), &[]);
+    let (_, r3) = ask(&fresh.addr, turn2(&a));
+    assert_eq!(r1["choices"][0]["message"]["content"], r3["choices"][0]["message"]["content"]);
+    assert_eq!(r1["usage"]["prompt_tokens"], r3["usage"]["prompt_tokens"]);
+}
+
+#[test]
+fn image_errors_are_400s() {
+    let s = start_with(container(), &[]);
+    let cases = [
+        (json!([user_with_image("https://example.com/cat.png", "x")]), "never fetched"),
+        (json!([user_with_image("file:///etc/hostname", "x")]), "--allow-image-urls"),
+        (json!([user_with_image("data:image/png;base64,@@@", "x")]), "base64"),
+        (json!([user_with_image(&data_url(b"GIF89a trailing junk"), "x")]), "image"),
+        (json!([user_with_image(&data_url(&png("a.png")[..300]), "x")]), "decoding the png image"),
+        (
+            json!([{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": data_url(&png("a.png"))}}]}]),
+            "user messages",
+        ),
+    ];
+    for (msgs, want) in cases {
+        let (st, v) = ask(&s.addr, msgs);
+        assert_eq!(st, 400, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(want), "{want}: {v}");
+        assert!(v["error"]["param"].as_str().unwrap().starts_with("messages["), "{v}");
+    }
+    // --no-images: the tower is not loaded and images get a 400 saying so
+    let off = start_with(container(), &["--no-images"]);
+    let (st, v) = ask(&off.addr, json!([user_with_image(&data_url(&png("a.png")), "x")]));
+    assert_eq!(st, 400);
+    assert!(v["error"]["message"].as_str().unwrap().contains("--no-images"), "{v}");
+}
+
+#[test]
+fn the_cli_takes_images() {
+    let c = container().to_str().unwrap();
+    let a = fixtures().join("k3-vision/a.png");
+    let a = a.to_str().unwrap();
+    // eval counts the image's positions; a placeholder needs its image
+    let (code, out, err) = waste(&["eval", c, "--ids", "256,17,264,5", "--image", a, "--json", "--ctx", "64"], "");
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["positions"], 3 + 6);
+    let (code, _, err) = waste(&["eval", c, "--ids", "256,17,5", "--image", a, "--ctx", "64"], "");
+    assert_ne!(code, 0);
+    assert!(err.contains("0 image placeholder(s)"), "{err}");
+    // run announces the image in the user turn
+    let (code, out, err) =
+        waste(&["run", c, "describe", "--image", a, "--max-tokens", "2", "--json", "--ctx", "128"], "");
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["prompt_ids"].as_array().unwrap().iter().filter(|i| *i == 264).count(), 1, "{v}");
+    // a hostile file is refused precisely
+    let bad = std::env::temp_dir().join(format!("waste-bad-{}.png", std::process::id()));
+    std::fs::write(&bad, b"\x89PNG\r\n\x1a\n truncated").unwrap();
+    let (code, _, err) = waste(&["run", c, "x", "--image", bad.to_str().unwrap(), "--ctx", "64"], "");
+    assert_ne!(code, 0);
+    assert!(err.contains("image") && !err.contains("panicked"), "{err}");
+    let _ = std::fs::remove_file(bad);
+}
