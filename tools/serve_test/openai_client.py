@@ -1,6 +1,6 @@
 """Drive `waste serve` with the official openai Python client.
 
-    python tools/serve_test/openai_client.py WASTE_BINARY CONTAINER
+    python tools/serve_test/openai_client.py WASTE_BINARY CONTAINER [VISION_CONTAINER IMAGE.png]
 
 CONTAINER uses K3's tagged chat format (the C engine's anchor or a synthetic
 model): chat, streaming, thinking, tools, structured output. Prints "N passed, N failed", exits non-zero on any failure.
@@ -222,6 +222,22 @@ checks = [("chat", chat), ("stream + include_usage", stream), ("thinking -> reas
           ("tool_choice naming an unknown function -> 400", refused(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})),
           ("json_schema without a schema -> 400", refused(response_format={"type": "json_schema", "json_schema": {"name": "x"}})),
           ("remote image URL -> 400", refused(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}]}]))]
+if len(sys.argv) > 4:
+    import base64
+    vclient = start(sys.argv[3], "k3-vision")
+    url = "data:image/png;base64," + base64.b64encode(open(sys.argv[4], "rb").read()).decode()
+
+    def image_chat():
+        def ask(parts):
+            return vclient.chat.completions.create(model="k3-vision", max_tokens=3, temperature=0,
+                                                   messages=[{"role": "user", "content": parts}], extra_body={"reasoning_effort": "none"})
+        text = {"type": "text", "text": "what is this?"}
+        with_image = ask([{"type": "image_url", "image_url": {"url": url}}, text])
+        without = ask([text])
+        assert with_image.choices[0].message.content is not None
+        # the image's markup and its merged positions are counted in the prompt
+        assert with_image.usage.prompt_tokens > without.usage.prompt_tokens + 4, (with_image.usage, without.usage)
+    checks.append(("an image as a base64 data: URL", image_chat))
 for n, f in checks:
     check(n, f)
 for p in procs:

@@ -39,7 +39,7 @@ static int on_token(const waste_token_event *ev, void *user) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s MODEL.waste PROMPT\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.waste PROMPT [IMAGE]\n", argv[0]);
         return 2;
     }
     printf("version %s\n", waste_version());
@@ -48,6 +48,7 @@ int main(int argc, char **argv) {
     waste_options_init(&opt);
     opt.ctx_tokens = 256;
     opt.threads = 1;
+    opt.images = argc > 3; /* an image needs K3's vision tower */
     waste_model *m = NULL;
     check(waste_open(argv[1], &opt, &m), "waste_open");
     waste_info info;
@@ -103,6 +104,31 @@ int main(int argc, char **argv) {
     struct collected jc = {0};
     check(waste_generate(s2, prompt, n_prompt, &j, on_token, &jc, &r), "waste_generate (json)");
     printf("json %s\n", jc.text);
+
+    /* an image: announced in the prompt, queued, spliced at its placeholder */
+    if (argc > 3) {
+        FILE *f = fopen(argv[3], "rb");
+        if (!f) {
+            fprintf(stderr, "cannot open %s\n", argv[3]);
+            return 1;
+        }
+        static uint8_t img[1 << 20];
+        size_t len = fread(img, 1, sizeof img, f);
+        fclose(f);
+        uint32_t w = 0, h = 0;
+        size_t positions = 0;
+        check(waste_image_info(m, img, len, &w, &h, &positions), "waste_image_info");
+        char markup[256];
+        snprintf(markup, sizeof markup, "<|media_begin|>image %ux%u<|media_content|><|media_pad|><|media_end|>", w, h);
+        uint32_t ids[256];
+        size_t n_ids = 0;
+        check(waste_tokenize(m, markup, 1, ids, 256, &n_ids), "waste_tokenize");
+        check(waste_session_reset(s2), "waste_session_reset");
+        size_t added = 0;
+        check(waste_image_add(s2, img, len, &added), "waste_image_add");
+        check(waste_eval(s2, ids, n_ids, &logits, &n_logits), "waste_eval (image)");
+        printf("image %ux%u positions %zu ids %zu position %zu\n", w, h, added, n_ids, waste_session_position(s2));
+    }
 
     waste_stats st;
     check(waste_session_stats(s, &st), "waste_session_stats");

@@ -49,6 +49,7 @@ typedef struct waste_options {
     int32_t direct_io;      /* 1 = bypass the page cache for experts */
     int32_t verify_records; /* 1 = CRC every expert read */
     const char *usage_path; /* usage hotlist to preload, or NULL */
+    int32_t images;         /* 1 = load K3's vision tower (images in prompts) */
 } waste_options;
 
 typedef struct waste_plan {
@@ -128,6 +129,14 @@ waste_status waste_save_usage(const waste_model *model, const char *path, uint64
 waste_status waste_tokenize(const waste_model *model, const char *text, int32_t markup, uint32_t *ids, size_t cap, size_t *n);
 waste_status waste_detokenize(const waste_model *model, const uint32_t *ids, size_t n_ids, char *buf, size_t cap, size_t *len);
 waste_status waste_chat_encode(const waste_model *model, const waste_message *messages, size_t n_messages, int32_t open, uint32_t *ids, size_t cap, size_t *n);
+
+/* Images (K3 with a vision tower; open with images = 1). An image is
+ * announced in the prompt as the markup
+ * "<|media_begin|>image WxH<|media_content|><|media_pad|><|media_end|>"
+ * (tokenized with markup = 1, W x H the file's size); waste_image_add queues
+ * it for the next <|media_pad|>, which then stands for its positions. */
+waste_status waste_image_info(const waste_model *model, const uint8_t *data, size_t len, uint32_t *width, uint32_t *height, size_t *positions);
+waste_status waste_image_add(waste_session *session, const uint8_t *data, size_t len, size_t *positions);
 
 /* Sessions */
 waste_status waste_session_new(waste_model *model, waste_session **out);

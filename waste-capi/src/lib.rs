@@ -71,6 +71,8 @@ pub struct waste_options {
     pub verify_records: i32,
     /// Usage hotlist path or NULL.
     pub usage_path: *const c_char,
+    /// 1 = load K3's vision tower (images in prompts; its bytes come out of the expert cache).
+    pub images: i32,
 }
 
 /// The memory plan (`waste_plan`).
@@ -389,6 +391,7 @@ pub unsafe extern "C" fn waste_options_init(o: *mut waste_options) {
             direct_io: d.direct_io as i32,
             verify_records: d.verify_records as i32,
             usage_path: std::ptr::null(),
+            images: 0,
         };
     }
 }
@@ -446,6 +449,7 @@ pub unsafe extern "C" fn waste_open(
             o.io_threads = x.io_threads as usize;
             o.direct_io = x.direct_io != 0;
             o.verify_records = x.verify_records != 0;
+            o.vision = x.images != 0;
             if !x.usage_path.is_null() {
                 // SAFETY: per the contract
                 o.usage = Some(unsafe { text(x.usage_path, "usage_path")? }.into());
@@ -716,6 +720,72 @@ pub unsafe extern "C" fn waste_eval(
         unsafe {
             *out(logits, "logits")? = l.as_ptr();
             *out(n_logits, "n_logits")? = l.len();
+        }
+        Ok(())
+    })
+}
+
+/// An image's header: its file's size and the sequence positions it will
+/// take (needs a model opened with `images = 1`). Nothing is decoded.
+///
+/// # Safety
+/// `m` is an open model; `data` has `len` bytes; the out pointers are valid or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn waste_image_info(
+    m: *const waste_model,
+    data: *const u8,
+    len: usize,
+    width: *mut u32,
+    height: *mut u32,
+    positions: *mut usize,
+) -> waste_status {
+    guard(|| {
+        let inner = model_ref(m)?;
+        // SAFETY: per the contract
+        let b = unsafe { slice(data, len, "data")? };
+        let i = inner.model.image_info(b).map_err(fail)?;
+        let n = inner.model.image_positions(b).map_err(fail)?;
+        // SAFETY: per the contract (NULL outputs are skipped)
+        unsafe {
+            if let Some(w) = width.as_mut() {
+                *w = i.width;
+            }
+            if let Some(h) = height.as_mut() {
+                *h = i.height;
+            }
+            if let Some(p) = positions.as_mut() {
+                *p = n;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Decode and encode an image (PNG, JPEG, WebP, GIF) and queue it on the
+/// session for the next `<|media_pad|>` placeholder `waste_eval` or
+/// `waste_generate` meets (announce it in the prompt with the markup
+/// `<|media_begin|>image WxH<|media_content|><|media_pad|><|media_end|>`,
+/// tokenized with `markup = 1`). `*positions` gets the positions it takes.
+///
+/// # Safety
+/// `s` is a live session; `data` has `len` bytes; `positions` is valid or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn waste_image_add(
+    s: *mut waste_session,
+    data: *const u8,
+    len: usize,
+    positions: *mut usize,
+) -> waste_status {
+    guard(|| {
+        let s = session_mut(s)?;
+        // SAFETY: per the contract
+        let b = unsafe { slice(data, len, "data")? };
+        let img = s.session.model().encode_image(b).map_err(fail)?;
+        let n = img.positions();
+        s.session.add_image(img).map_err(fail)?;
+        // SAFETY: per the contract
+        if let Some(p) = unsafe { positions.as_mut() } {
+            *p = n;
         }
         Ok(())
     })

@@ -116,5 +116,28 @@ fn the_c_example_runs_and_agrees_with_the_rust_api() {
     let err = line("error ");
     assert!(!err.starts_with("0 ") && err.contains("nonexistent"), "{err}");
     assert!(line("version ").starts_with(env!("CARGO_PKG_VERSION")));
+
+    // an image through the C ABI, on K3 with a vision tower (the oracle fixture, converted)
+    let fx = here().join("../tools/oracle/fixtures");
+    let vis = work.join("k3-vision.waste");
+    let o = waste_convert::ConvertOptions {
+        experts: waste_format::ExpertFmt::F16,
+        trunk: waste_convert::TrunkMode::F32,
+        jobs: 2,
+        ..Default::default()
+    };
+    waste_convert::convert(&fx.join("hf-k3-vision"), &vis, &o, &|_| {}).unwrap();
+    let png = fx.join("k3-vision/a.png");
+    let o = Command::new(&exe).current_dir(&work).arg(&vis).arg(prompt).arg(&png).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    let l = out.lines().find_map(|l| l.strip_prefix("image ")).unwrap_or_else(|| panic!("no image line in {out}"));
+    let f: Vec<&str> = l.split_whitespace().collect();
+    // "84x56 positions P ids N position Q": the placeholder stands for the image's P positions
+    let m = Model::open(&vis, ModelOptions { ctx: 256, threads: 1, vision: true, ..Default::default() }).unwrap();
+    let want = m.image_positions(&std::fs::read(&png).unwrap()).unwrap();
+    assert_eq!((f[0], f[2].parse::<usize>().unwrap()), ("84x56", want), "{l}");
+    let (n, q): (usize, usize) = (f[4].parse().unwrap(), f[6].parse().unwrap());
+    assert_eq!(q, n - 1 + want, "{l}");
     std::fs::remove_dir_all(&work).ok();
 }

@@ -41,6 +41,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         print_json(&json!({
             "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes, "tokenizer_bytes": p.tokenizer_bytes,
             "grammar_bytes_when_constrained": p.with_grammar(vocab).grammar_bytes,
+            "vision_bytes": p.vision_bytes(), "vision_weight_bytes": p.vision_weight_bytes, "vision_scratch_bytes": p.vision_scratch_bytes,
             "min_expert_cache_bytes": p.min_expert_cache_bytes, "floor_bytes": p.floor_bytes,
             "working_set_bytes": p.working_set_bytes, "recommended_bytes": p.recommended_bytes,
             "usable_ram_bytes": usable, "budget_bytes": budget, "expert_cache_bytes": cache,
@@ -54,6 +55,10 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         outln!("  tokenizer tables     {:>14} bytes  {}", p.tokenizer_bytes, gib(p.tokenizer_bytes));
         let g = p.with_grammar(vocab).grammar_bytes;
         outln!("  (grammar tables      {:>14} bytes  {} more for `serve` and `run --json-schema`)", g, gib(g));
+        if p.vision_bytes() > 0 {
+            let v = p.vision_bytes();
+            outln!("  (with images: +{v} bytes  {} — the vision tower {} + one image's buffers {}, taken from the expert cache)", gib(v), p.vision_weight_bytes, p.vision_scratch_bytes);
+        }
         outln!("  minimum expert cache {:>14} bytes  {}", p.min_expert_cache_bytes, gib(p.min_expert_cache_bytes));
         outln!("  floor                {:>14} bytes  {}", p.floor_bytes, gib(p.floor_bytes));
         outln!("  working set / token  {:>14} bytes  {}", p.working_set_bytes, gib(p.working_set_bytes));

@@ -362,3 +362,65 @@ mod tests {
         assert!(from_rgb8(&cfg(64), 2, 2, &[0; 11]).is_err());
     }
 }
+
+#[cfg(test)]
+mod fuzz_twin {
+    //! The `image` fuzz target's twin: mutated PNG/GIF/JPEG/WebP bytes give
+    //! an error or well-formed pixels, never a panic.
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn seeds() -> Vec<Vec<u8>> {
+        let img = image::RgbaImage::from_fn(19, 11, |x, y| image::Rgba([x as u8 * 9, y as u8 * 20, 7, 200]));
+        [ImageFormat::Png, ImageFormat::Gif, ImageFormat::Jpeg, ImageFormat::WebP]
+            .into_iter()
+            .filter_map(|f| {
+                let mut out = Vec::new();
+                let dynimg = if f == ImageFormat::Jpeg {
+                    image::DynamicImage::ImageRgb8(image::DynamicImage::ImageRgba8(img.clone()).to_rgb8())
+                } else {
+                    image::DynamicImage::ImageRgba8(img.clone())
+                };
+                dynimg.write_to(&mut Cursor::new(&mut out), f).ok().map(|_| out)
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn mutated_images_never_panic(which in 0usize..4, flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..8), cut in any::<usize>()) {
+            let cfg = VisionConfig::from_json(&json!({"vt_hidden_size": 32, "vt_num_attention_heads": 2, "qkv_hidden_size": 32,
+                "text_hidden_size": 16, "media_placeholder_token_id": 1, "max_patches": 256}), 16, 4).unwrap();
+            let s = seeds();
+            let mut b = s[which % s.len()].clone();
+            for (at, v) in flips {
+                let n = b.len();
+                b[at % n] ^= v;
+            }
+            b.truncate(cut % (b.len() + 1));
+            if let Ok(p) = preprocess(&cfg, &b) {
+                prop_assert_eq!(p.patches.len(), p.grid.patches() * PATCH_VALUES);
+                prop_assert!(p.patches.iter().all(|v| v.is_finite()));
+            }
+        }
+    }
+
+    #[test]
+    fn every_format_decodes() {
+        let cfg = VisionConfig::from_json(
+            &json!({"vt_hidden_size": 32, "vt_num_attention_heads": 2, "qkv_hidden_size": 32,
+            "text_hidden_size": 16, "media_placeholder_token_id": 1}),
+            16,
+            4,
+        )
+        .unwrap();
+        let s = seeds();
+        assert_eq!(s.len(), 4, "png, gif, jpeg and webp seeds");
+        for b in &s {
+            let p = preprocess(&cfg, b).unwrap();
+            assert_eq!((p.width, p.height), (19, 11));
+        }
+    }
+}

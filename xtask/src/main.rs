@@ -221,7 +221,23 @@ fn openai_client_test(root: &Path, waste: &Path, skips: &mut Vec<String>) -> Res
         run(Command::new(&py).args(["-m", "pip", "install", "-q", "openai", "jsonschema"]))?;
     }
     let anchor = root.join("testdata").join("anchor-tiny/kimi-linear-tiny.waste");
-    run(Command::new(&py).arg(root.join("tools/serve_test/openai_client.py")).arg(waste).arg(anchor))
+    // K3 with a vision tower, converted from the oracle fixture, for the image request
+    let fx = root.join("tools/oracle/fixtures");
+    let vision = std::env::temp_dir().join(format!("waste-ci-k3-vision-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&vision);
+    run(Command::new(waste)
+        .args(["convert", "--experts", "f16", "--trunk", "f32", "-q", "--src"])
+        .arg(fx.join("hf-k3-vision"))
+        .arg("--out")
+        .arg(&vision))?;
+    let r = run(Command::new(&py)
+        .arg(root.join("tools/serve_test/openai_client.py"))
+        .arg(waste)
+        .arg(anchor)
+        .arg(&vision)
+        .arg(fx.join("k3-vision/a.png")));
+    let _ = std::fs::remove_dir_all(&vision);
+    r
 }
 
 fn check(quick: bool) -> Result<()> {
