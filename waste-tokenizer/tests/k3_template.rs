@@ -30,6 +30,7 @@ fn message(m: &Value) -> ChatMessage {
         tool_call_id: s("tool_call_id"),
         name: s("name"),
         tools: m.get("tools").and_then(|t| t.as_array()).cloned().unwrap_or_default(),
+        images: vec![],
     }
 }
 
