@@ -51,8 +51,8 @@ pub struct ServeArgs {
     /// cross-site requests from (repeatable).
     #[arg(long = "allow-origin")]
     allow_origin: Vec<String>,
-    /// Accept `file://` image URLs (paths this server can read); remote
-    /// `http(s)://` image URLs are never fetched.
+    /// Fetch `http(s)://` image URLs and read `file://` paths (by default
+    /// only inline base64 `data:` URLs are accepted: no SSRF).
     #[arg(long)]
     allow_image_urls: bool,
     /// Do not load the vision tower (saves its memory; image requests get a 400).

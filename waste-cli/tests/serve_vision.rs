@@ -101,7 +101,8 @@ fn images_in_chat_requests() {
 fn image_errors_are_400s() {
     let s = start_with(container(), &[]);
     let cases = [
-        (json!([user_with_image("https://example.com/cat.png", "x")]), "never fetched"),
+        (json!([user_with_image("https://example.com/cat.png", "x")]), "--allow-image-urls"),
+        (json!([user_with_image("ftp://example.com/cat.png", "x")]), "data:, http(s):// or file://"),
         (json!([user_with_image("file:///etc/hostname", "x")]), "--allow-image-urls"),
         (json!([user_with_image("data:image/png;base64,@@@", "x")]), "base64"),
         (json!([user_with_image(&data_url(b"GIF89a trailing junk"), "x")]), "image"),
@@ -122,6 +123,52 @@ fn image_errors_are_400s() {
     let (st, v) = ask(&off.addr, json!([user_with_image(&data_url(&png("a.png")), "x")]));
     assert_eq!(st, 400);
     assert!(v["error"]["message"].as_str().unwrap().contains("--no-images"), "{v}");
+}
+
+/// A one-shot HTTP server on loopback answering every request with `body`
+/// (status 200) or 404 for paths ending in `missing`.
+fn serve_bytes(body: Vec<u8>) -> String {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in l.incoming().take(8) {
+            let Ok(mut c) = c else { continue };
+            let mut req = [0u8; 4096];
+            let n = c.read(&mut req).unwrap_or(0);
+            let line = String::from_utf8_lossy(&req[..n]).lines().next().unwrap_or_default().to_string();
+            let (status, b) =
+                if line.contains("missing") { ("404 Not Found", &b""[..]) } else { ("200 OK", &body[..]) };
+            let _ = write!(c, "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", b.len());
+            let _ = c.write_all(b);
+        }
+    });
+    addr
+}
+
+#[test]
+fn remote_images_only_with_allow_image_urls() {
+    let a = png("a.png");
+    let host = serve_bytes(a.clone());
+    let url = format!("http://{host}/a.png");
+    let s = start_with(container(), &["--allow-image-urls"]);
+    let (st, fetched) = ask(&s.addr, json!([user_with_image(&url, "what is it?")]));
+    assert_eq!(st, 200, "{fetched}");
+    // the same image inline gives the same answer and the same prompt length
+    let (_, inline) = ask(&s.addr, json!([user_with_image(&data_url(&a), "what is it?")]));
+    assert_eq!(fetched["choices"][0]["message"]["content"], inline["choices"][0]["message"]["content"]);
+    assert_eq!(fetched["usage"]["prompt_tokens"], inline["usage"]["prompt_tokens"]);
+    let (st, v) = ask(&s.addr, json!([user_with_image(&format!("http://{host}/missing"), "x")]));
+    assert_eq!(st, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("404"), "{v}");
+    // file:// with the flag
+    let p = fixtures().join("k3-vision/a.png");
+    let (st, v) = ask(&s.addr, json!([user_with_image(&format!("file://{}", p.display()), "what is it?")]));
+    assert_eq!(st, 200, "{v}");
+    // without the flag neither is touched
+    let plain = start_with(container(), &[]);
+    let (st, v) = ask(&plain.addr, json!([user_with_image(&url, "x")]));
+    assert_eq!(st, 400, "{v}");
 }
 
 #[test]

@@ -56,8 +56,8 @@ pub struct ServeOptions {
     pub allowed_origins: Vec<String>,
     /// Where log lines go (None: nowhere).
     pub log: Option<LogFn>,
-    /// Accept `file://` image URLs (local paths the server can read);
-    /// `http(s)://` URLs are never fetched.
+    /// Fetch `http(s)://` image URLs and read `file://` paths (otherwise
+    /// only inline base64 `data:` URLs are accepted: no SSRF).
     pub allow_image_urls: bool,
 }
 
@@ -731,8 +731,28 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan, Common),
     Ok((prompt, ChatPlan { boundary, xtml, thinking, keep_calls, constraint, images }, common))
 }
 
+/// Seconds a remote image may take to arrive (connect, redirects and body).
+const IMAGE_FETCH_SECONDS: u64 = 20;
+
+/// Fetch an `http(s)://` image (blocking; called on the blocking pool):
+/// bounded in time, redirects and size.
+fn fetch_image(url: &str) -> Result<Vec<u8>, String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(std::time::Duration::from_secs(IMAGE_FETCH_SECONDS)))
+        .max_redirects(3)
+        .http_status_as_error(true)
+        .build()
+        .into();
+    let mut resp = agent.get(url).call().map_err(|e| format!("fetching the image {url:?}: {e}"))?;
+    resp.body_mut()
+        .with_config()
+        .limit(waste_model::MAX_IMAGE_FILE_BYTES as u64)
+        .read_to_vec()
+        .map_err(|e| format!("reading the image {url:?}: {e}"))
+}
+
 /// Read and decode a request's images (on the blocking pool): `data:` URLs
-/// always, `file://` paths only with `--allow-image-urls`, remote URLs never.
+/// always; `http(s)://` URLs and `file://` paths only with `--allow-image-urls`.
 fn prepare_images(st: &AppState, refs: &[chat::ImageRef]) -> Result<Vec<waste_model::PreparedImage>, Response> {
     if refs.is_empty() {
         return Ok(vec![]);
@@ -749,12 +769,13 @@ fn prepare_images(st: &AppState, refs: &[chat::ImageRef]) -> Result<Vec<waste_mo
         .map(|r| {
             let bytes = match &r.source {
                 chat::ImageSource::Data(b) => std::borrow::Cow::Borrowed(b.as_slice()),
-                chat::ImageSource::Remote(u) => {
+                chat::ImageSource::Remote(u) if !st.opts.allow_image_urls => {
                     return Err(bad(
-                        format!("remote image URLs are never fetched (no SSRF): {u:?}; send the image inline as a base64 data: URL"),
+                        format!("remote image URLs are not fetched (no SSRF; start the server with --allow-image-urls to allow it): {u:?}; send the image inline as a base64 data: URL"),
                         &r.param,
                     ))
                 }
+                chat::ImageSource::Remote(u) => std::borrow::Cow::Owned(fetch_image(u).map_err(|e| bad(e, &r.param))?),
                 chat::ImageSource::File(_) if !st.opts.allow_image_urls => {
                     return Err(bad("file:// image URLs need a server started with --allow-image-urls", &r.param))
                 }

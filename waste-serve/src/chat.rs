@@ -19,9 +19,9 @@ fn bad<T>(msg: impl Into<String>, param: impl Into<String>) -> Result<T, Bad> {
 pub enum ImageSource {
     /// A base64 `data:` URL, decoded.
     Data(Vec<u8>),
-    /// A `file://` path (served only with `--allow-image-urls`).
+    /// A `file://` path (read only with `--allow-image-urls`).
     File(String),
-    /// An `http(s)://` URL: never fetched (no SSRF).
+    /// An `http(s)://` URL (fetched only with `--allow-image-urls`).
     Remote(String),
 }
 
@@ -60,7 +60,13 @@ fn image_part(p: &Value, param: &str) -> Result<ImageSource, Bad> {
     if url.is_empty() {
         return bad("image_url needs a url", param);
     }
-    Ok(ImageSource::Remote(url.chars().take(200).collect()))
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return bad("image URLs must be data:, http(s):// or file://", param);
+    }
+    if url.len() > 4096 {
+        return bad("the image URL is longer than 4096 bytes", param);
+    }
+    Ok(ImageSource::Remote(url.to_string()))
 }
 
 /// A message's text, and its images (in order) into `images`.

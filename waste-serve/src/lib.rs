@@ -14,8 +14,10 @@
 //! function and the arguments of every call held to the tool's schema by
 //! constrained decoding), thinking with `reasoning_content` apart from
 //! `content`. `response_format` `json_object` / `json_schema` is enforced by
-//! constrained decoding (waste-grammar) on every model. Refused with a 400
-//! rather than ignored: images (no vision tower yet), `n > 1`.
+//! constrained decoding (waste-grammar) on every model. Images (K3 with a
+//! vision tower) arrive as `image_url` parts: base64 `data:` URLs, and
+//! `http(s)://` / `file://` only when the operator allows it. Refused with a
+//! 400 rather than ignored: images on a model without a tower, `n > 1`.
 #![deny(missing_docs)]
 
 mod api;
