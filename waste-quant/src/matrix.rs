@@ -195,6 +195,12 @@ impl<'a> MatRef<'a> {
         assert!(row0 + n <= self.rows, "matmat rows out of range");
         assert!(nt <= 1 || ys_stride >= n);
         #[cfg(target_arch = "x86_64")]
+        if level == Level::Avx512 && Level::Avx512.supported() {
+            // SAFETY: AVX-512 F/BW/VL + AVX2/FMA/F16C verified just above; sizes asserted; ys per the contract.
+            unsafe { crate::x86_64::avx512::matmat_rows(self, xs, nt, row0, n, ys, ys_stride) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
         if level.avx2_kernels() {
             // SAFETY: AVX2/FMA/F16C verified just above; sizes asserted; ys per the contract.
             unsafe { crate::x86_64::avx2::matmat_rows(self, xs, nt, row0, n, ys, ys_stride) };

@@ -266,6 +266,159 @@ pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32])
     }
 }
 
+/// Rows per tile of [`matmat_rows`].
+const MM_ROWS: usize = 2;
+/// Inputs per tile of [`matmat_rows`]: `MM_ROWS × MM_TOKENS` dots keep
+/// their 32 canonical lanes in two registers each (16), the inputs' blocks
+/// take 8 more, the weights 2 — within AVX-512's 32 registers. Measured
+/// best of 1×8, 2×4, 2×5, 2×6, 3×3, 3×4, 4×2, 4×3 (docs/LEARNED.md).
+const MM_TOKENS: usize = 4;
+
+/// `out[k][t] = W[r0 + k] · xs[t]` for `k < R`, `t < T` (`xs` holds the
+/// `T` inputs, `cols` floats each): every 32-column weight block is
+/// dequantized once for the `T` inputs and every input block loaded once
+/// for the `R` rows. Each dot sees the same fused multiply-adds in the same
+/// lanes and order as [`rows_dot`] (and the scalar definition).
+///
+/// # Safety
+/// As [`rows_dot`]; `xs.len() == T · cols`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn tile_dot<const R: usize, const T: usize, const FMT: u8>(
+    m: &MatRef<'_>,
+    r0: usize,
+    xs: &[f32],
+    out: &mut [[f32; T]; R],
+) {
+    let rbs = m.row_bytes();
+    let g = m.groups();
+    let cols = m.cols;
+    let rows: [&[u8]; R] = core::array::from_fn(|k| &m.data[(r0 + k) * rbs..(r0 + k + 1) * rbs]);
+    let mut acc = [[[_mm512_setzero_ps(); 2]; T]; R];
+    let full = cols / LANES * LANES;
+    let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
+    let mut c = 0;
+    while c < full {
+        // SAFETY: c + 32 <= cols; input t spans t·cols .. (t+1)·cols.
+        let x: [(__m512, __m512); T] = core::array::from_fn(|t| unsafe {
+            let p = xs.as_ptr().add(t * cols + c);
+            (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
+        });
+        for k in 0..R {
+            let scale = if FMT == Q8G || FMT == Q4G { f16(m.scales[(r0 + k) * g + c / m.group]) } else { 0.0 };
+            let tab = if FMT == Q4G { _mm512_mul_ps(steps, _mm512_set1_ps(scale)) } else { steps };
+            // SAFETY: c + 32 <= cols, within the row.
+            let (wl, wh) = unsafe { load32::<FMT>(rows[k].as_ptr(), c, scale, tab) };
+            for t in 0..T {
+                acc[k][t][0] = _mm512_fmadd_ps(wl, x[t].0, acc[k][t][0]);
+                acc[k][t][1] = _mm512_fmadd_ps(wh, x[t].1, acc[k][t][1]);
+            }
+        }
+        c += LANES;
+    }
+    for k in 0..R {
+        for t in 0..T {
+            let [lo, hi] = acc[k][t];
+            // SAFETY: features enabled on this function; row r0 + k exists; input t has cols floats.
+            let (lo, hi) = unsafe { tail_fma(m, r0 + k, full, &xs[t * cols..(t + 1) * cols], lo, hi) };
+            out[k][t] = reduce(lo, hi);
+        }
+    }
+}
+
+/// Rows `row0 .. row0 + n` of `m` against `nt` inputs in tiles of
+/// `MM_ROWS × MM_TOKENS` (smaller tiles at the edges).
+///
+/// # Safety
+/// As [`MatRef::matmat_rows`], fused layout.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn matmat_fmt<const FMT: u8>(
+    m: &MatRef<'_>,
+    xs: &[f32],
+    nt: usize,
+    row0: usize,
+    n: usize,
+    ys: *mut f32,
+    ys_stride: usize,
+) {
+    let cols = m.cols;
+    // SAFETY (every store): `ys` is valid at t·ys_stride + i for t < nt, i < n (the caller's contract).
+    let store = |i: usize, t: usize, v: f32| unsafe { *ys.add(t * ys_stride + i) = v };
+    let mut i = 0;
+    while i < n {
+        let r = (n - i).min(MM_ROWS);
+        let mut t = 0;
+        while t < nt {
+            let k = (nt - t).min(MM_TOKENS);
+            let x = &xs[t * cols..(t + k) * cols];
+            // SAFETY (all arms): rows row0+i .. row0+i+r exist, x holds k inputs.
+            unsafe {
+                match (r, k) {
+                    (MM_ROWS, MM_TOKENS) => {
+                        let mut o = [[0f32; MM_TOKENS]; MM_ROWS];
+                        tile_dot::<MM_ROWS, MM_TOKENS, FMT>(m, row0 + i, x, &mut o);
+                        for (a, row) in o.iter().enumerate() {
+                            for (b, &v) in row.iter().enumerate() {
+                                store(i + a, t + b, v);
+                            }
+                        }
+                    }
+                    (MM_ROWS, _) => {
+                        for b in 0..k {
+                            let mut o = [[0f32; 1]; MM_ROWS];
+                            tile_dot::<MM_ROWS, 1, FMT>(m, row0 + i, &x[b * cols..(b + 1) * cols], &mut o);
+                            for (a, row) in o.iter().enumerate() {
+                                store(i + a, t + b, row[0]);
+                            }
+                        }
+                    }
+                    _ => {
+                        for a in 0..r {
+                            for b in 0..k {
+                                let mut o = [[0f32; 1]; 1];
+                                tile_dot::<1, 1, FMT>(m, row0 + i + a, &x[b * cols..(b + 1) * cols], &mut o);
+                                store(i + a, t + b, o[0][0]);
+                            }
+                        }
+                    }
+                }
+            }
+            t += k;
+        }
+        i += r;
+    }
+}
+
+/// AVX-512 version of [`MatRef::matmat_rows`]: tiles of rows × inputs.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL, AVX2, FMA and F16C; the rest as
+/// [`MatRef::matmat_rows`] (sizes checked by its caller).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub unsafe fn matmat_rows(
+    m: &MatRef<'_>,
+    xs: &[f32],
+    nt: usize,
+    row0: usize,
+    n: usize,
+    ys: *mut f32,
+    ys_stride: usize,
+) {
+    if m.fmt.is_grouped() && !m.group.is_multiple_of(LANES) {
+        // SAFETY: AVX2 ⊂ this level; forwarded contract.
+        return unsafe { super::avx2::matmat_rows(m, xs, nt, row0, n, ys, ys_stride) };
+    }
+    // SAFETY (all arms): forwarded contract, layout fused (checked above).
+    unsafe {
+        match m.fmt {
+            Fmt::F32 => matmat_fmt::<F32>(m, xs, nt, row0, n, ys, ys_stride),
+            Fmt::F16 => matmat_fmt::<F16>(m, xs, nt, row0, n, ys, ys_stride),
+            Fmt::Bf16 => matmat_fmt::<BF16>(m, xs, nt, row0, n, ys, ys_stride),
+            Fmt::Q8G => matmat_fmt::<Q8G>(m, xs, nt, row0, n, ys, ys_stride),
+            Fmt::Q4G => matmat_fmt::<Q4G>(m, xs, nt, row0, n, ys, ys_stride),
+        }
+    }
+}
+
 /// Whether the CPU has AVX-512 VBMI (byte permutes) for [`vq_rows16`].
 pub fn has_vbmi() -> bool {
     is_x86_feature_detected!("avx512vbmi")
