@@ -91,8 +91,10 @@ pub(crate) fn session_scratch(c: &ModelConfig, ctx: usize) -> u64 {
         b += f(2 * c.moe_intermediate + c.top_k * lat);
     }
     let ffn_w = c.intermediate.max(c.moe_intermediate * c.shared_experts);
-    // per chunk token: hidden, FFN input, FFN output; then one token's input and the head's input
-    b += f(3 * chunk * h + 2 * h + c.experts + 2 * lat + 2 * ffn_w + c.vocab);
+    // per chunk token: hidden, FFN input, FFN output, router scores, expert
+    // input and sum, dense/shared FFN activations; then one token's input and the head's input
+    let shared = if c.n_moe_layers() > 0 && c.shared_experts > 0 { chunk * h } else { 0 };
+    b += f(3 * chunk * h + 2 * h + chunk * (c.experts + 2 * lat + 2 * ffn_w) + shared + c.vocab);
     if let Some(bs) = c.attn_res_block {
         let nb = c.layers.div_ceil(bs);
         b += f(chunk * h + chunk * nb * h + h); // prefixes, blocks, a copy for the output aggregation

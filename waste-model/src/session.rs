@@ -92,6 +92,8 @@ pub struct Session<'m> {
     lat_sum: Vec<f32>,
     eouts: Vec<f32>,
     ffn_tmp: Vec<f32>,
+    /// The shared experts' output per chunk token.
+    chunk_shared: Vec<f32>,
     logits: Vec<f32>,
     stats: Stats,
     /// A recorded routing to replay instead of the router's choice (benchmarks).
@@ -145,12 +147,13 @@ impl<'m> Session<'m> {
             nblocks: 0,
             res_blocks: nb,
             out_copy: vec![0.0; if nb > 0 { h } else { 0 }],
-            router: vec![0.0; c.experts],
+            router: vec![0.0; CHUNK * c.experts],
             chosen: Vec::with_capacity(c.top_k),
-            lat_in: vec![0.0; lat],
-            lat_sum: vec![0.0; lat],
+            lat_in: vec![0.0; CHUNK * lat],
+            lat_sum: vec![0.0; CHUNK * lat],
             eouts: vec![0.0; if moe { c.top_k * lat } else { 0 }],
-            ffn_tmp: vec![0.0; 2 * ffn_w],
+            ffn_tmp: vec![0.0; 2 * ffn_w * CHUNK],
+            chunk_shared: vec![0.0; if moe && c.shared_experts > 0 { CHUNK * h } else { 0 }],
             logits: vec![0.0; c.vocab],
             stats: Stats::default(),
             replay: None,
@@ -237,6 +240,7 @@ impl<'m> Session<'m> {
             &self.lat_sum,
             &self.eouts,
             &self.ffn_tmp,
+            &self.chunk_shared,
             &self.logits,
         ]
         .iter()
@@ -485,17 +489,14 @@ impl<'m> Session<'m> {
             }
             // --- FFN for the whole chunk
             match &layer.ffn {
-                Ffn::Dense(d) => {
-                    for t in 0..nt {
-                        d.forward(
-                            pool,
-                            c.activation,
-                            &self.chunk_ffn_in[t * h..(t + 1) * h],
-                            &mut self.ffn_tmp,
-                            &mut self.chunk_ffn_out[t * h..(t + 1) * h],
-                        );
-                    }
-                }
+                Ffn::Dense(d) => d.forward_chunk(
+                    pool,
+                    c.activation,
+                    &self.chunk_ffn_in[..nt * h],
+                    nt,
+                    &mut self.ffn_tmp,
+                    &mut self.chunk_ffn_out[..nt * h],
+                ),
                 Ffn::Moe(w) => self.moe(l, w, nt)?,
             }
             for t in 0..nt {
@@ -544,16 +545,19 @@ impl<'m> Session<'m> {
         let pool = &m.pool;
         let (h, lat, k) = (c.hidden, c.expert_width(), c.top_k);
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
-        // 1. route every token of the chunk; each token's experts in ascending id
+        // 1. route every token of the chunk (one pass over the router for all);
+        // each token's experts in ascending id
+        let ne = c.experts;
+        pool.matmat(&w.gate.view(), &self.chunk_ffn_in[..nt * h], nt, &mut self.router[..nt * ne]);
         let mut routes: Vec<(usize, f32)> = Vec::with_capacity(nt * k);
         for t in 0..nt {
-            pool.matvec(&w.gate.view(), &self.chunk_ffn_in[t * h..(t + 1) * h], &mut self.router);
-            route(&router_config(c), &self.router, &w.bias, &mut self.chosen);
+            let scores = &self.router[t * ne..(t + 1) * ne];
+            route(&router_config(c), scores, &w.bias, &mut self.chosen);
             if let Some(tr) = &self.replay {
                 // the trace's experts for this position and MoE layer (wrapping)
                 let mi = c.moe_layers().position(|x| x == l).unwrap_or(0);
                 let ids: Vec<usize> = tr[(self.pos + t) % tr.len()][mi].iter().map(|&e| e as usize).collect();
-                waste_moe::route_forced(&router_config(c), &self.router, &ids, &mut self.chosen);
+                waste_moe::route_forced(&router_config(c), scores, &ids, &mut self.chosen);
             }
             let mut order = self.chosen.clone();
             order.sort_by_key(|e| e.0);
@@ -571,15 +575,19 @@ impl<'m> Session<'m> {
             }
         }
         let mut experts = m.store.acquire(l as u32, &distinct, &repeats)?;
-        // 3. per token: tables, then its experts (resident ones first), summed in ascending id
+        // 3. the chunk's expert inputs (the latent down-projection for all tokens at once)
+        if let Some(lt) = &w.latent {
+            pool.matmat(&lt.down.view(), &self.chunk_ffn_in[..nt * h], nt, &mut self.lat_in[..nt * lat]);
+        }
+        // 4. per token: tables, then its experts (resident ones first), summed in ascending id
         let scr = self.ex_sc.as_mut().expect("expert scratch");
         for t in 0..nt {
-            match &w.latent {
-                Some(lt) => pool.matvec(&lt.down.view(), &self.chunk_ffn_in[t * h..(t + 1) * h], &mut self.lat_in),
-                None => self.lat_in.copy_from_slice(&self.chunk_ffn_in[t * h..(t + 1) * h]),
-            }
+            let x = match &w.latent {
+                Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
+                None => &self.chunk_ffn_in[t * h..(t + 1) * h],
+            };
             let te = Instant::now();
-            kernel.prepare(pool, &w.books, &self.lat_in, scr);
+            kernel.prepare(pool, &w.books, x, scr);
             self.stats.expert_seconds += te.elapsed().as_secs_f64();
             let mine = &routes[t * k..(t + 1) * k];
             let mut todo: Vec<usize> = (0..k).filter(|&i| experts.is_ready(mine[i].0 as u32)).collect();
@@ -587,35 +595,33 @@ impl<'m> Session<'m> {
             for i in todo {
                 let rec = experts.wait(mine[i].0 as u32)?;
                 let te = Instant::now();
-                kernel.forward(pool, &w.books, rec, &self.lat_in, scr, &mut self.eouts[i * lat..(i + 1) * lat]);
+                kernel.forward(pool, &w.books, rec, x, scr, &mut self.eouts[i * lat..(i + 1) * lat]);
                 self.stats.expert_seconds += te.elapsed().as_secs_f64();
             }
-            self.lat_sum.fill(0.0);
+            let sum = &mut self.lat_sum[t * lat..(t + 1) * lat];
+            sum.fill(0.0);
             for (i, &(_, wgt)) in mine.iter().enumerate() {
-                for (s, &v) in self.lat_sum.iter_mut().zip(&self.eouts[i * lat..(i + 1) * lat]) {
+                for (s, &v) in sum.iter_mut().zip(&self.eouts[i * lat..(i + 1) * lat]) {
                     *s += v * wgt;
                 }
             }
-            let r = &mut self.chunk_ffn_out[t * h..(t + 1) * h];
-            match &w.latent {
-                Some(lt) => {
-                    if let Some(n) = &lt.norm {
-                        rmsnorm_inplace(&mut self.lat_sum, n, c.rms_eps);
+        }
+        // 5. back to the hidden width (one pass over the up-projection), plus the shared experts
+        match &w.latent {
+            Some(lt) => {
+                if let Some(n) = &lt.norm {
+                    for sum in self.lat_sum[..nt * lat].chunks_exact_mut(lat) {
+                        rmsnorm_inplace(sum, n, c.rms_eps);
                     }
-                    pool.matvec(&lt.up.view(), &self.lat_sum, r);
                 }
-                None => r.copy_from_slice(&self.lat_sum),
+                pool.matmat(&lt.up.view(), &self.lat_sum[..nt * lat], nt, &mut self.chunk_ffn_out[..nt * h]);
             }
-            if let Some(sh) = &w.shared {
-                sh.forward(
-                    pool,
-                    c.activation,
-                    &self.chunk_ffn_in[t * h..(t + 1) * h],
-                    &mut self.ffn_tmp,
-                    &mut self.token_in,
-                );
-                add(r, &self.token_in);
-            }
+            None => self.chunk_ffn_out[..nt * h].copy_from_slice(&self.lat_sum[..nt * h]),
+        }
+        if let Some(sh) = &w.shared {
+            let out = &mut self.chunk_shared[..nt * h];
+            sh.forward_chunk(pool, c.activation, &self.chunk_ffn_in[..nt * h], nt, &mut self.ffn_tmp, out);
+            add(&mut self.chunk_ffn_out[..nt * h], out);
         }
         let traffic = experts.release()?;
         self.stats.experts_hit += traffic.hits;
@@ -626,9 +632,10 @@ impl<'m> Session<'m> {
         if m.opts.lookahead > 0 {
             if let Some(Ffn::Moe(next)) = m.layers.get(l + 1).map(|x| &x.ffn) {
                 let xn = &self.chunk_ffn_in[(nt - 1) * h..nt * h];
-                pool.matvec(&next.gate.view(), xn, &mut self.router);
+                let scores = &mut self.router[..c.experts];
+                pool.matvec(&next.gate.view(), xn, scores);
                 let mut guess = Vec::with_capacity(k);
-                route(&router_config(c), &self.router, &next.bias, &mut guess);
+                route(&router_config(c), scores, &next.bias, &mut guess);
                 let want: Vec<u32> = guess.iter().take(m.opts.lookahead).map(|&(e, _)| e as u32).collect();
                 self.stats.prefetch_issued += m.store.prefetch((l + 1) as u32, &want)?;
             }
