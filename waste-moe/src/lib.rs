@@ -126,7 +126,15 @@ impl DenseGlu {
     ///
     /// # Panics
     /// When a buffer is shorter than the sizes above.
-    pub fn forward_chunk(&self, pool: &Pool, act: Activation, xs: &[f32], nt: usize, tmp: &mut [f32], outs: &mut [f32]) {
+    pub fn forward_chunk(
+        &self,
+        pool: &Pool,
+        act: Activation,
+        xs: &[f32],
+        nt: usize,
+        tmp: &mut [f32],
+        outs: &mut [f32],
+    ) {
         let i = self.width();
         let (g, rest) = tmp.split_at_mut(i * nt);
         let u = &mut rest[..i * nt];

@@ -7,8 +7,7 @@
 //! matrix products (2 · rows · cols per patch and matrix, attention included).
 
 use std::time::Instant;
-use waste_format::Fmt;
-use waste_quant::{Matrix, Pool, SplitMix64};
+use waste_quant::{Pool, SplitMix64};
 use waste_vision::{from_rgb8, Tower, VisionConfig};
 
 fn main() {
@@ -22,25 +21,9 @@ fn main() {
         4,
     )
     .unwrap();
-    let mut rng = SplitMix64::new(1);
-    let shapes: std::collections::HashMap<String, (usize, usize)> =
-        cfg.tensors().into_iter().map(|(n, r, k)| (n, (r, k))).collect();
     let t0 = Instant::now();
-    let tower = Tower::load(&cfg, &mut |name: &str| {
-        let (r, k) = shapes[name];
-        if r == 1 || name.contains("pos_emb") {
-            let v: Vec<u8> = (0..r * k).flat_map(|_| (1.0f32 + 0.01 * rng.gauss()).to_le_bytes()).collect();
-            return Ok(Matrix::from_stored(Fmt::F32, r, k, 0, v, &[]).unwrap());
-        }
-        let g = 128;
-        let kp = k.div_ceil(g) * g;
-        let mut data = vec![0u8; r * kp];
-        rng.fill(&mut data);
-        let scale = waste_quant::f32_to_f16(0.5 / 127.0 / (k as f32).sqrt()).to_le_bytes();
-        let scales: Vec<u8> = (0..r * kp / g).flat_map(|_| scale).collect();
-        Ok(Matrix::from_stored(Fmt::Q8G, r, k, g, data, &scales).unwrap())
-    })
-    .unwrap();
+    let tower = Tower::random(&cfg, 1);
+    let mut rng = SplitMix64::new(2);
     eprintln!("built {:.0} MB of weights in {:.1} s", tower.weight_bytes() as f64 / 1e6, t0.elapsed().as_secs_f64());
     let px_side = side * 14;
     let mut rgb = vec![0u8; px_side * px_side * 3];

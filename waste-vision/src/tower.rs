@@ -120,6 +120,36 @@ impl Tower {
         Ok(Tower { cfg: cfg.clone(), patch, pos, blocks, final_norm, proj0, proj2, post_norm, bytes })
     }
 
+    /// A tower of the config's shapes with random weights — Q8G matrices
+    /// (the converter's default) and F32 norms and position grid near 1 —
+    /// for benchmarks and tests of everything but the values.
+    ///
+    /// # Panics
+    /// Never for a validated config (the shapes are its own).
+    pub fn random(cfg: &VisionConfig, seed: u64) -> Tower {
+        use waste_format::Fmt;
+        let mut rng = waste_quant::SplitMix64::new(seed);
+        let shapes: std::collections::HashMap<String, (usize, usize)> =
+            cfg.tensors().into_iter().map(|(n, r, k)| (n, (r, k))).collect();
+        Tower::load(cfg, &mut |name: &str| {
+            let (r, k) = shapes[name];
+            if r == 1 || name.contains("pos_emb") {
+                let v: Vec<u8> =
+                    (0..r * k).flat_map(|_| (1.0 + 0.1 * (2.0 * rng.unif() - 1.0)).to_le_bytes()).collect();
+                return Ok(Matrix::from_stored(Fmt::F32, r, k, 0, v, &[]).expect("an F32 vector"));
+            }
+            let g = 128;
+            let kp = k.div_ceil(g) * g;
+            let mut data = vec![0u8; r * kp];
+            rng.fill(&mut data);
+            // int8 codes up to ±127: rows of unit-ish gain
+            let scale = waste_quant::f32_to_f16(1.0 / 127.0 / (k as f32).sqrt()).to_le_bytes();
+            let scales: Vec<u8> = (0..r * kp / g).flat_map(|_| scale).collect();
+            Ok(Matrix::from_stored(Fmt::Q8G, r, k, g, data, &scales).expect("a Q8G matrix"))
+        })
+        .expect("random weights have the config's shapes")
+    }
+
     /// The configuration it was loaded with.
     pub fn config(&self) -> &VisionConfig {
         &self.cfg
@@ -342,7 +372,6 @@ impl HeadScratch {
 mod tests {
     use super::*;
     use serde_json::json;
-    use waste_quant::SplitMix64;
 
     fn cfg() -> VisionConfig {
         VisionConfig::from_json(
@@ -355,34 +384,8 @@ mod tests {
         .unwrap()
     }
 
-    /// Random F32 weights of the right shapes.
     fn tower(c: &VisionConfig, seed: u64) -> Tower {
-        let mut rng = SplitMix64::new(seed);
-        let shapes: std::collections::HashMap<String, (usize, usize)> =
-            c.tensors().into_iter().map(|(n, r, k)| (n, (r, k))).collect();
-        Tower::load(c, &mut |name: &str| {
-            let (r, k) = shapes[name];
-            let norm = name.contains("norm");
-            let v: Vec<f32> = (0..r * k)
-                .map(|_| {
-                    if norm {
-                        1.0 + 0.1 * (2.0 * rng.unif() - 1.0)
-                    } else {
-                        (2.0 * rng.unif() - 1.0) / (k as f32).sqrt()
-                    }
-                })
-                .collect();
-            Ok(Matrix::from_stored(waste_format_f32(), r, k, 0, bytemuck_bytes(&v), &[]).unwrap())
-        })
-        .unwrap()
-    }
-
-    fn waste_format_f32() -> waste_format::Fmt {
-        waste_format::Fmt::F32
-    }
-
-    fn bytemuck_bytes(v: &[f32]) -> Vec<u8> {
-        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+        Tower::random(c, seed)
     }
 
     #[test]
@@ -421,7 +424,7 @@ mod tests {
             } else {
                 c.tensors().into_iter().find(|t| t.0 == name).map(|t| (t.1, t.2)).unwrap()
             };
-            Ok(Matrix::from_stored(waste_format_f32(), r, k, 0, vec![0; 4 * r * k], &[]).unwrap())
+            Ok(Matrix::from_stored(waste_format::Fmt::F32, r, k, 0, vec![0; 4 * r * k], &[]).unwrap())
         })
         .err()
         .unwrap()

@@ -4,8 +4,7 @@
 mod skip;
 
 use serde_json::json;
-use waste_format::Fmt;
-use waste_quant::{Level, Matrix, Pool, SplitMix64};
+use waste_quant::{Level, Pool, SplitMix64};
 use waste_vision::{from_rgb8, Grid, Tower, VisionConfig};
 
 fn cfg() -> VisionConfig {
@@ -19,31 +18,10 @@ fn cfg() -> VisionConfig {
     .unwrap()
 }
 
-/// Random weights: Q8G for the matrices (the converter's default), F32 for the rest.
-fn tower(c: &VisionConfig, seed: u64) -> Tower {
-    let mut rng = SplitMix64::new(seed);
-    let shapes: std::collections::HashMap<String, (usize, usize)> =
-        c.tensors().into_iter().map(|(n, r, k)| (n, (r, k))).collect();
-    Tower::load(c, &mut |name: &str| {
-        let (r, k) = shapes[name];
-        if r == 1 || name.contains("pos_emb") {
-            let v: Vec<u8> = (0..r * k).flat_map(|_| (1.0 + 0.1 * (2.0 * rng.unif() - 1.0)).to_le_bytes()).collect();
-            return Ok(Matrix::from_stored(Fmt::F32, r, k, 0, v, &[]).unwrap());
-        }
-        let g = 32;
-        let kp = k.div_ceil(g) * g;
-        let data: Vec<u8> = (0..r * kp).map(|_| (rng.next_u64() & 255) as u8).collect();
-        let scale = waste_quant::f32_to_f16(0.02 / (k as f32).sqrt());
-        let scales: Vec<u8> = (0..r * kp / g).flat_map(|_| scale.to_le_bytes()).collect();
-        Ok(Matrix::from_stored(Fmt::Q8G, r, k, g, data, &scales).unwrap())
-    })
-    .unwrap()
-}
-
 #[test]
 fn bit_identical_across_levels_and_threads() {
     let c = cfg();
-    let t = tower(&c, 3);
+    let t = Tower::random(&c, 3);
     let mut rng = SplitMix64::new(4);
     let rgb: Vec<u8> = (0..59 * 31 * 3).map(|_| (rng.next_u64() & 255) as u8).collect();
     let px = from_rgb8(&c, 59, 31, &rgb).unwrap();
