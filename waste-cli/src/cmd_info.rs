@@ -48,6 +48,7 @@ pub fn info(a: InfoArgs) -> Result<ExitCode> {
     let p = c.param_counts();
     let kinds: String =
         cfg.attn_kinds.iter().map(|k| if *k == waste_model::format::AttnKind::Kda { 'K' } else { 'M' }).collect();
+    let vision = waste_model::plan(&a.model, 1).map(|p| p.vision_bytes()).unwrap_or(0);
     let (efmt, rec) = c.experts.as_ref().map(|(q, l)| (q.fmt.name(), l.rec_bytes)).unwrap_or(("none", 0));
     let v = json!({
         "path": a.model.display().to_string(),
@@ -70,6 +71,8 @@ pub fn info(a: InfoArgs) -> Result<ExitCode> {
         "trunk_resident_bytes": c.resident_trunk_bytes(),
         "trunk_file_bytes": c.trunk_len,
         "quantization": c.quant_summary(),
+        // K3's vision tower: what enabling images adds (0 = no tower)
+        "vision_bytes": vision,
     });
     if a.json {
         print_json(&v)?;
@@ -88,6 +91,9 @@ pub fn info(a: InfoArgs) -> Result<ExitCode> {
         outln!("  parameters: {} total, {} active per token", group(p.total), group(p.active));
         outln!("  expert record {} bytes; resident trunk {} bytes", group(rec as u64), group(c.resident_trunk_bytes()));
         outln!("  quantization: {}", c.quant_summary());
+        if vision > 0 {
+            outln!("  vision tower: yes (images add {} bytes: --image, serve)", group(vision));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

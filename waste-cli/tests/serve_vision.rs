@@ -190,6 +190,14 @@ fn the_cli_takes_images() {
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["prompt_ids"].as_array().unwrap().iter().filter(|i| *i == 264).count(), 1, "{v}");
+    // info and plan report what images add, the same figure; plan's text says it
+    let (_, info, _) = waste(&["info", c, "--json"], "");
+    let (_, plan, _) = waste(&["plan", c, "--json"], "");
+    let (info, plan): (Value, Value) = (serde_json::from_str(&info).unwrap(), serde_json::from_str(&plan).unwrap());
+    assert!(info["vision_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(info["vision_bytes"], plan["vision_bytes"]);
+    let (_, text, _) = waste(&["plan", c], "");
+    assert!(text.contains(&format!("with images: +{} bytes", plan["vision_bytes"])), "{text}");
     // a hostile file is refused precisely
     let bad = std::env::temp_dir().join(format!("waste-bad-{}.png", std::process::id()));
     std::fs::write(&bad, b"\x89PNG\r\n\x1a\n truncated").unwrap();

@@ -31,6 +31,12 @@ impl Bank {
     }
 }
 
+/// Whether a trunk tensor belongs to K3's vision tower or projector (their
+/// release names, outside the text prefix).
+pub fn is_vision_tensor(name: &str) -> bool {
+    name.starts_with("vision_tower.") || name.starts_with("mm_projector.")
+}
+
 /// Parameter counts the way the C WASTE reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ParamCounts {
@@ -252,10 +258,11 @@ impl Container {
         }
     }
 
-    /// Bytes of resident trunk tensors (everything but the embedding table).
+    /// Bytes of resident trunk tensors (everything but the embedding table
+    /// and the vision tower, which is loaded only with images).
     pub fn resident_trunk_bytes(&self) -> u64 {
         let embed = self.full_name("model.embed_tokens.weight");
-        self.tensors.values().filter(|t| t.name != embed).map(|t| t.stored_bytes()).sum()
+        self.tensors.values().filter(|t| t.name != embed && !is_vision_tensor(&t.name)).map(|t| t.stored_bytes()).sum()
     }
 
     /// A one-line quantization summary, e.g. `experts VQ3R (3.00 bpw); trunk Q4G×60 Q8G×2 F32×40`.
