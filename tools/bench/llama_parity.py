@@ -1,0 +1,247 @@
+"""WASTE-rs against llama.cpp on a model that fits in RAM (issue 12's parity check).
+
+    python tools/bench/llama_parity.py --llama-src DIR --waste target/release/waste --work /tmp/parity
+           [--layers 3] [--tokens 16] [--runs 3] [--threads 2]
+
+Builds, once, in WORK (about 30 GB at the peak; the intermediate files are
+deleted as soon as they are used):
+  hf/                 a slice of the Kimi-Linear-48B shape (the first LAYERS
+                      layers: hidden 2304, 256 experts top-8, KDA 32x128,
+                      MLA 32 heads, vocab 163840; the last layer is MLA when
+                      the slice is too short to reach the 4th) with random
+                      bf16 weights from transformers' own initialisation,
+                      saved by save_pretrained; the
+                      layer-0 dense FFN renamed to the release's `mlp.*` names
+                      (transformers saves it under `block_sparse_moe.*`)
+  slice-q4km.gguf     llama.cpp's convert_hf_to_gguf.py (bf16), then
+                      llama_model_quantize to Q4_K_M
+  slice.waste         `waste convert --experts vq3r --trunk q4`
+Then alternates RUNS runs of each engine, everything resident (llama.cpp
+loads the whole file; WASTE-rs preloads every expert from a usage hotlist
+naming them all), THREADS
+threads, prompt ids 1..8, greedy: llama.cpp through llama-cpp-python
+(`Llama.eval`, timing the 8-token prefill and each decode step) and
+`waste bench --budget 20G --json` (the same ids and loop). Prints a
+markdown table of medians and ranges (ms per token).
+
+Needs the oracle venv (torch, transformers, numpy) with llama-cpp-python
+installed from the same sdist as DIR (CMAKE_ARGS="-DGGML_NATIVE=ON").
+The slice's vocabulary is not a tokenizer: the GGUF gets tokenizer model
+"none" (ids are fed directly), as in tools/oracle/llama_k3.py.
+"""
+import argparse
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--llama-src", required=True)
+ap.add_argument("--waste", required=True)
+ap.add_argument("--work", required=True)
+ap.add_argument("--layers", type=int, default=3)
+ap.add_argument("--tokens", type=int, default=16)
+ap.add_argument("--runs", type=int, default=3)
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--only-slice", action="store_true", help="build the HF slice and the WASTE container, then stop")
+a = ap.parse_args()
+os.makedirs(a.work, exist_ok=True)
+hf = os.path.join(a.work, "hf")
+gguf_q4 = os.path.join(a.work, "slice-q4km.gguf")
+container = os.path.join(a.work, "slice.waste")
+PROMPT = list(range(1, 9))
+
+
+def log(*x):
+    print(*x, file=sys.stderr, flush=True)
+
+
+def layer_types(n):
+    """The 48B layout (MLA at every 4th layer) for the first n layers; a
+    slice too short to reach one gets MLA in its last layer, since
+    llama.cpp's kimi-linear graph fails without any attention layer (its
+    KV cache is then empty: GGML_ASSERT(buffer) in ggml-backend.cpp)."""
+    t = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
+    if "full_attention" not in t:
+        t[-1] = "full_attention"
+    return t
+
+
+def make_slice():
+    sys.modules["fla"] = None
+    import torch
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    n = a.layers
+    cfg = KimiLinearConfig(
+        vocab_size=163840, hidden_size=2304, intermediate_size=9216, moe_intermediate_size=1024, num_hidden_layers=n,
+        num_attention_heads=32, num_key_value_heads=32, n_shared_experts=1, kv_lora_rank=512, q_lora_rank=None,
+        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, num_experts_per_tok=8, num_local_experts=256,
+        layer_types=layer_types(n),
+        mlp_layer_types=["dense"] + ["sparse"] * (n - 1), linear_head_dim=128, linear_num_heads=32,
+        pad_token_id=None, bos_token_id=163584, eos_token_id=163586, routed_scaling_factor=2.446)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)  # the init itself in bf16: the f32 model would not fit beside its copy
+    model = KimiLinearForCausalLM(cfg).eval()
+    log("slice initialised; saving")
+    model.save_pretrained(hf, max_shard_size="2GB")
+    del model
+    # the dense FFN of layer 0: transformers saves block_sparse_moe.{gate,up,down}_proj; the release says mlp.*
+    for f in sorted(os.listdir(hf)):
+        if f.endswith(".safetensors"):
+            rename_in_shard(os.path.join(hf, f))
+    idx = os.path.join(hf, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        with open(idx) as fh:
+            j = json.load(fh)
+        j["weight_map"] = {dense_name(k): v for k, v in j["weight_map"].items()}
+        with open(idx, "w") as fh:
+            json.dump(j, fh)
+
+
+def release_config():
+    """Add the release's config keys llama.cpp's converter reads (transformers
+    writes its own: layer_types, linear_head_dim, ...); idempotent."""
+    path = os.path.join(hf, "config.json")
+    with open(path) as fh:
+        c = json.load(fh)
+    if "moe_router_activation_func" in c:
+        return
+    types = c["layer_types"]
+    c["linear_attn_config"] = {
+        "full_attn_layers": [i + 1 for i, t in enumerate(types) if t == "full_attention"],
+        "kda_layers": [i + 1 for i, t in enumerate(types) if t != "full_attention"],
+        "head_dim": c["linear_head_dim"], "num_heads": c["linear_num_heads"],
+        "short_conv_kernel_size": c.get("linear_conv_kernel_dim", 4)}
+    c["first_k_dense_replace"] = c["mlp_layer_types"].index("sparse")
+    c["moe_router_activation_func"] = "sigmoid"  # the release's router (transformers' own code hard-wires it)
+    with open(path, "w") as fh:
+        json.dump(c, fh, indent=1)
+
+
+def dense_name(k):
+    return k.replace("model.layers.0.block_sparse_moe.", "model.layers.0.mlp.")
+
+
+def rename_in_shard(path):
+    """Rename tensors in a safetensors header (the data section is unchanged)."""
+    with open(path, "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        head = json.loads(fh.read(n))
+        if not any(dense_name(k) != k for k in head):
+            return
+        new = json.dumps({dense_name(k): v for k, v in head.items()}, separators=(",", ":")).encode()
+        new += b" " * (-len(new) % 8)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as out:
+            out.write(struct.pack("<Q", len(new)))
+            out.write(new)
+            while True:
+                b = fh.read(1 << 24)
+                if not b:
+                    break
+                out.write(b)
+    os.replace(tmp, path)
+
+
+def make_gguf():
+    sys.path.insert(0, a.llama_src)
+    sys.path.insert(0, os.path.join(a.llama_src, "gguf-py"))
+    import convert_hf_to_gguf
+    from conversion.kimi_linear import KimiLinearModel
+
+    KimiLinearModel.set_vocab = lambda self: self.gguf_writer.add_tokenizer_model("none")
+    bf16 = os.path.join(a.work, "slice-bf16.gguf")
+    sys.argv = ["convert_hf_to_gguf.py", hf, "--outtype", "bf16", "--outfile", bf16]
+    convert_hf_to_gguf.main()
+    import llama_cpp
+
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    p.nthread = a.threads
+    rc = llama_cpp.llama_model_quantize(bf16.encode(), gguf_q4.encode(), p)
+    if rc != 0:
+        sys.exit(f"llama_model_quantize failed: {rc}")
+    os.remove(bf16)
+
+
+def run_llama():
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=gguf_q4, n_ctx=64, n_batch=64, n_threads=a.threads, n_threads_batch=a.threads,
+                          verbose=False, use_mmap=False)
+    import numpy as np
+
+    t = time.perf_counter()
+    llm.eval(PROMPT)
+    prefill = (time.perf_counter() - t) / len(PROMPT)
+    steps = []
+    seq = list(PROMPT)
+    for _ in range(a.tokens):
+        nxt = int(np.argmax(llm.scores[len(seq) - 1]))
+        seq.append(nxt)
+        t = time.perf_counter()
+        llm.eval([nxt])
+        steps.append(time.perf_counter() - t)
+    del llm
+    return 1e3 * prefill, 1e3 * statistics.median(steps)
+
+
+def all_experts_usage():
+    """A usage hotlist naming every expert (FORMAT.md "usage.waste"), so the
+    bench opens with all of them resident, as llama.cpp loads its whole file."""
+    path = os.path.join(a.work, "all-experts.usage")
+    entries = [(l, e) for l in range(1, a.layers) for e in range(256)]
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<IIQ", 0x47535557, 1, 1))
+        for l, e in entries:
+            fh.write(struct.pack("<HHIII", l, e, 1, 0, 0))
+    return path
+
+
+def run_waste():
+    o = subprocess.run([a.waste, "bench", container, "--budget", "20G", "--threads", str(a.threads), "-n", str(a.tokens),
+                        "--prompt-len", str(len(PROMPT)), "--usage", all_experts_usage(), "--json"],
+                       capture_output=True, text=True, check=True)
+    v = json.loads(o.stdout)
+    return v["prefill_ms_per_token"], v["ms_per_token"], v
+
+
+if not os.path.exists(os.path.join(hf, "config.json")):
+    make_slice()
+if not os.path.exists(os.path.join(container, "manifest.json")):
+    subprocess.run([a.waste, "convert", "--src", hf, "--out", container, "--experts", "vq3r", "--trunk", "q4", "-q"], check=True)
+if a.only_slice:
+    sys.exit(0)
+if not os.path.exists(gguf_q4):
+    release_config()
+    make_gguf()
+
+res = {"llama.cpp Q4_K_M": ([], []), "WASTE-rs VQ3R + Q4G": ([], [])}
+last = None
+for r in range(a.runs):
+    p, d = run_llama()
+    res["llama.cpp Q4_K_M"][0].append(p)
+    res["llama.cpp Q4_K_M"][1].append(d)
+    p, d, last = run_waste()
+    res["WASTE-rs VQ3R + Q4G"][0].append(p)
+    res["WASTE-rs VQ3R + Q4G"][1].append(d)
+    log(f"run {r + 1}: llama.cpp {res['llama.cpp Q4_K_M'][1][-1]:.1f} ms, waste {d:.1f} ms per decoded token")
+
+
+def fmt(xs):
+    return f"{statistics.median(xs):.1f} ({min(xs):.1f}–{max(xs):.1f})"
+
+
+print(f"| engine ({a.layers}-layer 48B slice, {a.threads} threads, {a.runs} alternated runs) | decode ms/token | prefill ms/token (8 ids) |")
+print("|---|---|---|")
+for k, (p, d) in res.items():
+    print(f"| {k} | {fmt(d)} | {fmt(p)} |")
+if last:
+    print(f"\nWASTE-rs (last run): roofline share {last['roofline_share']:.2f}, simd {last['simd']}, hit rate {last['hit_rate']:.3f}, "
+          f"split ms/token: experts {last['expert_ms_per_token']:.1f}, attention {last['attention_ms_per_token']:.1f}, "
+          f"trunk {last['trunk_ms_per_token']:.1f}, I/O wait {last['io_wait_ms_per_token']:.1f}; "
+          f"GGUF {os.path.getsize(gguf_q4) / 1e9:.2f} GB")
