@@ -127,6 +127,7 @@ fn image_errors_are_400s() {
 
 /// A one-shot HTTP server on loopback answering every request with `body`
 /// (status 200) or 404 for paths ending in `missing`.
+#[cfg(feature = "remote-images")]
 fn serve_bytes(body: Vec<u8>) -> String {
     use std::io::{Read, Write};
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -146,6 +147,7 @@ fn serve_bytes(body: Vec<u8>) -> String {
     addr
 }
 
+#[cfg(feature = "remote-images")]
 #[test]
 fn remote_images_only_with_allow_image_urls() {
     let a = png("a.png");

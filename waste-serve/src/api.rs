@@ -732,10 +732,21 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan, Common),
 }
 
 /// Seconds a remote image may take to arrive (connect, redirects and body).
+#[cfg(feature = "remote-images")]
 const IMAGE_FETCH_SECONDS: u64 = 20;
 
 /// Fetch an `http(s)://` image (blocking; called on the blocking pool):
 /// bounded in time, redirects and size.
+#[cfg(not(feature = "remote-images"))]
+fn fetch_image(url: &str) -> Result<Vec<u8>, String> {
+    Err(format!(
+        "this build fetches no image URLs (built without the `remote-images` feature): {url:?}; send a data: URL"
+    ))
+}
+
+/// Fetch an `http(s)://` image (blocking; called on the blocking pool):
+/// bounded in time, redirects and size.
+#[cfg(feature = "remote-images")]
 fn fetch_image(url: &str) -> Result<Vec<u8>, String> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(std::time::Duration::from_secs(IMAGE_FETCH_SECONDS)))
