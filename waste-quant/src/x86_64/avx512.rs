@@ -18,6 +18,21 @@ use waste_format::Fmt;
 /// Rows per pass.
 const ROWS: usize = 4;
 
+/// How far ahead in each row [`rows_dot`] prefetches (the LM head streams
+/// 377 MB from DRAM per token on the 48B shape; docs/LEARNED.md).
+const PREFETCH_BYTES: usize = 512;
+
+/// Bytes per column of a format, for the prefetch hints of [`rows_dot`]
+/// (Q4G rows go through `rows_dot_q4`, which does not prefetch: no gain
+/// measured there).
+const fn row_bytes_per_col<const FMT: u8>() -> usize {
+    match FMT {
+        F32 => 4,
+        F16 | BF16 => 2,
+        _ => 1,
+    }
+}
+
 const F32: u8 = 0;
 const F16: u8 = 1;
 const BF16: u8 = 2;
@@ -102,15 +117,29 @@ unsafe fn rows_dot<const N: usize, const FMT: u8>(m: &MatRef<'_>, r0: usize, x: 
     let mut acc = [[_mm512_setzero_ps(); 2]; N];
     let full = m.cols / LANES * LANES;
     let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
+    let grouped = FMT == Q8G || FMT == Q4G;
+    // each row's scale (and Q4G table), converted once per group, not once per 32-column block
+    let mut scale = [0f32; N];
+    let mut tab = [steps; N];
     let mut c = 0;
     while c < full {
         // SAFETY: c + 32 <= cols = x.len().
         let (xl, xh) = unsafe { (_mm512_loadu_ps(x.as_ptr().add(c)), _mm512_loadu_ps(x.as_ptr().add(c + 16))) };
+        if grouped && c % m.group == 0 {
+            for k in 0..N {
+                scale[k] = f16(m.scales[(r0 + k) * g + c / m.group]);
+                if FMT == Q4G {
+                    tab[k] = _mm512_mul_ps(steps, _mm512_set1_ps(scale[k]));
+                }
+            }
+        }
         for k in 0..N {
-            let scale = if FMT == Q8G || FMT == Q4G { f16(m.scales[(r0 + k) * g + c / m.group]) } else { 0.0 };
-            let tab = if FMT == Q4G { _mm512_mul_ps(steps, _mm512_set1_ps(scale)) } else { steps };
+            // a few cache lines ahead in each row (a hint: never faults, any address)
+            _mm_prefetch::<_MM_HINT_T0>(
+                rows[k].as_ptr().wrapping_add(PREFETCH_BYTES + c * row_bytes_per_col::<FMT>()) as *const i8
+            );
             // SAFETY: c + 32 <= cols, within the row.
-            let (wl, wh) = unsafe { load32::<FMT>(rows[k].as_ptr(), c, scale, tab) };
+            let (wl, wh) = unsafe { load32::<FMT>(rows[k].as_ptr(), c, scale[k], tab[k]) };
             acc[k][0] = _mm512_fmadd_ps(wl, xl, acc[k][0]);
             acc[k][1] = _mm512_fmadd_ps(wh, xh, acc[k][1]);
         }
@@ -169,13 +198,20 @@ unsafe fn rows_dot_q4<const N: usize>(m: &MatRef<'_>, r0: usize, x: &[f32], xe: 
     let mut acc = [[_mm512_setzero_ps(); 2]; N];
     let full = m.cols / LANES * LANES;
     let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
+    let mut tabs = [steps; N];
     let mut c = 0;
     while c < full {
         let b = c / 2;
         // SAFETY: b + 16 <= xe.len() = xo.len() (16 per full block).
         let (xl, xh) = unsafe { (_mm512_loadu_ps(xe.as_ptr().add(b)), _mm512_loadu_ps(xo.as_ptr().add(b))) };
+        if c % m.group == 0 {
+            // each row's table, built once per group
+            for k in 0..N {
+                tabs[k] = _mm512_mul_ps(steps, _mm512_set1_ps(f16(m.scales[(r0 + k) * g + c / m.group])));
+            }
+        }
         for k in 0..N {
-            let tab = _mm512_mul_ps(steps, _mm512_set1_ps(f16(m.scales[(r0 + k) * g + c / m.group])));
+            let tab = tabs[k];
             // SAFETY: the row holds bytes c/2 .. c/2 + 16.
             let dw = unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(rows[k].as_ptr().add(b) as *const __m128i)) };
             let we = _mm512_permutexvar_ps(dw, tab);
