@@ -114,7 +114,12 @@ int main(int argc, char **argv) {
         }
         static uint8_t img[1 << 20];
         size_t len = fread(img, 1, sizeof img, f);
+        int more = fgetc(f) != EOF;
         fclose(f);
+        if (more) {
+            fprintf(stderr, "%s is larger than this example's %zu-byte buffer\n", argv[3], sizeof img);
+            return 1;
+        }
         uint32_t w = 0, h = 0;
         size_t positions = 0;
         check(waste_image_info(m, img, len, &w, &h, &positions), "waste_image_info");

@@ -71,16 +71,12 @@ pub fn read_images(model: &Model, paths: &[PathBuf]) -> Result<Vec<ImageFile>> {
     paths
         .iter()
         .map(|p| {
-            let bytes = waste_model::format::read_regular(p, waste_vision_limit())
+            let bytes = waste_model::format::read_regular(p, waste_model::MAX_IMAGE_FILE_BYTES as u64)
                 .with_context(|| format!("reading image {}", p.display()))?;
             let i = model.image_info(&bytes).with_context(|| format!("image {}", p.display()))?;
             Ok(ImageFile { path: p.clone(), bytes, width: i.width, height: i.height })
         })
         .collect()
-}
-
-fn waste_vision_limit() -> u64 {
-    waste_model::MAX_IMAGE_FILE_BYTES as u64
 }
 
 /// Encode the images and queue them on the session, checking that the

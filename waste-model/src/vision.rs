@@ -182,11 +182,4 @@ impl Model {
         let rows = v.tower.encode(&self.pool, px)?;
         Ok(Image { width: px.width, height: px.height, grid: px.grid, rows, key: p.key })
     }
-
-    /// The prompt markup announcing an image (MODEL.md): `<|media_begin|>image
-    /// {W}x{H}<|media_content|><|media_pad|><|media_end|>`, to be encoded with
-    /// specials recognised; its one placeholder takes the image's positions.
-    pub fn image_markup(width: u32, height: u32) -> String {
-        waste_tokenizer::image_markup(width, height)
-    }
 }
