@@ -34,16 +34,23 @@ fn time(reps: usize, mut f: impl FnMut()) -> (f64, f64, f64) {
     (t[t.len() / 2], t[0], t[t.len() - 1])
 }
 
+/// A random trunk matrix of the 48B shapes (group 128) and an input for it.
+fn random_trunk(fmt: Fmt, rows: usize, cols: usize, r: &mut impl FnMut() -> u64) -> (Matrix, Vec<f32>) {
+    let g = 128;
+    let rb = if fmt == Fmt::Q8G { cols } else { cols / 2 };
+    let data: Vec<u8> = (0..rows * rb).map(|_| r() as u8).collect();
+    let scales: Vec<u8> = (0..rows * cols / g).flat_map(|_| f32_to_f16(0.01).to_le_bytes()).collect();
+    let m = Matrix::from_stored(fmt, rows, cols, g, data, &scales).expect("matrix");
+    let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1).collect();
+    (m, x)
+}
+
 fn main() {
     let reps: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(15);
     let mut r = rng(1);
+    pool_and_head(reps, &mut r);
     for (fmt, rows, cols) in [(Fmt::Q4G, 9216, 2304), (Fmt::Q4G, 2304, 9216), (Fmt::Q8G, 9216, 2304)] {
-        let g = 128;
-        let rb = if fmt == Fmt::Q8G { cols } else { cols / 2 };
-        let data: Vec<u8> = (0..rows * rb).map(|_| r() as u8).collect();
-        let scales: Vec<u8> = (0..rows * cols / g).flat_map(|_| f32_to_f16(0.01).to_le_bytes()).collect();
-        let m = Matrix::from_stored(fmt, rows, cols, g, data, &scales).expect("matrix");
-        let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 * 0.1).collect();
+        let (m, x) = random_trunk(fmt, rows, cols, &mut r);
         let mut y = vec![0f32; rows];
         let bytes = m.heap_bytes() as f64;
         // prefill: 16 inputs through one matmat (one dequantization per block for several)
@@ -104,5 +111,52 @@ fn main() {
             hi * 1e3,
             (rows * nvec * stages) as f64 / med / 1e9
         );
+    }
+}
+
+/// The pool's per-call cost (two 5 µs tasks; the fixed price of every
+/// split matvec) and matvecs read from memory, not L3 (the LM head of the
+/// 48B shape, Q8G 163840×2304, 377 MB; Q4G stacks of its trunk matrices)
+/// at 1 and 2 threads, against memory bandwidth.
+fn pool_and_head(reps: usize, r: &mut impl FnMut() -> u64) {
+    // two tasks of ~5 µs each: a pool at no cost takes 5 µs a call, one
+    // that leaves the worker asleep 10 µs (the caller runs both)
+    let spin = |n: u64| (0..n).fold(0u64, |a, i| std::hint::black_box(a.wrapping_add(i)));
+    let n5 = {
+        let t0 = Instant::now();
+        spin(1_000_000);
+        (5e-6 / (t0.elapsed().as_secs_f64() / 1e6)) as u64
+    };
+    let pool = waste_quant::Pool::new(2);
+    let calls = 2_000;
+    let (med, lo, hi) = time(reps, || {
+        for _ in 0..calls {
+            pool.run(2, &|_| {
+                spin(n5);
+            });
+        }
+    });
+    println!(
+        "pool 2 threads, 2 tasks of 5 µs: {:.2} µs per call ({:.2}–{:.2})",
+        med / calls as f64 * 1e6,
+        lo / calls as f64 * 1e6,
+        hi / calls as f64 * 1e6
+    );
+    for (fmt, rows, cols) in [(Fmt::Q8G, 163_840, 2304), (Fmt::Q4G, 73_728, 2304), (Fmt::Q4G, 18_432, 9216)] {
+        let (m, x) = random_trunk(fmt, rows, cols, r);
+        let mut y = vec![0f32; rows];
+        let bytes = m.heap_bytes() as f64;
+        for threads in [1, 2] {
+            let pool = waste_quant::Pool::new(threads);
+            let (med, lo, hi) = time(reps.min(9), || pool.matvec(&m.view(), &x, &mut y));
+            println!(
+                "dram {fmt:?} {rows}x{cols} {threads} thread(s) {:>7}: {:.2} ms ({:.2}–{:.2}) {:.1} GB/s",
+                pool.level().name(),
+                med * 1e3,
+                lo * 1e3,
+                hi * 1e3,
+                bytes / med / 1e9
+            );
+        }
     }
 }

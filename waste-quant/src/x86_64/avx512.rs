@@ -3,8 +3,8 @@
 //! Same canonical order as `scalar.rs`: column `j` accumulates into lane
 //! `j mod 32` with a fused multiply-add (lanes 0–15 in one register, 16–31
 //! in another), then the halving reduction. What changes is how the work is
-//! arranged: [`ROWS`] rows per pass share each 32-column block of the input
-//! (loaded once instead of once per row), the format is resolved at compile
+//! arranged: Q4G's rows go [`ROWS_Q4`] per pass sharing each 32-column block
+//! of the input (loaded once instead of once per row), the format is resolved at compile
 //! time, f16 scales convert in hardware, and Q4G weights come from a
 //! 16-entry in-register table `(i − 8) · scale` indexed by the nibbles — the
 //! same product the scalar definition computes per weight, so the results
@@ -15,21 +15,34 @@ use crate::scalar::LANES;
 use core::arch::x86_64::*;
 use waste_format::Fmt;
 
-/// Rows per pass.
-const ROWS: usize = 4;
+/// Rows per pass of [`rows_dot`]: one, so a matvec reads its matrix as one
+/// sequential stream that the hardware prefetcher follows. Several rows per
+/// pass (sharing the input's loads) read as many short streams, one row
+/// each, and ran at about half the memory speed on the Q8G LM head
+/// (docs/LEARNED.md, "Matvec streams").
+const ROWS: usize = 1;
+/// Rows per pass of [`rows_dot_q4`]: Q4G is compute-bound on one row's
+/// chain, so four rows share the input, and the next group is prefetched
+/// in address order ([`PREFETCH_GROUPS`]).
+const ROWS_Q4: usize = 4;
 
-/// How far ahead in each row [`rows_dot`] prefetches (the LM head streams
-/// 377 MB from DRAM per token on the 48B shape; docs/LEARNED.md).
-const PREFETCH_BYTES: usize = 512;
+/// How many row groups ahead [`rows_dot_q4`] prefetches. A pass reads its
+/// N rows as N interleaved streams that each end after one row (1152 bytes
+/// for a 2304-wide Q4G matrix), too short for the hardware prefetcher to
+/// follow; prefetching the rows after them in address order, at the pace
+/// this group is read, brings the matvec near memory speed (one group
+/// ahead measured best of 1, 2, 4: docs/LEARNED.md, "Matvec streams").
+const PREFETCH_GROUPS: usize = 1;
 
-/// Bytes per column of a format, for the prefetch hints of [`rows_dot`]
-/// (Q4G rows go through `rows_dot_q4`, which does not prefetch: no gain
-/// measured there).
-const fn row_bytes_per_col<const FMT: u8>() -> usize {
-    match FMT {
-        F32 => 4,
-        F16 | BF16 => 2,
-        _ => 1,
+/// Prefetch the cache lines of `len` bytes at `p` (a hint: never faults,
+/// any address).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn prefetch_lines(p: *const u8, len: usize) {
+    let mut o = 0;
+    while o < len {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o) as *const i8);
+        o += 64;
     }
 }
 
@@ -121,11 +134,12 @@ unsafe fn rows_dot<const N: usize, const FMT: u8>(m: &MatRef<'_>, r0: usize, x: 
     // each row's scale (and Q4G table), converted once per group, not once per 32-column block
     let mut scale = [0f32; N];
     let mut tab = [steps; N];
+    // group by group (no division per block); an ungrouped format is one group
+    let gstep = if grouped { m.group } else { full };
     let mut c = 0;
     while c < full {
-        // SAFETY: c + 32 <= cols = x.len().
-        let (xl, xh) = unsafe { (_mm512_loadu_ps(x.as_ptr().add(c)), _mm512_loadu_ps(x.as_ptr().add(c + 16))) };
-        if grouped && c % m.group == 0 {
+        let gend = (c + gstep).min(full);
+        if grouped {
             for k in 0..N {
                 scale[k] = f16(m.scales[(r0 + k) * g + c / m.group]);
                 if FMT == Q4G {
@@ -133,17 +147,17 @@ unsafe fn rows_dot<const N: usize, const FMT: u8>(m: &MatRef<'_>, r0: usize, x: 
                 }
             }
         }
-        for k in 0..N {
-            // a few cache lines ahead in each row (a hint: never faults, any address)
-            _mm_prefetch::<_MM_HINT_T0>(
-                rows[k].as_ptr().wrapping_add(PREFETCH_BYTES + c * row_bytes_per_col::<FMT>()) as *const i8
-            );
-            // SAFETY: c + 32 <= cols, within the row.
-            let (wl, wh) = unsafe { load32::<FMT>(rows[k].as_ptr(), c, scale[k], tab[k]) };
-            acc[k][0] = _mm512_fmadd_ps(wl, xl, acc[k][0]);
-            acc[k][1] = _mm512_fmadd_ps(wh, xh, acc[k][1]);
+        while c < gend {
+            // SAFETY: c + 32 <= cols = x.len().
+            let (xl, xh) = unsafe { (_mm512_loadu_ps(x.as_ptr().add(c)), _mm512_loadu_ps(x.as_ptr().add(c + 16))) };
+            for k in 0..N {
+                // SAFETY: c + 32 <= cols, within the row.
+                let (wl, wh) = unsafe { load32::<FMT>(rows[k].as_ptr(), c, scale[k], tab[k]) };
+                acc[k][0] = _mm512_fmadd_ps(wl, xl, acc[k][0]);
+                acc[k][1] = _mm512_fmadd_ps(wh, xh, acc[k][1]);
+            }
+            c += LANES;
         }
-        c += LANES;
     }
     for k in 0..N {
         let [lo, hi] = acc[k];
@@ -199,9 +213,12 @@ unsafe fn rows_dot_q4<const N: usize>(m: &MatRef<'_>, r0: usize, x: &[f32], xe: 
     let full = m.cols / LANES * LANES;
     let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
     let mut tabs = [steps; N];
+    let ahead = m.data.as_ptr().wrapping_add((r0 + N * PREFETCH_GROUPS) * rbs);
     let mut c = 0;
     while c < full {
         let b = c / 2;
+        // the next row group, in address order, at the pace this one is read
+        prefetch_lines(ahead.wrapping_add(b * N), N * LANES / 2);
         // SAFETY: b + 16 <= xe.len() = xo.len() (16 per full block).
         let (xl, xh) = unsafe { (_mm512_loadu_ps(xe.as_ptr().add(b)), _mm512_loadu_ps(xo.as_ptr().add(b))) };
         if c % m.group == 0 {
@@ -251,10 +268,10 @@ unsafe fn matvec_q4(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32]) {
             *o = x[2 * i + 1];
         }
         let mut i = 0;
-        while i + ROWS <= y.len() {
-            // SAFETY: forwarded contract; rows row0+i..row0+i+ROWS exist.
-            unsafe { rows_dot_q4::<ROWS>(m, row0 + i, x, xe, xo, &mut y[i..i + ROWS]) };
-            i += ROWS;
+        while i + ROWS_Q4 <= y.len() {
+            // SAFETY: forwarded contract; rows row0+i..row0+i+ROWS_Q4 exist.
+            unsafe { rows_dot_q4::<ROWS_Q4>(m, row0 + i, x, xe, xo, &mut y[i..i + ROWS_Q4]) };
+            i += ROWS_Q4;
         }
         while i < y.len() {
             // SAFETY: as above, one row.
