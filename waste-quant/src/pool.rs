@@ -5,8 +5,34 @@
 use crate::level::{level, Level};
 use crate::matrix::MatRef;
 use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a worker (for the next call) and the caller (for the workers'
+/// last tasks) poll before sleeping on the condition variable. A decode
+/// token makes hundreds of short pool calls; waking a sleeping thread cost
+/// ~9 µs a call on a 2-vCPU VM, more than a 5 µs task (docs/LEARNED.md,
+/// "The pool's per-call cost"). Polling stops after this, so an idle
+/// process sleeps.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Poll `ready` for up to [`SPIN`]; whether it became true.
+fn spin_until(ready: impl Fn() -> bool) -> bool {
+    let t0 = Instant::now();
+    loop {
+        for _ in 0..64 {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if t0.elapsed() >= SPIN {
+            return ready();
+        }
+    }
+}
 
 type Task = dyn Fn(usize) + Sync;
 
@@ -29,6 +55,10 @@ struct Inner {
     m: Mutex<State>,
     start: Condvar,
     finished: Condvar,
+    /// `State::gen`, readable without the lock (workers poll it).
+    gen: AtomicU64,
+    /// `State::done`, readable without the lock (the caller polls it).
+    done: AtomicUsize,
 }
 
 /// The compute pool (`threads` includes the calling thread).
@@ -58,6 +88,8 @@ impl Pool {
             m: Mutex::new(State { gen: 0, task: None, ntasks: 0, next: 0, done: 0, panicked: false, quit: false }),
             start: Condvar::new(),
             finished: Condvar::new(),
+            gen: AtomicU64::new(0),
+            done: AtomicUsize::new(0),
         });
         let handles = (1..threads)
             .map(|i| {
@@ -104,11 +136,14 @@ impl Pool {
             s.ntasks = ntasks;
             s.next = 0;
             s.done = 0;
+            self.inner.done.store(0, Ordering::Release);
             s.panicked = false;
             s.gen += 1;
+            self.inner.gen.store(s.gen, Ordering::Release);
             self.inner.start.notify_all();
         }
         work(&self.inner);
+        spin_until(|| self.inner.done.load(Ordering::Acquire) >= ntasks);
         let mut s = self.inner.m.lock();
         while s.done < s.ntasks {
             self.inner.finished.wait(&mut s);
@@ -226,6 +261,7 @@ fn work(inner: &Inner) {
         let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_ok();
         let mut s = inner.m.lock();
         s.done += 1;
+        inner.done.store(s.done, Ordering::Release);
         s.panicked |= !ok;
         if s.done == s.ntasks {
             inner.finished.notify_all();
@@ -236,6 +272,7 @@ fn work(inner: &Inner) {
 fn worker(inner: &Inner) {
     let mut seen = 0u64;
     loop {
+        spin_until(|| inner.gen.load(Ordering::Acquire) != seen);
         {
             let mut s = inner.m.lock();
             while s.gen == seen && !s.quit {
