@@ -96,13 +96,22 @@ unsafe fn row_dot(m: &MatRef<'_>, r: usize, x: &[f32]) -> f32 {
     let fused = !m.fmt.is_grouped() || m.group.is_multiple_of(LANES);
     if fused {
         let g = m.groups();
+        // group by group: the scale converted once per group (in hardware),
+        // no division per block; an ungrouped format is one group
+        let gstep = if m.fmt.is_grouped() { m.group } else { full };
         let mut c = 0;
         while c < full {
-            let scale =
-                if m.fmt.is_grouped() { waste_format::half::f16_to_f32(m.scales[r * g + c / m.group]) } else { 0.0 };
-            // SAFETY: c + 32 <= cols <= row length; x has cols floats.
-            unsafe { fma4(&mut acc, load32(m.fmt, rb, c, scale), x.as_ptr().add(c)) };
-            c += LANES;
+            let gend = (c + gstep).min(full);
+            let scale = if m.fmt.is_grouped() {
+                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(m.scales[r * g + c / m.group] as i32)))
+            } else {
+                0.0
+            };
+            while c < gend {
+                // SAFETY: c + 32 <= cols <= row length; x has cols floats.
+                unsafe { fma4(&mut acc, load32(m.fmt, rb, c, scale), x.as_ptr().add(c)) };
+                c += LANES;
+            }
         }
     } else {
         let mut w = [0f32; 8 * LANES];
