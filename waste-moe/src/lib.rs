@@ -269,8 +269,19 @@ impl ExpertKernel {
             for (gv, uv) in sc.g.iter_mut().zip(sc.u.iter()) {
                 *gv = glu(self.act, *gv, *uv);
             }
+            // the down table across the pool, by vector positions (each
+            // position's entries are computed alike whoever computes them)
             let bd: Vec<&VqBook> = books.books[2].iter().collect();
-            build_table(lv, &bd, &ld, &sc.g, &mut sc.t_down);
+            let per_v = ld.stages * ld.table_entries();
+            let dim = l.quant.vec_dim;
+            let tds = SyncSlice::new(&mut sc.t_down);
+            let gin = &sc.g;
+            pool.chunks(ld.nvec, &|a, b| {
+                let part = VqLayout { nvec: b - a, ..ld };
+                // SAFETY: the tasks' position ranges [a, b) are disjoint, so are their tables.
+                let t = unsafe { tds.range(a * per_v, b * per_v) };
+                build_table(lv, &bd, &part, &gin[a * dim..b * dim], t);
+            });
             let di = &rec[dof..dof + ld.index_bytes()];
             let o = SyncSlice::new(out);
             let td = &sc.t_down;
