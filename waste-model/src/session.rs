@@ -250,6 +250,7 @@ impl<'m> Session<'m> {
         sc += self.mla_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
         if let Some(e) = &self.ex_sc {
             sc += v(&e.t_gate) + v(&e.t_up) + v(&e.t_down) + v(&e.g) + v(&e.u);
+            sc += [&e.p_gate, &e.p_up, &e.p_down].iter().map(|p| p.capacity() as u64).sum::<u64>();
         }
         (state, sc)
     }

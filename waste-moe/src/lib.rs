@@ -12,8 +12,10 @@
 
 use waste_format::{Activation, ExpertFmt, RecordLayout};
 use waste_quant::ops::{sigmoid, silu, situ};
-use waste_quant::vq::{build_table, matvec_rows as vq_rows, VqBook, VqLayout};
-use waste_quant::{MatRef, Matrix, Pool, SyncSlice};
+use waste_quant::vq::{
+    build_planes, build_table, matvec_rows_planes, planes_fit, planes_len, uses_planes, VqBook, VqLayout,
+};
+use waste_quant::{Level, MatRef, Matrix, Pool, SyncSlice};
 
 /// Router settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -176,6 +178,13 @@ pub struct ExpertScratch {
     pub g: Vec<f32>,
     /// Up activations `[m]`.
     pub u: Vec<f32>,
+    /// The gate table as byte planes (empty when the level looks tables up
+    /// by gathers; `waste_quant::vq::uses_planes`).
+    pub p_gate: Vec<u8>,
+    /// The up table as byte planes.
+    pub p_up: Vec<u8>,
+    /// The down table as byte planes.
+    pub p_down: Vec<u8>,
 }
 
 impl ExpertKernel {
@@ -183,26 +192,24 @@ impl ExpertKernel {
         let q = self.lay.quant;
         VqLayout { rows, nvec: cols / q.vec_dim, stages: q.stages, block: q.index_block, packed6: q.index_bits == 6 }
     }
-    /// Scratch sized for this layout.
+    /// Scratch sized for this layout (byte planes wherever the layout fits
+    /// them, used or not: the same bytes on every machine, as the plan counts).
     pub fn scratch(&self) -> ExpertScratch {
         let (m, lat) = (self.lay.m, self.lay.lat);
-        let (tg, td) = if self.lay.quant.fmt.is_vq() {
-            (self.vq(m, lat).table_len(), self.vq(lat, m).table_len())
-        } else {
-            (0, 0)
-        };
+        let vq = self.lay.quant.fmt.is_vq();
+        let (lg, ld) = (self.vq(m, lat), self.vq(lat, m));
+        let (tg, td) = if vq { (lg.table_len(), ld.table_len()) } else { (0, 0) };
+        let planes = |l: &VqLayout| if vq && planes_fit(l) { vec![0u8; planes_len(l)] } else { Vec::new() };
         ExpertScratch {
             t_gate: vec![0.0; tg],
             t_up: vec![0.0; tg],
             t_down: vec![0.0; td],
             g: vec![0.0; m],
             u: vec![0.0; m],
+            p_gate: planes(&lg),
+            p_up: planes(&lg),
+            p_down: planes(&ld),
         }
-    }
-    /// Bytes of [`ExpertKernel::scratch`].
-    pub fn scratch_bytes(&self) -> usize {
-        let s = self.scratch();
-        (s.t_gate.len() + s.t_up.len() + s.t_down.len() + s.g.len() + s.u.len()) * 4
     }
 
     /// Prepare per-token tables from the expert input `h` (VQ only).
@@ -213,20 +220,31 @@ impl ExpertKernel {
         let lay = self.vq(self.lay.m, self.lay.lat);
         let bg: Vec<&VqBook> = books.books[0].iter().collect();
         let bu: Vec<&VqBook> = books.books[1].iter().collect();
-        let (tg, tu) = (&mut sc.t_gate, &mut sc.t_up);
-        let tgs = SyncSlice::new(tg);
-        let tus = SyncSlice::new(tu);
         let lv = pool.level();
+        let with_planes = uses_planes(lv, &lay) && !sc.p_gate.is_empty();
+        let (tgs, tus) = (SyncSlice::new(&mut sc.t_gate), SyncSlice::new(&mut sc.t_up));
+        let (pgs, pus) = (SyncSlice::new(&mut sc.p_gate), SyncSlice::new(&mut sc.p_up));
         pool.run(2, &|i| {
-            // SAFETY: task 0 writes the gate table, task 1 the up table.
-            let t = unsafe {
+            // SAFETY: task 0 writes the gate table and planes, task 1 the up ones.
+            let (t, books) = unsafe {
                 if i == 0 {
-                    tgs.range(0, lay.table_len())
+                    (tgs.range(0, lay.table_len()), &bg)
                 } else {
-                    tus.range(0, lay.table_len())
+                    (tus.range(0, lay.table_len()), &bu)
                 }
             };
-            build_table(lv, if i == 0 { &bg } else { &bu }, &lay, h, t);
+            build_table(lv, books, &lay, h, t);
+            if with_planes {
+                // SAFETY: as above.
+                let p = unsafe {
+                    if i == 0 {
+                        pgs.range(0, planes_len(&lay))
+                    } else {
+                        pus.range(0, planes_len(&lay))
+                    }
+                };
+                build_planes(lv, &lay, t, p);
+            }
         });
     }
 
@@ -258,12 +276,15 @@ impl ExpertKernel {
                 let ui = &rec[uo..uo + lg.index_bytes()];
                 let (g, u) = (SyncSlice::new(&mut sc.g), SyncSlice::new(&mut sc.u));
                 let (tg, tu) = (&sc.t_gate, &sc.t_up);
-                pool.chunks(m / 8, &|a, b| {
-                    // SAFETY: disjoint row ranges [8a, 8b) (the last chunk takes the tail).
-                    let b8 = if b == m / 8 { m } else { 8 * b };
-                    let (gy, uy) = unsafe { (g.range(8 * a, b8), u.range(8 * a, b8)) };
-                    vq_rows(lv, &lg, gi, gs, tg, 8 * a, gy);
-                    vq_rows(lv, &lg, ui, us, tu, 8 * a, uy);
+                let (pg, pu) = (planes_of(lv, &lg, &sc.p_gate), planes_of(lv, &lg, &sc.p_up));
+                let unit = row_unit(pg.is_some());
+                let units = (m / unit).max(1);
+                pool.chunks(units, &|a, b| {
+                    // SAFETY: disjoint row ranges [unit·a, unit·b) (the last chunk takes the tail).
+                    let (ra, rb) = (unit * a, if b == units { m } else { unit * b });
+                    let (gy, uy) = unsafe { (g.range(ra, rb), u.range(ra, rb)) };
+                    matvec_rows_planes(lv, &lg, gi, gs, tg, pg, ra, gy);
+                    matvec_rows_planes(lv, &lg, ui, us, tu, pu, ra, uy);
                 });
             }
             for (gv, uv) in sc.g.iter_mut().zip(sc.u.iter()) {
@@ -275,21 +296,30 @@ impl ExpertKernel {
             let per_v = ld.stages * ld.table_entries();
             let dim = l.quant.vec_dim;
             let tds = SyncSlice::new(&mut sc.t_down);
+            let with_planes = uses_planes(lv, &ld) && !sc.p_down.is_empty();
+            let pds = SyncSlice::new(&mut sc.p_down);
             let gin = &sc.g;
             pool.chunks(ld.nvec, &|a, b| {
                 let part = VqLayout { nvec: b - a, ..ld };
-                // SAFETY: the tasks' position ranges [a, b) are disjoint, so are their tables.
+                // SAFETY: the tasks' position ranges [a, b) are disjoint, so are their tables and planes.
                 let t = unsafe { tds.range(a * per_v, b * per_v) };
                 build_table(lv, &bd, &part, &gin[a * dim..b * dim], t);
+                if with_planes {
+                    // SAFETY: as above (4 plane bytes per table entry).
+                    build_planes(lv, &part, t, unsafe { pds.range(4 * a * per_v, 4 * b * per_v) });
+                }
             });
             let di = &rec[dof..dof + ld.index_bytes()];
             let o = SyncSlice::new(out);
             let td = &sc.t_down;
-            pool.chunks(lat / 8, &|a, b| {
-                let b8 = if b == lat / 8 { lat } else { 8 * b };
+            let pd = planes_of(lv, &ld, &sc.p_down);
+            let unit = row_unit(pd.is_some());
+            let units = (lat / unit).max(1);
+            pool.chunks(units, &|a, b| {
+                let (ra, rb) = (unit * a, if b == units { lat } else { unit * b });
                 // SAFETY: disjoint row ranges.
-                let oy = unsafe { o.range(8 * a, b8) };
-                vq_rows(lv, &ld, di, ds, td, 8 * a, oy);
+                let oy = unsafe { o.range(ra, rb) };
+                matvec_rows_planes(lv, &ld, di, ds, td, pd, ra, oy);
             });
         } else {
             let fmt = if l.quant.fmt == ExpertFmt::Bf16 { waste_format::Fmt::Bf16 } else { waste_format::Fmt::F16 };
@@ -303,6 +333,21 @@ impl ExpertKernel {
             }
             pool.matvec(&down, &sc.g, out);
         }
+    }
+}
+
+/// Byte planes when the level uses them and the scratch has them.
+fn planes_of<'a>(level: Level, lay: &VqLayout, p: &'a [u8]) -> Option<&'a [u8]> {
+    (uses_planes(level, lay) && !p.is_empty()).then_some(p)
+}
+
+/// Rows per unit of work of an expert matvec split across the pool: whole
+/// 64-row groups for the byte-plane kernel, 8 for the gather kernels.
+fn row_unit(planes: bool) -> usize {
+    if planes {
+        64
+    } else {
+        8
     }
 }
 

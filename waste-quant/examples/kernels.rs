@@ -8,7 +8,9 @@
 
 use std::time::Instant;
 use waste_format::Fmt;
-use waste_quant::vq::{build_table, matvec_rows, VqBook, VqLayout};
+use waste_quant::vq::{
+    build_planes, build_table, matvec_rows, matvec_rows_planes, planes_len, uses_planes, VqBook, VqLayout,
+};
 use waste_quant::{f32_to_f16, Level, Matrix};
 
 fn rng(seed: u64) -> impl FnMut() -> u64 {
@@ -111,6 +113,22 @@ fn main() {
             hi * 1e3,
             (rows * nvec * stages) as f64 / med / 1e9
         );
+        if uses_planes(lv, &lay) {
+            let mut planes = vec![0u8; planes_len(&lay)];
+            let (pb, _, _) = time(reps, || build_planes(lv, &lay, &t, &mut planes));
+            let (med, lo, hi) =
+                time(reps, || matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), 0, &mut y));
+            println!(
+                "vq3r {rows}x{} {:>7} byte planes: planes {:.3} ms, rows {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
+                nvec * 8,
+                lv.name(),
+                pb * 1e3,
+                med * 1e3,
+                lo * 1e3,
+                hi * 1e3,
+                (rows * nvec * stages) as f64 / med / 1e9
+            );
+        }
     }
 }
 

@@ -147,51 +147,113 @@ pub fn build_table(level: Level, books: &[&VqBook], lay: &VqLayout, x: &[f32], t
 /// # Panics
 /// When the indices, scales or table are shorter than the layout needs, or the rows are out of range.
 pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], table: &[f32], r0: usize, y: &mut [f32]) {
+    matvec_rows_planes(level, lay, idx, scales, table, None, r0, y)
+}
+
+/// Whether tables of this layout can be looked up as byte planes (8-bit
+/// indices, 256 entries, at most 3 stages, index blocks of a multiple of 64
+/// rows) — whatever the CPU. Callers size plane buffers by this, so memory
+/// does not depend on the machine.
+pub fn planes_fit(lay: &VqLayout) -> bool {
+    !lay.packed6 && lay.stages <= 3 && lay.block > 0 && lay.block.is_multiple_of(64)
+}
+
+/// Whether `level` on this CPU looks tables of this layout up as byte
+/// planes ([`build_planes`]; AVX-512 VBMI and [`planes_fit`]).
+pub fn uses_planes(level: Level, lay: &VqLayout) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        level == Level::Avx512 && Level::Avx512.supported() && crate::x86_64::avx512::has_vbmi() && planes_fit(lay)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, lay);
+        false
+    }
+}
+
+/// Bytes of [`build_planes`]' output for a layout (the table's size).
+pub fn planes_len(lay: &VqLayout) -> usize {
+    lay.table_len() * 4
+}
+
+/// The table of [`build_table`] as byte planes for [`matvec_rows_planes`]
+/// (a byte transpose; nothing when [`uses_planes`] is false).
+///
+/// # Panics
+/// When `table` or `planes` are shorter than the layout needs.
+pub fn build_planes(level: Level, lay: &VqLayout, table: &[f32], planes: &mut [u8]) {
+    assert!(table.len() >= lay.table_len() && planes.len() >= planes_len(lay));
+    #[cfg(target_arch = "x86_64")]
+    if uses_planes(level, lay) {
+        // SAFETY: features checked by uses_planes; sizes asserted above.
+        unsafe { crate::x86_64::avx512::vq_planes(table, planes, lay.nvec * lay.stages) };
+    }
+    let _ = level;
+}
+
+/// [`matvec_rows`] with the table's byte planes when the level uses them
+/// ([`uses_planes`]; `planes` from [`build_planes`] on the same table).
+/// Bit-identical to [`matvec_rows`] at every level.
+///
+/// # Panics
+/// As [`matvec_rows`]; when `planes` is given but shorter than the layout needs.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_rows_planes(
+    level: Level,
+    lay: &VqLayout,
+    idx: &[u8],
+    scales: &[u8],
+    table: &[f32],
+    planes: Option<&[u8]>,
+    r0: usize,
+    y: &mut [f32],
+) {
     assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2 && table.len() >= lay.table_len());
     assert!(r0 + y.len() <= lay.rows);
+    let scale = |r: usize| f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
     #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(unused_mut))]
     let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(pl) = planes.filter(|_| uses_planes(level, lay) && r0.is_multiple_of(64)) {
+        assert!(pl.len() >= planes_len(lay));
+        let n64 = y.len() / 64 * 64;
+        // SAFETY: features checked by uses_planes; sizes asserted above.
+        unsafe { crate::x86_64::avx512::vq_rows64(lay, idx, pl, r0, &mut y[..n64]) };
+        done = n64;
+    }
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512
         && Level::Avx512.supported()
         && crate::x86_64::avx512::has_vbmi()
         && lay.block > 0
         && lay.block.is_multiple_of(16)
-        && r0.is_multiple_of(16)
+        && (r0 + done).is_multiple_of(16)
         && lay.bpv() <= 4
         && (!lay.packed6 || lay.bpv() == 3)
     {
-        let n16 = y.len() / 16 * 16;
+        let n16 = done + (y.len() - done) / 16 * 16;
         // SAFETY: features checked; sizes asserted above.
-        unsafe { crate::x86_64::avx512::vq_rows16(lay, idx, table, r0, &mut y[..n16]) };
-        for (i, yo) in y[..n16].iter_mut().enumerate() {
-            let r = r0 + i;
-            *yo *= f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
-        }
+        unsafe { crate::x86_64::avx512::vq_rows16(lay, idx, table, r0 + done, &mut y[done..n16]) };
         done = n16;
     }
     #[cfg(target_arch = "x86_64")]
     if level.avx2_kernels() && lay.block > 0 && lay.block.is_multiple_of(8) && (r0 + done).is_multiple_of(8) {
-        let n8 = (y.len() - done) / 8 * 8;
+        let n8 = done + (y.len() - done) / 8 * 8;
         // SAFETY: features checked; sizes asserted above.
-        unsafe { crate::x86_64::avx2::vq_rows8(lay, idx, table, r0 + done, &mut y[done..done + n8]) };
-        for (i, yo) in y[done..done + n8].iter_mut().enumerate() {
-            let r = r0 + done + i;
-            *yo *= f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
-        }
-        done += n8;
+        unsafe { crate::x86_64::avx2::vq_rows8(lay, idx, table, r0 + done, &mut y[done..n8]) };
+        done = n8;
     }
     #[cfg(target_arch = "aarch64")]
     if level.neon_kernels() && lay.block > 0 && lay.block.is_multiple_of(4) && r0.is_multiple_of(4) {
         let n4 = y.len() / 4 * 4;
         crate::aarch64::neon::vq_rows4(lay, idx, table, r0, &mut y[..n4]);
-        for (i, yo) in y[..n4].iter_mut().enumerate() {
-            let r = r0 + i;
-            *yo *= f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
-        }
         done = n4;
     }
-    let _ = level;
+    let _ = (level, planes);
+    for (i, yo) in y[..done].iter_mut().enumerate() {
+        *yo *= scale(r0 + i);
+    }
     let te = lay.table_entries();
     let mut ix = [0usize; 8];
     for (i, yo) in y.iter_mut().enumerate().skip(done) {
@@ -203,7 +265,7 @@ pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], tabl
                 acc += table[(v * lay.stages + s) * te + ix[s]];
             }
         }
-        *yo = acc * f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
+        *yo = acc * scale(r);
     }
 }
 

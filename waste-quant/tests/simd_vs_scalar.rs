@@ -8,7 +8,9 @@ mod skip;
 use proptest::prelude::*;
 use skip::report_skip;
 use waste_format::Fmt;
-use waste_quant::vq::{build_table, dequant_row, matvec_rows, VqBook, VqLayout};
+use waste_quant::vq::{
+    build_planes, build_table, dequant_row, matvec_rows, matvec_rows_planes, planes_len, VqBook, VqLayout,
+};
 use waste_quant::{f32_to_f16, Level, Matrix};
 
 /// Relative bound of an f32 dot product against f64 for these sizes.
@@ -103,7 +105,7 @@ proptest! {
     }
 
     #[test]
-    fn vq_matvec_bit_identical_across_levels(packed in any::<bool>(), two in any::<bool>(), rows in 1usize..140, nvec in 1usize..20, block in prop::sample::select(vec![0usize, 8, 64]), seed in any::<u64>()) {
+    fn vq_matvec_bit_identical_across_levels(packed in any::<bool>(), two in any::<bool>(), rows in 1usize..200, nvec in 1usize..20, block in prop::sample::select(vec![0usize, 8, 64]), seed in any::<u64>()) {
         let stages = if packed { 4 } else if two { 2 } else { 3 };
         let entries = if packed { 64 } else { 256 };
         let lay = VqLayout { rows, nvec, stages, block, packed6: packed };
@@ -139,6 +141,15 @@ proptest! {
             matvec_rows(lv, &lay, &idx, &scales, &t, 0, a);
             matvec_rows(lv, &lay, &idx, &scales, &t, cut, b);
             prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "level {:?}", lv);
+            // the byte-plane lookups (AVX-512 VBMI), split at a 64-row boundary
+            let mut planes = vec![0u8; planes_len(&lay)];
+            build_planes(lv, &lay, &t, &mut planes);
+            let mut got = vec![0f32; rows];
+            let cut = (rows / 2) / 64 * 64;
+            let (a, b) = got.split_at_mut(cut);
+            matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), 0, a);
+            matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), cut, b);
+            prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "planes, level {:?}", lv);
         }
     }
 }

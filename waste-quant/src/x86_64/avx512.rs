@@ -562,3 +562,131 @@ fn keep_bytes(n: usize) -> u64 {
         (1u64 << n) - 1
     }
 }
+
+/// Byte planes of a VQ table for [`vq_rows64`]: for every (vector position,
+/// stage), the 256 entries' f32 bits as 4 planes of 256 bytes (byte 0 of
+/// every entry, then byte 1, …): `planes[((v·stages + s)·4 + p)·256 + e]`
+/// is byte `p` of `table[(v·stages + s)·256 + e]`. A pure byte transpose.
+///
+/// # Safety
+/// AVX-512 F/BW/VBMI; `table` and `planes` hold `nvec · stages · 256`
+/// entries (floats / 4-byte groups).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
+pub unsafe fn vq_planes(table: &[f32], planes: &mut [u8], tables: usize) {
+    assert!(table.len() >= tables * 256 && planes.len() >= tables * 1024);
+    // plane byte i of a 64-entry run = byte 4i + p of the run's 256 bytes;
+    // the low 128 bytes serve i < 32, the high ones i ≥ 32 (same index mod 128)
+    let ix: [__m512i; 4] = core::array::from_fn(|p| {
+        let b: [u8; 64] = core::array::from_fn(|i| ((4 * i + p) & 127) as u8);
+        // SAFETY: 64-byte array.
+        unsafe { _mm512_loadu_si512(b.as_ptr() as *const __m512i) }
+    });
+    let upper: __mmask64 = 0xFFFF_FFFF_0000_0000;
+    for t in 0..tables {
+        // SAFETY: t < tables: 256 floats at 256t, 1024 bytes at 1024t.
+        unsafe {
+            let src = table.as_ptr().add(256 * t);
+            let dst = planes.as_mut_ptr().add(1024 * t);
+            for q in 0..4 {
+                let z: [__m512; 4] = core::array::from_fn(|k| _mm512_loadu_ps(src.add(64 * q + 16 * k)));
+                let zi: [__m512i; 4] = core::array::from_fn(|k| _mm512_castps_si512(z[k]));
+                for (p, ixp) in ix.iter().enumerate() {
+                    let lo = _mm512_permutex2var_epi8(zi[0], *ixp, zi[1]);
+                    let hi = _mm512_permutex2var_epi8(zi[2], *ixp, zi[3]);
+                    let plane = _mm512_mask_blend_epi8(upper, lo, hi);
+                    _mm512_storeu_si512(dst.add(256 * p + 64 * q) as *mut __m512i, plane);
+                }
+            }
+        }
+    }
+}
+
+/// VQ row sums by in-register byte lookups instead of gathers: for each
+/// vector position and stage, the stage's 256-entry table is held as 4
+/// byte planes in 16 registers, and 64 rows' indices look up each plane
+/// with two 128-byte permutes (VBMI) and a blend on the index's top bit;
+/// the 4 planes' bytes are interleaved back into the 64 f32 entries. Each
+/// row still adds its entries in the canonical order (vector position, then
+/// stage) into its own sum — bit-identical to the scalar definition. The
+/// gathers' one load per lookup is what capped [`vq_rows16`]
+/// (docs/LEARNED.md).
+///
+/// Rows `r0..r0+y.len()`, both multiples of 64, blocked layout with `block
+/// % 64 == 0`, 8-bit indices (`bpv == stages ≤ 3`, 256 entries); `planes`
+/// from [`vq_planes`] over the whole table.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VBMI; sizes as asserted by `vq::matvec_rows`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
+pub unsafe fn vq_rows64(lay: &crate::vq::VqLayout, idx: &[u8], planes: &[u8], r0: usize, y: &mut [f32]) {
+    let st = lay.stages;
+    let bpv = lay.bpv();
+    debug_assert!(st == bpv && bpv <= 3 && !lay.packed6);
+    // byte j = 16L + 4k + e of the index vector holds the index of row
+    // 16k + 4L + e, so the interleave below yields rows in order
+    let mut ix = [_mm512_setzero_si512(); 3];
+    let mut high = [0u64; 3];
+    for (s, (ixs, hs)) in ix.iter_mut().zip(high.iter_mut()).enumerate().take(st) {
+        let b: [u8; 64] = core::array::from_fn(|j| {
+            let (l, k, e) = (j / 16, (j % 16) / 4, j % 4);
+            let off = bpv * (16 * k + 4 * l + e) + s;
+            if off >= 128 {
+                *hs |= 1 << j;
+            }
+            (off & 127) as u8
+        });
+        // SAFETY: 64-byte array.
+        *ixs = unsafe { _mm512_loadu_si512(b.as_ptr() as *const __m512i) };
+    }
+    y.fill(0.0);
+    let groups = y.len() / 64;
+    for v in 0..lay.nvec {
+        for s in 0..st {
+            // SAFETY (loads): the planes of (v, s) are 1024 bytes inside `planes`.
+            let pl: [[__m512i; 4]; 4] = core::array::from_fn(|p| {
+                core::array::from_fn(|q| unsafe {
+                    _mm512_loadu_si512(planes.as_ptr().add(((v * st + s) * 4 + p) * 256 + 64 * q) as *const __m512i)
+                })
+            });
+            for g in 0..groups {
+                let o = lay.offset(r0 + 64 * g, v);
+                // SAFETY: the group's 64·bpv index bytes are inside `idx` (asserted by the caller); masked loads read no others.
+                let iv = unsafe {
+                    let p = idx.as_ptr().add(o) as *const i8;
+                    let z0 = _mm512_loadu_si512(p as *const __m512i);
+                    let z1 = _mm512_maskz_loadu_epi8(keep_bytes(64 * bpv - 64), p.add(64));
+                    let lo = _mm512_permutex2var_epi8(z0, ix[s], z1);
+                    if bpv == 3 {
+                        let z2 = _mm512_loadu_si512(p.add(128) as *const __m512i);
+                        _mm512_mask_permutexvar_epi8(lo, high[s], ix[s], z2)
+                    } else {
+                        lo
+                    }
+                };
+                let top = _mm512_movepi8_mask(iv);
+                let b: [__m512i; 4] = core::array::from_fn(|p| {
+                    let lo = _mm512_permutex2var_epi8(pl[p][0], iv, pl[p][1]);
+                    let hi = _mm512_permutex2var_epi8(pl[p][2], iv, pl[p][3]);
+                    _mm512_mask_blend_epi8(top, lo, hi)
+                });
+                let t0 = _mm512_unpacklo_epi8(b[0], b[1]);
+                let t1 = _mm512_unpackhi_epi8(b[0], b[1]);
+                let t2 = _mm512_unpacklo_epi8(b[2], b[3]);
+                let t3 = _mm512_unpackhi_epi8(b[2], b[3]);
+                let f = [
+                    _mm512_unpacklo_epi16(t0, t2),
+                    _mm512_unpackhi_epi16(t0, t2),
+                    _mm512_unpacklo_epi16(t1, t3),
+                    _mm512_unpackhi_epi16(t1, t3),
+                ];
+                for (k, fk) in f.iter().enumerate() {
+                    // SAFETY: 64g + 16k + 16 <= y.len().
+                    unsafe {
+                        let a = y.as_mut_ptr().add(64 * g + 16 * k);
+                        _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), _mm512_castsi512_ps(*fk)));
+                    }
+                }
+            }
+        }
+    }
+}
