@@ -210,7 +210,9 @@ def run_waste():
     return v["prefill_ms_per_token"], v["ms_per_token"], v
 
 
-if not os.path.exists(os.path.join(hf, "config.json")):
+have_both = os.path.exists(os.path.join(container, "manifest.json")) and os.path.exists(gguf_q4)
+if not os.path.exists(os.path.join(hf, "config.json")) and not have_both:
+    # the HF slice is only an intermediate: both converted files suffice
     make_slice()
 if not os.path.exists(os.path.join(container, "manifest.json")):
     subprocess.run([a.waste, "convert", "--src", hf, "--out", container, "--experts", "vq3r", "--trunk", "q4", "-q"], check=True)
