@@ -12,9 +12,7 @@
 
 use waste_format::{Activation, ExpertFmt, RecordLayout};
 use waste_quant::ops::{sigmoid, silu, situ};
-use waste_quant::vq::{
-    build_planes, build_table, matvec_rows_planes, planes_fit, planes_len, uses_planes, VqBook, VqLayout,
-};
+use waste_quant::vq::{build_table_planes, matvec_rows_planes, planes_fit, planes_len, uses_planes, VqBook, VqLayout};
 use waste_quant::{Level, MatRef, Matrix, Pool, SyncSlice};
 
 /// Router settings.
@@ -233,18 +231,15 @@ impl ExpertKernel {
                     (tus.range(0, lay.table_len()), &bu)
                 }
             };
-            build_table(lv, books, &lay, h, t);
-            if with_planes {
-                // SAFETY: as above.
-                let p = unsafe {
-                    if i == 0 {
-                        pgs.range(0, planes_len(&lay))
-                    } else {
-                        pus.range(0, planes_len(&lay))
-                    }
-                };
-                build_planes(lv, &lay, t, p);
-            }
+            // SAFETY: as above.
+            let p = unsafe {
+                match (with_planes, i) {
+                    (false, _) => &mut [][..],
+                    (true, 0) => pgs.range(0, planes_len(&lay)),
+                    (true, _) => pus.range(0, planes_len(&lay)),
+                }
+            };
+            build_table_planes(lv, books, &lay, h, t, p);
         });
     }
 
@@ -303,11 +298,9 @@ impl ExpertKernel {
                 let part = VqLayout { nvec: b - a, ..ld };
                 // SAFETY: the tasks' position ranges [a, b) are disjoint, so are their tables and planes.
                 let t = unsafe { tds.range(a * per_v, b * per_v) };
-                build_table(lv, &bd, &part, &gin[a * dim..b * dim], t);
-                if with_planes {
-                    // SAFETY: as above (4 plane bytes per table entry).
-                    build_planes(lv, &part, t, unsafe { pds.range(4 * a * per_v, 4 * b * per_v) });
-                }
+                // SAFETY: as above (4 plane bytes per table entry).
+                let p = if with_planes { unsafe { pds.range(4 * a * per_v, 4 * b * per_v) } } else { &mut [][..] };
+                build_table_planes(lv, &bd, &part, &gin[a * dim..b * dim], t, p);
             });
             let di = &rec[dof..dof + ld.index_bytes()];
             let o = SyncSlice::new(out);

@@ -9,7 +9,8 @@
 use std::time::Instant;
 use waste_format::Fmt;
 use waste_quant::vq::{
-    build_planes, build_table, matvec_rows, matvec_rows_planes, planes_len, uses_planes, VqBook, VqLayout,
+    build_planes, build_table, build_table_planes, matvec_rows, matvec_rows_planes, planes_len, uses_planes, VqBook,
+    VqLayout,
 };
 use waste_quant::{f32_to_f16, Level, Matrix};
 
@@ -116,6 +117,8 @@ fn main() {
         if uses_planes(lv, &lay) {
             let mut planes = vec![0u8; planes_len(&lay)];
             let (pb, _, _) = time(reps, || build_planes(lv, &lay, &t, &mut planes));
+            let (tp, _, _) = time(reps, || build_table_planes(lv, &br, &lay, &x, &mut t, &mut planes));
+            println!("vq3r {rows}x{} {:>7}: table and planes in one pass {:.3} ms", nvec * 8, lv.name(), tp * 1e3);
             let (med, lo, hi) =
                 time(reps, || matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), 0, &mut y));
             println!(

@@ -192,6 +192,49 @@ pub fn build_planes(level: Level, lay: &VqLayout, table: &[f32], planes: &mut [u
     let _ = level;
 }
 
+/// [`build_table`] and, where the level uses them, [`build_planes`] in one
+/// pass: each (vector position, stage) table is computed in registers and
+/// stored both ways (AVX-512 VBMI with 256-entry, 8-dimensional books);
+/// the same bits as the two calls.
+///
+/// # Panics
+/// As [`build_table`]; when `planes` is shorter than [`planes_len`] and the level uses planes.
+pub fn build_table_planes(
+    level: Level,
+    books: &[&VqBook],
+    lay: &VqLayout,
+    x: &[f32],
+    table: &mut [f32],
+    planes: &mut [u8],
+) {
+    if !uses_planes(level, lay) {
+        return build_table(level, books, lay, x, table);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if books.iter().all(|b| b.entries == 256 && b.dim == 8) {
+        assert_eq!(books.len(), lay.stages);
+        assert_eq!(x.len(), lay.nvec * 8);
+        assert!(table.len() >= lay.table_len() && planes.len() >= planes_len(lay));
+        for v in 0..lay.nvec {
+            for (s, b) in books.iter().enumerate() {
+                let i = v * lay.stages + s;
+                // SAFETY: features checked by uses_planes; the book's shape and every length asserted above.
+                unsafe {
+                    crate::x86_64::avx512::table_planes(
+                        b,
+                        &x[8 * v..8 * v + 8],
+                        &mut table[256 * i..256 * (i + 1)],
+                        &mut planes[1024 * i..1024 * (i + 1)],
+                    )
+                };
+            }
+        }
+        return;
+    }
+    build_table(level, books, lay, x, table);
+    build_planes(level, lay, table, planes);
+}
+
 /// [`matvec_rows`] with the table's byte planes when the level uses them
 /// ([`uses_planes`]; `planes` from [`build_planes`] on the same table).
 /// Bit-identical to [`matvec_rows`] at every level.

@@ -9,7 +9,8 @@ use proptest::prelude::*;
 use skip::report_skip;
 use waste_format::Fmt;
 use waste_quant::vq::{
-    build_planes, build_table, dequant_row, matvec_rows, matvec_rows_planes, planes_len, VqBook, VqLayout,
+    build_planes, build_table, build_table_planes, dequant_row, matvec_rows, matvec_rows_planes, planes_len, VqBook,
+    VqLayout,
 };
 use waste_quant::{f32_to_f16, Level, Matrix};
 
@@ -144,6 +145,11 @@ proptest! {
             // the byte-plane lookups (AVX-512 VBMI), split at a 64-row boundary
             let mut planes = vec![0u8; planes_len(&lay)];
             build_planes(lv, &lay, &t, &mut planes);
+            // the table and its planes in one pass: the same bits as the two calls
+            let (mut t2, mut planes2) = (vec![0f32; lay.table_len()], vec![0u8; planes_len(&lay)]);
+            build_table_planes(lv, &br, &lay, &x, &mut t2, &mut planes2);
+            prop_assert_eq!(t2.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), t0.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "fused table, level {:?}", lv);
+            prop_assert!(planes2 == planes, "fused planes, level {:?}", lv);
             let mut got = vec![0f32; rows];
             let cut = (rows / 2) / 64 * 64;
             let (a, b) = got.split_at_mut(cut);

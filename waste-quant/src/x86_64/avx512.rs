@@ -601,6 +601,53 @@ pub unsafe fn vq_planes(table: &[f32], planes: &mut [u8], tables: usize) {
     }
 }
 
+/// One (vector position, stage) table of 256 entries computed in registers
+/// — entry `e` = `x[0]·c_e[0]`, then `fma(x[d], c_e[d], ·)` for `d = 1..8`,
+/// as `vq::build_table` defines it — stored as f32 (`t`, 256 floats) and
+/// as the byte planes of [`vq_planes`] (`p`, 1024 bytes), without reading
+/// the table back.
+///
+/// # Safety
+/// AVX-512 F/BW/VBMI; `b` has 256 entries of dimension 8, `x` 8 floats,
+/// `t` 256 floats, `p` 1024 bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
+pub unsafe fn table_planes(b: &crate::vq::VqBook, x: &[f32], t: &mut [f32], p: &mut [u8]) {
+    assert!(b.entries == 256 && b.dim == 8 && x.len() >= 8 && t.len() >= 256 && p.len() >= 1024);
+    let xs: [__m512; 8] = core::array::from_fn(|d| _mm512_set1_ps(x[d]));
+    let ix: [__m512i; 4] = core::array::from_fn(|pl| {
+        let bytes: [u8; 64] = core::array::from_fn(|i| ((4 * i + pl) & 127) as u8);
+        // SAFETY: 64-byte array.
+        unsafe { _mm512_loadu_si512(bytes.as_ptr() as *const __m512i) }
+    });
+    let upper: __mmask64 = 0xFFFF_FFFF_0000_0000;
+    for q in 0..4 {
+        // entries 64q .. 64q + 64, 16 per register
+        let z: [__m512i; 4] = core::array::from_fn(|k| {
+            let e = 64 * q + 16 * k;
+            // SAFETY: cbt holds 8 rows of 256 floats; e + 16 <= 256.
+            unsafe {
+                let mut acc = _mm512_mul_ps(xs[0], _mm512_loadu_ps(b.cbt.as_ptr().add(e)));
+                for (d, xd) in xs.iter().enumerate().skip(1) {
+                    acc = _mm512_fmadd_ps(*xd, _mm512_loadu_ps(b.cbt.as_ptr().add(d * 256 + e)), acc);
+                }
+                _mm512_storeu_ps(t.as_mut_ptr().add(e), acc);
+                _mm512_castps_si512(acc)
+            }
+        });
+        for (pl, ixp) in ix.iter().enumerate() {
+            let lo = _mm512_permutex2var_epi8(z[0], *ixp, z[1]);
+            let hi = _mm512_permutex2var_epi8(z[2], *ixp, z[3]);
+            // SAFETY: 256·pl + 64q + 64 <= 1024.
+            unsafe {
+                _mm512_storeu_si512(
+                    p.as_mut_ptr().add(256 * pl + 64 * q) as *mut __m512i,
+                    _mm512_mask_blend_epi8(upper, lo, hi),
+                )
+            };
+        }
+    }
+}
+
 /// VQ row sums by in-register byte lookups instead of gathers: for each
 /// vector position and stage, the stage's 256-entry table is held as 4
 /// byte planes in 16 registers, and 64 rows' indices look up each plane
