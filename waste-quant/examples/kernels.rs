@@ -131,6 +131,23 @@ fn main() {
                 hi * 1e3,
                 (rows * nvec * stages) as f64 / med / 1e9
             );
+            // the same over 64 distinct index sets (57 MB): indices from
+            // memory, as a token's experts are, not from L2/L3
+            let many: Vec<Vec<u8>> = (0..64).map(|_| (0..lay.index_bytes()).map(|_| r() as u8).collect()).collect();
+            let (med, lo, hi) = time(reps.min(9), || {
+                for ix in &many {
+                    matvec_rows_planes(lv, &lay, ix, &scales, &t, Some(&planes), 0, &mut y);
+                }
+            });
+            println!(
+                "vq3r {rows}x{} {:>7} byte planes, indices from memory: rows {:.3} ms ({:.3}–{:.3}) per matrix, {:.1} GB/s of indices",
+                nvec * 8,
+                lv.name(),
+                med * 1e3 / 64.0,
+                lo * 1e3 / 64.0,
+                hi * 1e3 / 64.0,
+                (64 * lay.index_bytes()) as f64 / med / 1e9
+            );
         }
     }
 }

@@ -648,6 +648,10 @@ pub unsafe fn table_planes(b: &crate::vq::VqBook, x: &[f32], t: &mut [f32], p: &
     }
 }
 
+/// How many vector positions ahead [`vq_rows64`] prefetches each row
+/// group's indices (docs/LEARNED.md).
+const VQ_PREFETCH_V: usize = 4;
+
 /// VQ row sums by in-register byte lookups instead of gathers: for each
 /// vector position and stage, the stage's 256-entry table is held as 4
 /// byte planes in 16 registers, and 64 rows' indices look up each plane
@@ -697,6 +701,12 @@ pub unsafe fn vq_rows64(lay: &crate::vq::VqLayout, idx: &[u8], planes: &[u8], r0
             });
             for g in 0..groups {
                 let o = lay.offset(r0 + 64 * g, v);
+                if s == 0 {
+                    // this group's indices a few vector positions ahead (a
+                    // hint: never faults): each 64-row group is a stream of
+                    // its own, too many interleaved for the hardware prefetcher
+                    prefetch_lines(idx.as_ptr().wrapping_add(o + VQ_PREFETCH_V * lay.block * bpv), 64 * bpv);
+                }
                 // SAFETY: the group's 64·bpv index bytes are inside `idx` (asserted by the caller); masked loads read no others.
                 let iv = unsafe {
                     let p = idx.as_ptr().add(o) as *const i8;
