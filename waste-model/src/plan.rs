@@ -144,21 +144,8 @@ impl Plan {
                 if q.fmt.is_vq() {
                     trunk += (c.n_moe_layers() * q.books_per_layer() * q.entries * q.vec_dim * 2 * 4) as u64;
                 }
-                let te = if q.index_bits == 6 { 64 } else { 256 };
-                let tg = if q.fmt.is_vq() { (lay.lat / q.vec_dim) * q.stages * te } else { 0 };
-                let td = if q.fmt.is_vq() { (lay.m / q.vec_dim) * q.stages * te } else { 0 };
-                // f32 tables, and as many bytes again for their byte planes
-                // where the layout fits them (`waste_quant::vq::planes_fit`)
-                let fits = q.fmt.is_vq()
-                    && waste_quant::vq::planes_fit(&waste_quant::VqLayout {
-                        rows: lay.m,
-                        nvec: lay.lat / q.vec_dim,
-                        stages: q.stages,
-                        block: q.index_block,
-                        packed6: q.index_bits == 6,
-                    });
-                let planes = if fits { 2 * tg + td } else { 0 };
-                (lay.rec_bytes as u64, f(2 * tg + td) + f(planes))
+                let kernel = waste_moe::ExpertKernel { lay: *lay, act: c.activation };
+                (lay.rec_bytes as u64, kernel.table_bytes() as u64)
             }
             None => (0, 0),
         };

@@ -190,23 +190,39 @@ impl ExpertKernel {
         let q = self.lay.quant;
         VqLayout { rows, nvec: cols / q.vec_dim, stages: q.stages, block: q.index_block, packed6: q.index_bits == 6 }
     }
-    /// Scratch sized for this layout (byte planes wherever the layout fits
-    /// them, used or not: the same bytes on every machine, as the plan counts).
-    pub fn scratch(&self) -> ExpertScratch {
+    /// Lengths of the gate (= up) and down tables in floats and of their
+    /// byte planes in bytes (planes wherever the layout fits them, used or
+    /// not: the same bytes on every machine).
+    fn table_lens(&self) -> (usize, usize, usize, usize) {
+        if !self.lay.quant.fmt.is_vq() {
+            return (0, 0, 0, 0);
+        }
         let (m, lat) = (self.lay.m, self.lay.lat);
-        let vq = self.lay.quant.fmt.is_vq();
         let (lg, ld) = (self.vq(m, lat), self.vq(lat, m));
-        let (tg, td) = if vq { (lg.table_len(), ld.table_len()) } else { (0, 0) };
-        let planes = |l: &VqLayout| if vq && planes_fit(l) { vec![0u8; planes_len(l)] } else { Vec::new() };
+        let planes = |l: &VqLayout| if planes_fit(l) { planes_len(l) } else { 0 };
+        (lg.table_len(), ld.table_len(), planes(&lg), planes(&ld))
+    }
+
+    /// Bytes of [`ExpertKernel::scratch`]'s tables and planes (the
+    /// per-token part the plan counts beside the session's activations).
+    pub fn table_bytes(&self) -> usize {
+        let (tg, td, pg, pd) = self.table_lens();
+        4 * (2 * tg + td) + 2 * pg + pd
+    }
+
+    /// Scratch sized for this layout.
+    pub fn scratch(&self) -> ExpertScratch {
+        let m = self.lay.m;
+        let (tg, td, pg, pd) = self.table_lens();
         ExpertScratch {
             t_gate: vec![0.0; tg],
             t_up: vec![0.0; tg],
             t_down: vec![0.0; td],
             g: vec![0.0; m],
             u: vec![0.0; m],
-            p_gate: planes(&lg),
-            p_up: planes(&lg),
-            p_down: planes(&ld),
+            p_gate: vec![0; pg],
+            p_up: vec![0; pg],
+            p_down: vec![0; pd],
         }
     }
 
