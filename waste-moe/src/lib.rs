@@ -108,15 +108,8 @@ impl DenseGlu {
     }
     /// `out = down · act(gate·x, up·x)`; `tmp` needs `2·width` floats.
     pub fn forward(&self, pool: &Pool, act: Activation, x: &[f32], tmp: &mut [f32], out: &mut [f32]) {
-        let i = self.width();
-        let (g, rest) = tmp.split_at_mut(i);
-        let u = &mut rest[..i];
-        pool.matvec(&self.gate.view(), x, g);
-        pool.matvec(&self.up.view(), x, u);
-        for (gv, uv) in g.iter_mut().zip(u.iter()) {
-            *gv = glu(act, *gv, *uv);
-        }
-        pool.matvec(&self.down.view(), g, out);
+        // one input: the chunk form's matmats are matvecs
+        self.forward_chunk(pool, act, x, 1, tmp, out)
     }
 
     /// [`DenseGlu::forward`] for `nt` token-major inputs at once (`xs`:
@@ -176,8 +169,9 @@ pub struct ExpertScratch {
     pub g: Vec<f32>,
     /// Up activations `[m]`.
     pub u: Vec<f32>,
-    /// The gate table as byte planes (empty when the level looks tables up
-    /// by gathers; `waste_quant::vq::uses_planes`).
+    /// The gate table as byte planes (empty when the layout does not fit
+    /// them, `waste_quant::vq::planes_fit`; unused when the level looks
+    /// tables up by gathers, `waste_quant::vq::uses_planes`).
     pub p_gate: Vec<u8>,
     /// The up table as byte planes.
     pub p_up: Vec<u8>,
