@@ -46,6 +46,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             "working_set_bytes": p.working_set_bytes, "recommended_bytes": p.recommended_bytes,
             "usable_ram_bytes": usable, "budget_bytes": budget, "expert_cache_bytes": cache,
             "expert_record_bytes": p.record_bytes, "cache_slots": slots, "ctx": a.ctx, "ok": resolved.is_ok(), "note": note,
+            "expert_lanes": p.expert_lanes, "expert_lane_bytes": p.expert_lane_bytes,
         }))?;
     } else {
         outln!("{} at {} tokens of context", a.model.display(), a.ctx);

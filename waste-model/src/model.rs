@@ -136,8 +136,21 @@ impl Model {
         }
         // the tokenizer first: its tables are part of the plan
         let tokenizer = crate::plan::load_tokenizer(&container.dir)?;
-        let plan =
-            Plan::for_container(&container, opts.ctx)?.with_tokenizer(tokenizer.as_ref().map_or(0, |t| t.heap_bytes()));
+        let mut warnings = Vec::new();
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let mut opts = opts;
+        if opts.threads > MAX_THREADS_PER_CORE * cores {
+            warnings.push(format!(
+                "{} compute threads capped at {} ({MAX_THREADS_PER_CORE} per core)",
+                opts.threads,
+                MAX_THREADS_PER_CORE * cores
+            ));
+            opts.threads = MAX_THREADS_PER_CORE * cores;
+        }
+        let threads = if opts.threads == 0 { crate::plan::default_threads() } else { opts.threads };
+        let plan = Plan::for_container(&container, opts.ctx)?
+            .with_tokenizer(tokenizer.as_ref().map_or(0, |t| t.heap_bytes()))
+            .with_threads(threads);
         let plan = if opts.grammar { plan.with_grammar(container.config.vocab) } else { plan };
         let vcfg = match opts.vision {
             false => None,
@@ -152,19 +165,8 @@ impl Model {
                 floor: plan.floor_bytes,
                 ctx: opts.ctx,
                 usable,
-                max_ctx: Plan::largest_ctx_within(&container, usable, plan.tokenizer_bytes),
+                max_ctx: Plan::largest_ctx_within(&container, usable, plan.tokenizer_bytes, threads),
             });
-        }
-        let mut warnings = Vec::new();
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let mut opts = opts;
-        if opts.threads > MAX_THREADS_PER_CORE * cores {
-            warnings.push(format!(
-                "{} compute threads capped at {} ({MAX_THREADS_PER_CORE} per core)",
-                opts.threads,
-                MAX_THREADS_PER_CORE * cores
-            ));
-            opts.threads = MAX_THREADS_PER_CORE * cores;
         }
         if opts.io_threads > MAX_IO_THREADS {
             warnings.push(format!("{} I/O threads capped at {MAX_IO_THREADS}", opts.io_threads));
@@ -178,11 +180,6 @@ impl Model {
                 plan.trunk_bytes, plan.state_bytes, plan.scratch_bytes, plan.min_expert_cache_bytes
             ),
         })?;
-        let threads = if opts.threads == 0 {
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-        } else {
-            opts.threads
-        };
         let level = match opts.simd {
             Some(l) if !l.supported() => {
                 return Err(Error::Unsupported(format!("SIMD level {} on this CPU", l.name())))

@@ -46,6 +46,12 @@ pub struct Plan {
     /// Whether the vision bytes are counted in the floor (images enabled,
     /// [`Plan::with_vision`]): they come out of the expert cache's share.
     pub vision: bool,
+    /// Routed experts computed at once, each whole on a thread (one set of
+    /// activation and down-table buffers each, `waste_moe::lanes_for`);
+    /// 1 until [`Plan::with_threads`] sets the thread count (0 without experts).
+    pub expert_lanes: u64,
+    /// Bytes of one such lane (counted in `scratch_bytes` per lane).
+    pub expert_lane_bytes: u64,
 }
 
 /// Resident bytes of the constrained-decoding tables per vocabulary entry:
@@ -87,8 +93,8 @@ pub(crate) fn session_scratch(c: &ModelConfig, ctx: usize) -> u64 {
             as u64;
     }
     if c.n_moe_layers() > 0 {
-        // expert activations (gate, up) and one output per chosen expert
-        b += f(2 * c.moe_intermediate + c.top_k * lat);
+        // one output per chosen expert (their activations are the expert scratch's)
+        b += f(c.top_k * lat);
     }
     let ffn_w = c.intermediate.max(c.moe_intermediate * c.shared_experts);
     // per chunk token: hidden, FFN input, FFN output, router scores, expert
@@ -139,15 +145,16 @@ impl Plan {
                 trunk += t.payload_len + t.scale_len;
             }
         }
-        let (rec, vq_scratch) = match &ct.experts {
+        let (rec, vq_scratch, lane_bytes) = match &ct.experts {
             Some((q, lay)) => {
                 if q.fmt.is_vq() {
                     trunk += (c.n_moe_layers() * q.books_per_layer() * q.entries * q.vec_dim * 2 * 4) as u64;
                 }
                 let kernel = waste_moe::ExpertKernel { lay: *lay, act: c.activation };
-                (lay.rec_bytes as u64, kernel.table_bytes() as u64)
+                let one = kernel.scratch_bytes(1) as u64;
+                (lay.rec_bytes as u64, one, kernel.scratch_bytes(2) as u64 - one)
             }
-            None => (0, 0),
+            None => (0, 0, 0),
         };
         let mut state = 0u64;
         for k in &c.attn_kinds {
@@ -184,14 +191,33 @@ impl Plan {
             vision_weight_bytes: vcfg.as_ref().map_or(0, |v| crate::vision::weight_bytes(ct, v)),
             vision_scratch_bytes: vcfg.as_ref().map_or(0, |v| v.scratch_bytes()),
             vision: false,
+            expert_lanes: u64::from(lane_bytes > 0),
+            expert_lane_bytes: lane_bytes,
         })
     }
 
+    /// The same plan for a pool of `threads` compute threads: as many
+    /// expert lanes as `waste_moe::lanes_for` gives (each lane's buffers in
+    /// the scratch, the floor and the recommendation).
+    pub fn with_threads(mut self, threads: usize) -> Plan {
+        if self.expert_lanes == 0 {
+            return self;
+        }
+        let lanes = waste_moe::lanes_for(threads, self.top_k as usize) as u64;
+        let (old, new) = (self.expert_lanes * self.expert_lane_bytes, lanes * self.expert_lane_bytes);
+        self.scratch_bytes = self.scratch_bytes - old + new;
+        self.floor_bytes = self.floor_bytes - old + new;
+        self.recommended_bytes = self.recommended_bytes - old + new;
+        self.expert_lanes = lanes;
+        self
+    }
+
     /// The largest context (≤ [`MAX_CTX`]) whose floor, with `tokenizer_bytes`
-    /// counted, fits in `bytes`, if any.
-    pub fn largest_ctx_within(ct: &Container, bytes: u64, tokenizer_bytes: u64) -> Option<usize> {
+    /// counted and `threads` compute threads, fits in `bytes`, if any.
+    pub fn largest_ctx_within(ct: &Container, bytes: u64, tokenizer_bytes: u64, threads: usize) -> Option<usize> {
         let fits = |ctx: usize| {
-            Plan::for_container(ct, ctx).is_ok_and(|p| p.with_tokenizer(tokenizer_bytes).floor_bytes <= bytes)
+            Plan::for_container(ct, ctx)
+                .is_ok_and(|p| p.with_tokenizer(tokenizer_bytes).with_threads(threads).floor_bytes <= bytes)
         };
         if !fits(1) {
             return None;
@@ -289,7 +315,8 @@ pub(crate) fn load_tokenizer(dir: &Path) -> Result<Option<waste_tokenizer::Token
 }
 
 /// Plan a container at `ctx` tokens without loading any weight (the
-/// tokenizer is loaded, to count its tables).
+/// tokenizer is loaded, to count its tables), for the default compute
+/// threads (every core, as [`crate::ModelOptions`]' `threads: 0`).
 ///
 /// # Errors
 /// The container's or the tokenizer's validation errors; a `ctx` outside
@@ -297,5 +324,10 @@ pub(crate) fn load_tokenizer(dir: &Path) -> Result<Option<waste_tokenizer::Token
 pub fn plan(path: impl AsRef<Path>, ctx: usize) -> Result<Plan> {
     let ct = Container::open(path.as_ref())?;
     let tok = load_tokenizer(&ct.dir)?;
-    Ok(Plan::for_container(&ct, ctx)?.with_tokenizer(tok.map_or(0, |t| t.heap_bytes())))
+    Ok(Plan::for_container(&ct, ctx)?.with_tokenizer(tok.map_or(0, |t| t.heap_bytes())).with_threads(default_threads()))
+}
+
+/// Compute threads when none are asked for: every core.
+pub(crate) fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }

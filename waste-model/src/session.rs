@@ -136,7 +136,7 @@ impl<'m> Session<'m> {
             states,
             kda_sc: has_kda.then(|| KdaScratch::new(&kc, CHUNK)),
             mla_sc: has_mla.then(|| MlaScratch::new(&mc, c.q_lora.unwrap_or(0), CHUNK)),
-            ex_sc: m.kernel.as_ref().map(|k| k.scratch()),
+            ex_sc: m.kernel.as_ref().map(|k| k.scratch(waste_moe::lanes_for(m.pool.threads(), c.top_k))),
             chunk_hidden: vec![0.0; CHUNK * h],
             chunk_prefix: vec![0.0; if nb > 0 { CHUNK * h } else { 0 }],
             chunk_ffn_in: vec![0.0; CHUNK * h],
@@ -248,10 +248,7 @@ impl<'m> Session<'m> {
         .sum::<u64>();
         sc += self.kda_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
         sc += self.mla_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
-        if let Some(e) = &self.ex_sc {
-            sc += v(&e.t_gate) + v(&e.t_up) + v(&e.t_down) + v(&e.g) + v(&e.u);
-            sc += [&e.p_gate, &e.p_up, &e.p_down].iter().map(|p| p.capacity() as u64).sum::<u64>();
-        }
+        sc += self.ex_sc.as_ref().map_or(0, |e| e.allocated_bytes());
         (state, sc)
     }
 
@@ -591,8 +588,14 @@ impl<'m> Session<'m> {
             kernel.prepare(pool, &w.books, x, scr);
             self.stats.expert_seconds += te.elapsed().as_secs_f64();
             let mine = &routes[t * k..(t + 1) * k];
-            let mut todo: Vec<usize> = (0..k).filter(|&i| experts.is_ready(mine[i].0 as u32)).collect();
-            todo.extend((0..k).filter(|&i| !experts.is_ready(mine[i].0 as u32)));
+            // the resident ones together (each whole on a thread), then the
+            // others as their reads finish
+            let jobs: Vec<(&[u8], usize)> =
+                (0..k).filter_map(|i| experts.ready(mine[i].0 as u32).map(|r| (r, i))).collect();
+            let te = Instant::now();
+            kernel.forward_each(pool, &w.books, &jobs, x, scr, &mut self.eouts[..k * lat]);
+            self.stats.expert_seconds += te.elapsed().as_secs_f64();
+            let todo: Vec<usize> = (0..k).filter(|&i| !experts.is_ready(mine[i].0 as u32)).collect();
             for i in todo {
                 let rec = experts.wait(mine[i].0 as u32)?;
                 let te = Instant::now();

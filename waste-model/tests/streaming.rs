@@ -99,14 +99,20 @@ fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
 
 #[test]
 fn plan_equals_what_the_engine_allocates() {
-    for name in ["tiny.waste", "tiny-b.waste", "tiny-c.waste"] {
+    // the default threads (every core), one thread, and three (the expert
+    // lanes follow the threads up to top_k)
+    for (name, threads) in
+        [("tiny.waste", 0), ("tiny-b.waste", 0), ("tiny-c.waste", 0), ("tiny.waste", 1), ("tiny.waste", 3)]
+    {
         let path = fixture(name);
         let plan = waste_model::plan(&path, CTX).unwrap();
+        let plan = if threads > 0 { plan.with_threads(threads) } else { plan };
         let m = Model::open(
             &path,
-            ModelOptions { ctx: CTX, budget: plan.floor_bytes + 3 * plan.record_bytes, ..Default::default() },
+            ModelOptions { ctx: CTX, threads, budget: plan.floor_bytes + 3 * plan.record_bytes, ..Default::default() },
         )
         .unwrap();
+        assert_eq!(m.plan(), &plan, "{name}, {threads} threads: the model's plan");
         let (trunk, arena) = m.allocated_bytes();
         assert_eq!(trunk, plan.trunk_bytes, "{name}: trunk");
         let s = m.session();

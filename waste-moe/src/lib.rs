@@ -12,7 +12,9 @@
 
 use waste_format::{Activation, ExpertFmt, RecordLayout};
 use waste_quant::ops::{sigmoid, silu, situ};
-use waste_quant::vq::{build_table_planes, matvec_rows_planes, planes_fit, planes_len, uses_planes, VqBook, VqLayout};
+use waste_quant::vq::{
+    build_table_planes, matvec_rows_planes, planes_cover, planes_fit, planes_len, uses_planes, VqBook, VqLayout,
+};
 use waste_quant::{Level, MatRef, Matrix, Pool, SyncSlice};
 
 /// Router settings.
@@ -156,27 +158,54 @@ pub struct ExpertKernel {
     pub act: Activation,
 }
 
-/// Per-token scratch for routed experts.
+/// Per-token scratch for routed experts: the gate and up tables every
+/// expert of a layer shares, and one [`ExpertLane`] per expert computed at
+/// the same time.
 #[derive(Debug)]
 pub struct ExpertScratch {
-    /// Gate table (built once per token per layer).
+    /// Gate table (built once per token per layer; empty when the byte
+    /// planes serve every row, `waste_quant::vq::planes_cover`).
     pub t_gate: Vec<f32>,
     /// Up table.
     pub t_up: Vec<f32>,
-    /// Down table (per expert).
-    pub t_down: Vec<f32>,
-    /// Gate activations `[m]`.
-    pub g: Vec<f32>,
-    /// Up activations `[m]`.
-    pub u: Vec<f32>,
     /// The gate table as byte planes (empty when the layout does not fit
     /// them, `waste_quant::vq::planes_fit`; unused when the level looks
     /// tables up by gathers, `waste_quant::vq::uses_planes`).
     pub p_gate: Vec<u8>,
     /// The up table as byte planes.
     pub p_up: Vec<u8>,
+    /// One per expert in flight: lane 0 serves [`ExpertKernel::forward`],
+    /// lane `i` the `i`-th task of [`ExpertKernel::forward_each`].
+    pub lanes: Vec<ExpertLane>,
+}
+
+/// One expert's own buffers: its activations and its down table.
+#[derive(Debug)]
+pub struct ExpertLane {
+    /// Down table (per expert).
+    pub t_down: Vec<f32>,
     /// The down table as byte planes.
     pub p_down: Vec<u8>,
+    /// Gate activations `[m]`.
+    pub g: Vec<f32>,
+    /// Up activations `[m]`.
+    pub u: Vec<f32>,
+}
+
+impl ExpertScratch {
+    /// Bytes allocated (capacities), for the plan's accounting.
+    pub fn allocated_bytes(&self) -> u64 {
+        let f = |v: &Vec<f32>| 4 * v.capacity() as u64;
+        let b = |v: &Vec<u8>| v.capacity() as u64;
+        let lanes: u64 = self.lanes.iter().map(|l| f(&l.t_down) + b(&l.p_down) + f(&l.g) + f(&l.u)).sum();
+        f(&self.t_gate) + f(&self.t_up) + b(&self.p_gate) + b(&self.p_up) + lanes
+    }
+}
+
+/// How many experts [`ExpertKernel::forward_each`] computes at once on a
+/// pool of `threads`: one per thread, at most the experts a token chooses.
+pub fn lanes_for(threads: usize, top_k: usize) -> usize {
+    threads.min(top_k).max(1)
 }
 
 impl ExpertKernel {
@@ -197,26 +226,25 @@ impl ExpertKernel {
         (lg.table_len(), ld.table_len(), planes(&lg), planes(&ld))
     }
 
-    /// Bytes of [`ExpertKernel::scratch`]'s tables and planes (the
-    /// per-token part the plan counts beside the session's activations).
-    pub fn table_bytes(&self) -> usize {
+    /// Bytes of [`ExpertKernel::scratch`] with `lanes` lanes (the per-token
+    /// part the plan counts beside the session's activations).
+    pub fn scratch_bytes(&self, lanes: usize) -> usize {
         let (tg, td, pg, pd) = self.table_lens();
-        4 * (2 * tg + td) + 2 * pg + pd
+        4 * 2 * tg + 2 * pg + lanes.max(1) * (4 * td + pd + 4 * 2 * self.lay.m)
     }
 
-    /// Scratch sized for this layout.
-    pub fn scratch(&self) -> ExpertScratch {
+    /// Scratch sized for this layout, with `lanes` lanes (at least one).
+    pub fn scratch(&self, lanes: usize) -> ExpertScratch {
         let m = self.lay.m;
         let (tg, td, pg, pd) = self.table_lens();
         ExpertScratch {
             t_gate: vec![0.0; tg],
             t_up: vec![0.0; tg],
-            t_down: vec![0.0; td],
-            g: vec![0.0; m],
-            u: vec![0.0; m],
             p_gate: vec![0; pg],
             p_up: vec![0; pg],
-            p_down: vec![0; pd],
+            lanes: (0..lanes.max(1))
+                .map(|_| ExpertLane { t_down: vec![0.0; td], p_down: vec![0; pd], g: vec![0.0; m], u: vec![0.0; m] })
+                .collect(),
         }
     }
 
@@ -230,15 +258,17 @@ impl ExpertKernel {
         let bu: Vec<&VqBook> = books.books[1].iter().collect();
         let lv = pool.level();
         let with_planes = uses_planes(lv, &lay) && !sc.p_gate.is_empty();
+        // planes alone when they serve every row (the f32 table would go unread)
+        let tlen = if with_planes && planes_cover(lv, &lay) { 0 } else { lay.table_len() };
         let (tgs, tus) = (SyncSlice::new(&mut sc.t_gate), SyncSlice::new(&mut sc.t_up));
         let (pgs, pus) = (SyncSlice::new(&mut sc.p_gate), SyncSlice::new(&mut sc.p_up));
         pool.run(2, &|i| {
             // SAFETY: task 0 writes the gate table and planes, task 1 the up ones.
             let (t, books) = unsafe {
                 if i == 0 {
-                    (tgs.range(0, lay.table_len()), &bg)
+                    (tgs.range(0, tlen), &bg)
                 } else {
-                    (tus.range(0, lay.table_len()), &bu)
+                    (tus.range(0, tlen), &bu)
                 }
             };
             // SAFETY: as above.
@@ -253,7 +283,8 @@ impl ExpertKernel {
         });
     }
 
-    /// `out = E(h)` for one record (header already validated).
+    /// `out = E(h)` for one record (header already validated), its rows split
+    /// across the pool (lane 0's buffers).
     ///
     /// # Panics
     /// When the scratch or output buffers are smaller than the layer's widths.
@@ -266,11 +297,76 @@ impl ExpertKernel {
         sc: &mut ExpertScratch,
         out: &mut [f32],
     ) {
+        let shared = Shared { t_gate: &sc.t_gate, t_up: &sc.t_up, p_gate: &sc.p_gate, p_up: &sc.p_up };
+        self.run(Some(pool), pool.level(), books, rec, h, &shared, &mut sc.lanes[0], out)
+    }
+
+    /// Several experts at once, each whole on one thread (no synchronisation
+    /// inside an expert; one pass of the pool for as many experts as it has
+    /// lanes): `outs[slot·lat..][..lat] = E_rec(h)` for every `(rec, slot)`
+    /// in `jobs` (distinct slots; headers already validated). Experts beyond
+    /// a multiple of the lanes run one at a time across the pool. Each
+    /// output is bit-identical to [`ExpertKernel::forward`] on its record.
+    ///
+    /// # Panics
+    /// When a slot repeats or lies outside `outs`, or as [`ExpertKernel::forward`].
+    pub fn forward_each(
+        &self,
+        pool: &Pool,
+        books: &LayerBooks,
+        jobs: &[(&[u8], usize)],
+        h: &[f32],
+        sc: &mut ExpertScratch,
+        outs: &mut [f32],
+    ) {
+        let lat = self.lay.lat;
+        let lanes = sc.lanes.len().min(pool.threads());
+        let whole = if lanes > 1 { jobs.len() / lanes * lanes } else { 0 };
+        for (i, (_, s)) in jobs.iter().enumerate() {
+            assert!((s + 1) * lat <= outs.len(), "expert output slot {s} outside the buffer");
+            assert!(jobs[..i].iter().all(|j| j.1 != *s), "expert output slot {s} repeats");
+        }
+        if whole > 0 {
+            let shared = Shared { t_gate: &sc.t_gate, t_up: &sc.t_up, p_gate: &sc.p_gate, p_up: &sc.p_up };
+            let ls = SyncSlice::new(&mut sc.lanes[..lanes]);
+            let os = SyncSlice::new(outs);
+            pool.run(lanes, &|i| {
+                // SAFETY: task i alone uses lane i.
+                let lane = unsafe { &mut ls.range(i, i + 1)[0] };
+                for &(rec, slot) in jobs[..whole].iter().skip(i).step_by(lanes) {
+                    // SAFETY: the slots are distinct (asserted above), so are the outputs.
+                    let out = unsafe { os.range(slot * lat, (slot + 1) * lat) };
+                    self.run(None, pool.level(), books, rec, h, &shared, lane, out);
+                }
+            });
+        }
+        for &(rec, slot) in &jobs[whole..] {
+            self.forward(pool, books, rec, h, sc, &mut outs[slot * lat..(slot + 1) * lat]);
+        }
+    }
+
+    /// One expert with `lane`'s buffers at `lv`, its rows split across
+    /// `pool` (`None`: all on the calling thread).
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        pool: Option<&Pool>,
+        lv: Level,
+        books: &LayerBooks,
+        rec: &[u8],
+        h: &[f32],
+        shared: &Shared<'_>,
+        lane: &mut ExpertLane,
+        out: &mut [f32],
+    ) {
         let l = &self.lay;
         let (m, lat) = (l.m, l.lat);
         let hdr = waste_format::RecordHeader::decode(rec).expect("validated record");
         let [go, uo, dof, so] = hdr.sections();
-        let lv = pool.level();
+        let chunks = |n: usize, f: &(dyn Fn(usize, usize) + Sync)| match pool {
+            Some(p) => p.chunks(n, f),
+            None => f(0, n),
+        };
         if l.quant.fmt.is_vq() {
             let lg = self.vq(m, lat);
             let ld = self.vq(lat, m);
@@ -279,12 +375,13 @@ impl ExpertKernel {
             {
                 let gi = &rec[go..go + lg.index_bytes()];
                 let ui = &rec[uo..uo + lg.index_bytes()];
-                let (g, u) = (SyncSlice::new(&mut sc.g), SyncSlice::new(&mut sc.u));
-                let (tg, tu) = (&sc.t_gate, &sc.t_up);
-                let (pg, pu) = (planes_of(lv, &lg, &sc.p_gate), planes_of(lv, &lg, &sc.p_up));
+                let (g, u) = (SyncSlice::new(&mut lane.g), SyncSlice::new(&mut lane.u));
+                let (tg, tu) =
+                    (table_of(lv, &lg, shared.t_gate, shared.p_gate), table_of(lv, &lg, shared.t_up, shared.p_up));
+                let (pg, pu) = (planes_of(lv, &lg, shared.p_gate), planes_of(lv, &lg, shared.p_up));
                 let unit = row_unit(pg.is_some());
                 let units = (m / unit).max(1);
-                pool.chunks(units, &|a, b| {
+                chunks(units, &|a, b| {
                     // SAFETY: disjoint row ranges [unit·a, unit·b) (the last chunk takes the tail).
                     let (ra, rb) = (unit * a, if b == units { m } else { unit * b });
                     let (gy, uy) = unsafe { (g.range(ra, rb), u.range(ra, rb)) };
@@ -292,7 +389,7 @@ impl ExpertKernel {
                     matvec_rows_planes(lv, &lg, ui, us, tu, pu, ra, uy);
                 });
             }
-            for (gv, uv) in sc.g.iter_mut().zip(sc.u.iter()) {
+            for (gv, uv) in lane.g.iter_mut().zip(lane.u.iter()) {
                 *gv = glu(self.act, *gv, *uv);
             }
             // the down table across the pool, by vector positions (each
@@ -300,25 +397,26 @@ impl ExpertKernel {
             let bd: Vec<&VqBook> = books.books[2].iter().collect();
             let per_v = ld.stages * ld.table_entries();
             let dim = l.quant.vec_dim;
-            let tds = SyncSlice::new(&mut sc.t_down);
-            let with_planes = uses_planes(lv, &ld) && !sc.p_down.is_empty();
-            let pds = SyncSlice::new(&mut sc.p_down);
-            let gin = &sc.g;
-            pool.chunks(ld.nvec, &|a, b| {
+            let with_planes = uses_planes(lv, &ld) && !lane.p_down.is_empty();
+            let with_table = !(with_planes && planes_cover(lv, &ld));
+            let tds = SyncSlice::new(&mut lane.t_down);
+            let pds = SyncSlice::new(&mut lane.p_down);
+            let gin = &lane.g;
+            chunks(ld.nvec, &|a, b| {
                 let part = VqLayout { nvec: b - a, ..ld };
                 // SAFETY: the tasks' position ranges [a, b) are disjoint, so are their tables and planes.
-                let t = unsafe { tds.range(a * per_v, b * per_v) };
+                let t = if with_table { unsafe { tds.range(a * per_v, b * per_v) } } else { &mut [][..] };
                 // SAFETY: as above (4 plane bytes per table entry).
                 let p = if with_planes { unsafe { pds.range(4 * a * per_v, 4 * b * per_v) } } else { &mut [][..] };
                 build_table_planes(lv, &bd, &part, &gin[a * dim..b * dim], t, p);
             });
             let di = &rec[dof..dof + ld.index_bytes()];
             let o = SyncSlice::new(out);
-            let td = &sc.t_down;
-            let pd = planes_of(lv, &ld, &sc.p_down);
+            let pd = planes_of(lv, &ld, &lane.p_down);
+            let td = table_of(lv, &ld, &lane.t_down, &lane.p_down);
             let unit = row_unit(pd.is_some());
             let units = (lat / unit).max(1);
-            pool.chunks(units, &|a, b| {
+            chunks(units, &|a, b| {
                 let (ra, rb) = (unit * a, if b == units { lat } else { unit * b });
                 // SAFETY: disjoint row ranges.
                 let oy = unsafe { o.range(ra, rb) };
@@ -329,13 +427,35 @@ impl ExpertKernel {
             let gate = MatRef { fmt, rows: m, cols: lat, group: 0, data: &rec[go..go + m * lat * 2], scales: &[] };
             let up = MatRef { data: &rec[uo..uo + m * lat * 2], ..gate };
             let down = MatRef { fmt, rows: lat, cols: m, group: 0, data: &rec[dof..dof + m * lat * 2], scales: &[] };
-            pool.matvec(&gate, h, &mut sc.g);
-            pool.matvec(&up, h, &mut sc.u);
-            for (gv, uv) in sc.g.iter_mut().zip(sc.u.iter()) {
+            let matvec = |w: &MatRef<'_>, x: &[f32], y: &mut [f32]| match pool {
+                Some(p) => p.matvec(w, x, y),
+                None => w.matvec_rows(lv, x, 0, y),
+            };
+            matvec(&gate, h, &mut lane.g);
+            matvec(&up, h, &mut lane.u);
+            for (gv, uv) in lane.g.iter_mut().zip(lane.u.iter()) {
                 *gv = glu(self.act, *gv, *uv);
             }
-            pool.matvec(&down, &sc.g, out);
+            matvec(&down, &lane.g, out);
         }
+    }
+}
+
+/// The tables every expert of a layer shares (built by [`ExpertKernel::prepare`]).
+struct Shared<'a> {
+    t_gate: &'a [f32],
+    t_up: &'a [f32],
+    p_gate: &'a [u8],
+    p_up: &'a [u8],
+}
+
+/// The f32 table as the kernels take it: none when the planes serve every
+/// row (then it was not built).
+fn table_of<'a>(level: Level, lay: &VqLayout, t: &'a [f32], p: &'a [u8]) -> &'a [f32] {
+    if planes_of(level, lay, p).is_some() && planes_cover(level, lay) {
+        &[]
+    } else {
+        t
     }
 }
 
@@ -357,6 +477,80 @@ fn row_unit(planes: bool) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use waste_format::{ExpertQuant, ModelConfig, RecordLayout};
+    use waste_quant::{f32_to_f16, Level};
+
+    /// Random sealed records and books of a small VQ3R layout.
+    fn experts(hidden: usize, m: usize, n: usize, seed: u64) -> (ExpertKernel, LayerBooks, Vec<Vec<u8>>, Vec<f32>) {
+        let q = ExpertQuant::standard(ExpertFmt::Vq3r);
+        let cfg = ModelConfig::from_json(&serde_json::json!({"hidden_size": hidden, "num_hidden_layers": 1,
+            "vocab_size": 4, "num_experts": n, "num_experts_per_token": 1, "moe_intermediate_size": m,
+            "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4}))
+        .unwrap();
+        let lay = RecordLayout::new(&cfg, q).unwrap();
+        let mut x = seed | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let small = |v: u64| ((v % 2001) as f32 - 1000.0) * 1e-3;
+        let recs = (0..n)
+            .map(|e| {
+                let mut r: Vec<u8> = (0..lay.rec_bytes).map(|_| next() as u8).collect();
+                for c in r[lay.scales_off..lay.scales_off + lay.scales_len].chunks_exact_mut(2) {
+                    c.copy_from_slice(&f32_to_f16(0.05 + small(next()).abs()).to_le_bytes());
+                }
+                waste_format::seal_record(&mut r, 0, e, &lay, 0);
+                r
+            })
+            .collect();
+        let books = LayerBooks {
+            books: core::array::from_fn(|_| {
+                (0..3)
+                    .map(|_| {
+                        let bits: Vec<u16> = (0..256 * 8).map(|_| f32_to_f16(small(next()) * 0.1)).collect();
+                        VqBook::from_f16(&bits, 256, 8)
+                    })
+                    .collect()
+            }),
+        };
+        let h = (0..hidden).map(|_| small(next())).collect();
+        (ExpertKernel { lay, act: Activation::Silu }, books, recs, h)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+        /// Whole experts per thread give each expert's output bit for bit as
+        /// the row-split form, at every level, for any number of experts
+        /// (whole rounds of lanes and a remainder), shapes whose rows are
+        /// whole 64-row groups (planes alone) or not (planes and table).
+        #[test]
+        fn forward_each_is_forward(wide in any::<bool>(), n in 1usize..6, threads in 1usize..4, seed in any::<u64>()) {
+            let (hidden, m) = if wide { (128, 192) } else { (136, 72) };
+            let (kernel, books, recs, h) = experts(hidden, m, n, seed);
+            for lv in Level::available() {
+                let pool = Pool::with_level(threads, lv);
+                let mut sc = kernel.scratch(lanes_for(threads, n));
+                kernel.prepare(&pool, &books, &h, &mut sc);
+                let mut want = vec![0f32; n * hidden];
+                for (e, r) in recs.iter().enumerate() {
+                    kernel.forward(&pool, &books, r, &h, &mut sc, &mut want[e * hidden..(e + 1) * hidden]);
+                }
+                prop_assert!(want.iter().all(|v| v.is_finite()));
+                // slots in reverse: the output order is the caller's
+                let jobs: Vec<(&[u8], usize)> = recs.iter().enumerate().map(|(e, r)| (&r[..], n - 1 - e)).collect();
+                let mut got = vec![f32::NAN; n * hidden];
+                kernel.forward_each(&pool, &books, &jobs, &h, &mut sc, &mut got);
+                for e in 0..n {
+                    let (a, b) = (&want[e * hidden..(e + 1) * hidden], &got[(n - 1 - e) * hidden..(n - e) * hidden]);
+                    prop_assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "expert {} level {:?}", e, lv);
+                }
+            }
+        }
+    }
 
     #[test]
     fn router_bias_selects_but_does_not_weigh() {

@@ -118,7 +118,14 @@ fn main() {
             let mut planes = vec![0u8; planes_len(&lay)];
             let (pb, _, _) = time(reps, || build_planes(lv, &lay, &t, &mut planes));
             let (tp, _, _) = time(reps, || build_table_planes(lv, &br, &lay, &x, &mut t, &mut planes));
-            println!("vq3r {rows}x{} {:>7}: table and planes in one pass {:.3} ms", nvec * 8, lv.name(), tp * 1e3);
+            let (pa, _, _) = time(reps, || build_table_planes(lv, &br, &lay, &x, &mut [], &mut planes));
+            println!(
+                "vq3r {rows}x{} {:>7}: table and planes in one pass {:.3} ms, planes alone {:.3} ms",
+                nvec * 8,
+                lv.name(),
+                tp * 1e3,
+                pa * 1e3
+            );
             let (med, lo, hi) =
                 time(reps, || matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), 0, &mut y));
             println!(

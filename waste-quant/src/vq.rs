@@ -195,10 +195,12 @@ pub fn build_planes(level: Level, lay: &VqLayout, table: &[f32], planes: &mut [u
 /// [`build_table`] and, where the level uses them, [`build_planes`] in one
 /// pass: each (vector position, stage) table is computed in registers and
 /// stored both ways (AVX-512 VBMI with 256-entry, 8-dimensional books);
-/// the same bits as the two calls.
+/// the same bits as the two calls. Where the planes serve every row
+/// ([`planes_cover`]) `table` may be empty: only the planes are written.
 ///
 /// # Panics
-/// As [`build_table`]; when `planes` is shorter than [`planes_len`] and the level uses planes.
+/// As [`build_table`]; when `planes` is shorter than [`planes_len`] and the
+/// level uses planes; when `table` is empty and the planes do not cover the rows.
 pub fn build_table_planes(
     level: Level,
     books: &[&VqBook],
@@ -210,20 +212,22 @@ pub fn build_table_planes(
     if !uses_planes(level, lay) {
         return build_table(level, books, lay, x, table);
     }
+    assert!(!table.is_empty() || planes_cover(level, lay), "a table is needed: the planes do not serve every row");
     #[cfg(target_arch = "x86_64")]
     if books.iter().all(|b| b.entries == 256 && b.dim == 8) {
         assert_eq!(books.len(), lay.stages);
         assert_eq!(x.len(), lay.nvec * 8);
-        assert!(table.len() >= lay.table_len() && planes.len() >= planes_len(lay));
+        assert!((table.is_empty() || table.len() >= lay.table_len()) && planes.len() >= planes_len(lay));
         for v in 0..lay.nvec {
             for (s, b) in books.iter().enumerate() {
                 let i = v * lay.stages + s;
+                let t = if table.is_empty() { &mut [][..] } else { &mut table[256 * i..256 * (i + 1)] };
                 // SAFETY: features checked by uses_planes; the book's shape and every length asserted above.
                 unsafe {
                     crate::x86_64::avx512::table_planes(
                         b,
                         &x[8 * v..8 * v + 8],
-                        &mut table[256 * i..256 * (i + 1)],
+                        t,
                         &mut planes[1024 * i..1024 * (i + 1)],
                     )
                 };
@@ -231,16 +235,31 @@ pub fn build_table_planes(
         }
         return;
     }
+    if table.is_empty() {
+        let mut t = vec![0f32; lay.table_len()];
+        build_table(level, books, lay, x, &mut t);
+        return build_planes(level, lay, &t, planes);
+    }
     build_table(level, books, lay, x, table);
     build_planes(level, lay, table, planes);
 }
 
+/// Whether the byte planes serve every row of this layout at `level` (they
+/// are used, [`uses_planes`], and the rows are whole 64-row groups), so a
+/// caller that splits rows at multiples of 64 needs no f32 table.
+pub fn planes_cover(level: Level, lay: &VqLayout) -> bool {
+    uses_planes(level, lay) && lay.rows.is_multiple_of(64)
+}
+
 /// [`matvec_rows`] with the table's byte planes when the level uses them
 /// ([`uses_planes`]; `planes` from [`build_planes`] on the same table).
-/// Bit-identical to [`matvec_rows`] at every level.
+/// Bit-identical to [`matvec_rows`] at every level. `table` may be empty
+/// when the planes serve the rows asked for (they are used, `r0` and
+/// `y.len()` are multiples of 64).
 ///
 /// # Panics
-/// As [`matvec_rows`]; when `planes` is given but shorter than the layout needs.
+/// As [`matvec_rows`]; when `planes` is given but shorter than the layout
+/// needs; when `table` is empty and a row asked for needs it.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_rows_planes(
     level: Level,
@@ -252,7 +271,8 @@ pub fn matvec_rows_planes(
     r0: usize,
     y: &mut [f32],
 ) {
-    assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2 && table.len() >= lay.table_len());
+    assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2);
+    assert!(table.is_empty() || table.len() >= lay.table_len());
     assert!(r0 + y.len() <= lay.rows);
     let scale = |r: usize| f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
     #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(unused_mut))]
@@ -265,6 +285,7 @@ pub fn matvec_rows_planes(
         unsafe { crate::x86_64::avx512::vq_rows64(lay, idx, pl, r0, &mut y[..n64]) };
         done = n64;
     }
+    assert!(!table.is_empty() || done == y.len(), "rows {}.. need the f32 table, none was given", r0 + done);
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512
         && Level::Avx512.supported()

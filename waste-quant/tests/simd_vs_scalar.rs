@@ -9,8 +9,8 @@ use proptest::prelude::*;
 use skip::report_skip;
 use waste_format::Fmt;
 use waste_quant::vq::{
-    build_planes, build_table, build_table_planes, dequant_row, matvec_rows, matvec_rows_planes, planes_len, VqBook,
-    VqLayout,
+    build_planes, build_table, build_table_planes, dequant_row, matvec_rows, matvec_rows_planes, planes_cover,
+    planes_len, VqBook, VqLayout,
 };
 use waste_quant::{f32_to_f16, Level, Matrix};
 
@@ -106,7 +106,7 @@ proptest! {
     }
 
     #[test]
-    fn vq_matvec_bit_identical_across_levels(packed in any::<bool>(), two in any::<bool>(), rows in 1usize..200, nvec in 1usize..20, block in prop::sample::select(vec![0usize, 8, 64]), seed in any::<u64>()) {
+    fn vq_matvec_bit_identical_across_levels(packed in any::<bool>(), two in any::<bool>(), rows in prop_oneof![1usize..200, (1usize..4).prop_map(|k| 64 * k)], nvec in 1usize..20, block in prop::sample::select(vec![0usize, 8, 64]), seed in any::<u64>()) {
         let stages = if packed { 4 } else if two { 2 } else { 3 };
         let entries = if packed { 64 } else { 256 };
         let lay = VqLayout { rows, nvec, stages, block, packed6: packed };
@@ -156,6 +156,15 @@ proptest! {
             matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), 0, a);
             matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), cut, b);
             prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "planes, level {:?}", lv);
+            // where the planes serve every row, the planes alone (no f32 table)
+            if planes_cover(lv, &lay) {
+                let mut planes3 = vec![0u8; planes_len(&lay)];
+                build_table_planes(lv, &br, &lay, &x, &mut [], &mut planes3);
+                prop_assert!(planes3 == planes, "planes without the table, level {:?}", lv);
+                let mut got = vec![0f32; rows];
+                matvec_rows_planes(lv, &lay, &idx, &scales, &[], Some(&planes3), 0, &mut got);
+                prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "planes alone, level {:?}", lv);
+            }
         }
     }
 }

@@ -605,14 +605,16 @@ pub unsafe fn vq_planes(table: &[f32], planes: &mut [u8], tables: usize) {
 /// — entry `e` = `x[0]·c_e[0]`, then `fma(x[d], c_e[d], ·)` for `d = 1..8`,
 /// as `vq::build_table` defines it — stored as f32 (`t`, 256 floats) and
 /// as the byte planes of [`vq_planes`] (`p`, 1024 bytes), without reading
-/// the table back.
+/// the table back. An empty `t` stores the planes alone (when the planes
+/// serve every row, the f32 table would be written for nothing).
 ///
 /// # Safety
 /// AVX-512 F/BW/VBMI; `b` has 256 entries of dimension 8, `x` 8 floats,
-/// `t` 256 floats, `p` 1024 bytes.
+/// `t` 256 floats or none, `p` 1024 bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
 pub unsafe fn table_planes(b: &crate::vq::VqBook, x: &[f32], t: &mut [f32], p: &mut [u8]) {
-    assert!(b.entries == 256 && b.dim == 8 && x.len() >= 8 && t.len() >= 256 && p.len() >= 1024);
+    assert!(b.entries == 256 && b.dim == 8 && x.len() >= 8 && (t.is_empty() || t.len() >= 256) && p.len() >= 1024);
+    let store_t = !t.is_empty();
     let xs: [__m512; 8] = core::array::from_fn(|d| _mm512_set1_ps(x[d]));
     let ix: [__m512i; 4] = core::array::from_fn(|pl| {
         let bytes: [u8; 64] = core::array::from_fn(|i| ((4 * i + pl) & 127) as u8);
@@ -630,7 +632,9 @@ pub unsafe fn table_planes(b: &crate::vq::VqBook, x: &[f32], t: &mut [f32], p: &
                 for (d, xd) in xs.iter().enumerate().skip(1) {
                     acc = _mm512_fmadd_ps(*xd, _mm512_loadu_ps(b.cbt.as_ptr().add(d * 256 + e)), acc);
                 }
-                _mm512_storeu_ps(t.as_mut_ptr().add(e), acc);
+                if store_t {
+                    _mm512_storeu_ps(t.as_mut_ptr().add(e), acc);
+                }
                 _mm512_castps_si512(acc)
             }
         });
