@@ -1,7 +1,7 @@
 //! Kimi Delta Attention for one token.
 
 use waste_quant::ops::{rmsnorm_inplace, sigmoid, silu, softplus};
-use waste_quant::{scalar, Matrix, Pool};
+use waste_quant::{scalar, MatJob, Matrix, Pool};
 
 /// Shape and constants of one KDA layer.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -103,8 +103,10 @@ pub struct KdaScratch {
     /// The current token's `[q | k | v]` (the conv ring's unit).
     cur: Vec<f32>,
     conv_out: Vec<f32>,
-    /// `[tokens][D]`: low-rank intermediates.
+    /// `[tokens][D]`: the decay's low-rank intermediates.
     lo: Vec<f32>,
+    /// `[tokens][D]`: the output gate's low-rank intermediates.
+    lo_g: Vec<f32>,
     /// `[tokens][C]`: decay pre-activations, then log-decays.
     z: Vec<f32>,
     /// `[tokens][H]`.
@@ -125,6 +127,7 @@ impl KdaScratch {
             cur: vec![0.0; 3 * ch],
             conv_out: vec![0.0; 3 * ch],
             lo: vec![0.0; t * c.dim],
+            lo_g: vec![0.0; t * c.dim],
             z: vec![0.0; t * ch],
             beta: vec![0.0; t * c.heads],
             gate: vec![0.0; t * ch],
@@ -134,11 +137,11 @@ impl KdaScratch {
     /// Bytes [`KdaScratch::new`] allocates (for memory plans).
     pub fn bytes(c: &KdaConfig, tokens: usize) -> usize {
         let (ch, t) = (c.channels(), tokens.max(1));
-        4 * (3 * t * ch + 6 * ch + t * c.dim + 3 * t * ch + t * c.heads)
+        4 * (3 * t * ch + 6 * ch + 2 * t * c.dim + 3 * t * ch + t * c.heads)
     }
     /// Bytes allocated.
     pub fn allocated_bytes(&self) -> usize {
-        4 * [&self.proj, &self.cur, &self.conv_out, &self.lo, &self.z, &self.beta, &self.gate, &self.o]
+        4 * [&self.proj, &self.cur, &self.conv_out, &self.lo, &self.lo_g, &self.z, &self.beta, &self.gate, &self.o]
             .iter()
             .map(|v| v.capacity())
             .sum::<usize>()
@@ -179,25 +182,38 @@ pub fn chunk(
     let ch = c.channels();
     let (d, h, k) = (c.dim, c.heads, c.kernel);
     assert!(nt >= 1 && nt <= sc.tokens, "chunk of {nt} tokens, scratch for {}", sc.tokens);
-    // 1. projections of every token
+    // 1. q/k/v, 3. decay pre-activations, 4. beta, 6. output gate of every
+    // token: everything that reads the input in one pass of the pool, then
+    // the two low-rank second halves in another
     {
         let (q, rest) = sc.proj.split_at_mut(sc.tokens * ch);
         let (kp, v) = rest.split_at_mut(sc.tokens * ch);
-        pool.matmat(&w.q.view(), xs, nt, &mut q[..nt * ch]);
-        pool.matmat(&w.k.view(), xs, nt, &mut kp[..nt * ch]);
-        pool.matmat(&w.v.view(), xs, nt, &mut v[..nt * ch]);
-    }
-    // 3. decay pre-activations, 4. beta, 6. output gate: all tokens at once
-    let dl = w.f_a.rows;
-    pool.matmat(&w.f_a.view(), xs, nt, &mut sc.lo[..nt * dl]);
-    pool.matmat(&w.f_b.view(), &sc.lo[..nt * dl], nt, &mut sc.z[..nt * ch]);
-    pool.matmat(&w.b.view(), xs, nt, &mut sc.beta[..nt * h]);
-    match &w.gate {
-        KdaGate::LowRank { a, b } => {
-            pool.matmat(&a.view(), xs, nt, &mut sc.lo[..nt * a.rows]);
-            pool.matmat(&b.view(), &sc.lo[..nt * a.rows], nt, &mut sc.gate[..nt * ch]);
+        let dl = w.f_a.rows;
+        let views = [w.q.view(), w.k.view(), w.v.view(), w.f_a.view(), w.b.view()];
+        let [vq, vk, vv, vfa, vb] = &views;
+        let mut jobs = vec![
+            MatJob { m: vq, xs, ys: &mut q[..nt * ch] },
+            MatJob { m: vk, xs, ys: &mut kp[..nt * ch] },
+            MatJob { m: vv, xs, ys: &mut v[..nt * ch] },
+            MatJob { m: vfa, xs, ys: &mut sc.lo[..nt * dl] },
+            MatJob { m: vb, xs, ys: &mut sc.beta[..nt * h] },
+        ];
+        let gv = match &w.gate {
+            KdaGate::LowRank { a, b } => (a.view(), Some(b.view())),
+            KdaGate::Full(g) => (g.view(), None),
+        };
+        let gout = match gv.1 {
+            Some(_) => &mut sc.lo_g[..nt * gv.0.rows],
+            None => &mut sc.gate[..nt * ch],
+        };
+        jobs.push(MatJob { m: &gv.0, xs, ys: gout });
+        pool.matmats(&mut jobs, nt);
+        let vfb = w.f_b.view();
+        let mut second = vec![MatJob { m: &vfb, xs: &sc.lo[..nt * dl], ys: &mut sc.z[..nt * ch] }];
+        if let Some(b) = &gv.1 {
+            second.push(MatJob { m: b, xs: &sc.lo_g[..nt * gv.0.rows], ys: &mut sc.gate[..nt * ch] });
         }
-        KdaGate::Full(g) => pool.matmat(&g.view(), xs, nt, &mut sc.gate[..nt * ch]),
+        pool.matmats(&mut second, nt);
     }
     let qscale = 1.0 / (d as f32).sqrt();
     for t in 0..nt {
@@ -205,69 +221,60 @@ pub fn chunk(
             let src = &sc.proj[(part * sc.tokens + t) * ch..(part * sc.tokens + t + 1) * ch];
             sc.cur[part * ch..(part + 1) * ch].copy_from_slice(src);
         }
-        // 2. causal depthwise conv over the ring + current input, then SiLU
-        for part in 0..3 {
-            let taps = &w.conv[part];
-            for i in 0..ch {
-                let cidx = part * ch + i;
-                let tp = &taps[i * k..(i + 1) * k];
-                let mut acc = 0f32;
-                for j in 0..k - 1 {
-                    acc += tp[j] * st.conv[j * 3 * ch + cidx];
+        // per head, across the pool: 2. its channels' causal depthwise conv
+        // over the ring + current input, then SiLU; 3. its log-decays; 4. its
+        // beta; 5. the delta rule; 6. the gated norm of its output
+        let z_all = waste_quant::SyncSlice::new(&mut sc.z[t * ch..(t + 1) * ch]);
+        let cv_all = waste_quant::SyncSlice::new(&mut sc.conv_out);
+        let s_all = waste_quant::SyncSlice::new(&mut st.s);
+        let o_all = waste_quant::SyncSlice::new(&mut sc.o[t * ch..(t + 1) * ch]);
+        let (beta, gate) = (&sc.beta[t * h..(t + 1) * h], &sc.gate[t * ch..(t + 1) * ch]);
+        let (ring, cur) = (&st.conv, &sc.cur);
+        let level = pool.level();
+        pool.chunks(h, &|h0, h1| {
+            for hh in h0..h1 {
+                let (c0, c1) = (hh * d, (hh + 1) * d);
+                // SAFETY: head hh alone touches channels [c0, c1) of each of q/k/v's
+                // conv outputs and of the decays, its D×D state block and its D outputs.
+                let (qh, kh, vh, z, s, o) = unsafe {
+                    (
+                        cv_all.range(c0, c1),
+                        cv_all.range(ch + c0, ch + c1),
+                        cv_all.range(2 * ch + c0, 2 * ch + c1),
+                        z_all.range(c0, c1),
+                        s_all.range(hh * d * d, (hh + 1) * d * d),
+                        o_all.range(c0, c1),
+                    )
+                };
+                for (part, out) in [(0, &mut *qh), (1, &mut *kh), (2, &mut *vh)] {
+                    let taps = &w.conv[part];
+                    for (j, y) in out.iter_mut().enumerate() {
+                        let (i, cidx) = (c0 + j, part * ch + c0 + j);
+                        let tp = &taps[i * k..(i + 1) * k];
+                        let mut acc = 0f32;
+                        for jj in 0..k - 1 {
+                            acc += tp[jj] * ring[jj * 3 * ch + cidx];
+                        }
+                        acc += tp[k - 1] * cur[cidx];
+                        *y = silu(acc);
+                    }
                 }
-                acc += tp[k - 1] * sc.cur[cidx];
-                sc.conv_out[cidx] = silu(acc);
+                for (j, zi) in z.iter_mut().enumerate() {
+                    let zz = *zi + w.dt_bias[c0 + j];
+                    *zi = decay_gate(zz, w.a_log[hh], c.lower_bound);
+                }
+                head_update(level, d, s, qh, kh, vh, z, sigmoid(beta[hh]), qscale, o);
+                rmsnorm_inplace(o, &w.o_norm, c.eps);
+                for (oi, gi) in o.iter_mut().zip(&gate[c0..c1]) {
+                    *oi *= sigmoid(*gi);
+                }
             }
-        }
+        });
         // shift the ring: drop the oldest, append the current input
         if k > 1 {
             st.conv.copy_within(3 * ch.., 0);
             let last = (k - 2) * 3 * ch;
             st.conv[last..last + 3 * ch].copy_from_slice(&sc.cur);
-        }
-        let z = &mut sc.z[t * ch..(t + 1) * ch];
-        for (i, zi) in z.iter_mut().enumerate() {
-            let zz = *zi + w.dt_bias[i];
-            *zi = decay_gate(zz, w.a_log[i / d], c.lower_bound);
-        }
-        let beta = &mut sc.beta[t * h..(t + 1) * h];
-        for b in beta.iter_mut() {
-            *b = sigmoid(*b);
-        }
-        // 5. delta rule per head
-        let (q, rest) = sc.conv_out.split_at(ch);
-        let (kk, v) = rest.split_at(ch);
-        let s_all = waste_quant::SyncSlice::new(&mut st.s);
-        let o_all = waste_quant::SyncSlice::new(&mut sc.o[t * ch..(t + 1) * ch]);
-        let (z, beta) = (&*z, &*beta);
-        let level = pool.level();
-        pool.chunks(h, &|h0, h1| {
-            for hh in h0..h1 {
-                // SAFETY: each head owns its D×D state block and D outputs.
-                let s = unsafe { s_all.range(hh * d * d, (hh + 1) * d * d) };
-                let o = unsafe { o_all.range(hh * d, (hh + 1) * d) };
-                head_update(
-                    level,
-                    d,
-                    s,
-                    &q[hh * d..(hh + 1) * d],
-                    &kk[hh * d..(hh + 1) * d],
-                    &v[hh * d..(hh + 1) * d],
-                    &z[hh * d..(hh + 1) * d],
-                    beta[hh],
-                    qscale,
-                    o,
-                );
-            }
-        });
-        // 6. gated norm
-        let gate = &sc.gate[t * ch..(t + 1) * ch];
-        for hh in 0..h {
-            let o = &mut sc.o[t * ch + hh * d..t * ch + (hh + 1) * d];
-            rmsnorm_inplace(o, &w.o_norm, c.eps);
-            for (oi, gi) in o.iter_mut().zip(&gate[hh * d..(hh + 1) * d]) {
-                *oi *= sigmoid(*gi);
-            }
         }
     }
     // 7. output projection of every token

@@ -2,7 +2,7 @@
 //! cache of `kv_lora + qk_rope` floats per position.
 
 use waste_quant::ops::{rmsnorm, rmsnorm_inplace, sigmoid, softmax};
-use waste_quant::{f32_matrix, Matrix, Pool, SyncSlice};
+use waste_quant::{f32_matrix, MatJob, Matrix, Pool, SyncSlice};
 
 /// Shape and constants of one MLA layer.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -191,20 +191,32 @@ pub fn chunk(
     let (h, nope, rope, vd, kvl) = (c.heads, c.nope, c.rope, c.v, c.kv_lora);
     let lat = c.latent();
     let qd = nope + rope;
-    // 1. queries of every token
-    match &w.q {
-        MlaQuery::Plain(q) => pool.matmat(&q.view(), xs, nt, &mut sc.q[..nt * h * qd]),
-        MlaQuery::Lora { a, norm, b } => {
-            let r = a.rows;
-            pool.matmat(&a.view(), xs, nt, &mut sc.qa[..nt * r]);
-            for t in 0..nt {
-                rmsnorm_inplace(&mut sc.qa[t * r..(t + 1) * r], norm, c.latent_eps);
-            }
-            pool.matmat(&b.view(), &sc.qa[..nt * r], nt, &mut sc.q[..nt * h * qd]);
+    // 1. queries (or their low-rank first half), 2. latents and 4. the
+    // output gate (K3) of every token: what reads the input, in one pass of the pool
+    let ho = h * vd;
+    {
+        let qv = match &w.q {
+            MlaQuery::Plain(q) => q.view(),
+            MlaQuery::Lora { a, .. } => a.view(),
+        };
+        let qout = match &w.q {
+            MlaQuery::Plain(_) => &mut sc.q[..nt * h * qd],
+            MlaQuery::Lora { a, .. } => &mut sc.qa[..nt * a.rows],
+        };
+        let (kv, gv) = (w.kv_a.view(), w.g.as_ref().map(|g| g.view()));
+        let mut jobs = vec![MatJob { m: &qv, xs, ys: qout }, MatJob { m: &kv, xs, ys: &mut sc.c[..nt * lat] }];
+        if let Some(g) = &gv {
+            jobs.push(MatJob { m: g, xs, ys: &mut sc.g[..nt * ho] });
         }
+        pool.matmats(&mut jobs, nt);
     }
-    // 2. latents of every token
-    pool.matmat(&w.kv_a.view(), xs, nt, &mut sc.c[..nt * lat]);
+    if let MlaQuery::Lora { a, norm, b } = &w.q {
+        let r = a.rows;
+        for t in 0..nt {
+            rmsnorm_inplace(&mut sc.qa[t * r..(t + 1) * r], norm, c.latent_eps);
+        }
+        pool.matmat(&b.view(), &sc.qa[..nt * r], nt, &mut sc.q[..nt * h * qd]);
+    }
     let scale = 1.0 / (qd as f32).sqrt();
     let kv_b = w.kv_b.view();
     let level = pool.level();
@@ -260,9 +272,7 @@ pub fn chunk(
         });
     }
     // 4. output gate (K3), 5. output projection: all tokens at once
-    let ho = h * vd;
-    if let Some(g) = &w.g {
-        pool.matmat(&g.view(), xs, nt, &mut sc.g[..nt * ho]);
+    if w.g.is_some() {
         for (oi, gi) in sc.o[..nt * ho].iter_mut().zip(&sc.g[..nt * ho]) {
             *oi *= sigmoid(*gi);
         }

@@ -15,7 +15,7 @@ use waste_quant::ops::{sigmoid, silu, situ};
 use waste_quant::vq::{
     build_table_planes, matvec_rows_planes, planes_cover, planes_fit, planes_len, uses_planes, VqBook, VqLayout,
 };
-use waste_quant::{Level, MatRef, Matrix, Pool, SyncSlice};
+use waste_quant::{Level, MatJob, MatRef, Matrix, Pool, SyncSlice};
 
 /// Router settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -133,8 +133,8 @@ impl DenseGlu {
         let i = self.width();
         let (g, rest) = tmp.split_at_mut(i * nt);
         let u = &mut rest[..i * nt];
-        pool.matmat(&self.gate.view(), xs, nt, g);
-        pool.matmat(&self.up.view(), xs, nt, u);
+        let (gv, uv) = (self.gate.view(), self.up.view());
+        pool.matmats(&mut [MatJob { m: &gv, xs, ys: g }, MatJob { m: &uv, xs, ys: u }], nt);
         for (gv, uv) in g.iter_mut().zip(u.iter()) {
             *gv = glu(act, *gv, *uv);
         }

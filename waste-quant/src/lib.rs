@@ -43,7 +43,7 @@ pub use rng::SplitMix64;
 pub use vq::{VqBook, VqLayout};
 pub use waste_format::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 mod pool;
-pub use pool::{Pool, SyncSlice};
+pub use pool::{MatJob, Pool, SyncSlice};
 
 /// View an f32 slice as an F32 matrix `[rows, cols]` (e.g. a KV cache).
 pub fn f32_matrix(rows: usize, cols: usize, data: &[f32]) -> MatRef<'_> {

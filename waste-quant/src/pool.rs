@@ -199,11 +199,72 @@ impl Pool {
         });
     }
 
+    /// Several products in one pass of the pool: `job.ys = job.m · job.xs`
+    /// for `nt` token-major inputs each (matrices that read the same input,
+    /// like q/k/v, or independent small ones). Their rows are split across
+    /// the threads together, weighted by their widths, so a layer's
+    /// projections cost one synchronisation instead of one each and small
+    /// matrices no longer run alone on one thread. Bit-identical to a
+    /// [`Pool::matmat`] per job.
+    ///
+    /// # Panics
+    /// When a job's input or output length does not match its matrix and `nt`.
+    pub fn matmats(&self, jobs: &mut [MatJob<'_>], nt: usize) {
+        for j in jobs.iter() {
+            assert_eq!(j.xs.len(), nt * j.m.cols, "matmats input length");
+            assert_eq!(j.ys.len(), nt * j.m.rows, "matmats output length");
+        }
+        // work offsets: a row of job j costs its width
+        let mut offs = Vec::with_capacity(jobs.len() + 1);
+        let mut total = 0u64;
+        for j in jobs.iter() {
+            offs.push(total);
+            total += (j.m.rows * j.m.cols.max(1)) as u64;
+        }
+        let rows: usize = jobs.iter().map(|j| j.m.rows).sum();
+        let parts = self.threads.min(rows / MIN_ROWS_SPLIT).max(1);
+        let views: Vec<(MatRef<'_>, &[f32], SyncSlice<f32>)> =
+            jobs.iter_mut().map(|j| (*j.m, j.xs, SyncSlice::new(&mut *j.ys))).collect();
+        // the first row of job j at work position w (rows whose work starts before w go earlier)
+        let row_at = |j: usize, w: u64| -> usize {
+            let m = &views[j].0;
+            (w.saturating_sub(offs[j]).div_ceil(m.cols.max(1) as u64) as usize).min(m.rows)
+        };
+        let level = self.level;
+        self.run(parts, &|p| {
+            let (wa, wb) = (total * p as u64 / parts as u64, total * (p as u64 + 1) / parts as u64);
+            for (j, (m, xs, ys)) in views.iter().enumerate() {
+                let (a, b) = (row_at(j, wa), row_at(j, wb));
+                if a >= b {
+                    continue;
+                }
+                if nt == 1 {
+                    // SAFETY: the parts' row ranges of each job tile it without overlap.
+                    m.matvec_rows(level, xs, a, unsafe { ys.range(a, b) });
+                } else {
+                    // SAFETY: as above: rows [a, b) of every token's output, in bounds.
+                    unsafe { m.matmat_rows(level, xs, nt, a, b - a, ys.ptr_at(a), m.rows) };
+                }
+            }
+        });
+    }
+
     /// Split `0..n` into contiguous chunks, one task per thread.
     pub fn chunks(&self, n: usize, f: &(dyn Fn(usize, usize) + Sync)) {
         let parts = self.threads.min(n).max(1);
         self.run(parts, &|p| f(n * p / parts, n * (p + 1) / parts));
     }
+}
+
+/// One product of [`Pool::matmats`]: `ys = m · xs` (`xs`: `nt × m.cols`
+/// token-major, `ys`: `nt × m.rows`).
+pub struct MatJob<'a> {
+    /// The matrix.
+    pub m: &'a MatRef<'a>,
+    /// Its inputs.
+    pub xs: &'a [f32],
+    /// Its outputs.
+    pub ys: &'a mut [f32],
 }
 
 /// A mutable slice shared by tasks that write disjoint ranges.
