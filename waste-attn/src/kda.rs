@@ -1,7 +1,7 @@
 //! Kimi Delta Attention for one token.
 
 use waste_quant::ops::{rmsnorm_inplace, sigmoid, silu, softplus};
-use waste_quant::{scalar, MatJob, Matrix, Pool};
+use waste_quant::{MatJob, Matrix, Pool};
 
 /// Shape and constants of one KDA layer.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -307,8 +307,8 @@ pub fn head_update(
     qscale: f32,
     o: &mut [f32],
 ) {
-    let kn = 1.0 / (scalar::dot(k, k) + 1e-6).sqrt();
-    let qn = 1.0 / (scalar::dot(q, q) + 1e-6).sqrt();
+    let kn = 1.0 / (waste_quant::ops::dot_at(level, k, k) + 1e-6).sqrt();
+    let qn = 1.0 / (waste_quant::ops::dot_at(level, q, q) + 1e-6).sqrt();
     let mut khat = [0f32; 512];
     let mut qhat = [0f32; 512];
     let (khat, qhat) = if d <= 512 { (&mut khat[..d], &mut qhat[..d]) } else { unreachable_big(d) };
@@ -317,20 +317,18 @@ pub fn head_update(
         qhat[i] = q[i] * qn * qscale;
     }
     // decay rows, u = Sᵀ k̂
-    let mut u = [0f32; 512];
-    let u = &mut u[..d];
-    for i in 0..d {
-        let e = g[i].exp();
-        waste_quant::ops::decay_project(level, e, khat[i], &mut s[i * d..(i + 1) * d], u);
+    let (mut u, mut e) = ([0f32; 512], [0f32; 512]);
+    let (u, e) = (&mut u[..d], &mut e[..d]);
+    for (ei, gi) in e.iter_mut().zip(g) {
+        *ei = gi.exp();
     }
+    waste_quant::ops::decay_project_rows(level, e, khat, &mut s[..d * d], u);
     // S += k̂ dᵀ with d = beta (v - u); o = Sᵀ q̂
     o.fill(0.0);
     for j in 0..d {
         u[j] = beta * (v[j] - u[j]);
     }
-    for i in 0..d {
-        waste_quant::ops::update_read(level, khat[i], u, &mut s[i * d..(i + 1) * d], qhat[i], o);
-    }
+    waste_quant::ops::update_read_rows(level, khat, u, &mut s[..d * d], qhat, o);
 }
 
 fn unreachable_big(d: usize) -> ! {

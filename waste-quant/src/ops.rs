@@ -230,9 +230,111 @@ pub fn update_read(level: crate::Level, k: f32, d: &[f32], row: &mut [f32], q: f
     }
 }
 
+/// [`crate::scalar::dot`] at a SIMD level (the F32 matvec of one row: the
+/// same 32 lanes and reduction, so bit-identical).
+///
+/// # Panics
+/// When the lengths differ.
+pub fn dot_at(level: crate::Level, a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let mut y = [0f32];
+    crate::f32_matrix(1, a.len(), a).matvec_rows(level, b, 0, &mut y);
+    y[0]
+}
+
+/// [`decay_project`] over a whole state: `s` holds `e.len()` rows of
+/// `u.len()` columns, row `i` decayed by `e[i]` and projected with `k[i]`,
+/// rows in order. At AVX-512 for 64 or 128 columns `u` stays in registers
+/// for the whole pass; bit-identical to the per-row calls either way.
+///
+/// # Panics
+/// When the lengths disagree.
+pub fn decay_project_rows(level: crate::Level, e: &[f32], k: &[f32], s: &mut [f32], u: &mut [f32]) {
+    let w = u.len();
+    assert!(k.len() == e.len() && s.len() == e.len() * w);
+    #[cfg(target_arch = "x86_64")]
+    if level == crate::Level::Avx512 && crate::Level::Avx512.supported() {
+        // SAFETY: AVX-512 verified; lengths asserted above.
+        match w {
+            64 => return unsafe { crate::x86_64::avx512::decay_project_rows::<4>(e, k, s, u) },
+            128 => return unsafe { crate::x86_64::avx512::decay_project_rows::<8>(e, k, s, u) },
+            _ => {}
+        }
+    }
+    for (i, (&ei, &ki)) in e.iter().zip(k).enumerate() {
+        decay_project(level, ei, ki, &mut s[i * w..(i + 1) * w], u);
+    }
+}
+
+/// [`update_read`] over a whole state: `s` holds `k.len()` rows of
+/// `d.len()` columns, rows in order. At AVX-512 for 64 or 128 columns `d`
+/// and `o` stay in registers; bit-identical to the per-row calls either way.
+///
+/// # Panics
+/// When the lengths disagree.
+pub fn update_read_rows(level: crate::Level, k: &[f32], d: &[f32], s: &mut [f32], q: &[f32], o: &mut [f32]) {
+    let w = d.len();
+    assert!(q.len() == k.len() && o.len() == w && s.len() == k.len() * w);
+    #[cfg(target_arch = "x86_64")]
+    if level == crate::Level::Avx512 && crate::Level::Avx512.supported() {
+        // SAFETY: AVX-512 verified; lengths asserted above.
+        match w {
+            64 => return unsafe { crate::x86_64::avx512::update_read_rows::<4>(k, d, s, q, o) },
+            128 => return unsafe { crate::x86_64::avx512::update_read_rows::<8>(k, d, s, q, o) },
+            _ => {}
+        }
+    }
+    for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
+        update_read(level, ki, d, &mut s[i * w..(i + 1) * w], qi, o);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The whole-state passes equal the scalar per-row definition bit for
+    /// bit at every level, for the register-held widths and others.
+    #[test]
+    fn state_passes_are_the_per_row_ops() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (rows, w) in [(128, 128), (64, 64), (5, 128), (7, 48), (3, 37)] {
+            let f = |i: usize, m: usize, a: f32| ((i * m) % 113) as f32 / 57.0 - a;
+            let s0: Vec<f32> = (0..rows * w).map(|i| f(i, 7919, 1.0)).collect();
+            let e: Vec<f32> = (0..rows).map(|i| 0.5 + f(i, 31, 0.0) / 4.0).collect();
+            let k: Vec<f32> = (0..rows).map(|i| f(i, 104729, 0.9)).collect();
+            let q: Vec<f32> = (0..rows).map(|i| f(i, 7, 1.1)).collect();
+            let d: Vec<f32> = (0..w).map(|i| f(i, 97, 0.8)).collect();
+            let (mut s1, mut u1, mut o1) = (s0.clone(), d.clone(), d.clone());
+            for i in 0..rows {
+                let row = &mut s1[i * w..(i + 1) * w];
+                for (sv, uj) in row.iter_mut().zip(u1.iter_mut()) {
+                    *sv *= e[i];
+                    *uj = k[i].mul_add(*sv, *uj);
+                }
+            }
+            for i in 0..rows {
+                let row = &mut s1[i * w..(i + 1) * w];
+                for ((sv, &dj), oj) in row.iter_mut().zip(&d).zip(o1.iter_mut()) {
+                    *sv = k[i].mul_add(dj, *sv);
+                    *oj = q[i].mul_add(*sv, *oj);
+                }
+            }
+            for lv in crate::Level::available() {
+                assert_eq!(
+                    dot_at(lv, &s0[..w], &d).to_bits(),
+                    crate::scalar::dot(&s0[..w], &d).to_bits(),
+                    "dot, level {lv:?}"
+                );
+                let (mut s2, mut u2, mut o2) = (s0.clone(), d.clone(), d.clone());
+                decay_project_rows(lv, &e, &k, &mut s2, &mut u2);
+                assert_eq!(bits(&u2), bits(&u1), "u, {rows}×{w}, level {lv:?}");
+                update_read_rows(lv, &k, &d, &mut s2, &q, &mut o2);
+                assert_eq!(bits(&s2), bits(&s1), "state, {rows}×{w}, level {lv:?}");
+                assert_eq!(bits(&o2), bits(&o1), "read-out, {rows}×{w}, level {lv:?}");
+            }
+        }
+    }
     #[test]
     fn state_row_ops_are_bit_identical_across_levels() {
         let n = 37;
