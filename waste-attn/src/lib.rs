@@ -59,11 +59,25 @@ mod chunk_tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
+    /// Every element within `tol` × the largest magnitude of `want`.
+    fn within(got: &[f32], want: &[f32], tol: f32, what: &str) {
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err <= tol * scale, "{what}: max error {err} against {tol} × {scale}");
+    }
+
     #[test]
     fn kda_chunk_equals_steps() {
         let (hid, nt) = (48, 5);
         for full_gate in [false, true] {
-            let c = kda::KdaConfig { heads: 3, dim: 8, kernel: 4, eps: 1e-6, lower_bound: full_gate.then_some(-5.0) };
+            let c = kda::KdaConfig {
+                heads: 3,
+                dim: 8,
+                kernel: 4,
+                eps: 1e-6,
+                lower_bound: full_gate.then_some(-5.0),
+                chunked: false,
+            };
             let ch = c.channels();
             let mut r = Rng(7 + full_gate as u64);
             let gate = if full_gate {
@@ -108,6 +122,14 @@ mod chunk_tests {
                 assert_eq!(bits(&got), bits(&want));
                 assert_eq!(bits(&a.s), bits(&b.s));
                 assert_eq!(bits(&a.conv), bits(&b.conv));
+                // the chunked (WY) form: within its stated bound, the conv ring exact
+                let cw = kda::KdaConfig { chunked: true, ..c };
+                let mut bw = kda::KdaState::new(&c);
+                let mut got = vec![0f32; nt * hid];
+                kda::chunk(&pool, &cw, &w, &mut bw, &mut sb, &xs, nt, &mut got);
+                within(&got, &want, kda::CHUNKED_REL_TOL, "chunked outputs");
+                within(&bw.s, &a.s, kda::CHUNKED_REL_TOL, "chunked state");
+                assert_eq!(bits(&a.conv), bits(&bw.conv));
             }
         }
     }

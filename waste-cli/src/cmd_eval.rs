@@ -47,6 +47,11 @@ pub struct EngineArgs {
     /// Most tokens a prefill chunk evaluates together (1 = token by token).
     #[arg(long, default_value_t = 16)]
     pub chunk: usize,
+    /// KDA over a prefill chunk in the chunked (WY) form: fewer passes over
+    /// the state, within 1e-5 of the token form but not bit-identical (the
+    /// logits then depend on the chunking).
+    #[arg(long)]
+    pub kda_chunked: bool,
     /// Write which experts this run used to the usage hotlist when done.
     #[arg(long)]
     pub learn: bool,
@@ -130,6 +135,7 @@ impl EngineArgs {
             lookahead: self.lookahead,
             huge_pages: !self.no_huge_pages,
             max_chunk: self.chunk,
+            kda_chunked: self.kda_chunked,
             usage: self.usage.clone(),
             force: self.force,
             usable_ram: None,

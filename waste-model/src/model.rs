@@ -40,6 +40,12 @@ pub struct ModelOptions {
     /// Most tokens a prefill chunk evaluates together (1 = token by token;
     /// capped at `CHUNK` and by what the cache holds).
     pub max_chunk: usize,
+    /// Run KDA over a prefill chunk in its chunked (WY) form: the state read
+    /// twice per chunk instead of twice per token, within
+    /// `waste_attn::kda::CHUNKED_REL_TOL` of the token-by-token form but not
+    /// bit-identical to it — so with this on, the logits depend on how the
+    /// prompt was chunked (the cache size). Off by default.
+    pub kda_chunked: bool,
     /// Usage hotlist to preload from (None = the container's `usage.waste` if present).
     pub usage: Option<PathBuf>,
     /// Open even when the floor exceeds usable RAM (the default refuses with
@@ -76,6 +82,7 @@ impl Default for ModelOptions {
             lookahead: 0,
             huge_pages: true,
             max_chunk: crate::plan::CHUNK,
+            kda_chunked: false,
             usage: None,
             force: false,
             usable_ram: None,

@@ -451,7 +451,8 @@ impl<'m> Session<'m> {
             match (&layer.attn, &mut self.states[l]) {
                 (Attn::Kda(w), LayerState::Kda(st)) => {
                     let sc = self.kda_sc.as_mut().expect("kda scratch");
-                    kda::chunk(pool, &kda_config(c), w, st, sc, xs, nt, outs);
+                    let kc = kda::KdaConfig { chunked: m.opts.kda_chunked, ..kda_config(c) };
+                    kda::chunk(pool, &kc, w, st, sc, xs, nt, outs);
                 }
                 (Attn::Mla(w), LayerState::Mla(st)) => {
                     let sc = self.mla_sc.as_mut().expect("mla scratch");

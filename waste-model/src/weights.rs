@@ -179,6 +179,7 @@ pub fn kda_config(c: &ModelConfig) -> KdaConfig {
         kernel: c.conv_kernel,
         eps: c.rms_eps,
         lower_bound: c.gate_lower_bound,
+        chunked: false,
     }
 }
 

@@ -72,6 +72,25 @@ fn every_placement_gives_bit_identical_logits() {
     }
 }
 
+/// The one exception to bit-identity: KDA's chunked (WY) prefill form
+/// (`kda_chunked`) gives logits near, not equal to, the token form's.
+#[test]
+fn kda_chunked_prefill_is_close_not_identical() {
+    let path = fixture("tiny.waste");
+    let m = Model::open(&path, ModelOptions { ctx: CTX, max_chunk: 16, ..Default::default() }).unwrap();
+    let mw =
+        Model::open(&path, ModelOptions { ctx: CTX, max_chunk: 16, kda_chunked: true, ..Default::default() }).unwrap();
+    let prompt: Vec<u32> = (0..37).map(|i| (i * 53 + 7) % 250).collect();
+    let (mut s, mut sw) = (m.session(), mw.session());
+    assert!(sw.chunk_len() >= 8, "chunk {}", sw.chunk_len());
+    let a = s.eval(&prompt).unwrap().to_vec();
+    let b = sw.eval(&prompt).unwrap().to_vec();
+    let scale = a.iter().fold(0f32, |x, v| x.max(v.abs()));
+    let err = a.iter().zip(&b).fold(0f32, |x, (p, q)| x.max((p - q).abs()));
+    assert!(err <= 1e-4 * scale, "max logit difference {err} against {scale}");
+    assert!(a.iter().zip(&b).any(|(p, q)| p.to_bits() != q.to_bits()), "the chunked form was not used");
+}
+
 #[test]
 fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
     let path = fixture("tiny-b.waste");
