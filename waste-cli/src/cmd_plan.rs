@@ -204,7 +204,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "budget_bytes": model.budget(), "cache_slots": model.cache_slots(), "huge_pages": model.huge_pages(),
         "threads": model.threads(), "io_threads": model.options().io_threads, "simd": model.simd().name(),
         "lookahead": model.options().lookahead, "readahead": model.options().readahead, "preloaded": model.preloaded(),
-        "policy": model.options().policy.name(), "temperature": a.temp,
+        "policy": model.options().policy.name(), "temperature": a.temp, "kda_chunked": model.options().kda_chunked,
     });
     if a.json {
         print_json(&v)?;

@@ -19,7 +19,9 @@ fn fixtures() -> PathBuf {
 fn container() -> &'static Path {
     static C: OnceLock<PathBuf> = OnceLock::new();
     C.get_or_init(|| {
-        let out = std::env::temp_dir().join(format!("waste-serve-vision-{}", std::process::id()));
+        // under target/tmp: this shared container outlives every test of the binary
+        let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("waste-serve-vision-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&out);
         let src = fixtures().join("hf-k3-vision");
         let (code, _, err) = waste(

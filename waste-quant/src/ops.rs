@@ -168,9 +168,14 @@ pub fn axpy_at(level: crate::Level, a: f32, x: &[f32], y: &mut [f32]) {
     #[allow(unused_mut)]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
+    if level == crate::Level::Avx512 && crate::Level::Avx512.supported() {
+        // SAFETY: AVX-512 verified; equal lengths asserted.
+        done = unsafe { crate::x86_64::avx512::axpy(a, x, y) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if level.avx2_kernels() {
         // SAFETY: AVX2/FMA verified; equal lengths asserted.
-        done = unsafe { crate::x86_64::avx2::axpy(a, x, y) };
+        done += unsafe { crate::x86_64::avx2::axpy(a, &x[done..], &mut y[done..]) };
     }
     #[cfg(target_arch = "aarch64")]
     if level.neon_kernels() {
@@ -337,7 +342,13 @@ mod tests {
     }
     #[test]
     fn state_row_ops_are_bit_identical_across_levels() {
-        let n = 37;
+        // 37: two 16-wide vectors and a scalar tail; 45: 16-, 8-wide and scalar parts
+        for n in [37, 45] {
+            row_ops_at(n);
+        }
+    }
+
+    fn row_ops_at(n: usize) {
         let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 113) as f32 / 57.0 - 1.0).collect();
         let d: Vec<f32> = (0..n).map(|i| ((i * 104729) % 97) as f32 / 31.0 - 1.5).collect();
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use waste_convert::{convert, ConvertOptions, TrunkMode};
 use waste_format::ExpertFmt;
 
-/// A fresh temporary folder name (and no staging folder beside it).
+/// A fresh temporary folder name (and no staging folder beside it), under
+/// the target directory's tmp: the containers shared by a test binary are
+/// never deleted by it, and there they go with `target/`, not into /tmp.
 pub fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("waste-convert-{}-{tag}", std::process::id()));
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("waste-convert-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     let _ = std::fs::remove_dir_all(waste_convert::staging_dir(&d));
     d

@@ -812,3 +812,25 @@ pub unsafe fn update_read_rows<const NV: usize>(k: &[f32], d: &[f32], s: &mut [f
         unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * c), *a) };
     }
 }
+
+/// `y[j] = fma(a, x[j], y[j])` for the whole 16-wide vectors at the start;
+/// returns how many elements it did (the caller finishes the rest). One
+/// fused multiply-add per element, as the scalar definition.
+///
+/// # Safety
+/// AVX-512 F; `x.len() == y.len()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) -> usize {
+    let n16 = y.len().min(x.len()) / 16 * 16;
+    let av = _mm512_set1_ps(a);
+    let mut j = 0;
+    while j < n16 {
+        // SAFETY: j + 16 <= len of both.
+        unsafe {
+            let r = _mm512_fmadd_ps(av, _mm512_loadu_ps(x.as_ptr().add(j)), _mm512_loadu_ps(y.as_ptr().add(j)));
+            _mm512_storeu_ps(y.as_mut_ptr().add(j), r);
+        }
+        j += 16;
+    }
+    n16
+}
