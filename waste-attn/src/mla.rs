@@ -239,7 +239,6 @@ pub fn chunk(
         let stc = &st.cache;
         // 3. per head: absorbed query, scores over the cache, softmax, latent mix, value
         pool.chunks(h, &|h0, h1| {
-            let mut row = vec![0f32; kvl];
             for hh in h0..h1 {
                 // SAFETY: head hh owns its slices of every scratch buffer.
                 let (qc, sco, cb, oh) = unsafe {
@@ -251,12 +250,9 @@ pub fn chunk(
                     )
                 };
                 let qh = &q[hh * qd..(hh + 1) * qd];
-                // q̃ = W_kb,hᵀ q_nope
+                // q̃ = W_kb,hᵀ q_nope (the weights decoded in registers at AVX-512)
                 qc[..kvl].fill(0.0);
-                for i in 0..nope {
-                    kv_b.row(hh * (nope + vd) + i, &mut row);
-                    waste_quant::ops::axpy_at(level, qh[i], &row, &mut qc[..kvl]);
-                }
+                kv_b.rows_axpy(level, hh * (nope + vd), &qh[..nope], &mut qc[..kvl]);
                 qc[kvl..].copy_from_slice(&qh[nope..]);
                 cache.matvec_rows(level, qc, 0, sco);
                 for s in sco.iter_mut() {

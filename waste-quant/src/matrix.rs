@@ -150,6 +150,33 @@ impl<'a> MatRef<'a> {
         self.dequant(r, 0, &mut out[..self.cols]);
     }
 
+    /// `acc[j] = fma(coef[i], W[r0 + i][j], acc[j])` over the rows `i` in
+    /// order: the transposed product of a row range (MLA's absorbed query
+    /// `W_kbᵀ q`). Defined as dequantizing each row and [`crate::ops::axpy`];
+    /// AVX-512 decodes the weights in registers instead, bit-identical.
+    ///
+    /// # Panics
+    /// When `acc.len() != cols` or the rows are out of range.
+    pub fn rows_axpy(&self, level: Level, r0: usize, coef: &[f32], acc: &mut [f32]) {
+        assert_eq!(acc.len(), self.cols, "rows_axpy output length");
+        assert!(r0 + coef.len() <= self.rows, "rows_axpy rows out of range");
+        #[cfg(target_arch = "x86_64")]
+        if level == Level::Avx512
+            && Level::Avx512.supported()
+            && self.cols.is_multiple_of(crate::scalar::LANES)
+            && (!self.fmt.is_grouped() || self.group.is_multiple_of(crate::scalar::LANES))
+        {
+            // SAFETY: AVX-512 F/BW/VL + F16C verified; lengths, rows and the group asserted.
+            unsafe { crate::x86_64::avx512::rows_axpy(self, r0, coef, acc) };
+            return;
+        }
+        let mut row = vec![0f32; self.cols];
+        for (i, &c) in coef.iter().enumerate() {
+            self.row(r0 + i, &mut row);
+            crate::ops::axpy_at(level, c, &row, acc);
+        }
+    }
+
     /// `y[i] = W[row0 + i] · x` for `i < y.len()`, at a given SIMD level.
     /// Bit-identical across levels. `x.len() == cols`.
     ///

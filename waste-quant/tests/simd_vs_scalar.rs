@@ -86,6 +86,29 @@ proptest! {
         }
     }
 
+    /// The transposed product of a row range (`MatRef::rows_axpy`, MLA's
+    /// absorbed query): every level bit-identical to dequantizing each row
+    /// and the scalar axpy, rows in order; widths over and under one
+    /// 256-column pass, and ones the AVX-512 kernel leaves to the fallback.
+    #[test]
+    fn rows_axpy_is_dequant_then_axpy(f in 0u8..5, rows in 1usize..40, cols in prop_oneof![(1usize..20).prop_map(|k| 32 * k), 1usize..100], g in prop::sample::select(vec![16usize, 32, 64, 128]), seed in any::<u64>()) {
+        let m = random_matrix(fmt_of(f), rows + 3, cols, g, seed);
+        let mut r = rng(seed + 5);
+        let coef: Vec<f32> = (0..rows).map(|_| gauss(&mut r)).collect();
+        let acc0: Vec<f32> = (0..cols).map(|_| gauss(&mut r)).collect();
+        let mut want = acc0.clone();
+        let mut row = vec![0f32; cols];
+        for (i, &c) in coef.iter().enumerate() {
+            m.view().row(2 + i, &mut row);
+            waste_quant::ops::axpy(c, &row, &mut want);
+        }
+        for lv in Level::available() {
+            let mut got = acc0.clone();
+            m.view().rows_axpy(lv, 2, &coef, &mut got);
+            prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "level {:?} fmt {:?}", lv, fmt_of(f));
+        }
+    }
+
     /// Several matrices in one pass of the pool (`Pool::matmats`: rows of
     /// all split together by width): each output bit-identical to the
     /// scalar product of its own matrix, any thread count, level, width mix.

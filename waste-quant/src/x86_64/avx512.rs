@@ -834,3 +834,72 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) -> usize {
     }
     n16
 }
+
+/// Columns (16 registers of accumulators) per pass of [`rows_axpy`].
+const AXPY_COLS: usize = 256;
+
+/// `acc[j] = fma(coef[i], W[r0 + i][j], acc[j])` for the rows `i` in order
+/// — a transposed product over a row range, as MLA's absorbed query needs
+/// (`W_kbᵀ q`) — decoding each 32-weight block in registers (`load32`: the
+/// same exact values as `MatRef::dequant`) instead of through a row buffer.
+/// Per element the same fused multiply-adds in the same order as
+/// dequantizing each row and `ops::axpy`: bit-identical.
+///
+/// # Safety
+/// AVX-512 F/BW/VL, F16C; `m` checked; `acc.len() == m.cols`, a multiple of
+/// 32; grouped formats have `group % 32 == 0`; rows `r0..r0 + coef.len()` exist.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub unsafe fn rows_axpy(m: &MatRef<'_>, r0: usize, coef: &[f32], acc: &mut [f32]) {
+    unsafe {
+        match m.fmt {
+            Fmt::F32 => rows_axpy_fmt::<F32>(m, r0, coef, acc),
+            Fmt::F16 => rows_axpy_fmt::<F16>(m, r0, coef, acc),
+            Fmt::Bf16 => rows_axpy_fmt::<BF16>(m, r0, coef, acc),
+            Fmt::Q8G => rows_axpy_fmt::<Q8G>(m, r0, coef, acc),
+            Fmt::Q4G => rows_axpy_fmt::<Q4G>(m, r0, coef, acc),
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn rows_axpy_fmt<const FMT: u8>(m: &MatRef<'_>, r0: usize, coef: &[f32], acc: &mut [f32]) {
+    assert!(acc.len() == m.cols && m.cols.is_multiple_of(LANES) && r0 + coef.len() <= m.rows);
+    let grouped = FMT == Q8G || FMT == Q4G;
+    assert!(!grouped || m.group.is_multiple_of(LANES));
+    let (rbs, g) = (m.row_bytes(), m.groups());
+    let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
+    let mut c0 = 0;
+    while c0 < m.cols {
+        let nb = (m.cols - c0).min(AXPY_COLS) / LANES;
+        // SAFETY (loads/stores of acc): columns c0..c0 + 32·nb are inside acc.
+        let mut a: [__m512; 2 * AXPY_COLS / LANES] = core::array::from_fn(|v| {
+            if v < 2 * nb {
+                unsafe { _mm512_loadu_ps(acc.as_ptr().add(c0 + 16 * v)) }
+            } else {
+                _mm512_setzero_ps()
+            }
+        });
+        for (i, &ci) in coef.iter().enumerate() {
+            let r = r0 + i;
+            let rb = &m.data[r * rbs..(r + 1) * rbs];
+            let cv = _mm512_set1_ps(ci);
+            for b in 0..nb {
+                let c = c0 + b * LANES;
+                let (scale, tab) = if grouped {
+                    let s = f16(m.scales[r * g + c / m.group]);
+                    (s, if FMT == Q4G { _mm512_mul_ps(steps, _mm512_set1_ps(s)) } else { steps })
+                } else {
+                    (0.0, steps)
+                };
+                // SAFETY: c + 32 <= cols, within the row.
+                let (wl, wh) = unsafe { load32::<FMT>(rb.as_ptr(), c, scale, tab) };
+                a[2 * b] = _mm512_fmadd_ps(cv, wl, a[2 * b]);
+                a[2 * b + 1] = _mm512_fmadd_ps(cv, wh, a[2 * b + 1]);
+            }
+        }
+        for (v, av) in a.iter().enumerate().take(2 * nb) {
+            unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add(c0 + 16 * v), *av) };
+        }
+        c0 += nb * LANES;
+    }
+}
