@@ -52,6 +52,7 @@ fn main() {
     let reps: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(15);
     let mut r = rng(1);
     pool_and_head(reps, &mut r);
+    mla_absorbed(reps, &mut r);
     for (fmt, rows, cols) in [(Fmt::Q4G, 9216, 2304), (Fmt::Q4G, 2304, 9216), (Fmt::Q8G, 9216, 2304)] {
         let (m, x) = random_trunk(fmt, rows, cols, &mut r);
         let mut y = vec![0f32; rows];
@@ -203,5 +204,43 @@ fn pool_and_head(reps: usize, r: &mut impl FnMut() -> u64) {
                 bytes / med / 1e9
             );
         }
+    }
+}
+
+/// MLA's absorbed query on the 48B shape (`kv_b` Q4G, 32 heads × (128 + 128)
+/// rows × 512 columns): per head `W_kbᵀ q` over its 128 key rows — a
+/// dequantized row buffer and an axpy per row against `MatRef::rows_axpy`.
+fn mla_absorbed(reps: usize, r: &mut impl FnMut() -> u64) {
+    let (heads, nope, vd, kvl) = (32, 128, 128, 512);
+    let (m, _) = random_trunk(Fmt::Q4G, heads * (nope + vd), kvl, r);
+    let q: Vec<f32> = (0..nope).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
+    let mut acc = vec![0f32; kvl];
+    let mut row = vec![0f32; kvl];
+    for lv in Level::available() {
+        let (a, alo, ahi) = time(reps, || {
+            for h in 0..heads {
+                acc.fill(0.0);
+                for (i, &c) in q.iter().enumerate() {
+                    m.view().row(h * (nope + vd) + i, &mut row);
+                    waste_quant::ops::axpy_at(lv, c, &row, &mut acc);
+                }
+            }
+        });
+        let (b, blo, bhi) = time(reps, || {
+            for h in 0..heads {
+                acc.fill(0.0);
+                m.view().rows_axpy(lv, h * (nope + vd), &q, &mut acc);
+            }
+        });
+        println!(
+            "mla absorbed query 32x128x512 q4g {:>7}: row buffer + axpy {:.3} ms ({:.3}–{:.3}), rows_axpy {:.3} ms ({:.3}–{:.3})",
+            lv.name(),
+            a * 1e3,
+            alo * 1e3,
+            ahi * 1e3,
+            b * 1e3,
+            blo * 1e3,
+            bhi * 1e3
+        );
     }
 }
