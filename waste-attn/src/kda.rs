@@ -263,43 +263,26 @@ pub fn chunk(
                     )
                 };
                 for (part, out) in [(0, &mut *qh), (1, &mut *kh), (2, &mut *vh)] {
-                    let taps = &w.conv[part];
                     for (j, y) in out.iter_mut().enumerate() {
                         let (i, cidx) = (c0 + j, part * ch + c0 + j);
-                        let tp = &taps[i * k..(i + 1) * k];
-                        let mut acc = 0f32;
-                        for jj in 0..k - 1 {
-                            acc += tp[jj] * ring[jj * 3 * ch + cidx];
-                        }
-                        acc += tp[k - 1] * cur[cidx];
-                        *y = silu(acc);
+                        *y = conv_silu(&w.conv[part][i * k..(i + 1) * k], |jj| ring[jj * 3 * ch + cidx], cur[cidx]);
                     }
                 }
-                for (j, zi) in z.iter_mut().enumerate() {
-                    let zz = *zi + w.dt_bias[c0 + j];
-                    *zi = decay_gate(zz, w.a_log[hh], c.lower_bound);
-                }
+                log_decays(c, w, hh, z);
                 head_update(level, d, s, qh, kh, vh, z, sigmoid(beta[hh]), qscale, o);
-                rmsnorm_inplace(o, &w.o_norm, c.eps);
-                for (oi, gi) in o.iter_mut().zip(&gate[c0..c1]) {
-                    *oi *= sigmoid(*gi);
-                }
+                gated_norm(c, w, o, &gate[c0..c1]);
             }
         });
-        // shift the ring: drop the oldest, append the current input
-        if k > 1 {
-            st.conv.copy_within(3 * ch.., 0);
-            let last = (k - 2) * 3 * ch;
-            st.conv[last..last + 3 * ch].copy_from_slice(&sc.cur);
-        }
+        push_ring(&mut st.conv, 3 * ch, 1, |_, dst| dst.copy_from_slice(&sc.cur));
     }
     // 7. output projection of every token
     pool.matmat(&w.o.view(), &sc.o[..nt * ch], nt, outs);
 }
 
-/// The conv, decays and betas of every token of the chunk (token after
-/// token through the ring: cheap), then per head across the pool the whole
-/// chunk in the WY form ([`head_chunk`]) and the gated norms.
+/// The chunk in the WY form, per head across the pool: the head's
+/// channels' conv + SiLU for every token (from the ring and the chunk's raw
+/// inputs), its log-decays and betas, [`head_chunk`], the gated norms; then
+/// the ring advanced by the chunk's tokens.
 fn chunk_wy(
     pool: &Pool,
     c: &KdaConfig,
@@ -312,69 +295,98 @@ fn chunk_wy(
     let ch = c.channels();
     let (d, h, k) = (c.dim, c.heads, c.kernel);
     let tokens = sc.tokens;
-    // conv + SiLU of each token, in place over its projections (the raw
-    // input lives on in the ring); log-decays in place; betas
-    for t in 0..nt {
-        for part in 0..3 {
-            let src = &sc.proj[(part * tokens + t) * ch..(part * tokens + t + 1) * ch];
-            sc.cur[part * ch..(part + 1) * ch].copy_from_slice(src);
-        }
-        for part in 0..3 {
-            let taps = &w.conv[part];
-            let out = &mut sc.proj[(part * tokens + t) * ch..(part * tokens + t + 1) * ch];
-            for (i, y) in out.iter_mut().enumerate() {
-                let cidx = part * ch + i;
-                let tp = &taps[i * k..(i + 1) * k];
-                let mut acc = 0f32;
-                for j in 0..k - 1 {
-                    acc += tp[j] * st.conv[j * 3 * ch + cidx];
-                }
-                acc += tp[k - 1] * sc.cur[cidx];
-                *y = silu(acc);
-            }
-        }
-        if k > 1 {
-            st.conv.copy_within(3 * ch.., 0);
-            let last = (k - 2) * 3 * ch;
-            st.conv[last..last + 3 * ch].copy_from_slice(&sc.cur);
-        }
-        for (i, zi) in sc.z[t * ch..(t + 1) * ch].iter_mut().enumerate() {
-            *zi = decay_gate(*zi + w.dt_bias[i], w.a_log[i / d], c.lower_bound);
-        }
-        for b in sc.beta[t * h..(t + 1) * h].iter_mut() {
-            *b = sigmoid(*b);
-        }
-    }
+    let raw = |part: usize, t: usize| &sc.proj[(part * tokens + t) * ch..(part * tokens + t + 1) * ch];
     let s_all = waste_quant::SyncSlice::new(&mut st.s);
     let o_all = waste_quant::SyncSlice::new(&mut sc.o[..nt * ch]);
-    let (proj, z, beta, gate) = (&sc.proj, &sc.z, &sc.beta, &sc.gate);
+    let (ring, z, beta, gate) = (&st.conv, &sc.z, &sc.beta, &sc.gate);
     let level = pool.level();
     pool.chunks(h, &|h0, h1| {
-        let gather = |part: usize, hh: usize| -> Vec<f32> {
-            (0..nt)
-                .flat_map(|t| &proj[(part * tokens + t) * ch + hh * d..(part * tokens + t) * ch + (hh + 1) * d])
-                .copied()
-                .collect()
-        };
-        let mut o = vec![0f32; nt * d];
+        let mut qkv = [vec![0f32; nt * d], vec![0f32; nt * d], vec![0f32; nt * d]];
+        let (mut g, mut o) = (vec![0f32; nt * d], vec![0f32; nt * d]);
         for hh in h0..h1 {
-            let (q, kk, v) = (gather(0, hh), gather(1, hh), gather(2, hh));
-            let g: Vec<f32> = (0..nt).flat_map(|t| &z[t * ch + hh * d..t * ch + (hh + 1) * d]).copied().collect();
-            let b: Vec<f32> = (0..nt).map(|t| beta[t * h + hh]).collect();
+            for (part, out) in qkv.iter_mut().enumerate() {
+                for t in 0..nt {
+                    for j in 0..d {
+                        let i = hh * d + j;
+                        // the inputs k−1 … 1 positions back: the chunk's raw
+                        // ones, then (before the chunk) the ring's
+                        let past = |jj: usize| match (t + jj + 1).checked_sub(k) {
+                            Some(u) => raw(part, u)[i],
+                            None => ring[(t + jj) * 3 * ch + part * ch + i],
+                        };
+                        out[t * d + j] = conv_silu(&w.conv[part][i * k..(i + 1) * k], past, raw(part, t)[i]);
+                    }
+                }
+            }
+            for t in 0..nt {
+                let gt = &mut g[t * d..(t + 1) * d];
+                gt.copy_from_slice(&z[t * ch + hh * d..t * ch + (hh + 1) * d]);
+                log_decays(c, w, hh, gt);
+            }
+            let b: Vec<f32> = (0..nt).map(|t| sigmoid(beta[t * h + hh])).collect();
             // SAFETY: head hh alone owns its D×D state block.
             let s = unsafe { s_all.range(hh * d * d, (hh + 1) * d * d) };
-            head_chunk(level, d, s, &q, &kk, &v, &g, &b, qscale, &mut o);
+            head_chunk(level, d, s, &qkv[0], &qkv[1], &qkv[2], &g, &b, qscale, &mut o);
             for t in 0..nt {
                 // SAFETY: head hh alone writes its D outputs of each token.
                 let ot = unsafe { o_all.range(t * ch + hh * d, t * ch + (hh + 1) * d) };
                 ot.copy_from_slice(&o[t * d..(t + 1) * d]);
-                rmsnorm_inplace(ot, &w.o_norm, c.eps);
-                for (oi, gi) in ot.iter_mut().zip(&gate[t * ch + hh * d..t * ch + (hh + 1) * d]) {
-                    *oi *= sigmoid(*gi);
-                }
+                gated_norm(c, w, ot, &gate[t * ch + hh * d..t * ch + (hh + 1) * d]);
             }
         }
     });
+    // the ring's unit is a token's [q | k | v]
+    push_ring(&mut st.conv, 3 * ch, nt, |t, dst| {
+        for part in 0..3 {
+            dst[part * ch..(part + 1) * ch].copy_from_slice(raw(part, t));
+        }
+    });
+}
+
+/// Causal depthwise conv of one channel, then SiLU: `taps` oldest first
+/// (the current input's tap last), `past(j)` the input `k − 1 − j`
+/// positions back, `cur` the current one; summed in tap order.
+#[inline]
+fn conv_silu(taps: &[f32], past: impl Fn(usize) -> f32, cur: f32) -> f32 {
+    let k = taps.len();
+    let mut acc = 0f32;
+    for (j, tp) in taps[..k - 1].iter().enumerate() {
+        acc += tp * past(j);
+    }
+    acc += taps[k - 1] * cur;
+    silu(acc)
+}
+
+/// Head `hh`'s decay pre-activations (with `dt_bias` still to add) → log-decays, in place.
+fn log_decays(c: &KdaConfig, w: &KdaWeights, hh: usize, z: &mut [f32]) {
+    let c0 = hh * c.dim;
+    for (j, zi) in z.iter_mut().enumerate() {
+        *zi = decay_gate(*zi + w.dt_bias[c0 + j], w.a_log[hh], c.lower_bound);
+    }
+}
+
+/// The gated output norm of one head's output.
+fn gated_norm(c: &KdaConfig, w: &KdaWeights, o: &mut [f32], gate: &[f32]) {
+    rmsnorm_inplace(o, &w.o_norm, c.eps);
+    for (oi, gi) in o.iter_mut().zip(gate) {
+        *oi *= sigmoid(*gi);
+    }
+}
+
+/// Advance the conv ring (`ring.len() / unit` inputs, oldest first) by `n`
+/// inputs, `input(t, slot)` writing the `t`-th into its slot: the same as
+/// pushing them one by one.
+fn push_ring(ring: &mut [f32], unit: usize, n: usize, mut input: impl FnMut(usize, &mut [f32])) {
+    let slots = ring.len() / unit;
+    if slots == 0 {
+        return;
+    }
+    let keep = slots.saturating_sub(n);
+    ring.copy_within((slots - keep) * unit.., 0);
+    for t in n.saturating_sub(slots)..n {
+        let at = keep + t - n.saturating_sub(slots);
+        input(t, &mut ring[at * unit..(at + 1) * unit]);
+    }
 }
 
 /// One head over `n` tokens in the chunked (WY) form: the same recurrence
@@ -413,13 +425,9 @@ pub fn head_chunk(
     let mut kh = vec![0f32; n * d];
     let mut qh = vec![0f32; n * d];
     for t in 0..n {
-        let (kt, qt) = (&k[t * d..(t + 1) * d], &q[t * d..(t + 1) * d]);
-        let kn = 1.0 / (dot_at(level, kt, kt) + 1e-6).sqrt();
-        let qn = 1.0 / (dot_at(level, qt, qt) + 1e-6).sqrt();
-        for i in 0..d {
-            kh[t * d + i] = kt[i] * kn;
-            qh[t * d + i] = qt[i] * qn * qscale;
-        }
+        let r = t * d..(t + 1) * d;
+        unit_norm(level, &k[r.clone()], 1.0, &mut kh[r.clone()]);
+        unit_norm(level, &q[r.clone()], qscale, &mut qh[r]);
     }
     let e: Vec<f32> = g.iter().map(|x| x.exp()).collect();
     // cₜ ⊙ k̂ₜ and cₜ ⊙ q̂ₜ, with the cumulative decays
@@ -518,15 +526,11 @@ pub fn head_update(
     qscale: f32,
     o: &mut [f32],
 ) {
-    let kn = 1.0 / (waste_quant::ops::dot_at(level, k, k) + 1e-6).sqrt();
-    let qn = 1.0 / (waste_quant::ops::dot_at(level, q, q) + 1e-6).sqrt();
     let mut khat = [0f32; 512];
     let mut qhat = [0f32; 512];
     let (khat, qhat) = if d <= 512 { (&mut khat[..d], &mut qhat[..d]) } else { unreachable_big(d) };
-    for i in 0..d {
-        khat[i] = k[i] * kn;
-        qhat[i] = q[i] * qn * qscale;
-    }
+    unit_norm(level, k, 1.0, khat);
+    unit_norm(level, q, qscale, qhat);
     // decay rows, u = Sᵀ k̂
     let (mut u, mut e) = ([0f32; 512], [0f32; 512]);
     let (u, e) = (&mut u[..d], &mut e[..d]);
@@ -540,6 +544,14 @@ pub fn head_update(
         u[j] = beta * (v[j] - u[j]);
     }
     waste_quant::ops::update_read_rows(level, khat, u, &mut s[..d * d], qhat, o);
+}
+
+/// `out = x / √(x·x + 1e-6) · scale` (the key and query L2 norm).
+fn unit_norm(level: waste_quant::Level, x: &[f32], scale: f32, out: &mut [f32]) {
+    let n = 1.0 / (waste_quant::ops::dot_at(level, x, x) + 1e-6).sqrt();
+    for (o, &xi) in out.iter_mut().zip(x) {
+        *o = xi * n * scale;
+    }
 }
 
 fn unreachable_big(d: usize) -> ! {

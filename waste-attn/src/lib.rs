@@ -68,7 +68,14 @@ mod chunk_tests {
 
     #[test]
     fn kda_chunk_equals_steps() {
-        let (hid, nt) = (48, 5);
+        // 2 tokens: fewer than the conv ring holds; 5: more
+        for nt in [2, 5] {
+            kda_chunk_of(nt);
+        }
+    }
+
+    fn kda_chunk_of(nt: usize) {
+        let hid = 48;
         for full_gate in [false, true] {
             let c = kda::KdaConfig {
                 heads: 3,

@@ -170,10 +170,14 @@ impl<'a> MatRef<'a> {
             unsafe { crate::x86_64::avx512::rows_axpy(self, r0, coef, acc) };
             return;
         }
-        let mut row = vec![0f32; self.cols];
+        // a stack buffer of up to 256 weights at a time (no allocation per call)
+        let mut buf = [0f32; 256];
         for (i, &c) in coef.iter().enumerate() {
-            self.row(r0 + i, &mut row);
-            crate::ops::axpy_at(level, c, &row, acc);
+            for (c0, part) in (0..self.cols).step_by(buf.len()).zip(acc.chunks_mut(buf.len())) {
+                let w = &mut buf[..part.len()];
+                self.dequant(r0 + i, c0, w);
+                crate::ops::axpy_at(level, c, w, part);
+            }
         }
     }
 
