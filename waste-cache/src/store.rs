@@ -15,7 +15,7 @@
 
 use crate::cache::{CacheError, CacheStats, Claim, ExpertCache, Key, Lookup, SlotState};
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use waste_io::{DirectFile, Priority, ReaderPool};
@@ -196,7 +196,7 @@ impl<S: RecordSource> ExpertStore<S> {
         loop {
             match self.try_acquire(layer, experts, repeats) {
                 Ok(mut p) => {
-                    p.traffic += carried;
+                    *p.traffic.get_mut() += carried;
                     return Ok(p);
                 }
                 Err((Full(e), t)) => {
@@ -230,21 +230,21 @@ impl<S: RecordSource> ExpertStore<S> {
             store: self,
             layer,
             slots: Vec::with_capacity(experts.len()),
-            traffic: Traffic::default(),
+            traffic: Mutex::new(Traffic::default()),
             released: false,
         };
         let mut cache = self.cache.lock();
         cache.clear_window();
         self.reap(&mut cache);
         for &e in experts {
-            match self.acquire_one(&mut cache, (layer, e), &mut pinned.traffic) {
+            match self.acquire_one(&mut cache, (layer, e), pinned.traffic.get_mut()) {
                 Ok((s, ready)) => {
                     cache.touch(s);
-                    pinned.slots.push((e, s, ready));
+                    pinned.slots.push((e, s, AtomicBool::new(ready)));
                 }
                 Err(err) => {
                     drop(cache); // the guard's drop unpins what it holds
-                    let t = pinned.traffic;
+                    let t = *pinned.traffic.get_mut();
                     return Err((err, t));
                 }
             }
@@ -252,7 +252,7 @@ impl<S: RecordSource> ExpertStore<S> {
         for &e in repeats {
             if let Some(&(_, s, _)) = pinned.slots.iter().find(|x| x.0 == e) {
                 cache.touch(s);
-                pinned.traffic.hits += 1;
+                pinned.traffic.get_mut().hits += 1;
             }
         }
         Ok(pinned)
@@ -437,52 +437,57 @@ pub struct Pinned<'s, S: RecordSource> {
     store: &'s ExpertStore<S>,
     layer: u32,
     /// (expert, slot, known ready)
-    slots: Vec<(u32, usize, bool)>,
-    traffic: Traffic,
+    slots: Vec<(u32, usize, AtomicBool)>,
+    traffic: Mutex<Traffic>,
     released: bool,
 }
 
 impl<S: RecordSource> Pinned<'_, S> {
     /// Whether `expert`'s record is already in memory (use it first).
     pub fn is_ready(&self, expert: u32) -> bool {
-        self.slots.iter().any(|x| x.0 == expert && x.2)
+        self.slots.iter().any(|x| x.0 == expert && x.2.load(Ordering::Acquire))
     }
     /// `expert`'s record when it is known to be in memory
     /// ([`Pinned::is_ready`]), without waiting; unlike [`Pinned::wait`]
     /// several can be held at once (to compute those experts together).
     pub fn ready(&self, expert: u32) -> Option<&[u8]> {
-        let &(_, slot, _) = self.slots.iter().find(|x| x.0 == expert && x.2)?;
+        let &(_, slot, _) = self.slots.iter().find(|x| x.0 == expert && x.2.load(Ordering::Acquire))?;
         let ptr = self.store.cache.lock().slot_ptr(slot);
         // SAFETY: the slot is Ready (known at acquire or by an earlier wait)
         // and pinned by this guard: it is neither evicted nor written until
-        // the guard unpins it (release/drop), which needs the guard by value
-        // or `&mut` — so not while this shared borrow lives.
+        // the guard unpins it (release/drop), which needs the guard by
+        // value — so not while this shared borrow lives.
         Some(unsafe { std::slice::from_raw_parts(ptr as *const u8, self.store.rec_bytes) })
     }
     /// What acquiring and waiting have cost so far.
     pub fn traffic(&self) -> Traffic {
-        self.traffic
+        *self.traffic.lock()
     }
 
-    /// `expert`'s record, waiting for its read if needed.
+    /// `expert`'s record, waiting for its read if needed. Takes the guard
+    /// shared, so several threads can each wait for (and then use) a
+    /// different expert of the step at once; the time each waits is added
+    /// to [`Pinned::traffic`].
     ///
     /// # Errors
     /// The read's failure (I/O error or a damaged record — the session that
     /// completed the read reports the precise reason, others
     /// [`CacheError::ReadFailed`]), or [`CacheError::NotPinned`] for an
     /// expert this guard did not acquire.
-    pub fn wait(&mut self, expert: u32) -> Result<&[u8], S::Error> {
-        let i =
-            self.slots.iter().position(|x| x.0 == expert).ok_or(CacheError::NotPinned { layer: self.layer, expert })?;
-        let slot = self.slots[i].1;
-        if !self.slots[i].2 {
-            self.store.ensure_ready(slot, &mut self.traffic)?;
-            self.slots[i].2 = true;
+    pub fn wait(&self, expert: u32) -> Result<&[u8], S::Error> {
+        let (_, slot, known) =
+            self.slots.iter().find(|x| x.0 == expert).ok_or(CacheError::NotPinned { layer: self.layer, expert })?;
+        if !known.load(Ordering::Acquire) {
+            let mut t = Traffic::default();
+            let r = self.store.ensure_ready(*slot, &mut t);
+            *self.traffic.lock() += t;
+            r?;
+            known.store(true, Ordering::Release);
         }
-        let ptr = self.store.cache.lock().slot_ptr(slot);
+        let ptr = self.store.cache.lock().slot_ptr(*slot);
         // SAFETY: the slot is Ready and pinned by this guard: it is neither
         // evicted nor written until the guard unpins it (release/drop), which
-        // needs the guard by value or `&mut` — so not while this borrow lives.
+        // needs the guard by value — so not while this borrow lives.
         Ok(unsafe { std::slice::from_raw_parts(ptr as *const u8, self.store.rec_bytes) })
     }
 
@@ -506,7 +511,7 @@ impl<S: RecordSource> Pinned<'_, S> {
         if self.store.users.load(Ordering::Relaxed) <= 1 {
             cache.check_no_pins()?;
         }
-        Ok(self.traffic)
+        Ok(*self.traffic.get_mut())
     }
 }
 
@@ -598,7 +603,7 @@ mod tests {
         for readahead in [true, false] {
             let s = store(4, readahead, &format!("a{readahead}"));
             s.enter();
-            let mut p = s.acquire(1, &[5, 2], &[5]).unwrap();
+            let p = s.acquire(1, &[5, 2], &[5]).unwrap();
             assert_eq!(p.traffic().misses, 2);
             assert_eq!(p.traffic().hits, 1, "the repeat counts as a hit");
             assert!(p.wait(5).unwrap().iter().all(|&b| b == 5));
@@ -620,11 +625,11 @@ mod tests {
     fn a_damaged_record_is_the_source_error_and_nothing_stays_pinned() {
         let s = store(4, true, "bad");
         s.enter();
-        let mut p = s.acquire(1, &[3, 4], &[]).unwrap();
+        let p = s.acquire(1, &[3, 4], &[]).unwrap();
         assert_eq!(p.wait(3).unwrap_err(), E::Bad(3));
         drop(p);
         // the failed record is not cached: the next use reads (and fails) again
-        let mut p = s.acquire(1, &[3], &[]).unwrap();
+        let p = s.acquire(1, &[3], &[]).unwrap();
         assert_eq!(p.traffic().misses, 1);
         assert_eq!(p.wait(3).unwrap_err(), E::Bad(3));
         drop(p);
@@ -649,7 +654,7 @@ mod tests {
                     for round in 0..50u32 {
                         let want = [(t + round) % 8, (t + round + 1) % 8];
                         let want: Vec<u32> = want.into_iter().filter(|&e| e != 3).collect();
-                        let mut p = s.acquire(1, &want, &[]).unwrap();
+                        let p = s.acquire(1, &want, &[]).unwrap();
                         for &e in &want {
                             assert!(p.wait(e).unwrap().iter().all(|&b| b == e as u8));
                         }
@@ -660,6 +665,38 @@ mod tests {
             }
         });
         assert_eq!(s.slots(), 6);
+    }
+
+    /// One guard's experts waited for from several threads at once (the
+    /// MoE step's lanes, each taking the next expert as it arrives): every
+    /// thread sees its own record, the failed one fails alone, and the
+    /// guard's traffic counts each read once.
+    #[test]
+    fn threads_wait_for_one_guards_experts_together() {
+        for readahead in [true, false] {
+            let s = store(8, readahead, &format!("shared{readahead}"));
+            s.enter();
+            let want = [0u32, 1, 2, 3, 4, 5, 6];
+            let p = s.acquire(1, &want, &[]).unwrap();
+            let next = AtomicUsize::new(0);
+            std::thread::scope(|sc| {
+                for _ in 0..3 {
+                    sc.spawn(|| loop {
+                        let j = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&e) = want.get(j) else { break };
+                        match p.wait(e) {
+                            Ok(r) => assert!(e != 3 && r.iter().all(|&b| b == e as u8)),
+                            Err(err) => assert_eq!((e, err), (3, E::Bad(3))),
+                        }
+                    });
+                }
+            });
+            assert!(want.iter().all(|&e| p.is_ready(e) == (e != 3)));
+            let t = p.traffic();
+            assert_eq!((t.misses, t.bytes_read), (7, 7 * REC as u64));
+            drop(p);
+            s.leave();
+        }
     }
 
     /// Two sessions, three slots: the first holds two, the second needs
@@ -675,7 +712,7 @@ mod tests {
             s.enter();
             s.enter();
             sc.spawn(move || {
-                let mut p = s.acquire(1, &[0, 1], &[]).unwrap();
+                let p = s.acquire(1, &[0, 1], &[]).unwrap();
                 p.wait(0).unwrap();
                 p.wait(1).unwrap();
                 held_tx.send(()).unwrap();
@@ -686,7 +723,7 @@ mod tests {
             });
             held_rx.recv().unwrap();
             let waiter = sc.spawn(move || {
-                let mut p = s.acquire(1, &[4, 5], &[]).unwrap();
+                let p = s.acquire(1, &[4, 5], &[]).unwrap();
                 assert!(p.wait(4).unwrap().iter().all(|&b| b == 4));
                 assert!(p.wait(5).unwrap().iter().all(|&b| b == 5));
                 drop(p);
@@ -708,7 +745,7 @@ mod tests {
         s.enter();
         for e in [0, 1, 2, 4] {
             // settle the reads the failed attempts left in flight
-            if let Ok(mut p) = s.acquire(1, &[e], &[]) {
+            if let Ok(p) = s.acquire(1, &[e], &[]) {
                 p.wait(e).unwrap();
             }
         }

@@ -22,7 +22,9 @@ pub struct Stats {
     pub bytes_read: u64,
     /// Speculative (lookahead) reads issued.
     pub prefetch_issued: u64,
-    /// Seconds waiting for expert reads.
+    /// Seconds waiting for expert reads (while the expert lanes wait for
+    /// records in parallel, their average: the share of the wall time the
+    /// waits cost).
     pub io_seconds: f64,
     /// Seconds in the trunk outside attention (norms, dense FFN, router, shared experts, head).
     pub trunk_seconds: f64,
@@ -573,13 +575,15 @@ impl<'m> Session<'m> {
                 distinct.push(e as u32);
             }
         }
-        let mut experts = m.store.acquire(l as u32, &distinct, &repeats)?;
+        let experts = m.store.acquire(l as u32, &distinct, &repeats)?;
         // 3. the chunk's expert inputs (the latent down-projection for all tokens at once)
         if let Some(lt) = &w.latent {
             pool.matmat(&lt.down.view(), &self.chunk_ffn_in[..nt * h], nt, &mut self.lat_in[..nt * lat]);
         }
         // 4. per token: tables, then its experts (resident ones first), summed in ascending id
         let scr = self.ex_sc.as_mut().expect("expert scratch");
+        let kernel_lanes = scr.lanes.len().min(pool.threads()).max(1);
+        let mut overlapped = 0.0;
         for t in 0..nt {
             let x = match &w.latent {
                 Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
@@ -589,20 +593,18 @@ impl<'m> Session<'m> {
             kernel.prepare(pool, &w.books, x, scr);
             self.stats.expert_seconds += te.elapsed().as_secs_f64();
             let mine = &routes[t * k..(t + 1) * k];
-            // the resident ones together (each whole on a thread), then the
-            // others as their reads finish
-            let jobs: Vec<(&[u8], usize)> =
-                (0..k).filter_map(|i| experts.ready(mine[i].0 as u32).map(|r| (r, i))).collect();
-            let te = Instant::now();
-            kernel.forward_each(pool, &w.books, &jobs, x, scr, &mut self.eouts[..k * lat]);
-            self.stats.expert_seconds += te.elapsed().as_secs_f64();
-            let todo: Vec<usize> = (0..k).filter(|&i| !experts.is_ready(mine[i].0 as u32)).collect();
-            for i in todo {
-                let rec = experts.wait(mine[i].0 as u32)?;
-                let te = Instant::now();
-                kernel.forward(pool, &w.books, rec, x, scr, &mut self.eouts[i * lat..(i + 1) * lat]);
-                self.stats.expert_seconds += te.elapsed().as_secs_f64();
-            }
+            // the resident experts first, then the others in the order their
+            // reads were started; each lane takes the next one as it arrives
+            let mut order: Vec<usize> = (0..k).filter(|&i| experts.is_ready(mine[i].0 as u32)).collect();
+            order.extend((0..k).filter(|&i| !experts.is_ready(mine[i].0 as u32)));
+            let fetch = |j: usize| experts.wait(mine[order[j]].0 as u32);
+            let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
+            kernel.forward_fetched(pool, &w.books, &order, &fetch, x, scr, &mut self.eouts[..k * lat])?;
+            // waits overlap other lanes' compute: count their lane average as I/O wait
+            let (spent, waited) = (te.elapsed().as_secs_f64(), experts.traffic().io_seconds - io0);
+            let io_wall = (waited / kernel_lanes as f64).min(spent);
+            overlapped += waited - io_wall;
+            self.stats.expert_seconds += spent - io_wall;
             let sum = &mut self.lat_sum[t * lat..(t + 1) * lat];
             sum.fill(0.0);
             for (i, &(_, wgt)) in mine.iter().enumerate() {
@@ -632,7 +634,7 @@ impl<'m> Session<'m> {
         self.stats.experts_hit += traffic.hits;
         self.stats.experts_missed += traffic.misses;
         self.stats.bytes_read += traffic.bytes_read;
-        self.stats.io_seconds += traffic.io_seconds;
+        self.stats.io_seconds += traffic.io_seconds - overlapped;
         // 4. router lookahead from the last token: prefetch the next MoE layer's likely experts
         if m.opts.lookahead > 0 {
             if let Some(Ffn::Moe(next)) = m.layers.get(l + 1).map(|x| &x.ffn) {

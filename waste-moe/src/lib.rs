@@ -10,6 +10,8 @@
 //! reference defines one).
 #![deny(missing_docs)]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use waste_format::{Activation, ExpertFmt, RecordLayout};
 use waste_quant::ops::{sigmoid, silu, situ};
 use waste_quant::vq::{
@@ -319,30 +321,83 @@ impl ExpertKernel {
         sc: &mut ExpertScratch,
         outs: &mut [f32],
     ) {
+        let slots: Vec<usize> = jobs.iter().map(|j| j.1).collect();
+        let fetch = |j: usize| Ok::<_, std::convert::Infallible>(jobs[j].0);
+        let Ok(()) = self.forward_fetched(pool, books, &slots, &fetch, h, sc, outs);
+    }
+
+    /// [`ExpertKernel::forward_each`] for records that may still be on
+    /// their way: job `j` writes output slot `slots[j]`, its record is
+    /// `fetch(j)` (which may wait for a read, from any thread). Each lane
+    /// claims the next job as soon as it finishes one, so while one thread
+    /// waits for a read the others compute what has arrived; jobs are
+    /// claimed in the order given (put the resident ones first). Jobs beyond
+    /// a multiple of the lanes run afterwards one at a time across the pool.
+    /// Outputs are bit-identical to [`ExpertKernel::forward`] whatever
+    /// thread computes them.
+    ///
+    /// # Errors
+    /// The first error `fetch` returns; the jobs not yet claimed are skipped.
+    ///
+    /// # Panics
+    /// As [`ExpertKernel::forward_each`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_fetched<'r, E: Send>(
+        &self,
+        pool: &Pool,
+        books: &LayerBooks,
+        slots: &[usize],
+        fetch: &(dyn Fn(usize) -> Result<&'r [u8], E> + Sync),
+        h: &[f32],
+        sc: &mut ExpertScratch,
+        outs: &mut [f32],
+    ) -> Result<(), E> {
         let lat = self.lay.lat;
         let lanes = sc.lanes.len().min(pool.threads());
-        let whole = if lanes > 1 { jobs.len() / lanes * lanes } else { 0 };
-        for (i, (_, s)) in jobs.iter().enumerate() {
+        let whole = if lanes > 1 { slots.len() / lanes * lanes } else { 0 };
+        for (i, s) in slots.iter().enumerate() {
             assert!((s + 1) * lat <= outs.len(), "expert output slot {s} outside the buffer");
-            assert!(jobs[..i].iter().all(|j| j.1 != *s), "expert output slot {s} repeats");
+            assert!(!slots[..i].contains(s), "expert output slot {s} repeats");
         }
         if whole > 0 {
             let shared = Shared { t_gate: &sc.t_gate, t_up: &sc.t_up, p_gate: &sc.p_gate, p_up: &sc.p_up };
             let ls = SyncSlice::new(&mut sc.lanes[..lanes]);
             let os = SyncSlice::new(outs);
+            let next = AtomicUsize::new(0);
+            let failed = Mutex::new(None);
             pool.run(lanes, &|i| {
                 // SAFETY: task i alone uses lane i.
                 let lane = unsafe { &mut ls.range(i, i + 1)[0] };
-                for &(rec, slot) in jobs[..whole].iter().skip(i).step_by(lanes) {
-                    // SAFETY: the slots are distinct (asserted above), so are the outputs.
-                    let out = unsafe { os.range(slot * lat, (slot + 1) * lat) };
-                    self.run(None, pool.level(), books, rec, h, &shared, lane, out);
+                loop {
+                    let j = next.fetch_add(1, Ordering::Relaxed);
+                    if j >= whole {
+                        break;
+                    }
+                    match fetch(j) {
+                        Ok(rec) => {
+                            let s = slots[j];
+                            // SAFETY: the slots are distinct (asserted above), so are the outputs.
+                            let out = unsafe { os.range(s * lat, (s + 1) * lat) };
+                            self.run(None, pool.level(), books, rec, h, &shared, lane, out);
+                        }
+                        Err(e) => {
+                            // no lane claims another job
+                            next.store(usize::MAX / 2, Ordering::Relaxed);
+                            failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                            break;
+                        }
+                    }
                 }
             });
+            if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                return Err(e);
+            }
         }
-        for &(rec, slot) in &jobs[whole..] {
-            self.forward(pool, books, rec, h, sc, &mut outs[slot * lat..(slot + 1) * lat]);
+        for (j, &s) in slots.iter().enumerate().skip(whole) {
+            let rec = fetch(j)?;
+            self.forward(pool, books, rec, h, sc, &mut outs[s * lat..(s + 1) * lat]);
         }
+        Ok(())
     }
 
     /// One expert with `lane`'s buffers at `lv`, its rows split across
@@ -548,7 +603,38 @@ mod tests {
                     let (a, b) = (&want[e * hidden..(e + 1) * hidden], &got[(n - 1 - e) * hidden..(n - e) * hidden]);
                     prop_assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "expert {} level {:?}", e, lv);
                 }
+                // records "arriving" late and out of order, claimed by whichever lane is free
+                let slots: Vec<usize> = (0..n).map(|e| (e + 1) % n).collect();
+                let fetch = |j: usize| {
+                    if j.is_multiple_of(2) {
+                        std::thread::sleep(std::time::Duration::from_micros(200));
+                    }
+                    Ok::<_, ()>(&recs[j][..])
+                };
+                let mut got = vec![f32::NAN; n * hidden];
+                prop_assert!(kernel.forward_fetched(&pool, &books, &slots, &fetch, &h, &mut sc, &mut got).is_ok());
+                for e in 0..n {
+                    let s = (e + 1) % n;
+                    let (a, b) = (&want[e * hidden..(e + 1) * hidden], &got[s * hidden..(s + 1) * hidden]);
+                    prop_assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "fetched {} level {:?}", e, lv);
+                }
             }
+        }
+    }
+
+    /// A record that cannot be had stops the step with its error, in the
+    /// whole-per-thread part and in the remainder alike.
+    #[test]
+    fn a_failed_fetch_is_returned() {
+        let (kernel, books, recs, h) = experts(136, 72, 5, 7);
+        let pool = Pool::new(2);
+        let mut sc = kernel.scratch(2);
+        kernel.prepare(&pool, &books, &h, &mut sc);
+        let slots: Vec<usize> = (0..5).collect();
+        for bad in [1, 4] {
+            let fetch = |j: usize| if j == bad { Err(j) } else { Ok(&recs[j][..]) };
+            let mut out = vec![0f32; 5 * 136];
+            assert_eq!(kernel.forward_fetched(&pool, &books, &slots, &fetch, &h, &mut sc, &mut out), Err(bad));
         }
     }
 
