@@ -249,6 +249,10 @@ impl ExpertCache {
     pub fn huge_pages(&self) -> bool {
         self.arena.as_ref().is_some_and(|a| a.is_huge())
     }
+    /// The slots' memory (none in a simulation).
+    pub fn arena(&self) -> Option<&AlignedBuf> {
+        self.arena.as_ref()
+    }
     /// Bytes of the arena.
     pub fn arena_bytes(&self) -> usize {
         self.arena.as_ref().map_or(0, |a| a.capacity())

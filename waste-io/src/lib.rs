@@ -22,11 +22,13 @@
 mod buf;
 mod file;
 mod pool;
+mod prefault;
 mod probe;
 
 pub use buf::AlignedBuf;
 pub use file::DirectFile;
 pub use pool::{Priority, ReaderPool, Ticket};
+pub use prefault::Prefault;
 pub use probe::{probe_bandwidth, read_bandwidth, ProbeResult};
 
 use std::path::PathBuf;
