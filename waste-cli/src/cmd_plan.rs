@@ -202,6 +202,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "attention_ms_per_token": 1e3 * d.attn_seconds / n,
         "trunk_ms_per_token": 1e3 * d.trunk_seconds / n,
         "budget_bytes": model.budget(), "cache_slots": model.cache_slots(), "huge_pages": model.huge_pages(),
+        "prefaulted_bytes": model.prefaulted_bytes(),
         "threads": model.threads(), "io_threads": model.options().io_threads, "simd": model.simd().name(),
         "lookahead": model.options().lookahead, "readahead": model.options().readahead, "preloaded": model.preloaded(),
         "policy": model.options().policy.name(), "temperature": a.temp, "kda_chunked": model.options().kda_chunked,

@@ -411,6 +411,11 @@ impl Model {
     pub fn huge_pages(&self) -> bool {
         self.store.huge_pages()
     }
+    /// Bytes of the cache arena faulted in ahead of use so far (by the
+    /// store's idle-priority thread; 0 where the OS cannot).
+    pub fn prefaulted_bytes(&self) -> usize {
+        self.store.prefaulted_bytes()
+    }
     /// Records preloaded from the usage hotlist at open.
     pub fn preloaded(&self) -> usize {
         self.preloaded
