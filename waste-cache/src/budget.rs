@@ -259,11 +259,24 @@ pub fn parse_size(s: &str) -> Option<u64> {
 mod tests {
     use super::*;
 
-    fn tree(tag: &str) -> PathBuf {
+    /// A scratch directory removed when the test ends (passing or not).
+    struct Tree(PathBuf);
+    impl std::ops::Deref for Tree {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn tree(tag: &str) -> Tree {
         let d = std::env::temp_dir().join(format!("waste-cg-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
-        d
+        Tree(d)
     }
     fn put(p: &Path, s: &str) {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();

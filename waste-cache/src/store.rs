@@ -613,6 +613,7 @@ mod tests {
         }
         drop(f);
         let file = Arc::new(DirectFile::open(&p, false).unwrap());
+        let _ = std::fs::remove_file(&p); // the open file lives on; nothing stays in the temp dir
         let mut cache = ExpertCache::new(slots, REC, Policy::Eta, false);
         cache.set_layers(&[1], 2);
         ExpertStore::new(cache, 2, Fake { file, experts: 8 }, REC, readahead)

@@ -13,7 +13,9 @@ fn tokenizer() -> Tokenizer {
     let dir = std::env::temp_dir().join(format!("waste-grammar-tok-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     waste_synth::write_byte_tokenizer(&dir, 320).unwrap();
-    Tokenizer::from_container_dir(&dir).unwrap()
+    let t = Tokenizer::from_container_dir(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(&dir); // read into memory: nothing stays in the temp dir
+    t
 }
 
 struct Rng(u64);
