@@ -2,7 +2,7 @@
 
 use crate::eta::Eta;
 use std::collections::HashMap;
-use waste_io::{AlignedBuf, Ticket};
+use waste_io::{AlignedBuf, Prefault, Ticket};
 
 /// `(layer, expert)`.
 pub type Key = (u32, u32);
@@ -182,6 +182,9 @@ pub const VICTIM_SAMPLE: usize = 16;
 
 /// The cache.
 pub struct ExpertCache {
+    /// Faults the arena in ahead of use ([`ExpertCache::start_prefault`]);
+    /// declared before `arena` so it is dropped (stopped, joined) first.
+    prefault: Option<Prefault>,
     arena: Option<AlignedBuf>,
     slot_bytes: usize,
     slots: Vec<Slot>,
@@ -207,6 +210,7 @@ impl ExpertCache {
     pub fn new(slots: usize, slot_bytes: usize, policy: Policy, huge: bool) -> ExpertCache {
         let arena = (slot_bytes > 0 && slots > 0).then(|| AlignedBuf::new(slots * slot_bytes, huge));
         ExpertCache {
+            prefault: None,
             arena,
             slot_bytes,
             slots: (0..slots)
@@ -249,9 +253,22 @@ impl ExpertCache {
     pub fn huge_pages(&self) -> bool {
         self.arena.as_ref().is_some_and(|a| a.is_huge())
     }
-    /// The slots' memory (none in a simulation).
-    pub fn arena(&self) -> Option<&AlignedBuf> {
-        self.arena.as_ref()
+    /// Start faulting the arena's pages in ahead of their first read, on a
+    /// thread of the idle scheduling class, first slot first (the order
+    /// free slots are handed out): the OS's zeroing of fresh pages then
+    /// stays out of the reads' latency ([`waste_io::Prefault`]). Nothing
+    /// where the OS cannot, in a simulation, or when already started.
+    pub fn start_prefault(&mut self) {
+        if self.prefault.is_none() {
+            // SAFETY: the arena is owned by this cache and never moves (a
+            // mapping); `prefault` is declared before `arena`, so it is
+            // dropped — its thread stopped and joined — first.
+            self.prefault = self.arena.as_ref().and_then(|a| unsafe { Prefault::start(a) });
+        }
+    }
+    /// Bytes of the arena faulted in ahead of use so far.
+    pub fn prefaulted_bytes(&self) -> usize {
+        self.prefault.as_ref().map_or(0, |p| p.done())
     }
     /// Bytes of the arena.
     pub fn arena_bytes(&self) -> usize {

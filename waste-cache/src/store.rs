@@ -18,7 +18,7 @@ use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use waste_io::{DirectFile, Prefault, Priority, ReaderPool};
+use waste_io::{DirectFile, Priority, ReaderPool};
 
 /// Where the expert records live and how to check one: the model's side of
 /// the store.
@@ -64,10 +64,6 @@ impl std::ops::AddAssign for Traffic {
 
 /// The store: the cache, its readers and the record source.
 pub struct ExpertStore<S: RecordSource> {
-    /// Faults the cache's slots in ahead of their first read, at idle
-    /// priority (first field: dropped, so stopped and joined, before the
-    /// cache and its arena).
-    prefault: Option<Prefault>,
     cache: Mutex<ExpertCache>,
     /// Signalled whenever an in-flight read settles (Ready or Failed).
     settled: Condvar,
@@ -85,18 +81,8 @@ impl<S: RecordSource> ExpertStore<S> {
     /// `io_threads` reader threads. With `readahead`, every missing expert
     /// of a layer is read at once in the background; without, each is read
     /// when first needed, by the session that needs it.
-    ///
-    /// A background thread of the idle scheduling class faults the slots'
-    /// pages in, first slot first (the order the cache fills them), so the
-    /// OS's zeroing of fresh pages is not paid by a read's latency
-    /// ([`waste_io::Prefault`]).
     pub fn new(cache: ExpertCache, io_threads: usize, source: S, rec_bytes: usize, readahead: bool) -> Self {
-        // SAFETY: the arena lives in `cache`, owned by the store, and never
-        // moves (a mapping); `prefault` is the store's first field, so it is
-        // dropped — its thread stopped and joined — before the cache.
-        let prefault = cache.arena().and_then(|a| unsafe { Prefault::start(a) });
         ExpertStore {
-            prefault,
             cache: Mutex::new(cache),
             settled: Condvar::new(),
             readers: ReaderPool::new(io_threads),
@@ -108,10 +94,10 @@ impl<S: RecordSource> ExpertStore<S> {
         }
     }
 
-    /// Bytes of the cache's arena faulted in ahead of use so far (0 where
-    /// the OS cannot, [`waste_io::Prefault`]).
+    /// Bytes of the cache's arena faulted in ahead of use so far
+    /// ([`ExpertCache::start_prefault`]).
     pub fn prefaulted_bytes(&self) -> usize {
-        self.prefault.as_ref().map_or(0, |p| p.done())
+        self.cache.lock().prefaulted_bytes()
     }
 
     /// The record source.

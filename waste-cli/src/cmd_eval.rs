@@ -38,6 +38,10 @@ pub struct EngineArgs {
     /// Do not ask for 2 MiB huge pages for the cache.
     #[arg(long)]
     pub no_huge_pages: bool,
+    /// Do not fault the cache's memory in ahead of use (pages then arrive
+    /// with the first read into each slot, which pays the OS's zeroing).
+    #[arg(long)]
+    pub no_prefault: bool,
     /// Check every expert record's CRC when read.
     #[arg(long)]
     pub verify: bool,
@@ -134,6 +138,7 @@ impl EngineArgs {
             readahead: !self.no_readahead,
             lookahead: self.lookahead,
             huge_pages: !self.no_huge_pages,
+            prefault: !self.no_prefault,
             max_chunk: self.chunk,
             kda_chunked: self.kda_chunked,
             usage: self.usage.clone(),

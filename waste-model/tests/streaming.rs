@@ -46,6 +46,11 @@ fn every_placement_gives_bit_identical_logits() {
         let variants = vec![
             ("cache +6 records", ModelOptions { budget: plan.floor_bytes + 6 * rec, ..base.clone() }),
             ("whole model cached", ModelOptions { budget: plan.floor_bytes + 200 * rec, ..base.clone() }),
+            // the arena (≥ 1 MiB here) is faulted in while reads land in it, or not at all
+            (
+                "whole model cached, no prefault",
+                ModelOptions { prefault: false, budget: plan.floor_bytes + 200 * rec, ..base.clone() },
+            ),
             ("read-ahead off", ModelOptions { readahead: false, budget: plan.floor_bytes + 6 * rec, ..base.clone() }),
             ("lookahead 2", ModelOptions { lookahead: 2, budget: plan.floor_bytes + 6 * rec, ..base.clone() }),
             ("lookahead top-k, tiny cache", ModelOptions { lookahead: 2, ..base.clone() }),
