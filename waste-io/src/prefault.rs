@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 const STEP: usize = crate::HUGE_PAGE;
 
 /// The background thread faulting a buffer in, front to back. Dropping it
-/// stops the thread (within one [`STEP`]) and joins it.
+/// stops the thread (within one 2 MiB step) and joins it.
 pub struct Prefault {
     stop: Arc<AtomicBool>,
     done: Arc<AtomicUsize>,
