@@ -456,18 +456,6 @@ impl<S: RecordSource> Pinned<'_, S> {
     pub fn is_ready(&self, expert: u32) -> bool {
         self.slots.iter().any(|x| x.0 == expert && x.2.load(Ordering::Acquire))
     }
-    /// `expert`'s record when it is known to be in memory
-    /// ([`Pinned::is_ready`]), without waiting; unlike [`Pinned::wait`]
-    /// several can be held at once (to compute those experts together).
-    pub fn ready(&self, expert: u32) -> Option<&[u8]> {
-        let &(_, slot, _) = self.slots.iter().find(|x| x.0 == expert && x.2.load(Ordering::Acquire))?;
-        let ptr = self.store.cache.lock().slot_ptr(slot);
-        // SAFETY: the slot is Ready (known at acquire or by an earlier wait)
-        // and pinned by this guard: it is neither evicted nor written until
-        // the guard unpins it (release/drop), which needs the guard by
-        // value — so not while this shared borrow lives.
-        Some(unsafe { std::slice::from_raw_parts(ptr as *const u8, self.store.rec_bytes) })
-    }
     /// What acquiring and waiting have cost so far.
     pub fn traffic(&self) -> Traffic {
         *self.traffic.lock()

@@ -582,7 +582,7 @@ impl<'m> Session<'m> {
         }
         // 4. per token: tables, then its experts (resident ones first), summed in ascending id
         let scr = self.ex_sc.as_mut().expect("expert scratch");
-        let kernel_lanes = scr.lanes.len().min(pool.threads()).max(1);
+        let kernel_lanes = waste_moe::lanes_in_use(scr, pool);
         let mut overlapped = 0.0;
         for t in 0..nt {
             let x = match &w.latent {
@@ -595,8 +595,9 @@ impl<'m> Session<'m> {
             let mine = &routes[t * k..(t + 1) * k];
             // the resident experts first, then the others in the order their
             // reads were started; each lane takes the next one as it arrives
-            let mut order: Vec<usize> = (0..k).filter(|&i| experts.is_ready(mine[i].0 as u32)).collect();
-            order.extend((0..k).filter(|&i| !experts.is_ready(mine[i].0 as u32)));
+            let (mut order, arriving): (Vec<usize>, Vec<usize>) =
+                (0..k).partition(|&i| experts.is_ready(mine[i].0 as u32));
+            order.extend(arriving);
             let fetch = |j: usize| experts.wait(mine[order[j]].0 as u32);
             let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
             kernel.forward_fetched(pool, &w.books, &order, &fetch, x, scr, &mut self.eouts[..k * lat])?;

@@ -210,6 +210,13 @@ pub fn lanes_for(threads: usize, top_k: usize) -> usize {
     threads.min(top_k).max(1)
 }
 
+/// How many experts [`ExpertKernel::forward_fetched`] computes at once on
+/// `pool` with scratch `sc`: its lanes, at most the pool's threads (one
+/// means experts run one at a time, rows split).
+pub fn lanes_in_use(sc: &ExpertScratch, pool: &Pool) -> usize {
+    sc.lanes.len().min(pool.threads()).max(1)
+}
+
 impl ExpertKernel {
     fn vq(&self, rows: usize, cols: usize) -> VqLayout {
         let q = self.lay.quant;
@@ -353,7 +360,7 @@ impl ExpertKernel {
         outs: &mut [f32],
     ) -> Result<(), E> {
         let lat = self.lay.lat;
-        let lanes = sc.lanes.len().min(pool.threads());
+        let lanes = lanes_in_use(sc, pool);
         let whole = if lanes > 1 { slots.len() / lanes * lanes } else { 0 };
         for (i, s) in slots.iter().enumerate() {
             assert!((s + 1) * lat <= outs.len(), "expert output slot {s} outside the buffer");
