@@ -261,7 +261,7 @@ fn set_last(msg: &str) {
 fn fail(e: engine::Error) -> Fail {
     let s = match &e {
         engine::Error::Io(_) => WASTE_E_IO,
-        engine::Error::Format(_) => WASTE_E_FORMAT,
+        engine::Error::Format(_) | engine::Error::NonFinite { .. } => WASTE_E_FORMAT,
         engine::Error::Budget { .. } => WASTE_E_BUDGET,
         engine::Error::Oom(_) => WASTE_E_OOM,
         engine::Error::Arg(_) => WASTE_E_ARG,

@@ -30,7 +30,8 @@ impl Codebooks {
     /// Parse and validate the whole file's bytes.
     ///
     /// # Errors
-    /// [`Error::Codebook`] for a length that is not whole records, or a record whose header or size is wrong.
+    /// [`Error::Codebook`] for a length that is not whole records, a record
+    /// whose header or size is wrong, or an entry that is not finite.
     pub fn parse(bytes: &[u8], q: &ExpertQuant) -> Result<Codebooks> {
         let rl = Self::record_len(q);
         if !bytes.len().is_multiple_of(rl) {
@@ -61,7 +62,17 @@ impl Codebooks {
                     q.entries
                 ));
             }
+            let at = data.len();
             data.extend(rec[CODEBOOK_HEADER_LEN..].chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])));
+            // an infinite or NaN entry would make every lookup of it NaN
+            if let Some(i) = data[at..].iter().position(|&h| h & 0x7C00 == 0x7C00) {
+                return err(format!(
+                    "entry {} (element {}) is not finite (f16 0x{:04x})",
+                    i / q.vec_dim,
+                    i % q.vec_dim,
+                    data[at + i]
+                ));
+            }
         }
         Ok(Codebooks { count, entries: q.entries, vec_dim: q.vec_dim, data })
     }

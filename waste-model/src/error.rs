@@ -58,6 +58,19 @@ pub enum Error {
     /// malformed (the message names which).
     #[error(transparent)]
     Vision(#[from] waste_vision::Error),
+    /// The model computed a non-finite logit (infinite or NaN): weights
+    /// that load as finite but overflow, or damage no load-time check sees.
+    /// Returned instead of sampling from garbage; the session's state holds
+    /// the same values, so it must be reset before further use.
+    #[error("the model computed a non-finite logit (token {token}: {value}) at position {pos}: the container's weights are damaged or overflow; reset the session")]
+    NonFinite {
+        /// Position of the token whose logits these are.
+        pos: usize,
+        /// The first non-finite logit's token id.
+        token: usize,
+        /// Its value.
+        value: f32,
+    },
     /// An allocation failed.
     #[error("out of memory: {0}")]
     Oom(String),

@@ -266,7 +266,8 @@ impl<'m> Session<'m> {
     /// [`Error::Arg`] for no tokens, an id outside the vocabulary, or more
     /// placeholders than queued images; [`Error::ContextFull`] when the
     /// positions do not fit (checked before any state changes); the engine's
-    /// I/O, record and cache errors.
+    /// I/O, record and cache errors; [`Error::NonFinite`] when the logits
+    /// are not all finite (damaged or overflowing weights).
     pub fn eval(&mut self, tokens: &[u32]) -> Result<&[f32]> {
         self.eval_inner(tokens, true)
     }
@@ -537,6 +538,13 @@ impl<'m> Session<'m> {
             - (self.stats.expert_seconds - ex0)
             - (self.stats.attn_seconds - at0);
         self.stats.trunk_seconds += spent;
+        // garbage in the weights ends here as an error, not as sampled text
+        // (a branch-free pass first: it vectorizes; the position only on failure)
+        let exp = 0x7F80_0000;
+        if want_logits && self.logits.iter().fold(false, |bad, v| bad | (v.to_bits() & exp == exp)) {
+            let token = self.logits.iter().position(|v| !v.is_finite()).unwrap_or(0);
+            return Err(Error::NonFinite { pos: self.pos - 1, token, value: self.logits[token] });
+        }
         Ok(())
     }
 

@@ -222,3 +222,80 @@ fn not_json() {
     std::fs::write(d.join("manifest.json"), b"{\"format_version\": 0, \"trunk\": [").unwrap();
     open_err(&d, &["manifest.json", "invalid JSON"]);
 }
+
+/// Byte offset and element count of a trunk tensor's payload, or of its
+/// scales (`scales`), from the manifest.
+fn trunk_span(dir: &Path, name: &str, scales: bool) -> (usize, usize) {
+    let m: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let t = m["trunk"].as_array().unwrap().iter().find(|t| t["name"] == name).expect("tensor in the manifest");
+    let key = if scales { "scale_off" } else { "off" };
+    let elems: u64 = t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).product();
+    (t[key].as_u64().unwrap() as usize, elems as usize)
+}
+
+/// Overwrite little-endian f32s at byte `off` of a file.
+fn put_f32s(path: &Path, off: usize, vals: &[f32]) {
+    let mut b = std::fs::read(path).unwrap();
+    for (i, v) in vals.iter().enumerate() {
+        b[off + 4 * i..off + 4 * i + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(path, b).unwrap();
+}
+
+fn model_err(dir: &Path, needles: &[&str]) {
+    let opts = waste_model::ModelOptions { ctx: 64, threads: 1, ..Default::default() };
+    let e = waste_model::Model::open(dir, opts).err().expect("damaged container opened").to_string();
+    for n in needles {
+        assert!(e.contains(n), "error {e:?} lacks {n:?}");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn non_finite_trunk_scale_names_the_tensor_at_open() {
+    let d = copy("nanscale");
+    let (off, _) = trunk_span(&d, "model.layers.1.self_attn.o_proj.weight", true);
+    // row 1's only group: an f16 NaN
+    poke(&d.join("trunk.bin"), off + 3, |b| *b = 0x7e);
+    poke(&d.join("trunk.bin"), off + 2, |b| *b = 0x00);
+    model_err(&d, &["model.layers.1.self_attn.o_proj.weight", "scale group 0 of row 1 is not finite", "0x7e00"]);
+}
+
+#[test]
+fn infinite_f32_weight_names_the_tensor_at_open() {
+    let d = copy("inff32");
+    let (off, _) = trunk_span(&d, "model.layers.0.input_layernorm.weight", false);
+    put_f32s(&d.join("trunk.bin"), off + 4 * 5, &[f32::NEG_INFINITY]);
+    model_err(&d, &["model.layers.0.input_layernorm.weight", "column 5 of row 0 is not finite"]);
+}
+
+#[test]
+fn non_finite_codebook_entry_names_the_codebook() {
+    let d = copy("nancb");
+    // codebook 2, entry 7, element 3 (16-byte header, 8 f16 per entry): +inf
+    let at = 4112 * 2 + 16 + (7 * 8 + 3) * 2;
+    poke(&d.join("codebooks.bin"), at, |b| *b = 0x00);
+    poke(&d.join("codebooks.bin"), at + 1, |b| *b = 0x7c);
+    open_err(&d, &["codebook 2", "entry 7 (element 3) is not finite", "0x7c00"]);
+}
+
+/// Weights that load (every value finite) but overflow: the final norm at
+/// f32's largest value sends the head's sums past it. The session returns
+/// an error naming the position instead of sampling from NaN logits (which
+/// would have printed token 0 over and over with a zero exit status).
+#[test]
+fn overflowing_weights_are_an_error_not_text() {
+    let d = copy("overflow");
+    let (off, n) = trunk_span(&d, "model.norm.weight", false);
+    put_f32s(&d.join("trunk.bin"), off, &vec![f32::MAX; n]);
+    let m = waste_model::Model::open(&d, waste_model::ModelOptions { ctx: 64, threads: 1, ..Default::default() })
+        .expect("finite weights load");
+    let mut s = m.session();
+    match s.eval(&[1, 2, 3]) {
+        Err(waste_model::Error::NonFinite { pos, .. }) => assert_eq!(pos, 2),
+        other => panic!("expected a non-finite error, got {:?}", other.map(|l| l.len())),
+    }
+    drop(s);
+    drop(m);
+    std::fs::remove_dir_all(&d).ok();
+}

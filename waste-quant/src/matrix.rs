@@ -343,7 +343,11 @@ impl Matrix {
     /// Build from stored bytes: payload and raw f16 scale bytes.
     ///
     /// # Errors
-    /// [`ShapeError`] when the payload or scales are shorter than the shape needs.
+    /// [`ShapeError`] when the payload or scales are shorter than the shape
+    /// needs, or a stored value is not finite (an f16 scale, or an F32 /
+    /// F16 / BF16 weight, that is infinite or NaN): such a matrix would turn
+    /// every activation it touches into NaN, so it is refused where it is
+    /// loaded, naming the element, not found later as wrong text.
     pub fn from_stored(
         fmt: Fmt,
         rows: usize,
@@ -352,10 +356,42 @@ impl Matrix {
         data: Vec<u8>,
         scale_bytes: &[u8],
     ) -> Result<Matrix, ShapeError> {
-        let scales = scale_bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+        let scales: Vec<u16> = scale_bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
         let m = Matrix { fmt, rows, cols, group, data, scales };
         m.view_checked()?;
+        m.check_finite()?;
         Ok(m)
+    }
+    /// The first non-finite stored value, as an error naming it.
+    fn check_finite(&self) -> Result<(), ShapeError> {
+        // f16 and bf16 are non-finite when their exponent bits are all ones
+        let half_bad = |h: u16, exp: u16| h & exp == exp;
+        let v = self.view();
+        let bad = |what: &str, row: usize, at: usize, bits: String| {
+            Err(ShapeError(format!("{what} {at} of row {row} is not finite ({bits}): the tensor is damaged")))
+        };
+        let used = &self.scales[..v.rows * v.groups()];
+        if let Some(i) = used.iter().position(|&h| half_bad(h, 0x7C00)) {
+            return bad("scale group", i / v.groups(), i % v.groups(), format!("f16 0x{:04x}", used[i]));
+        }
+        let data = &self.data[..v.rows * v.row_bytes()];
+        match self.fmt {
+            Fmt::F32 => {
+                let words = data.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                if let Some((i, w)) = words.enumerate().find(|(_, w)| w & 0x7F80_0000 == 0x7F80_0000) {
+                    return bad("column", i / v.cols, i % v.cols, format!("f32 0x{w:08x}"));
+                }
+            }
+            Fmt::F16 | Fmt::Bf16 => {
+                let exp = if self.fmt == Fmt::F16 { 0x7C00 } else { 0x7F80 };
+                let halves = data.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
+                if let Some((i, h)) = halves.enumerate().find(|&(_, h)| half_bad(h, exp)) {
+                    return bad("column", i / v.cols, i % v.cols, format!("{} 0x{h:04x}", self.fmt.name()));
+                }
+            }
+            Fmt::Q8G | Fmt::Q4G => {}
+        }
+        Ok(())
     }
     fn view_checked(&self) -> Result<MatRef<'_>, ShapeError> {
         MatRef::new(self.fmt, self.rows, self.cols, self.group, &self.data, &self.scales)
@@ -457,6 +493,45 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Infinite or NaN stored values are refused where the matrix is built,
+    /// naming the row and the group or column; every finite value —
+    /// subnormals, the largest, negative zero — is accepted.
+    #[test]
+    fn non_finite_stored_values_are_refused_naming_where() {
+        let h = |v: u16| v.to_le_bytes();
+        let (rows, cols, g) = (2usize, 8usize, 4usize);
+        let q8 = vec![1u8; rows * cols];
+        let finite = [0x0001u16, 0x7BFF, 0x8000, 0x3C00];
+        let ok: Vec<u8> = finite.iter().flat_map(|&v| h(v)).collect();
+        assert!(Matrix::from_stored(Fmt::Q8G, rows, cols, g, q8.clone(), &ok).is_ok());
+        for (bits, at) in [(0x7C00u16, 3usize), (0xFC00, 0), (0x7E00, 2), (0x7C01, 1)] {
+            let mut sc = ok.clone();
+            sc[2 * at..2 * at + 2].copy_from_slice(&h(bits));
+            let e = Matrix::from_stored(Fmt::Q8G, rows, cols, g, q8.clone(), &sc).unwrap_err().0;
+            let want = format!("scale group {} of row {} is not finite (f16 0x{bits:04x})", at % 2, at / 2);
+            assert!(e.contains(&want), "{e:?} lacks {want:?}");
+        }
+        // a longer scale run than the shape uses is not looked at
+        let mut long = ok.clone();
+        long.extend(h(0x7C00));
+        assert!(Matrix::from_stored(Fmt::Q8G, rows, cols, g, q8, &long).is_ok());
+        let f32s: Vec<u8> = (0..rows * cols).flat_map(|i| (i as f32 - 3.5).to_le_bytes()).collect();
+        assert!(Matrix::from_stored(Fmt::F32, rows, cols, 0, f32s.clone(), &[]).is_ok());
+        for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+            let mut d = f32s.clone();
+            d[4 * 13..4 * 14].copy_from_slice(&bad.to_le_bytes());
+            let e = Matrix::from_stored(Fmt::F32, rows, cols, 0, d, &[]).unwrap_err().0;
+            assert!(e.contains("column 5 of row 1 is not finite"), "{e:?}");
+        }
+        for (fmt, inf) in [(Fmt::F16, 0x7C00u16), (Fmt::Bf16, 0x7F80)] {
+            let mut d: Vec<u8> = (0..rows * cols).flat_map(|_| h(0x3C00)).collect();
+            assert!(Matrix::from_stored(fmt, rows, cols, 0, d.clone(), &[]).is_ok());
+            d[2 * 2..2 * 3].copy_from_slice(&h(inf | 1));
+            let e = Matrix::from_stored(fmt, rows, cols, 0, d, &[]).unwrap_err().0;
+            assert!(e.contains("column 2 of row 0 is not finite"), "{fmt:?}: {e:?}");
         }
     }
 }
