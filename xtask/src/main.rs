@@ -269,6 +269,7 @@ fn check(quick: bool) -> Result<()> {
     // a line here; they are listed at the end, never counted as passes
     let skip_log = std::env::temp_dir().join(format!("waste-skips-{}.txt", std::process::id()));
     std::fs::write(&skip_log, "")?;
+    let _gone = RemoveOnDrop(skip_log.clone());
     // rebuild first: stale binaries must not be tested
     run(Command::new(&cargo).current_dir(&root).args(["build", "--workspace", "--all-targets", "--release"]))?;
     run(Command::new(&cargo).current_dir(&root).env("WASTE_SKIP_LOG", &skip_log).args([
@@ -278,13 +279,13 @@ fn check(quick: bool) -> Result<()> {
         "--no-fail-fast",
     ]))?;
     let mut skips: Vec<String> = std::fs::read_to_string(&skip_log)?.lines().map(str::to_owned).collect();
-    std::fs::remove_file(&skip_log).ok();
     skips.sort();
     skips.dedup();
     cross(&root, &cargo, &mut skips)?;
     if !quick {
         // the README's main job, end to end on a fresh synthetic model
         let tmp = std::env::temp_dir().join(format!("waste-check-{}", std::process::id()));
+        let _gone = RemoveOnDrop(tmp.clone());
         let waste = root.join("target/release/waste");
         run(Command::new(&cargo)
             .current_dir(&root)
@@ -293,7 +294,6 @@ fn check(quick: bool) -> Result<()> {
         run(Command::new(&waste).arg("info").arg(&tmp))?;
         run(Command::new(&waste).arg("verify").arg(&tmp))?;
         run(Command::new(&waste).arg("run").arg(&tmp).args(["hello", "-n", "16"]))?;
-        std::fs::remove_dir_all(&tmp).ok();
         openai_client_test(&root, &waste, &mut skips)?;
     }
     if skips.is_empty() {
@@ -319,6 +319,19 @@ fn works(cmd: &mut Command) -> bool {
         .status()
         .map(|s| s.success())
         .unwrap_or(false)
+}
+
+/// A temporary file or directory removed when the check ends, failed or not.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if self.0.is_dir() {
+            std::fs::remove_dir_all(&self.0).ok();
+        } else {
+            std::fs::remove_file(&self.0).ok();
+        }
+    }
 }
 
 /// The aarch64 checks: the whole workspace type-checks for macOS and Linux
