@@ -266,6 +266,13 @@ impl ExpertCache {
             self.prefault = self.arena.as_ref().and_then(|a| unsafe { Prefault::start(a) });
         }
     }
+    /// Hold (`true`) or let go on (`false`) the prefault, if one runs
+    /// ([`waste_io::Prefault::pause`]): a memory-bandwidth probe holds it.
+    pub fn pause_prefault(&self, on: bool) {
+        if let Some(p) = &self.prefault {
+            p.pause(on);
+        }
+    }
     /// Bytes of the arena faulted in ahead of use so far.
     pub fn prefaulted_bytes(&self) -> usize {
         self.prefault.as_ref().map_or(0, |p| p.done())

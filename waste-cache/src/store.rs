@@ -97,6 +97,11 @@ impl<S: RecordSource> ExpertStore<S> {
         }
     }
 
+    /// Hold or let go on the cache's prefault ([`ExpertCache::pause_prefault`]).
+    pub fn pause_prefault(&self, on: bool) {
+        self.cache.lock().pause_prefault(on)
+    }
+
     /// Bytes of the cache's arena faulted in ahead of use so far
     /// ([`ExpertCache::start_prefault`]).
     pub fn prefaulted_bytes(&self) -> usize {

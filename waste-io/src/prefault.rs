@@ -20,11 +20,14 @@ use std::thread::JoinHandle;
 
 /// Bytes faulted in per call (a huge page: the stop flag is seen between calls).
 const STEP: usize = crate::HUGE_PAGE;
+/// How often a paused prefault looks whether to go on.
+const PAUSE_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// The background thread faulting a buffer in, front to back. Dropping it
 /// stops the thread (within one 2 MiB step) and joins it.
 pub struct Prefault {
     stop: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
     done: Arc<AtomicUsize>,
     handle: Option<JoinHandle<()>>,
 }
@@ -44,14 +47,20 @@ impl Prefault {
         }
         let (base, len) = (buf.as_ptr() as usize, buf.capacity());
         let stop = Arc::new(AtomicBool::new(false));
+        let paused = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicUsize::new(0));
-        let (s, d) = (stop.clone(), done.clone());
+        let (s, p, d) = (stop.clone(), paused.clone(), done.clone());
         let handle = std::thread::Builder::new()
             .name("waste-prefault".into())
             .spawn(move || {
                 idle_priority();
                 let mut off = 0;
                 while off < len && !s.load(Ordering::Relaxed) {
+                    if p.load(Ordering::Relaxed) {
+                        // paused: wake now and then to see whether to go on
+                        std::thread::park_timeout(PAUSE_POLL);
+                        continue;
+                    }
                     let n = STEP.min(len - off);
                     // SAFETY: [base + off, base + off + n) lies in the buffer,
                     // alive until the guard joins this thread (the caller's contract).
@@ -63,7 +72,19 @@ impl Prefault {
                 }
             })
             .ok()?;
-        Some(Prefault { stop, done, handle: Some(handle) })
+        Some(Prefault { stop, paused, done, handle: Some(handle) })
+    }
+
+    /// Hold the faulting (`true`) or let it go on (`false`). While it runs,
+    /// this VM's page zeroing takes memory bandwidth from everything else —
+    /// a bandwidth probe pauses it (it stops within one step, 2 MiB).
+    pub fn pause(&self, on: bool) {
+        self.paused.store(on, Ordering::Relaxed);
+        if !on {
+            if let Some(h) = &self.handle {
+                h.thread().unpark();
+            }
+        }
     }
 
     /// Bytes from the buffer's start faulted in so far.
@@ -74,6 +95,7 @@ impl Prefault {
     /// Wait until the whole buffer is faulted in (or the OS refused);
     /// returns the bytes done.
     pub fn finish(mut self) -> usize {
+        self.pause(false);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
@@ -173,5 +195,27 @@ mod tests {
         let p = unsafe { Prefault::start(&big) };
         drop(p); // joins; the buffer stays valid and zeroed
         assert!(big.iter().step_by(4096).all(|&x| x == 0));
+    }
+
+    /// A paused prefault stops advancing (within one step) and goes on when
+    /// let go; `finish` lets a paused one go on rather than wait forever.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_paused_prefault_stops_advancing_and_finishes_when_let_go() {
+        let b = AlignedBuf::new(256 << 20, false);
+        // SAFETY: `b` outlives the guard (finish joins the thread).
+        let p = unsafe { Prefault::start(&b) }.expect("a lazy mapping on Linux");
+        p.pause(true);
+        // the step in flight when the pause came ends, then nothing moves
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let held = p.done();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(p.done(), held, "advanced while paused");
+        if held == b.capacity() {
+            eprintln!("note: the whole buffer was faulted in before the pause");
+        }
+        assert!(held <= b.capacity());
+        let done = p.finish();
+        assert!(done == b.capacity() || done == 0, "finish stopped at {done}");
     }
 }
