@@ -175,7 +175,8 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let n = steps.max(1) as f64;
     let d = st - st0;
     let (hit, miss) = (d.experts_hit, d.experts_missed);
-    let hit_rate = if hit + miss > 0 { hit as f64 / (hit + miss) as f64 } else { 0.0 };
+    let rate = |hit: u64, miss: u64| if hit + miss > 0 { hit as f64 / (hit + miss) as f64 } else { 0.0 };
+    let hit_rate = rate(hit, miss);
     let bytes = d.bytes_read + (cs.prefetch_issued - cs0.prefetch_issued) * model.plan().record_bytes;
     // the roofline: the slower of the disk (bytes read) and memory (bytes a
     // token touches: the trunk, every expert it uses, the attention state)
@@ -188,8 +189,26 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let roofline_ms = disk_ms.max(mem_ms);
     let ms_per_token = 1e3 * dec_s / n;
     let roofline_share = if ms_per_token > 0.0 { roofline_ms / ms_per_token } else { 0.0 };
-    let v = json!({
-        "open_seconds": open_s, "prefill_ms_per_token": 1e3 * prefill_s / prompt.len() as f64,
+    // the prefill's own roofline: what it read (misses and prefetches), and
+    // what it touched — the trunk once a chunk, each chunk's distinct
+    // experts once (the engine's unit of reuse), the state once a chunk
+    let p_len = prompt.len() as f64;
+    let p_bytes = st0.bytes_read + st0.prefetch_issued * plan.record_bytes;
+    let chunks = prompt.len().div_ceil(s.chunk_len().max(1)) as f64;
+    let p_touched = chunks * (plan.trunk_bytes + plan.state_bytes) as f64
+        + (st0.experts_hit + st0.experts_missed) as f64 * plan.record_bytes as f64;
+    let p_disk_ms = disk_gbps.map_or(0.0, |g| p_bytes as f64 / p_len / (g * 1e9) * 1e3);
+    let p_mem_ms = if mem_n > 0.0 { p_touched / p_len / (mem_n * 1e9) * 1e3 } else { 0.0 };
+    let p_roof_ms = p_disk_ms.max(p_mem_ms);
+    let p_ms = 1e3 * prefill_s / p_len;
+    let p_share = if p_ms > 0.0 { p_roof_ms / p_ms } else { 0.0 };
+    let prefill = json!({
+        "prefill_roofline_ms_per_token": p_roof_ms, "prefill_roofline_share": p_share,
+        "prefill_roofline_disk_ms_per_token": p_disk_ms, "prefill_roofline_memory_ms_per_token": p_mem_ms,
+        "prefill_bytes_read": p_bytes, "prefill_hit_rate": rate(st0.experts_hit, st0.experts_missed),
+    });
+    let mut v = json!({
+        "open_seconds": open_s, "prefill_ms_per_token": p_ms,
         "roofline_ms_per_token": roofline_ms, "roofline_share": roofline_share,
         "roofline_disk_ms_per_token": disk_ms, "roofline_memory_ms_per_token": mem_ms,
         "bytes_touched_per_token": touched, "disk_gbps": disk_gbps, "memory_gbps_1_thread": mem1, "memory_gbps": mem_n,
@@ -207,6 +226,9 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "lookahead": model.options().lookahead, "readahead": model.options().readahead, "preloaded": model.preloaded(),
         "policy": model.options().policy.name(), "temperature": a.temp, "kda_chunked": model.options().kda_chunked,
     });
+    if let (Some(o), Some(p)) = (v.as_object_mut(), prefill.as_object()) {
+        o.extend(p.clone());
+    }
     if a.json {
         print_json(&v)?;
     } else {
@@ -224,10 +246,15 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
             model.simd().name()
         );
         outln!(
-            "prefill: {} tokens in {:.2} s ({:.2} tok/s); cache {} slots, budget {} bytes",
+            "prefill: {} tokens in {:.2} s ({:.2} tok/s, {:.1} ms/token, {:.0}% of its roofline: disk {:.1} ms for {:.1} MB read, memory {:.1} ms); cache {} slots, budget {} bytes",
             prompt.len(),
             prefill_s,
-            prompt.len() as f64 / prefill_s,
+            p_len / prefill_s,
+            p_ms,
+            100.0 * p_share,
+            p_disk_ms,
+            p_bytes as f64 / 1e6,
+            p_mem_ms,
             model.cache_slots(),
             model.budget()
         );

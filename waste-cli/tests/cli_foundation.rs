@@ -135,6 +135,14 @@ fn bench_json_roofline_and_split_are_consistent() {
         f("expert_ms_per_token") + f("attention_ms_per_token") + f("trunk_ms_per_token") + f("io_wait_ms_per_token");
     assert!(split > 0.0 && split <= ms * 1.0001, "split {split} ms against {ms} ms per token");
     assert!(f("open_seconds") > 0.0 && f("prefill_ms_per_token") > 0.0);
+    // the prefill's own roofline, by the same rule; a fresh process has
+    // nothing cached, so its prompt's experts were read from disk
+    let (p_ms, p_roof, p_share) =
+        (f("prefill_ms_per_token"), f("prefill_roofline_ms_per_token"), f("prefill_roofline_share"));
+    let (p_disk, p_mem) = (f("prefill_roofline_disk_ms_per_token"), f("prefill_roofline_memory_ms_per_token"));
+    assert_eq!(p_roof, p_disk.max(p_mem));
+    assert!(p_mem > 0.0 && (p_share - p_roof / p_ms).abs() <= 1e-9 * p_share.max(1.0), "{out}");
+    assert!(f("prefill_bytes_read") > 0.0 && f("prefill_hit_rate") < 1.0, "{out}");
     assert!(f("memory_gbps") > 0.0 && f("memory_gbps_1_thread") > 0.0);
     assert!(v["prefaulted_bytes"].is_u64() && f("prefaulted_bytes") <= f("budget_bytes"), "{out}");
     assert!(v["simd"].is_string() && v["kda_chunked"].is_boolean());
