@@ -86,7 +86,9 @@ impl Session<'_> {
     /// before the session changes; on error the session is as it was.
     ///
     /// # Errors
-    /// [`Error::Format`] for a file that is missing, not a regular file, too large, from another model, or malformed; the session is then unchanged.
+    /// [`Error::Format`] for a file that is missing, not a regular file, too
+    /// large, from another model, malformed, or holding a non-finite value;
+    /// the session is then unchanged.
     pub fn load_state(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         // a state is the header, the layer table and the state itself: more
@@ -155,8 +157,14 @@ impl Session<'_> {
         if (b.len() - r.at) as u64 != need {
             return Err(bad(path, format!("{} payload bytes, the shapes need {need}", b.len() - r.at)));
         }
+        // a saved state is finite (a session whose logits were not failed
+        // with Error::NonFinite): an infinite or NaN value is damage
+        let vals = || b[r.at..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        if let Some((i, v)) = vals().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(bad(path, format!("payload value {i} is not finite ({v}): the state is damaged")));
+        }
         // validated: apply
-        let mut vals = b[r.at..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        let mut vals = vals();
         self.restore(pos as usize, &mla_lens, &mut vals);
         Ok(())
     }

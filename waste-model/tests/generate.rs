@@ -123,10 +123,25 @@ fn state_roundtrip_is_exact_and_bad_files_leave_the_session_untouched() {
             g
         }),
         ("empty", vec![]),
+        ("a NaN logit", {
+            let mut g = good.clone();
+            let n = g.len();
+            g[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+            g
+        }),
+        ("an infinite state value", {
+            let mut g = good.clone();
+            let n = g.len();
+            g[n / 2 / 4 * 4..][..4].copy_from_slice(&f32::INFINITY.to_le_bytes());
+            g
+        }),
     ];
     for (what, bytes) in cases {
         std::fs::write(&f, &bytes).unwrap();
-        assert!(b.load_state(&f).is_err(), "{what} accepted");
+        let e = b.load_state(&f).expect_err(what).to_string();
+        if what.contains("NaN") || what.contains("infinite") {
+            assert!(e.contains("is not finite"), "{what}: {e}");
+        }
         assert_eq!((b.position(), b.logits().to_vec()), before, "{what} touched the session");
     }
     std::fs::write(&f, &good).unwrap();
