@@ -88,8 +88,11 @@ impl Sampler {
             }
             return best.unwrap_or(0) as u32;
         }
-        let mut cand: Vec<(usize, f32)> =
-            (0..logits.len()).filter(|&i| ok(i)).map(|i| (i, logits[i] / self.p.temperature)).collect();
+        // ranked by the raw logits (the same order as scaled ones), and
+        // scaled as differences from the best in f64: dividing an f32 logit
+        // by a tiny temperature overflows to infinity (then every
+        // probability was NaN and the draw fell to the *least* likely token)
+        let mut cand: Vec<(usize, f32)> = (0..logits.len()).filter(|&i| ok(i)).map(|i| (i, logits[i])).collect();
         if cand.is_empty() {
             return 0;
         }
@@ -97,8 +100,8 @@ impl Sampler {
         if self.p.top_k > 0 {
             cand.truncate(self.p.top_k);
         }
-        let m = cand[0].1;
-        let mut probs: Vec<f64> = cand.iter().map(|c| ((c.1 - m) as f64).exp()).collect();
+        let (m, t) = (cand[0].1 as f64, self.p.temperature as f64);
+        let mut probs: Vec<f64> = cand.iter().map(|c| ((c.1 as f64 - m) / t).exp()).collect();
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= total);
         let mut keep = probs.len();
@@ -159,5 +162,22 @@ mod tests {
         assert!((0..100).all(|_| s.pick(&l, Some(&|t| t == 0)) == 0));
         let lp = log_softmax(&l);
         assert!((lp.iter().map(|x| x.exp()).sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    /// A temperature so small that logit / temperature overflows f32 acts
+    /// as greedy (it picked the least likely token when the scaled logits
+    /// were infinite), and a huge one is near uniform but stays in range.
+    #[test]
+    fn extreme_temperatures_stay_meaningful() {
+        let l = [0.5f32, 3.0, -2.0, 2.9];
+        for temperature in [1e-45f32, 1e-30, 1e-8] {
+            let mut s = Sampler::new(SamplingParams { temperature, seed: 3, ..Default::default() });
+            for _ in 0..20 {
+                assert_eq!(s.pick(&l, None), 1, "temperature {temperature}");
+            }
+        }
+        let mut s = Sampler::new(SamplingParams { temperature: 3e38, seed: 3, ..Default::default() });
+        let seen: std::collections::BTreeSet<u32> = (0..200).map(|_| s.pick(&l, None)).collect();
+        assert_eq!(seen.len(), 4, "{seen:?}");
     }
 }
