@@ -206,6 +206,10 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "prefill_roofline_ms_per_token": p_roof_ms, "prefill_roofline_share": p_share,
         "prefill_roofline_disk_ms_per_token": p_disk_ms, "prefill_roofline_memory_ms_per_token": p_mem_ms,
         "prefill_bytes_read": p_bytes, "prefill_hit_rate": rate(st0.experts_hit, st0.experts_missed),
+        "prefill_expert_ms_per_token": 1e3 * st0.expert_seconds / p_len,
+        "prefill_attention_ms_per_token": 1e3 * st0.attn_seconds / p_len,
+        "prefill_trunk_ms_per_token": 1e3 * st0.trunk_seconds / p_len,
+        "prefill_io_wait_ms_per_token": 1e3 * st0.io_seconds / p_len,
     });
     let mut v = json!({
         "open_seconds": open_s, "prefill_ms_per_token": p_ms,

@@ -143,6 +143,11 @@ fn bench_json_roofline_and_split_are_consistent() {
     assert_eq!(p_roof, p_disk.max(p_mem));
     assert!(p_mem > 0.0 && (p_share - p_roof / p_ms).abs() <= 1e-9 * p_share.max(1.0), "{out}");
     assert!(f("prefill_bytes_read") > 0.0 && f("prefill_hit_rate") < 1.0, "{out}");
+    let p_split = f("prefill_expert_ms_per_token")
+        + f("prefill_attention_ms_per_token")
+        + f("prefill_trunk_ms_per_token")
+        + f("prefill_io_wait_ms_per_token");
+    assert!(p_split > 0.0 && p_split <= p_ms * 1.0001, "prefill split {p_split} ms against {p_ms} ms per token");
     assert!(f("memory_gbps") > 0.0 && f("memory_gbps_1_thread") > 0.0);
     assert!(v["prefaulted_bytes"].is_u64() && f("prefaulted_bytes") <= f("budget_bytes"), "{out}");
     assert!(v["simd"].is_string() && v["kda_chunked"].is_boolean());
