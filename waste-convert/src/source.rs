@@ -151,7 +151,8 @@ impl Source {
     /// those bytes: one expert's slice of a fused `[E, rows, cols]` tensor.
     ///
     /// # Errors
-    /// [`Error::Source`] when the tensor is missing, not a float type, or the range lies outside it.
+    /// [`Error::Source`] when the tensor is missing, not a float type, the
+    /// range lies outside it, or a value in it is not finite.
     pub fn read_f32_range(&self, name: &str, start: usize, n: usize) -> Result<Vec<f32>> {
         let loc = self
             .tensors
@@ -175,20 +176,21 @@ impl Source {
             )));
         }
         let sub = TensorLoc { start: a, end: b, shape: vec![n], ..loc.clone() };
-        Ok(decode_floats(&self.bytes(&sub)?, &sub.dtype))
+        finite(name, start, decode_floats(&self.bytes(&sub)?, &sub.dtype))
     }
 
     /// Read a tensor as f32 `(shape, values)`. A name whose `.weight` is
     /// stored as MXFP4 (`.weight_packed` + `.weight_scale`) is decoded.
     ///
     /// # Errors
-    /// [`Error::Source`] when the tensor is missing, not a float type, or its MXFP4 parts do not match.
+    /// [`Error::Source`] when the tensor is missing, not a float type, its
+    /// MXFP4 parts do not match, or a value is not finite.
     pub fn read_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
         if let Some(loc) = self.tensors.get(name) {
             if !matches!(loc.dtype.as_str(), "F32" | "F16" | "BF16") {
                 return Err(Error::Source(format!("tensor {name}: dtype {} is not a float type", loc.dtype)));
             }
-            return Ok((loc.shape.clone(), decode_floats(&self.bytes(loc)?, &loc.dtype)));
+            return Ok((loc.shape.clone(), finite(name, 0, decode_floats(&self.bytes(loc)?, &loc.dtype))?));
         }
         if let Some(base) = name.strip_suffix(".weight") {
             let (p, s) = (format!("{base}.weight_packed"), format!("{base}.weight_scale"));
@@ -197,10 +199,25 @@ impl Source {
                 let cols = pl.shape.get(1).copied().unwrap_or(0) * 2;
                 let v = decode_mxfp4(&self.bytes(pl)?, &self.bytes(sl)?, rows, cols)
                     .map_err(|e| Error::Source(format!("tensor {name}: {e}")))?;
-                return Ok((vec![rows, cols], v));
+                return Ok((vec![rows, cols], finite(name, 0, v)?));
             }
         }
         Err(Error::Source(format!("tensor {name} not found in {}", self.dir.display())))
+    }
+}
+
+/// `v` when every value is finite; else an error naming the tensor and the
+/// element (`first` is the index of `v[0]` in the tensor): a NaN or an
+/// infinity in a checkpoint is damage, and quantizing it would give a
+/// container of NaNs (or, in a VQ search, of silently wrong codes).
+fn finite(name: &str, first: usize, v: Vec<f32>) -> Result<Vec<f32>> {
+    match v.iter().position(|x| !x.is_finite()) {
+        Some(i) => Err(Error::Source(format!(
+            "tensor {name}: element {} is {} (not finite): the checkpoint is damaged",
+            first + i,
+            v[i]
+        ))),
+        None => Ok(v),
     }
 }
 

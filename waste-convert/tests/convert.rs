@@ -250,3 +250,78 @@ fn a_range_read_equals_the_slice_of_a_full_read() {
     assert_eq!(src.read_f32_range(name, 100, 500).unwrap(), all[100..600].to_vec());
     assert!(src.read_f32_range(name, all.len() - 10, 11).is_err());
 }
+
+/// A copy of the hf-tiny fixture with F32 tensor `name`'s element `i` set to `v`.
+fn fixture_with(tag: &str, name: &str, i: usize, v: f32) -> std::path::PathBuf {
+    let src = fixtures().join("hf-tiny");
+    let dir = tmp(tag);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    }
+    let p = dir.join("model.safetensors");
+    let mut b = std::fs::read(&p).unwrap();
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let h: Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
+    assert_eq!(h[name]["dtype"], "F32", "{name}");
+    let at = 8 + n + h[name]["data_offsets"][0].as_u64().unwrap() as usize + 4 * i;
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    std::fs::write(&p, b).unwrap();
+    dir
+}
+
+/// Values a container cannot hold are refused at conversion, naming the
+/// tensor (and element, row or expert) — not written as NaN scales (which
+/// the engine refuses to open, blaming the container) or, for VQ experts,
+/// silently coded: a NaN or an infinity in the checkpoint, a weight beyond
+/// f16's range with an f16 trunk or f16 experts. No container is left.
+#[test]
+fn unrepresentable_source_values_are_refused_naming_the_tensor() {
+    let q = "model.layers.0.self_attn.q_proj.weight";
+    let w1 = "model.layers.1.block_sparse_moe.experts.5.w1.weight";
+    let f16 = |trunk| ConvertOptions { experts: ExpertFmt::F16, trunk, jobs: 1, ..Default::default() };
+    let vq = ConvertOptions { experts: ExpertFmt::Vq3r, jobs: 1, ..Default::default() };
+    // (tag, tensor, element, value, options, what the error must say)
+    type Case<'a> = (&'a str, &'a str, usize, f32, ConvertOptions, Vec<String>);
+    let cases: Vec<Case> = vec![
+        ("nan", q, 70, f32::NAN, f16(TrunkMode::Q4), vec![format!("tensor {q}: element 70 is NaN (not finite)")]),
+        ("inf-expert", w1, 3, f32::NEG_INFINITY, vq.clone(), vec![format!("tensor {w1}: element 3 is -inf")]),
+        (
+            "f16-trunk",
+            q,
+            9,
+            1e6,
+            f16(TrunkMode::F16),
+            vec![format!("tensor {q}: element 9 (1000000) exceeds f16's range")],
+        ),
+        (
+            "f16-expert",
+            w1,
+            65,
+            -7e4,
+            f16(TrunkMode::F32),
+            vec!["expert 5 of layer 1, gate: element 65 (-70000) exceeds f16's range".into()],
+        ),
+        // the head is Q8G (the fixture's other matrices are small enough to stay F32)
+        (
+            "q8-scale",
+            "lm_head.weight",
+            130,
+            3e38,
+            f16(TrunkMode::Q4),
+            vec!["tensor lm_head.weight: the scale of row 2, group 0 exceeds".into()],
+        ),
+    ];
+    for (tag, name, i, v, o, needles) in cases {
+        let src = fixture_with(tag, name, i, v);
+        let out = tmp(&format!("{tag}-out"));
+        let e = convert(&src, &out, &o, &|_| {}).expect_err(tag).to_string();
+        for n in &needles {
+            assert!(e.contains(n.as_str()), "{tag}: {e:?} lacks {n:?}");
+        }
+        assert!(!out.exists(), "{tag}: a container was left");
+        std::fs::remove_dir_all(&src).ok();
+        std::fs::remove_dir_all(waste_convert::staging_dir(&out)).ok();
+    }
+}
