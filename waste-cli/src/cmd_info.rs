@@ -124,8 +124,10 @@ pub fn verify(a: VerifyArgs) -> Result<ExitCode> {
     };
     if a.json {
         let r = rep.clone().unwrap_or_default();
-        print_json(&json!({"ok": problems.is_empty(), "problems": problems, "records": r.records, "bytes": r.bytes,
-            "seconds": r.seconds, "gbps": if r.seconds > 0.0 { r.bytes as f64 / r.seconds / 1e9 } else { 0.0 }, "direct_io": r.direct_io}))?;
+        print_json(
+            &json!({"ok": problems.is_empty(), "problems": problems, "records": r.records, "tensors": r.tensors, "bytes": r.bytes,
+            "seconds": r.seconds, "gbps": if r.seconds > 0.0 { r.bytes as f64 / r.seconds / 1e9 } else { 0.0 }, "direct_io": r.direct_io}),
+        )?;
     } else {
         for p in &problems {
             eprintln!("{p}");
@@ -133,8 +135,9 @@ pub fn verify(a: VerifyArgs) -> Result<ExitCode> {
         if let Some(r) = &rep {
             let gbps = if r.seconds > 0.0 { r.bytes as f64 / r.seconds / 1e9 } else { 0.0 };
             outln!(
-                "{}: {} records, {} bytes in {:.2} s ({gbps:.2} GB/s, direct I/O {}): {}",
+                "{}: {} tensors, {} records, {} bytes in {:.2} s ({gbps:.2} GB/s, direct I/O {}): {}",
                 a.model.display(),
+                r.tensors,
                 r.records,
                 r.bytes,
                 r.seconds,

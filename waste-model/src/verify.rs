@@ -1,5 +1,6 @@
-//! Whole-container verification: every record header and CRC, trunk and
-//! codebook bounds (by opening), read with direct I/O at disk speed.
+//! Whole-container verification: every record header, CRC and scale, every
+//! trunk tensor's values, trunk and codebook bounds (by opening), read with
+//! direct I/O at disk speed.
 
 use crate::{Error, Result};
 use std::path::Path;
@@ -32,6 +33,8 @@ pub struct VerifyReport {
     pub problems: Vec<String>,
     /// Records checked.
     pub records: u64,
+    /// Trunk tensors checked (every value or scale finite).
+    pub tensors: u64,
     /// Bytes of expert banks read.
     pub bytes: u64,
     /// Seconds spent reading and checking banks.
@@ -41,7 +44,11 @@ pub struct VerifyReport {
 }
 
 /// Verify a container: structural validation (manifest, trunk bounds,
-/// codebooks) and every expert record's header and CRC. A container that
+/// codebooks), every trunk tensor's stored values (scales and F32/F16/BF16
+/// weights finite — the embedding table too, which opening a model only
+/// reads row by row), and every expert record's header, CRC and per-row
+/// scales (finite: a record sealed with an infinite scale passes its CRC).
+/// A container that
 /// cannot even be opened is an `Err`; damage inside banks is listed in
 /// [`VerifyReport::problems`]. `progress(done, total)` gets bank bytes.
 ///
@@ -53,6 +60,15 @@ pub struct VerifyReport {
 pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> Result<VerifyReport> {
     let c = Container::open(path)?;
     let mut rep = VerifyReport { direct_io: true, ..Default::default() };
+    let mut trunk = crate::weights::TrunkReader::new(&c)?;
+    let mut names: Vec<&String> = c.tensors.keys().collect();
+    names.sort_by_key(|n| c.tensors[*n].off);
+    for name in names {
+        if let Err(e) = trunk.matrix_full(name) {
+            rep.problems.push(e.to_string());
+        }
+        rep.tensors += 1;
+    }
     let Some((_, lay)) = c.experts else { return Ok(rep) };
     let total: u64 = c.banks.iter().flatten().map(|b| b.experts as u64 * lay.rec_bytes as u64).sum();
     let pool = ReaderPool::new(opts.queue_depth.max(1));
@@ -71,10 +87,13 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
             r.map_err(Error::Io)?;
             for k in 0..n {
                 let rec = &buf[k * lay.rec_bytes..(k + 1) * lay.rec_bytes];
-                if let Err(e) =
-                    check_record(rec, bank.layer, first + k, &lay, bank.codebook_base, c.codebooks.count, true)
-                {
-                    rep.problems.push(e.to_string());
+                match check_record(rec, bank.layer, first + k, &lay, bank.codebook_base, c.codebooks.count, true) {
+                    Err(e) => rep.problems.push(e.to_string()),
+                    Ok(_) => {
+                        if let Some(p) = bad_scale(rec, &lay) {
+                            rep.problems.push(format!("expert {} of layer {}: {p}", first + k, bank.layer));
+                        }
+                    }
                 }
                 rep.records += 1;
             }
@@ -97,4 +116,18 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
     }
     rep.seconds = t0.elapsed().as_secs_f64();
     Ok(rep)
+}
+
+/// The first per-row scale of a record that is not finite, described.
+fn bad_scale(rec: &[u8], lay: &waste_format::RecordLayout) -> Option<String> {
+    let sc = &rec[lay.scales_off..lay.scales_off + lay.scales_len];
+    let i = sc.chunks_exact(2).position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7C00 == 0x7C00)?;
+    let h = u16::from_le_bytes([sc[2 * i], sc[2 * i + 1]]);
+    // gate rows, then up rows, then down rows
+    let (kind, row) = match i {
+        i if i < lay.m => ("gate", i),
+        i if i < 2 * lay.m => ("up", i - lay.m),
+        i => ("down", i - 2 * lay.m),
+    };
+    Some(format!("the {kind} scale of row {row} is not finite (f16 0x{h:04x})"))
 }

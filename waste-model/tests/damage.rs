@@ -67,6 +67,8 @@ fn pristine_anchor_verifies() {
     let rep = waste_model::verify(&anchor(), Default::default(), &|_, _| {}).unwrap();
     assert!(rep.problems.is_empty(), "{:?}", rep.problems);
     assert_eq!(rep.records, 24);
+    let m: Value = serde_json::from_slice(&std::fs::read(anchor().join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(rep.tensors, m["trunk"].as_array().unwrap().len() as u64);
 }
 
 #[test]
@@ -298,4 +300,31 @@ fn overflowing_weights_are_an_error_not_text() {
     drop(s);
     drop(m);
     std::fs::remove_dir_all(&d).ok();
+}
+
+/// `verify` checks what opening a model checks and more: every trunk
+/// tensor (the embedding table included, which a model reads row by row)
+/// and every record's per-row scales — a record sealed with an infinite
+/// scale passes its CRC.
+#[test]
+fn verify_names_non_finite_trunk_values_and_record_scales() {
+    let d = copy("verify-embed");
+    let (off, _) = trunk_span(&d, "model.embed_tokens.weight", true);
+    // row 3's scale: NaN
+    poke(&d.join("trunk.bin"), off + 2 * 3 + 1, |b| *b = 0x7e);
+    verify_problem(&d, &["model.embed_tokens.weight", "scale group 0 of row 3 is not finite"]);
+
+    let d = copy("verify-scale");
+    let c = Container::open(&d).unwrap();
+    let lay = c.experts.as_ref().unwrap().1;
+    let base = c.banks[2].as_ref().unwrap().codebook_base;
+    let p = d.join("experts-L2.bin");
+    let mut b = std::fs::read(&p).unwrap();
+    let rec = &mut b[3 * REC..4 * REC];
+    // up row 5's scale: +inf, then resealed (a valid CRC over the damage)
+    let at = lay.scales_off + 2 * (lay.m + 5);
+    rec[at..at + 2].copy_from_slice(&0x7C00u16.to_le_bytes());
+    waste_format::seal_record(rec, 2, 3, &lay, base as u16);
+    std::fs::write(&p, b).unwrap();
+    verify_problem(&d, &["expert 3 of layer 2", "the up scale of row 5 is not finite (f16 0x7c00)"]);
 }
