@@ -62,7 +62,7 @@ pub enum Error {
     /// that load as finite but overflow, or damage no load-time check sees.
     /// Returned instead of sampling from garbage; the session's state holds
     /// the same values, so it must be reset before further use.
-    #[error("the model computed a non-finite logit (token {token}: {value}) at position {pos}: the container's weights are damaged (`waste verify` names damaged values) or overflow; reset the session")]
+    #[error("the model computed a non-finite logit (token {token}: {value}) at position {pos}: the container's weights are damaged (`waste verify` names damaged values) or overflow")]
     NonFinite {
         /// Position of the token whose logits these are.
         pos: usize,
