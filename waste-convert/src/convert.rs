@@ -468,14 +468,14 @@ fn add_tensor(
         Fmt::F32 => tw.add(name, fmt, shape, 0, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(), &[])?,
         Fmt::F16 => {
             let h: Vec<u8> = v.iter().flat_map(|x| f32_to_f16(*x).to_le_bytes()).collect();
-            if let Some(i) = f16_overflow(&h) {
+            if let Some(i) = waste_format::half::first_non_finite_f16(&h) {
                 return Err(beyond_f16(format!("tensor {name}: element {i} ({})", v[i])));
             }
             tw.add(name, fmt, shape, 0, &h, &[])?
         }
         _ => {
             let (d, s) = quantize_groups(fmt, rows, cols, 128, v);
-            if let Some(i) = f16_overflow(&s) {
+            if let Some(i) = waste_format::half::first_non_finite_f16(&s) {
                 let g = cols.div_ceil(128);
                 return Err(beyond_f16(format!("tensor {name}: the scale of row {}, group {}", i / g, i % g)));
             }
@@ -485,14 +485,8 @@ fn add_tensor(
     Ok(())
 }
 
-/// The first f16 (little-endian bytes) that overflowed to infinity: a
-/// weight (or a group's scale) beyond f16's ±65504, which the engine would
-/// refuse to load (the source's values are finite: checked when read).
-fn f16_overflow(h: &[u8]) -> Option<usize> {
-    h.chunks_exact(2).position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7C00 == 0x7C00)
-}
-
-/// [`Error::Source`] for a value beyond f16's range, `what` naming it.
+/// [`Error::Source`] for a value beyond f16's range (it became an infinity:
+/// the source's values are finite, checked when read), `what` naming it.
 fn beyond_f16(what: String) -> Error {
     Error::Source(format!("{what} exceeds f16's range (±65504); choose a wider format (f32 trunk, bf16 experts)"))
 }
@@ -582,13 +576,15 @@ fn encode_expert(
             );
             e2[k] = a;
             t2[k] = b;
-            if let Some(r) = f16_overflow(&rest[so - lay.scales_off..so - lay.scales_off + 2 * rows]) {
+            if let Some(r) =
+                waste_format::half::first_non_finite_f16(&rest[so - lay.scales_off..so - lay.scales_off + 2 * rows])
+            {
                 return Err(beyond_f16(format!("expert {e} of layer {l}, {}: the scale of row {r}", kind_names()[k])));
             }
         } else {
             for (i, v) in w.iter().enumerate() {
                 let h = if q.fmt == ExpertFmt::Bf16 { f32_to_bf16(*v) } else { f32_to_f16(*v) };
-                if q.fmt != ExpertFmt::Bf16 && f16_overflow(&h.to_le_bytes()).is_some() {
+                if q.fmt != ExpertFmt::Bf16 && !waste_format::half::f16_is_finite(h) {
                     return Err(beyond_f16(format!("expert {e} of layer {l}, {}: element {i} ({v})", kind_names()[k])));
                 }
                 rec[offs[k] + 2 * i..offs[k] + 2 * i + 2].copy_from_slice(&h.to_le_bytes());

@@ -65,7 +65,7 @@ impl Codebooks {
             let at = data.len();
             data.extend(rec[CODEBOOK_HEADER_LEN..].chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])));
             // an infinite or NaN entry would make every lookup of it NaN
-            if let Some(i) = data[at..].iter().position(|&h| h & 0x7C00 == 0x7C00) {
+            if let Some(i) = data[at..].iter().position(|&h| !crate::half::f16_is_finite(h)) {
                 return err(format!(
                     "entry {} (element {}) is not finite (f16 0x{:04x})",
                     i / q.vec_dim,

@@ -56,6 +56,17 @@ pub fn f32_to_f16(x: f32) -> u16 {
     sign | r as u16
 }
 
+/// Whether f16 bits are a finite value (its exponent is not all ones:
+/// neither an infinity nor a NaN).
+pub fn f16_is_finite(h: u16) -> bool {
+    h & 0x7C00 != 0x7C00
+}
+
+/// The index of the first non-finite f16 in little-endian bytes.
+pub fn first_non_finite_f16(bytes: &[u8]) -> Option<usize> {
+    bytes.chunks_exact(2).position(|c| !f16_is_finite(u16::from_le_bytes([c[0], c[1]])))
+}
+
 /// bfloat16 bits to f32 (exact).
 #[inline]
 pub fn bf16_to_f32(h: u16) -> f32 {
@@ -99,5 +110,17 @@ mod tests {
         assert_eq!(f32_to_f16(65520.0), 0x7c00);
         assert_eq!(f32_to_bf16(1.0), 0x3f80);
         assert_eq!(bf16_to_f32(0x3f80), 1.0);
+    }
+
+    #[test]
+    fn finite_means_the_exponent_is_not_all_ones() {
+        for h in [0x0000u16, 0x8000, 0x0001, 0x03FF, 0x7BFF, 0xFBFF, 0x3C00] {
+            assert!(f16_is_finite(h) && f16_to_f32(h).is_finite(), "{h:04x}");
+        }
+        for h in [0x7C00u16, 0xFC00, 0x7C01, 0x7E00, 0xFFFF] {
+            assert!(!f16_is_finite(h) && !f16_to_f32(h).is_finite(), "{h:04x}");
+        }
+        assert_eq!(first_non_finite_f16(&[0, 0x3C, 0x01, 0x7C, 0, 0x7C]), Some(1));
+        assert_eq!(first_non_finite_f16(&[0xFF, 0x7B]), None);
     }
 }

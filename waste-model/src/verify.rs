@@ -121,7 +121,7 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
 /// The first per-row scale of a record that is not finite, described.
 fn bad_scale(rec: &[u8], lay: &waste_format::RecordLayout) -> Option<String> {
     let sc = &rec[lay.scales_off..lay.scales_off + lay.scales_len];
-    let i = sc.chunks_exact(2).position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7C00 == 0x7C00)?;
+    let i = waste_format::half::first_non_finite_f16(sc)?;
     let h = u16::from_le_bytes([sc[2 * i], sc[2 * i + 1]]);
     // gate rows, then up rows, then down rows
     let (kind, row) = match i {

@@ -371,7 +371,7 @@ impl Matrix {
             Err(ShapeError(format!("{what} {at} of row {row} is not finite ({bits}): the tensor is damaged")))
         };
         let used = &self.scales[..v.rows * v.groups()];
-        if let Some(i) = used.iter().position(|&h| half_bad(h, 0x7C00)) {
+        if let Some(i) = used.iter().position(|&h| !waste_format::half::f16_is_finite(h)) {
             return bad("scale group", i / v.groups(), i % v.groups(), format!("f16 0x{:04x}", used[i]));
         }
         let data = &self.data[..v.rows * v.row_bytes()];
