@@ -511,6 +511,24 @@ pub fn check_record(
     Ok(hdr)
 }
 
+/// The first per-row scale of a record that is not finite, described
+/// ("the up scale of row 5 is not finite (f16 0x7c00)"). A record sealed
+/// with an infinite scale passes its CRC; every value it yields would be
+/// NaN. `rec` must be at least `lay.rec_bytes` long (as [`check_record`]
+/// ensures).
+pub fn non_finite_scale(rec: &[u8], lay: &RecordLayout) -> Option<String> {
+    let sc = &rec[lay.scales_off..lay.scales_off + lay.scales_len];
+    let i = crate::half::first_non_finite_f16(sc)?;
+    let h = u16::from_le_bytes([sc[2 * i], sc[2 * i + 1]]);
+    // gate rows, then up rows, then down rows
+    let (kind, row) = match i {
+        i if i < lay.m => ("gate", i),
+        i if i < 2 * lay.m => ("up", i - lay.m),
+        i => ("down", i - 2 * lay.m),
+    };
+    Some(format!("the {kind} scale of row {row} is not finite (f16 0x{h:04x})"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -575,6 +575,10 @@ impl RecordSource for Records {
             return Err(Error::Cache(waste_cache::CacheError::NoRecord { layer, expert }));
         };
         check_record(record, layer as usize, expert as usize, lay, bank.codebook_base, self.codebooks, self.verify)?;
-        Ok(())
+        // a few KB a record: a sealed infinite scale is named here, not met as NaN logits
+        match waste_format::non_finite_scale(record, lay) {
+            Some(p) => Err(waste_format::Error::record(layer as usize, expert as usize, p).into()),
+            None => Ok(()),
+        }
     }
 }

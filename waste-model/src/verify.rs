@@ -90,7 +90,7 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
                 match check_record(rec, bank.layer, first + k, &lay, bank.codebook_base, c.codebooks.count, true) {
                     Err(e) => rep.problems.push(e.to_string()),
                     Ok(_) => {
-                        if let Some(p) = bad_scale(rec, &lay) {
+                        if let Some(p) = waste_format::non_finite_scale(rec, &lay) {
                             rep.problems.push(format!("expert {} of layer {}: {p}", first + k, bank.layer));
                         }
                     }
@@ -116,18 +116,4 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
     }
     rep.seconds = t0.elapsed().as_secs_f64();
     Ok(rep)
-}
-
-/// The first per-row scale of a record that is not finite, described.
-fn bad_scale(rec: &[u8], lay: &waste_format::RecordLayout) -> Option<String> {
-    let sc = &rec[lay.scales_off..lay.scales_off + lay.scales_len];
-    let i = waste_format::half::first_non_finite_f16(sc)?;
-    let h = u16::from_le_bytes([sc[2 * i], sc[2 * i + 1]]);
-    // gate rows, then up rows, then down rows
-    let (kind, row) = match i {
-        i if i < lay.m => ("gate", i),
-        i if i < 2 * lay.m => ("up", i - lay.m),
-        i => ("down", i - 2 * lay.m),
-    };
-    Some(format!("the {kind} scale of row {row} is not finite (f16 0x{h:04x})"))
 }

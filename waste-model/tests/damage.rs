@@ -328,3 +328,30 @@ fn verify_names_non_finite_trunk_values_and_record_scales() {
     std::fs::write(&p, b).unwrap();
     verify_problem(&d, &["expert 3 of layer 2", "the up scale of row 5 is not finite (f16 0x7c00)"]);
 }
+
+/// A record sealed with an infinite scale (its CRC passes) is refused when
+/// it is read, naming the expert and row — not met later as NaN logits.
+#[test]
+fn a_sealed_infinite_record_scale_is_refused_when_read() {
+    let d = copy("read-scale");
+    let c = Container::open(&d).unwrap();
+    let lay = c.experts.as_ref().unwrap().1;
+    let bank = c.banks[1].as_ref().unwrap();
+    let (base, n) = (bank.codebook_base, bank.experts);
+    let p = d.join("experts-L1.bin");
+    let mut b = std::fs::read(&p).unwrap();
+    for e in 0..n {
+        let rec = &mut b[e * REC..(e + 1) * REC];
+        // every expert's down row 7: -inf
+        let at = lay.scales_off + 2 * (2 * lay.m + 7);
+        rec[at..at + 2].copy_from_slice(&0xFC00u16.to_le_bytes());
+        waste_format::seal_record(rec, 1, e, &lay, base as u16);
+    }
+    std::fs::write(&p, b).unwrap();
+    let m = waste_model::Model::open(&d, waste_model::ModelOptions { ctx: 64, threads: 1, ..Default::default() })
+        .expect("the damage is inside the records");
+    let e = m.session().eval(&[1, 2, 3]).expect_err("an infinite scale was used").to_string();
+    assert!(e.contains("of layer 1: the down scale of row 7 is not finite (f16 0xfc00)"), "{e}");
+    drop(m);
+    std::fs::remove_dir_all(&d).ok();
+}
