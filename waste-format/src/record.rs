@@ -479,10 +479,15 @@ pub fn record_crc(rec: &[u8], hdr: &RecordHeader, lay: &RecordLayout) -> u32 {
     crc32fast::hash(&rec[HEADER_LEN.min(end)..end])
 }
 
-/// Validate a full record buffer: header always, CRC when `verify_crc`.
+/// Validate a full record buffer: header and per-row scales always, CRC
+/// when `verify_crc`. The scales must be finite: a record can be sealed
+/// with an infinite scale (its CRC then passes), and every value it yielded
+/// would be NaN.
 ///
 /// # Errors
-/// [`Error::Record`] naming the layer and expert: short record, bad header, or (with `verify_crc`) a checksum mismatch.
+/// [`Error::Record`] naming the layer and expert: short record, bad header,
+/// (with `verify_crc`) a checksum mismatch, or a scale that is not finite
+/// (naming the matrix and row).
 pub fn check_record(
     rec: &[u8],
     layer: usize,
@@ -508,25 +513,24 @@ pub fn check_record(
             ));
         }
     }
+    // the scales where the header puts them (validated inside the record),
+    // as the kernels read them: gate rows, then up rows, then down rows
+    let c = hdr.chan_corr_off as usize;
+    let sc = &rec[c..c + lay.scales_len];
+    if let Some(i) = crate::half::first_non_finite_f16(sc) {
+        let h = u16::from_le_bytes([sc[2 * i], sc[2 * i + 1]]);
+        let (kind, row) = match i {
+            i if i < lay.m => ("gate", i),
+            i if i < 2 * lay.m => ("up", i - lay.m),
+            i => ("down", i - 2 * lay.m),
+        };
+        return Err(Error::record(
+            layer,
+            expert,
+            format!("the {kind} scale of row {row} is not finite (f16 0x{h:04x})"),
+        ));
+    }
     Ok(hdr)
-}
-
-/// The first per-row scale of a record that is not finite, described
-/// ("the up scale of row 5 is not finite (f16 0x7c00)"). A record sealed
-/// with an infinite scale passes its CRC; every value it yields would be
-/// NaN. `rec` must be at least `lay.rec_bytes` long (as [`check_record`]
-/// ensures).
-pub fn non_finite_scale(rec: &[u8], lay: &RecordLayout) -> Option<String> {
-    let sc = &rec[lay.scales_off..lay.scales_off + lay.scales_len];
-    let i = crate::half::first_non_finite_f16(sc)?;
-    let h = u16::from_le_bytes([sc[2 * i], sc[2 * i + 1]]);
-    // gate rows, then up rows, then down rows
-    let (kind, row) = match i {
-        i if i < lay.m => ("gate", i),
-        i if i < 2 * lay.m => ("up", i - lay.m),
-        i => ("down", i - 2 * lay.m),
-    };
-    Some(format!("the {kind} scale of row {row} is not finite (f16 0x{h:04x})"))
 }
 
 #[cfg(test)]
@@ -579,6 +583,10 @@ mod tests {
                 x ^= x << 13; x ^= x >> 7; x ^= x << 17;
                 *b = x as u8;
             }
+            // finite scales (an exponent bit cleared): a valid record
+            for c in rec[lay.scales_off..lay.scales_off + lay.scales_len].chunks_exact_mut(2) {
+                c[1] &= !0x40;
+            }
             crate::writer::seal_record(&mut rec, 0, 1, &lay, 0);
             prop_assert!(check_record(&rec, 0, 1, &lay, 0, 9, true).is_ok());
             let end = lay.scales_off + lay.scales_len;
@@ -596,6 +604,36 @@ mod tests {
                 prop_assert!(r.is_err(), "a payload change passed the CRC");
             }
     }
+    }
+
+    /// A sealed record (CRC valid) whose scale is infinite or NaN is
+    /// refused with or without the CRC check, naming the matrix and row;
+    /// finite extremes (the largest, a subnormal, −0) pass.
+    #[test]
+    fn non_finite_scales_are_refused_naming_the_row() {
+        let q = ExpertQuant::standard(ExpertFmt::Vq3r);
+        let cfg = crate::config::ModelConfig::from_json(&serde_json::json!({"hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 4, "num_experts": 2, "num_experts_per_token": 1, "moe_intermediate_size": 16, "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4})).unwrap();
+        let lay = RecordLayout::new(&cfg, q).unwrap();
+        let with = |i: usize, h: u16| {
+            let mut rec = vec![0u8; lay.rec_bytes];
+            let at = lay.scales_off + 2 * i;
+            rec[at..at + 2].copy_from_slice(&h.to_le_bytes());
+            crate::writer::seal_record(&mut rec, 0, 1, &lay, 0);
+            rec
+        };
+        for h in [0x7BFFu16, 0x0001, 0x8000] {
+            assert!(check_record(&with(3, h), 0, 1, &lay, 0, 9, true).is_ok(), "{h:04x}");
+        }
+        for (i, h, want) in [
+            (0, 0x7C00u16, "the gate scale of row 0 is not finite (f16 0x7c00)"),
+            (lay.m + 1, 0xFE00, "the up scale of row 1 is not finite (f16 0xfe00)"),
+            (2 * lay.m + 63, 0xFC00, "the down scale of row 63 is not finite (f16 0xfc00)"),
+        ] {
+            for crc in [false, true] {
+                let e = check_record(&with(i, h), 0, 1, &lay, 0, 9, crc).unwrap_err().to_string();
+                assert!(e.contains("expert 1 of layer 0") && e.contains(want), "{e}");
+            }
+        }
     }
 
     #[test]

@@ -540,8 +540,7 @@ impl<'m> Session<'m> {
         self.stats.trunk_seconds += spent;
         // garbage in the weights ends here as an error, not as sampled text
         // (a branch-free pass first: it vectorizes; the position only on failure)
-        let exp = 0x7F80_0000;
-        if want_logits && self.logits.iter().fold(false, |bad, v| bad | (v.to_bits() & exp == exp)) {
+        if want_logits && self.logits.iter().fold(false, |bad, v| bad | !v.is_finite()) {
             let token = self.logits.iter().position(|v| !v.is_finite()).unwrap_or(0);
             return Err(Error::NonFinite { pos: self.pos - 1, token, value: self.logits[token] });
         }
