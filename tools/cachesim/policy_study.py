@@ -3,6 +3,7 @@
 
 Usage: policy_study.py [TRACE.jsonl] [EXPERTS_PER_LAYER]
        STUDY=general policy_study.py [...]   (ARC, LIRS, S3-FIFO, W-TinyLFU)
+       STUDY=lookahead policy_study.py [...] (within-token lookahead and its ceiling)
 
 Replays the trace (the `waste cachesim` format) through policies written
 here in Python for quick exploration — Belady (with and without bypass),
@@ -307,6 +308,47 @@ class Oracle(Base):
             return first+(1/p-1)*A
         return max(c,key=dist)
 
+# --- within-token lookahead (what a router lookahead could know). `Pathway`
+# learns, online from finished tokens, how often expert f of layer l follows
+# expert e of layer l-d (d = 1..depth) in the same token, and replaces eta's
+# reuse probability for the current token's layers still ahead by the
+# average of those conditional frequencies over the experts already routed
+# this token. `CurrentToken` is its ceiling: it *knows* the current token's
+# remaining routing (a perfect lookahead for every layer ahead) — an expert
+# ahead that the token uses is needed at its exact distance, one it does not
+# use is next needed a token later at eta's estimate.
+class Pathway(ExpDist):
+    def __init__(s,half=5,depth=3):
+        super().__init__(half); s.depth=depth
+        s.co=collections.Counter(); s.n=collections.Counter(); s.lastt=-1
+    def access(s,k,i,t):
+        if t!=s.lastt:
+            if s.lastt>=0: s.learn(tr[s.lastt])
+            s.lastt=t
+        super().access(k,i,t)
+    def learn(s,tok):
+        for l in range(L):
+            for e in tok[l]:
+                s.n[(l,e)]+=1
+                for d in range(1,s.depth+1):
+                    if l+d<L:
+                        for f in tok[l+d]: s.co[(l,e,l+d,f)]+=1
+    def dist(s,x,t,l_now):
+        l=x[0]
+        if l<=l_now: return super().dist(x,t,l_now)
+        ps=[(s.co[(l-d,e,l,x[1])]+K/E)/(s.n[(l-d,e)]+1)
+            for d in range(1,s.depth+1) if 0<=l-d<=l_now
+            for e in tr[t][l-d] if s.n[(l-d,e)]>0]
+        if not ps: return super().dist(x,t,l_now)
+        p=min(max(sum(ps)/len(ps)*K,1e-6),1.0)
+        return (l-l_now)*K+(1/p-1)*A
+class CurrentToken(ExpDist):
+    def dist(s,x,t,l_now):
+        l=x[0]
+        if l<=l_now: return super().dist(x,t,l_now)
+        if x[1] in tr[t][l]: return (l-l_now)*K
+        return (L-l_now+l)*K+(1/s.rate(x,t)-1)*A
+
 def table(names, make):
     """One row per cache size: Belady, then each policy `make(slots)` returns, as hit rate (share of Belady)."""
     n=L*E
@@ -319,7 +361,10 @@ def table(names, make):
             h=run(slots,p); cells.append(f"{h:.3f} ({h/b*100:.0f}%)")
         print(f"| {frac*100:g}% | {slots} | {b:.3f} | "+" | ".join(cells)+" |"); sys.stdout.flush()
 
-if __name__=="__main__" and os.environ.get("STUDY")=="general":
+if __name__=="__main__" and os.environ.get("STUDY")=="lookahead":
+    table(["eta (ExpDist h=5)","eta + pathway d=1","eta + pathway d=3","eta + the current token known"],
+          lambda slots: [ExpDist(5),Pathway(depth=1),Pathway(depth=3),CurrentToken(5)])
+elif __name__=="__main__" and os.environ.get("STUDY")=="general":
     # ARC, LIRS, S3-FIFO and W-TinyLFU beside LRU and eta (ExpDist h=5)
     table(["LRU","ARC","LIRS","S3-FIFO","W-TinyLFU (1% window)","W-TinyLFU (50% window)","eta (ExpDist h=5)"],
           lambda slots: [LRU(),ARC(slots),LIRS(slots),S3FIFO(slots),WTinyLFU(slots),WTinyLFU(slots,window=0.5),ExpDist(5)])

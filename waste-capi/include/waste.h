@@ -138,7 +138,11 @@ waste_status waste_chat_encode(const waste_model *model, const waste_message *me
 waste_status waste_image_info(const waste_model *model, const uint8_t *data, size_t len, uint32_t *width, uint32_t *height, size_t *positions);
 waste_status waste_image_add(waste_session *session, const uint8_t *data, size_t len, size_t *positions);
 
-/* Sessions */
+/* Sessions. A waste_eval or waste_generate that fails in the computation
+ * (an I/O error, a damaged record, non-finite logits) may leave the
+ * session's state partly updated: every later eval, generate or
+ * waste_state_save then returns WASTE_E_ARG until waste_session_reset or
+ * waste_state_load. */
 waste_status waste_session_new(waste_model *model, waste_session **out);
 void waste_session_free(waste_session *session);
 waste_status waste_session_reset(waste_session *session);

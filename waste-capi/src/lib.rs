@@ -264,7 +264,8 @@ fn fail(e: engine::Error) -> Fail {
         engine::Error::Format(_) | engine::Error::NonFinite { .. } => WASTE_E_FORMAT,
         engine::Error::Budget { .. } => WASTE_E_BUDGET,
         engine::Error::Oom(_) => WASTE_E_OOM,
-        engine::Error::Arg(_) => WASTE_E_ARG,
+        // the caller must reset the session (or load a state) first
+        engine::Error::Arg(_) | engine::Error::Incomplete(_) => WASTE_E_ARG,
         engine::Error::Unsupported(_) => WASTE_E_UNSUPPORTED,
         engine::Error::Cancelled => WASTE_E_CANCELLED,
         _ => WASTE_E_INTERNAL,

@@ -102,6 +102,10 @@ pub struct Session<'m> {
     replay: Option<std::sync::Arc<Vec<Vec<Vec<u32>>>>>,
     /// Images waiting for their `<|media_pad|>` placeholders, in order.
     images: std::collections::VecDeque<crate::Image>,
+    /// The message of a step that failed part-way: the state is a mix of
+    /// before and after that step, so evaluating or saving is refused
+    /// ([`Error::Incomplete`]) until a reset or a restore replaces it all.
+    pub(crate) incomplete: Option<String>,
 }
 
 /// One sequence position's input: a token's embedding row or an image's row.
@@ -160,6 +164,7 @@ impl<'m> Session<'m> {
             stats: Stats::default(),
             replay: None,
             images: Default::default(),
+            incomplete: None,
         }
     }
 
@@ -178,6 +183,7 @@ impl<'m> Session<'m> {
     /// Forget everything: position 0, zero states, zero counters, no queued images.
     pub fn reset(&mut self) {
         self.pos = 0;
+        self.incomplete = None;
         self.images.clear();
         for s in &mut self.states {
             match s {
@@ -216,6 +222,7 @@ impl<'m> Session<'m> {
         }
         self.logits.iter_mut().for_each(|v| *v = vals.next().unwrap_or(0.0));
         self.pos = pos;
+        self.incomplete = None;
     }
 
     /// Bytes this session holds: (state, scratch), counted from its buffers.
@@ -267,7 +274,11 @@ impl<'m> Session<'m> {
     /// placeholders than queued images; [`Error::ContextFull`] when the
     /// positions do not fit (checked before any state changes); the engine's
     /// I/O, record and cache errors; [`Error::NonFinite`] when the logits
-    /// are not all finite (damaged or overflowing weights).
+    /// are not all finite (damaged or overflowing weights). After an error
+    /// from the computation itself (not the argument checks above) the
+    /// session's state may be partly updated, and every later call returns
+    /// [`Error::Incomplete`] until [`Session::reset`], a state load or a
+    /// snapshot restore.
     pub fn eval(&mut self, tokens: &[u32]) -> Result<&[f32]> {
         self.eval_inner(tokens, true)
     }
@@ -275,6 +286,7 @@ impl<'m> Session<'m> {
     /// [`Session::eval`]; placeholders are expanded only when `images` (a
     /// placeholder the model *generates* is an ordinary token).
     pub(crate) fn eval_inner(&mut self, tokens: &[u32], images: bool) -> Result<&[f32]> {
+        self.check_complete()?;
         if tokens.is_empty() {
             return Err(Error::Arg("eval needs at least one token".into()));
         }
@@ -312,7 +324,12 @@ impl<'m> Session<'m> {
         let mut i = 0;
         while i < n {
             let t = chunk.min(n - i);
-            self.forward(&inputs[i..i + t], i + t == n)?;
+            // a failure inside a step may leave some layers past it and the
+            // rest before it: no later call may build on that
+            if let Err(e) = self.forward(&inputs[i..i + t], i + t == n) {
+                self.incomplete = Some(e.to_string());
+                return Err(e);
+            }
             i += t;
         }
         Ok(&self.logits)
@@ -399,6 +416,12 @@ impl<'m> Session<'m> {
         }
         let slots = self.m.cache_slots();
         ((slots.saturating_sub(self.m.opts.lookahead)) / c.top_k).clamp(1, self.m.opts.max_chunk.clamp(1, CHUNK))
+    }
+
+    /// [`Error::Incomplete`] when a step failed part-way since the last
+    /// reset or restore.
+    pub(crate) fn check_complete(&self) -> Result<()> {
+        self.incomplete.as_ref().map_or(Ok(()), |c| Err(Error::Incomplete(c.clone())))
     }
 
     /// Logits of the last evaluated token.

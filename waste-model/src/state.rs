@@ -37,8 +37,11 @@ impl Session<'_> {
     /// Save the state (position, every layer's state, the last logits) atomically.
     ///
     /// # Errors
-    /// [`Error::Format`] when the file cannot be written (it is replaced atomically).
+    /// [`Error::Format`] when the file cannot be written (it is replaced
+    /// atomically); [`Error::Incomplete`] after a step that failed part-way
+    /// (nothing is written).
     pub fn save_state(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.check_complete()?;
         let m = self.model();
         let mut out = Vec::new();
         let put32 = |o: &mut Vec<u8>, v: u32| o.extend_from_slice(&v.to_le_bytes());
@@ -176,6 +179,8 @@ pub struct Snapshot {
     pos: usize,
     mla_lens: Vec<usize>,
     values: Vec<f32>,
+    /// The session's [`Error::Incomplete`] cause, restored with the rest.
+    incomplete: Option<String>,
 }
 
 impl Snapshot {
@@ -208,12 +213,13 @@ impl Session<'_> {
             }
         }
         values.extend_from_slice(self.logits());
-        Snapshot { pos: self.position(), mla_lens, values }
+        Snapshot { pos: self.position(), mla_lens, values, incomplete: self.incomplete.clone() }
     }
 
     /// Return to a snapshot taken from a session of the same model.
     pub fn restore_snapshot(&mut self, snap: &Snapshot) {
         let mut it = snap.values.iter().copied();
         self.restore(snap.pos, &snap.mla_lens, &mut it);
+        self.incomplete = snap.incomplete.clone();
     }
 }

@@ -355,3 +355,49 @@ fn a_sealed_infinite_record_scale_is_refused_when_read() {
     drop(m);
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// A step that fails part-way (here every record of layer 2 damaged, so
+/// the first token stops at that layer's experts after the layers before it
+/// updated their state) leaves the session refusing to go on — even once
+/// the cause is gone (the bank repaired, as a transient read error would
+/// be) — until it is reset; it must never continue from the half-updated
+/// state as if the failed tokens had not happened. After the reset it
+/// computes exactly what a fresh session does.
+#[test]
+fn a_step_failed_part_way_refuses_until_reset() {
+    let d = copy("partway");
+    let bank = d.join("experts-L2.bin");
+    let good = std::fs::read(&bank).unwrap();
+    let mut bad = good.clone();
+    for e in 0..8 {
+        bad[e * REC + 500] ^= 0x10;
+    }
+    std::fs::write(&bank, &bad).unwrap();
+    let opts = waste_model::ModelOptions { ctx: 64, threads: 1, verify_records: true, ..Default::default() };
+    let m = waste_model::Model::open(&d, opts.clone()).expect("damage inside records opens");
+    let mut s = m.session();
+    let e = s.eval(&[1, 2, 3]).expect_err("a damaged layer fails the step").to_string();
+    assert!(e.contains("layer 2") && e.contains("checksum mismatch"), "{e}");
+    std::fs::write(&bank, &good).unwrap();
+    for next in [&[4u32][..], &[1, 2, 3]] {
+        match s.eval(next) {
+            Err(waste_model::Error::Incomplete(cause)) => assert!(cause.contains("checksum mismatch"), "{cause}"),
+            other => panic!("a half-updated session went on: {:?}", other.map(|l| l.len())),
+        }
+    }
+    assert!(s.save_state(d.join("half.state")).is_err(), "a half-updated state was saved");
+    assert!(!d.join("half.state").exists());
+    // a snapshot carries the mark: restoring it restores the refusal
+    let half = s.snapshot();
+    s.reset();
+    s.restore_snapshot(&half);
+    assert!(matches!(s.eval(&[4]), Err(waste_model::Error::Incomplete(_))), "a restored half state went on");
+    s.reset();
+    let after = s.eval(&[1, 2, 3, 4]).expect("the reset session works").to_vec();
+    let fresh = waste_model::Model::open(&d, opts).unwrap();
+    let want = fresh.session().eval(&[1, 2, 3, 4]).unwrap().to_vec();
+    assert!(after.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "reset session differs from a fresh one");
+    drop(s);
+    drop(m);
+    std::fs::remove_dir_all(&d).ok();
+}
