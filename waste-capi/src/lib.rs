@@ -992,6 +992,25 @@ mod tests {
     }
 
     #[test]
+    fn engine_errors_map_to_the_header_statuses() {
+        let cases = [
+            (engine::Error::NonFinite { pos: 3, token: 7, value: f32::NAN }, WASTE_E_FORMAT),
+            // a half-updated session: the caller has to reset it (waste.h)
+            (engine::Error::Incomplete("checksum mismatch".into()), WASTE_E_ARG),
+            (engine::Error::Arg("x".into()), WASTE_E_ARG),
+            (engine::Error::Oom("x".into()), WASTE_E_OOM),
+            (engine::Error::Unsupported("x".into()), WASTE_E_UNSUPPORTED),
+            (engine::Error::Cancelled, WASTE_E_CANCELLED),
+        ];
+        for (e, want) in cases {
+            let msg = e.to_string();
+            let (got, text) = fail(e);
+            assert_eq!(got, want, "{msg}");
+            assert_eq!(text, msg);
+        }
+    }
+
+    #[test]
     fn small_buffers_report_the_size_needed() {
         let mut n = 0usize;
         let mut buf = [0u32; 2];
