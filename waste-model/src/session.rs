@@ -106,6 +106,9 @@ pub struct Session<'m> {
     /// before and after that step, so evaluating or saving is refused
     /// ([`Error::Incomplete`]) until a reset or a restore replaces it all.
     pub(crate) incomplete: Option<String>,
+    /// Unit tests: panic inside the step at this layer (an engine bug's stand-in).
+    #[cfg(test)]
+    panic_at_layer: Option<usize>,
 }
 
 /// One sequence position's input: a token's embedding row or an image's row.
@@ -165,6 +168,8 @@ impl<'m> Session<'m> {
             replay: None,
             images: Default::default(),
             incomplete: None,
+            #[cfg(test)]
+            panic_at_layer: None,
         }
     }
 
@@ -321,17 +326,22 @@ impl<'m> Session<'m> {
             inputs.push(Input::Token(t));
         }
         let chunk = self.chunk_len();
+        // a failure inside a step may leave some layers past it and the rest
+        // before it: no later call may build on that. Marked before the
+        // first step and cleared after the last, so a step that never
+        // returns (a panic caught by the caller, as the C ABI does) leaves
+        // the mark too.
+        self.incomplete = Some("a step was interrupted before it finished".into());
         let mut i = 0;
         while i < n {
             let t = chunk.min(n - i);
-            // a failure inside a step may leave some layers past it and the
-            // rest before it: no later call may build on that
             if let Err(e) = self.forward(&inputs[i..i + t], i + t == n) {
                 self.incomplete = Some(e.to_string());
                 return Err(e);
             }
             i += t;
         }
+        self.incomplete = None;
         Ok(&self.logits)
     }
 
@@ -448,6 +458,8 @@ impl<'m> Session<'m> {
         let ar = c.attn_res_block;
         self.nblocks = 0;
         for (l, layer) in m.layers.iter().enumerate() {
+            #[cfg(test)]
+            assert!(self.panic_at_layer != Some(l), "injected panic at layer {l}");
             let restarted = ar.is_some_and(|b| l % b == 0);
             // --- attention inputs of every token (they depend on earlier layers only)
             for t in 0..nt {
@@ -692,5 +704,31 @@ impl Drop for Session<'_> {
 fn add(a: &mut [f32], b: &[f32]) {
     for (x, y) in a.iter_mut().zip(b) {
         *x += y;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Error, Model, ModelOptions};
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    /// A step that never returns (a panic inside the engine, caught by the
+    /// caller as the C ABI's guard does) leaves the session refusing to go
+    /// on, as a step that returns an error does.
+    #[test]
+    fn a_step_cut_short_by_a_panic_marks_the_session_incomplete() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/anchor-tiny/kimi-linear-tiny.waste");
+        let m = Model::open(&p, ModelOptions { ctx: 32, threads: 1, ..Default::default() }).unwrap();
+        let mut s = m.session();
+        s.eval(&[1, 2]).unwrap();
+        s.panic_at_layer = Some(2);
+        assert!(catch_unwind(AssertUnwindSafe(|| s.eval(&[3]).map(|_| ()))).is_err());
+        s.panic_at_layer = None;
+        match s.eval(&[3]) {
+            Err(Error::Incomplete(c)) => assert!(c.contains("interrupted"), "{c}"),
+            other => panic!("went on after a panic mid-step: {:?}", other.map(|l| l.len())),
+        }
+        s.reset();
+        s.eval(&[1, 2, 3]).expect("a reset session works");
     }
 }
