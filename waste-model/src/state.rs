@@ -176,6 +176,8 @@ impl Session<'_> {
 /// An in-memory copy of a session's state (for prefix reuse).
 #[derive(Clone, Debug)]
 pub struct Snapshot {
+    /// [`crate::Model::fingerprint`] of the model it was taken from.
+    model: u64,
     pos: usize,
     mla_lens: Vec<usize>,
     values: Vec<f32>,
@@ -213,13 +215,60 @@ impl Session<'_> {
             }
         }
         values.extend_from_slice(self.logits());
-        Snapshot { pos: self.position(), mla_lens, values, incomplete: self.incomplete.clone() }
+        Snapshot {
+            model: self.model().fingerprint(),
+            pos: self.position(),
+            mla_lens,
+            values,
+            incomplete: self.incomplete.clone(),
+        }
     }
 
     /// Return to a snapshot taken from a session of the same model.
-    pub fn restore_snapshot(&mut self, snap: &Snapshot) {
+    ///
+    /// # Errors
+    /// [`Error::Arg`] for a snapshot of another model, or one whose
+    /// positions do not fit this session's context (the same container
+    /// opened with a smaller `ctx`); the session is then unchanged.
+    pub fn restore_snapshot(&mut self, snap: &Snapshot) -> Result<()> {
+        if snap.model != self.model().fingerprint() {
+            return Err(Error::Arg("the snapshot was taken from a different model".into()));
+        }
+        let ctx = self.model().options().ctx;
+        if snap.pos > ctx {
+            return Err(Error::Arg(format!("the snapshot's position {} exceeds this session's ctx {ctx}", snap.pos)));
+        }
+        // every shape from this session, so the values cannot run short or over
+        let mut need = self.logits().len();
+        let cur = self.layer_states();
+        if snap.mla_lens.len() != cur.len() {
+            return Err(Error::Arg(format!(
+                "the snapshot has {} layers, the model {}",
+                snap.mla_lens.len(),
+                cur.len()
+            )));
+        }
+        for (l, &len) in cur.iter().zip(&snap.mla_lens) {
+            need += match l {
+                LayerStateRef::Kda { conv, s } => conv.len() + s.len(),
+                // (a snapshot of an incomplete session may hold more than its position)
+                LayerStateRef::Mla { width, .. } if len <= ctx => len * width,
+                LayerStateRef::Mla { .. } => {
+                    return Err(Error::Arg(format!(
+                        "the snapshot holds {len} cached positions, past this session's ctx {ctx}"
+                    )))
+                }
+            };
+        }
+        if snap.values.len() != need {
+            return Err(Error::Arg(format!(
+                "the snapshot holds {} values, this session's shapes {need}",
+                snap.values.len()
+            )));
+        }
         let mut it = snap.values.iter().copied();
         self.restore(snap.pos, &snap.mla_lens, &mut it);
         self.incomplete = snap.incomplete.clone();
+        Ok(())
     }
 }

@@ -390,7 +390,7 @@ fn a_step_failed_part_way_refuses_until_reset() {
     // a snapshot carries the mark: restoring it restores the refusal
     let half = s.snapshot();
     s.reset();
-    s.restore_snapshot(&half);
+    s.restore_snapshot(&half).expect("a snapshot of this session restores");
     assert!(matches!(s.eval(&[4]), Err(waste_model::Error::Incomplete(_))), "a restored half state went on");
     s.reset();
     let after = s.eval(&[1, 2, 3, 4]).expect("the reset session works").to_vec();

@@ -152,6 +152,44 @@ fn state_roundtrip_is_exact_and_bad_files_leave_the_session_untouched() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn snapshots_restore_exactly_and_refuse_what_does_not_fit() {
+    let m = open(128);
+    let mut a = m.session();
+    a.eval(&[305, 12, 40, 77, 256, 101]).unwrap();
+    let snap = a.snapshot();
+    let cont = a.generate(&[33, 290], &params(10), |_| Control::Continue).unwrap();
+    let mut b = m.session();
+    b.restore_snapshot(&snap).unwrap();
+    assert_eq!(b.position(), 6);
+    assert_eq!(b.generate(&[33, 290], &params(10), |_| Control::Continue).unwrap().tokens, cont.tokens);
+    // the same container opened with a context too small for the snapshot:
+    // refused, the session unchanged (its cache is shorter than the
+    // snapshot's positions)
+    let small = open(4);
+    let mut c = small.session();
+    c.eval(&[305, 9]).unwrap();
+    let before = (c.position(), c.logits().to_vec());
+    let e = c.restore_snapshot(&snap).expect_err("a snapshot past ctx restored").to_string();
+    assert!(e.contains("exceeds this session's ctx 4"), "{e}");
+    assert_eq!((c.position(), c.logits().to_vec()), before);
+    // another model
+    let dir = std::env::temp_dir().join(format!("waste-snap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(anchor()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let mut man = std::fs::read_to_string(dir.join("manifest.json")).unwrap();
+    man.push('\n'); // other manifest bytes, another fingerprint
+    std::fs::write(dir.join("manifest.json"), man).unwrap();
+    let other = Model::open(&dir, ModelOptions { ctx: 128, threads: 1, ..Default::default() }).unwrap();
+    let e = other.session().restore_snapshot(&snap).expect_err("another model's snapshot restored").to_string();
+    assert!(e.contains("different model"), "{e}");
+    drop(other);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Allows only the tokens of a fixed set, counting what it was told.
 struct OnlySome {
     allowed: Vec<u32>,

@@ -114,14 +114,14 @@ pub fn run(model: &Model, rx: std::sync::mpsc::Receiver<Job>, counters: &Counter
         }
         let keys = keys(&job.prompt, pad, &job.images);
         let extends = |base: &[u64]| !base.is_empty() && base.len() < keys.len() && keys.starts_with(base);
-        let start = if extends(&held) {
-            held.len()
-        } else if let Some((toks, sn)) = snap.as_ref().filter(|(t, _)| extends(t)) {
-            s.restore_snapshot(sn);
-            toks.len()
-        } else {
-            s.reset();
-            0
+        let start = match snap.as_ref() {
+            _ if extends(&held) => held.len(),
+            // the session's own snapshot: it restores (checked all the same)
+            Some((toks, sn)) if extends(toks) && s.restore_snapshot(sn).is_ok() => toks.len(),
+            _ => {
+                s.reset();
+                0
+            }
         };
         let st0 = s.stats();
         let pos0 = s.position();
