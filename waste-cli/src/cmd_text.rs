@@ -128,16 +128,31 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
         let t0 = std::time::Instant::now();
         let st0 = s.stats();
         let mut printer = chat.printer(true);
-        let g = s.generate(&ids, &params, |ev| {
+        let turn = s.generate(&ids, &params, |ev| {
             let _ = printer.push(&ev.piece, &mut out, true);
             waste_model::Control::Continue
-        })?;
+        });
         writeln!(out)?;
         // close the assistant turn so the next one starts clean
-        let close = chat.close(&printer, &g.finish)?;
-        if !close.is_empty() && s.position() + close.len() < model.options().ctx {
-            s.eval(&close)?;
-        }
+        let turn = turn.map_err(anyhow::Error::from).and_then(|g| {
+            let close = chat.close(&printer, &g.finish)?;
+            if !close.is_empty() && s.position() + close.len() < model.options().ctx {
+                s.eval(&close)?;
+            }
+            Ok(g)
+        });
+        // a turn the engine could not finish (a read error, a damaged
+        // record) leaves the session half-updated: reported, and the REPL
+        // goes on from an empty conversation rather than exiting
+        let g = match turn {
+            Ok(g) => g,
+            Err(e) => {
+                s.reset();
+                first = true;
+                eprintln!("error: {e:#} (the conversation was reset; /load a saved state to go back)");
+                continue;
+            }
+        };
         let d = s.stats() - st0;
         if g.finish == waste_model::Finish::ContextFull {
             eprintln!("[stopped: the context is full]");

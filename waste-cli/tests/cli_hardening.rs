@@ -118,3 +118,25 @@ fn a_hostile_chat_template_is_an_error_naming_the_file() {
     }
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// A chat turn the engine cannot finish (every record of layer 2 damaged,
+/// read with `--verify`) is reported with its cause, the conversation is
+/// reset, and the REPL goes on to the next command instead of exiting.
+#[test]
+fn a_failed_chat_turn_is_reported_and_the_repl_goes_on() {
+    let d = copy_anchor("chatfail");
+    let bank = d.join("experts-L2.bin");
+    let mut b = std::fs::read(&bank).unwrap();
+    for e in 0..8 {
+        b[e * 12288 + 500] ^= 0x10;
+    }
+    std::fs::write(&bank, b).unwrap();
+    let m = d.to_str().unwrap();
+    let (code, _, err) = waste(&["chat", m, "-n", "4", "--verify"], "hello there\n/stats\nagain\n");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err.matches("the conversation was reset").count(), 2, "{err}");
+    assert!(err.contains("checksum mismatch") && err.contains("layer 2"), "{err}");
+    assert!(err.contains("[position 0 /"), "/stats after the failed turn: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    std::fs::remove_dir_all(&d).ok();
+}
