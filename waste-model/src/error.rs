@@ -73,9 +73,10 @@ pub enum Error {
     },
     /// An earlier step failed part-way (an I/O error, a damaged record, a
     /// non-finite value) after some layers had updated the session's state:
-    /// the session refuses to evaluate, save or snapshot until it is reset
-    /// or loaded from a state, instead of going on from a state no sequence
-    /// of tokens produced. Holds the first failure's message.
+    /// the session refuses to evaluate or save until it is reset or loaded
+    /// from a state, instead of going on from a state no sequence of tokens
+    /// produced (a snapshot taken meanwhile carries the refusal with it).
+    /// Holds the first failure's message.
     #[error("the session's state is incomplete: an earlier step failed part-way ({0}); reset the session or load a saved state")]
     Incomplete(String),
     /// An allocation failed.
