@@ -3,21 +3,9 @@
 
 mod common;
 
-use common::{anchor, waste};
+use common::{anchor, copy_anchor, damage_layer2, waste};
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
-
-fn copy_anchor(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("waste-hard-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    for e in std::fs::read_dir(anchor()).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
-    }
-    d
-}
 
 #[test]
 fn huge_contexts_are_precise_errors() {
@@ -125,12 +113,7 @@ fn a_hostile_chat_template_is_an_error_naming_the_file() {
 #[test]
 fn a_failed_chat_turn_is_reported_and_the_repl_goes_on() {
     let d = copy_anchor("chatfail");
-    let bank = d.join("experts-L2.bin");
-    let mut b = std::fs::read(&bank).unwrap();
-    for e in 0..8 {
-        b[e * 12288 + 500] ^= 0x10;
-    }
-    std::fs::write(&bank, b).unwrap();
+    damage_layer2(&d);
     let m = d.to_str().unwrap();
     let (code, _, err) = waste(&["chat", m, "-n", "4", "--verify"], "hello there\n/stats\nagain\n");
     assert_eq!(code, 0, "{err}");

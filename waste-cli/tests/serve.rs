@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::start;
+use common::{copy_anchor, damage_layer2, start, start_with};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -325,4 +325,43 @@ fn completions_models_and_logprobs() {
     let got = v["choices"][0]["message"]["content"].as_str().unwrap();
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(got, &text[..text.find(&stop).unwrap()]);
+}
+
+/// A request the engine cannot finish (every record of layer 2 damaged,
+/// read with `--verify`) answers 500 in OpenAI's error shape naming the
+/// cause, and the server goes on: the next request gets the same answer
+/// (not a hang, not text from a half-updated state) and the models list
+/// still answers.
+#[test]
+fn an_engine_failure_is_a_500_and_the_server_goes_on() {
+    let d = copy_anchor("servefail");
+    damage_layer2(&d);
+    let srv = start_with(&d, &["--verify"]);
+    let a = srv.addr.as_str();
+    for _ in 0..2 {
+        let (st, v) = post(
+            a,
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}),
+        );
+        assert_error(st, &v, 500, None);
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("checksum mismatch") && msg.contains("layer 2"), "{v}");
+    }
+    // streamed: the error arrives as an event in OpenAI's shape, then the end
+    let req = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": true});
+    let (st, body) = http(a, "POST", "/v1/chat/completions", &[], req.to_string().as_bytes());
+    assert_eq!(st, 200, "{body}");
+    let ev = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .find(|d| d.contains("\"error\""))
+        .expect("an error event");
+    let ev: Value = serde_json::from_str(ev).unwrap();
+    assert!(ev["error"]["message"].as_str().unwrap().contains("checksum mismatch"), "{ev}");
+    assert!(body.contains("data: [DONE]"), "{body}");
+    let (st, body) = http(a, "GET", "/v1/models", &[], b"");
+    assert_eq!(st, 200, "{body}");
+    drop(srv);
+    std::fs::remove_dir_all(&d).ok();
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{anchor, post_chat as post, start_with};
+use common::{anchor, copy_anchor, post_chat as post, start_with};
 use serde_json::{json, Value};
 use std::process::Command;
 
@@ -70,13 +70,7 @@ fn top_k_is_honoured() {
 
 #[test]
 fn a_c_converted_chat_json_means_the_k3_format() {
-    let d = std::env::temp_dir().join(format!("waste-k3-chatjson-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    for e in std::fs::read_dir(anchor()).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
-    }
+    let d = copy_anchor("k3-chatjson");
     // the affixes the C WASTE's converter writes for K3
     let aff =
         |r: &str| json!([format!("<|open|>message role=\"{r}\"<|sep|>"), "<|close|>message<|sep|><|end_of_msg|>"]);

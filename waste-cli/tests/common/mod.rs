@@ -13,6 +13,29 @@ pub fn anchor() -> PathBuf {
     p
 }
 
+/// A writable copy of the anchor in a temp dir named for this process and `tag`.
+pub fn copy_anchor(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("waste-hard-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    for e in std::fs::read_dir(anchor()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
+    }
+    d
+}
+
+/// Flip a payload byte in every record of layer 2 of an anchor copy: each
+/// fails its CRC (read with `--verify`), naming the expert and layer.
+pub fn damage_layer2(d: &Path) {
+    let bank = d.join("experts-L2.bin");
+    let mut b = std::fs::read(&bank).unwrap();
+    for e in 0..8 {
+        b[e * 12288 + 500] ^= 0x10;
+    }
+    std::fs::write(&bank, b).unwrap();
+}
+
 /// Run `waste args` with `stdin`: (exit code, stdout, stderr).
 pub fn waste(args: &[&str], stdin: &str) -> (i32, String, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_waste"))
