@@ -994,7 +994,10 @@ mod tests {
     #[test]
     fn engine_errors_map_to_the_header_statuses() {
         let cases = [
-            (engine::Error::NonFinite { pos: 3, token: 7, value: f32::NAN }, WASTE_E_FORMAT),
+            (
+                engine::Error::NonFinite { pos: 3, at: engine::NonFiniteAt::Logit { token: 7 }, value: f32::NAN },
+                WASTE_E_FORMAT,
+            ),
             // a half-updated session: the caller has to reset it (waste.h)
             (engine::Error::Incomplete("checksum mismatch".into()), WASTE_E_ARG),
             (engine::Error::Arg("x".into()), WASTE_E_ARG),

@@ -58,17 +58,19 @@ pub enum Error {
     /// malformed (the message names which).
     #[error(transparent)]
     Vision(#[from] waste_vision::Error),
-    /// The model computed a non-finite logit (infinite or NaN): weights
+    /// The model computed a non-finite value (infinite or NaN): weights
     /// that load as finite but overflow, or damage no load-time check sees.
-    /// Returned instead of sampling from garbage; the session's state holds
-    /// the same values, so it must be reset before further use.
-    #[error("the model computed a non-finite logit (token {token}: {value}) at position {pos}: the container's weights are damaged (`waste verify` names damaged values) or overflow")]
+    /// `at` names where it first appeared — a layer's attention or
+    /// feed-forward output (each checked as the step runs), or a logit —
+    /// and the step stops there instead of sampling from garbage; the
+    /// session must then be reset ([`Error::Incomplete`] until then).
+    #[error("the model computed a non-finite value ({value}) in {at} at position {pos}: the container's weights are damaged (`waste verify` names damaged values) or overflow")]
     NonFinite {
-        /// Position of the token whose logits these are.
+        /// Position of the first token whose values are not finite.
         pos: usize,
-        /// The first non-finite logit's token id.
-        token: usize,
-        /// Its value.
+        /// Where the value first appeared.
+        at: NonFiniteAt,
+        /// The first non-finite value there.
         value: f32,
     },
     /// An earlier step failed part-way (an I/O error, a damaged record, a
@@ -91,6 +93,37 @@ pub enum Error {
     /// The caller cancelled.
     #[error("cancelled")]
     Cancelled,
+}
+
+/// Where [`Error::NonFinite`] found its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NonFiniteAt {
+    /// The attention (mixer) output of this layer.
+    Attention {
+        /// Layer index.
+        layer: usize,
+    },
+    /// The feed-forward (dense or MoE) output of this layer.
+    Ffn {
+        /// Layer index.
+        layer: usize,
+    },
+    /// The logit of this token id (the LM head or the final norm).
+    Logit {
+        /// Token id.
+        token: usize,
+    },
+}
+
+impl std::fmt::Display for NonFiniteAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NonFiniteAt::Attention { layer } => write!(f, "layer {layer}'s attention output"),
+            NonFiniteAt::Ffn { layer } => write!(f, "layer {layer}'s feed-forward output"),
+            NonFiniteAt::Logit { token } => write!(f, "the logit of token {token}"),
+        }
+    }
 }
 
 /// A constrained-decoding hook's failure (the grammar engine's message).

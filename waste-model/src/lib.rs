@@ -16,7 +16,7 @@
 mod error;
 mod verify;
 
-pub use error::{ConstraintError, Error, Result};
+pub use error::{ConstraintError, Error, NonFiniteAt, Result};
 pub use verify::{verify, VerifyOptions, VerifyReport};
 pub use waste_format as format;
 

@@ -3,7 +3,7 @@
 use crate::model::Model;
 use crate::plan::CHUNK;
 use crate::weights::{kda_config, mla_config, router_config, Attn, Ffn, MoeWeights};
-use crate::{Error, Result};
+use crate::{Error, NonFiniteAt, Result};
 use std::time::Instant;
 use waste_attn::{attn_res, kda, mla, KdaScratch, KdaState, MlaScratch, MlaState};
 use waste_moe::{route, ExpertScratch};
@@ -500,6 +500,7 @@ impl<'m> Session<'m> {
                 _ => unreachable!("layer state matches its kind"),
             }
             self.stats.attn_seconds += ta.elapsed().as_secs_f64();
+            self.check_finite(&self.chunk_ffn_out[..nt * h], h, NonFiniteAt::Attention { layer: l })?;
             // --- residuals and FFN inputs
             for t in 0..nt {
                 let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
@@ -536,6 +537,7 @@ impl<'m> Session<'m> {
                 ),
                 Ffn::Moe(w) => self.moe(l, w, nt)?,
             }
+            self.check_finite(&self.chunk_ffn_out[..nt * h], h, NonFiniteAt::Ffn { layer: l })?;
             for t in 0..nt {
                 let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
                 if ar.is_some() {
@@ -574,12 +576,23 @@ impl<'m> Session<'m> {
             - (self.stats.attn_seconds - at0);
         self.stats.trunk_seconds += spent;
         // garbage in the weights ends here as an error, not as sampled text
-        // (a branch-free pass first: it vectorizes; the position only on failure)
-        if want_logits && self.logits.iter().fold(false, |bad, v| bad | !v.is_finite()) {
+        if want_logits && !all_finite(&self.logits) {
             let token = self.logits.iter().position(|v| !v.is_finite()).unwrap_or(0);
-            return Err(Error::NonFinite { pos: self.pos - 1, token, value: self.logits[token] });
+            let at = NonFiniteAt::Logit { token };
+            return Err(Error::NonFinite { pos: self.pos - 1, at, value: self.logits[token] });
         }
         Ok(())
+    }
+
+    /// [`Error::NonFinite`] at `at` for the first non-finite value of a
+    /// chunk's outputs (`width` per token): where overflowing or damaged
+    /// weights first show, named while the step runs.
+    fn check_finite(&self, outs: &[f32], width: usize, at: NonFiniteAt) -> Result<()> {
+        if all_finite(outs) {
+            return Ok(());
+        }
+        let i = outs.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        Err(Error::NonFinite { pos: self.pos + i / width, at, value: outs[i] })
     }
 
     fn moe(&mut self, l: usize, w: &MoeWeights, nt: usize) -> Result<()> {
@@ -699,6 +712,11 @@ impl Drop for Session<'_> {
         // release the prefetch window; settle finished speculative reads
         self.m.store.leave();
     }
+}
+
+/// Every value finite (a branch-free pass: it vectorizes).
+fn all_finite(v: &[f32]) -> bool {
+    !v.iter().fold(false, |bad, x| bad | !x.is_finite())
 }
 
 fn add(a: &mut [f32], b: &[f32]) {

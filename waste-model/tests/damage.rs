@@ -294,12 +294,44 @@ fn overflowing_weights_are_an_error_not_text() {
         .expect("finite weights load");
     let mut s = m.session();
     match s.eval(&[1, 2, 3]) {
-        Err(waste_model::Error::NonFinite { pos, .. }) => assert_eq!(pos, 2),
-        other => panic!("expected a non-finite error, got {:?}", other.map(|l| l.len())),
+        Err(waste_model::Error::NonFinite { pos, at: waste_model::NonFiniteAt::Logit { .. }, .. }) => {
+            assert_eq!(pos, 2)
+        }
+        other => panic!("expected a non-finite logit, got {:?}", other.map(|l| l.len())),
     }
     drop(s);
     drop(m);
     std::fs::remove_dir_all(&d).ok();
+}
+
+/// A layer's norm at f32's largest value overflows that layer's sublayer:
+/// the error names the layer and the part (attention or feed-forward) where
+/// the first non-finite value appears, and the first position, as the step
+/// runs — not only the logits at its end.
+#[test]
+fn overflow_inside_a_layer_names_the_layer_and_part() {
+    use waste_model::NonFiniteAt::{Attention, Ffn};
+    for (norm, want) in [
+        ("model.layers.1.input_layernorm.weight", Attention { layer: 1 }),
+        ("model.layers.2.post_attention_layernorm.weight", Ffn { layer: 2 }),
+    ] {
+        let d = copy("layer-overflow");
+        let (off, n) = trunk_span(&d, norm, false);
+        put_f32s(&d.join("trunk.bin"), off, &vec![f32::MAX; n]);
+        let m = waste_model::Model::open(&d, waste_model::ModelOptions { ctx: 64, threads: 1, ..Default::default() })
+            .expect("finite weights load");
+        let mut s = m.session();
+        match s.eval(&[1, 2, 3]) {
+            Err(e @ waste_model::Error::NonFinite { pos, at, .. }) => {
+                assert_eq!((pos, at), (0, want), "{norm}: {e}");
+                assert!(e.to_string().contains(&at.to_string()), "{e}");
+            }
+            other => panic!("{norm}: expected a non-finite error, got {:?}", other.map(|l| l.len())),
+        }
+        drop(s);
+        drop(m);
+        std::fs::remove_dir_all(&d).ok();
+    }
 }
 
 /// `verify` checks what opening a model checks and more: every trunk
