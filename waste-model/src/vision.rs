@@ -175,7 +175,8 @@ impl Model {
     ///
     /// # Errors
     /// [`Error::Unsupported`] without a loaded tower; [`Error::Vision`] for
-    /// pixels that do not fit this tower.
+    /// pixels that do not fit this tower, or a tower whose output is not
+    /// finite (overflowing weights; the message names the block).
     pub fn encode_prepared(&self, p: &PreparedImage) -> Result<Image> {
         let v = self.vision_or_err()?;
         let px = &p.pixels;

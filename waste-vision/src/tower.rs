@@ -212,7 +212,8 @@ impl Tower {
     /// in order (merged tiles row-major).
     ///
     /// # Errors
-    /// As [`Tower::embed`].
+    /// As [`Tower::embed`]; [`Error::Weights`] when a block's or the
+    /// projector's output is not finite (weights that overflow), naming it.
     pub fn encode(&self, pool: &Pool, px: &Pixels) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let g = px.grid;
@@ -225,7 +226,7 @@ impl Tower {
         let mut att = vec![0f32; n * q];
         let mut act = vec![0f32; n * ff];
         let mut heads = HeadScratch::new(n, hd);
-        for b in &self.blocks {
+        for (bi, b) in self.blocks.iter().enumerate() {
             for t in 0..n {
                 rmsnorm(&x[t * d..][..d], &b.norm0, TOWER_EPS, &mut y[t * d..][..d]);
             }
@@ -249,6 +250,7 @@ impl Tower {
             par_map(pool, &mut act, gelu_tanh);
             pool.matmat(&b.fc1.view(), &act, n, &mut y);
             add(&mut x, &y);
+            finite(&x, d, || format!("block {bi}'s output"))?;
         }
         for t in 0..n {
             rmsnorm(&x[t * d..][..d], &self.final_norm, TOWER_EPS, &mut y[t * d..][..d]);
@@ -275,8 +277,26 @@ impl Tower {
         for row in out.chunks_exact_mut(th) {
             rmsnorm_inplace(row, &self.post_norm, PROJ_EPS);
         }
+        finite(&out, th, || "the projector's output".into())?;
         Ok(out)
     }
+}
+
+/// [`Error::Weights`] naming `what` and the first row and value when `v`
+/// (rows of `width`) holds an infinite or NaN value: weights that load as
+/// finite but overflow end here, not as garbage rows in the text model.
+fn finite(v: &[f32], width: usize, what: impl FnOnce() -> String) -> Result<()> {
+    // a branch-free pass first (it vectorizes); the position only on failure
+    if !v.iter().fold(false, |bad, x| bad | !x.is_finite()) {
+        return Ok(());
+    }
+    let i = v.iter().position(|x| !x.is_finite()).unwrap_or(0);
+    Err(Error::Weights(format!(
+        "the tower computed a non-finite value ({}) in {} (row {}): the vision weights are damaged or overflow",
+        v[i],
+        what(),
+        i / width.max(1)
+    )))
 }
 
 fn add(x: &mut [f32], y: &[f32]) {
@@ -386,6 +406,22 @@ mod tests {
 
     fn tower(c: &VisionConfig, seed: u64) -> Tower {
         Tower::random(c, seed)
+    }
+
+    /// Finite weights that overflow (a block's norm at f32's largest value)
+    /// are an error naming the block, never non-finite rows handed to the
+    /// text model.
+    #[test]
+    fn an_overflowing_block_is_an_error_naming_it() {
+        let c = cfg();
+        let mut t = tower(&c, 5);
+        let rgb: Vec<u8> = (0..40 * 40 * 3).map(|i| (i * 37 % 251) as u8).collect();
+        let px = crate::from_rgb8(&c, 40, 40, &rgb).unwrap();
+        let pool = Pool::new(1);
+        assert!(t.encode(&pool, &px).unwrap().iter().all(|v| v.is_finite()));
+        t.blocks[1].norm1.iter_mut().for_each(|w| *w = f32::MAX);
+        let e = t.encode(&pool, &px).expect_err("an overflowing tower encoded").to_string();
+        assert!(e.contains("block 1's output") && e.contains("non-finite"), "{e}");
     }
 
     #[test]
