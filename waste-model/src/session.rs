@@ -7,7 +7,7 @@ use crate::{Error, NonFiniteAt, Result};
 use std::time::Instant;
 use waste_attn::{attn_res, kda, mla, KdaScratch, KdaState, MlaScratch, MlaState};
 use waste_moe::{route, ExpertScratch};
-use waste_quant::ops::{rmsnorm, rmsnorm_inplace};
+use waste_quant::ops::{first_non_finite, rmsnorm, rmsnorm_inplace};
 
 /// Counters of expert traffic and time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -576,8 +576,7 @@ impl<'m> Session<'m> {
             - (self.stats.attn_seconds - at0);
         self.stats.trunk_seconds += spent;
         // garbage in the weights ends here as an error, not as sampled text
-        if want_logits && !all_finite(&self.logits) {
-            let token = self.logits.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        if let Some(token) = want_logits.then(|| first_non_finite(&self.logits)).flatten() {
             let at = NonFiniteAt::Logit { token };
             return Err(Error::NonFinite { pos: self.pos - 1, at, value: self.logits[token] });
         }
@@ -588,10 +587,7 @@ impl<'m> Session<'m> {
     /// chunk's outputs (`width` per token): where overflowing or damaged
     /// weights first show, named while the step runs.
     fn check_finite(&self, outs: &[f32], width: usize, at: NonFiniteAt) -> Result<()> {
-        if all_finite(outs) {
-            return Ok(());
-        }
-        let i = outs.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        let Some(i) = first_non_finite(outs) else { return Ok(()) };
         Err(Error::NonFinite { pos: self.pos + i / width, at, value: outs[i] })
     }
 
@@ -712,11 +708,6 @@ impl Drop for Session<'_> {
         // release the prefetch window; settle finished speculative reads
         self.m.store.leave();
     }
-}
-
-/// Every value finite (a branch-free pass: it vectorizes).
-fn all_finite(v: &[f32]) -> bool {
-    !v.iter().fold(false, |bad, x| bad | !x.is_finite())
 }
 
 fn add(a: &mut [f32], b: &[f32]) {

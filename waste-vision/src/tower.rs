@@ -286,11 +286,7 @@ impl Tower {
 /// (rows of `width`) holds an infinite or NaN value: weights that load as
 /// finite but overflow end here, not as garbage rows in the text model.
 fn finite(v: &[f32], width: usize, what: impl FnOnce() -> String) -> Result<()> {
-    // a branch-free pass first (it vectorizes); the position only on failure
-    if !v.iter().fold(false, |bad, x| bad | !x.is_finite()) {
-        return Ok(());
-    }
-    let i = v.iter().position(|x| !x.is_finite()).unwrap_or(0);
+    let Some(i) = waste_quant::ops::first_non_finite(v) else { return Ok(()) };
     Err(Error::Weights(format!(
         "the tower computed a non-finite value ({}) in {} (row {}): the vision weights are damaged or overflow",
         v[i],
