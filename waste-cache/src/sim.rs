@@ -20,18 +20,25 @@ pub fn parse_trace(text: &str) -> Result<Trace, String> {
         let layers =
             v.get("layers").and_then(|l| l.as_array()).ok_or_else(|| format!("line {}: no \"layers\" array", n + 1))?;
         let mut tok = Vec::with_capacity(layers.len());
-        for l in layers {
+        for (li, l) in layers.iter().enumerate() {
             let ids = l.as_array().ok_or_else(|| format!("line {}: a layer is not an array", n + 1))?;
-            tok.push(
-                ids.iter()
-                    .map(|x| {
-                        x.as_u64()
-                            .filter(|&x| x < u32::MAX as u64)
-                            .map(|x| x as u32)
-                            .ok_or_else(|| format!("line {}: bad expert id {x}", n + 1))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            );
+            let ids = ids
+                .iter()
+                .map(|x| {
+                    x.as_u64()
+                        .filter(|&x| x < u32::MAX as u64)
+                        .map(|x| x as u32)
+                        .ok_or_else(|| format!("line {}: bad expert id {x}", n + 1))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            // a router picks distinct experts; a repeated id would count as
+            // a free hit here and is refused by the engine's replay
+            let mut sorted = ids.clone();
+            sorted.sort_unstable();
+            if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+                return Err(format!("line {}, layer {li}: expert {} appears twice", n + 1, w[0]));
+            }
+            tok.push(ids);
         }
         out.push(tok);
     }
@@ -150,6 +157,8 @@ mod tests {
     fn parse_rejects_garbage_precisely() {
         assert!(parse_trace("{\"tok\":0}\n").unwrap_err().contains("line 1"));
         assert!(parse_trace("{\"layers\":[[1,-2]]}").unwrap_err().contains("bad expert id"));
+        let e = parse_trace("{\"layers\":[[1,2],[3,4,3]]}").unwrap_err();
+        assert!(e.contains("line 1, layer 1: expert 3 appears twice"), "{e}");
         assert_eq!(parse_trace("{\"tok\":0,\"layers\":[[1,2],[3]]}\n").unwrap(), vec![vec![vec![1, 2], vec![3]]]);
     }
 }
