@@ -188,10 +188,10 @@ pub fn version(a: VersionArgs) -> Result<ExitCode> {
 pub struct DiskbenchArgs {
     /// A large file on the disk to measure (e.g. an expert bank).
     file: PathBuf,
-    /// Bytes per read (rounded to 4 KiB).
+    /// Bytes per read (rounded up to 4 KiB; at most 1 GiB across the reads in flight).
     #[arg(long, default_value_t = 1 << 20)]
     record_size: usize,
-    /// Reads in flight (one reader thread each).
+    /// Reads in flight (one reader thread each, 1 to 64).
     #[arg(long, default_value_t = 4)]
     qd: usize,
     /// Stop after this many bytes.
@@ -212,7 +212,7 @@ pub fn diskbench(a: DiskbenchArgs) -> Result<ExitCode> {
     let r = waste_model::io::probe_bandwidth(&a.file, a.record_size, a.qd, a.max_bytes, !a.no_direct_io, !a.no_huge)?;
     if a.json {
         print_json(
-            &json!({"gbps": r.gbps, "bytes": r.bytes, "seconds": r.seconds, "direct_io": r.direct, "huge_pages": r.huge, "record_size": a.record_size, "qd": a.qd}),
+            &json!({"gbps": r.gbps, "bytes": r.bytes, "seconds": r.seconds, "direct_io": r.direct, "huge_pages": r.huge, "record_size": r.record, "qd": r.qd}),
         )?;
     } else {
         outln!(
@@ -220,8 +220,8 @@ pub fn diskbench(a: DiskbenchArgs) -> Result<ExitCode> {
             r.gbps,
             r.bytes,
             r.seconds,
-            a.record_size,
-            a.qd,
+            r.record,
+            r.qd,
             r.direct,
             r.huge
         );

@@ -139,7 +139,8 @@ fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) -> Option<f64
 }
 
 pub fn bench(a: BenchArgs) -> Result<ExitCode> {
-    let io_qd = if a.engine.io_threads == 0 { 4 } else { a.engine.io_threads };
+    // the engine caps its readers at MAX_IO_THREADS; the probe does the same
+    let io_qd = if a.engine.io_threads == 0 { 4 } else { a.engine.io_threads.min(waste_model::MAX_IO_THREADS) };
     let disk_gbps = disk_bandwidth(&a.model, io_qd, !a.engine.no_direct_io);
     let t_open = std::time::Instant::now();
     let model = a.engine.open(&a.model)?;

@@ -28,6 +28,38 @@ fn absurd_thread_counts_are_capped_with_a_warning() {
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("compute threads capped") && err.contains("I/O threads capped"), "{err}");
     assert!(!out.is_empty());
+    // bench probes the disk with its reader count before opening: capped too
+    // (it used to spawn 100 000 probe threads and abort)
+    let (code, out, err) = waste(&["bench", a.to_str().unwrap(), "-n", "1", "--io-threads", "100000", "--json"], "");
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["io_threads"], 64, "{out}");
+}
+
+/// `diskbench` with reads in flight or record sizes out of range: a
+/// one-line error naming the range (it used to abort spawning 100 000
+/// threads, or panic on a record size that overflows when rounded), and
+/// what it reports is what it read (the record rounded up to 4 KiB).
+#[test]
+fn diskbench_arguments_out_of_range_are_precise_errors() {
+    let bank = anchor().join("experts-L1.bin");
+    let b = bank.to_str().unwrap();
+    for (args, want) in [
+        (vec!["--qd", "0"], "expected 1 to 64"),
+        (vec!["--qd", "100000"], "expected 1 to 64"),
+        (vec!["--record-size", "18446744073709551615"], "exceed the probe's 1024 MiB"),
+        (vec!["--record-size", "536870912", "--qd", "4"], "exceed the probe's 1024 MiB"),
+    ] {
+        let mut cmd = vec!["diskbench", b];
+        cmd.extend(&args);
+        let (code, _, err) = waste(&cmd, "");
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains(want) && err.trim().lines().count() == 1, "{args:?}: {err}");
+    }
+    let (code, out, err) = waste(&["diskbench", b, "--record-size", "1", "--qd", "2", "--json"], "");
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((v["record_size"].as_u64(), v["qd"].as_u64()), (Some(4096), Some(2)), "{out}");
 }
 
 #[test]

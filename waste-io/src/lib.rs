@@ -29,7 +29,7 @@ pub use buf::AlignedBuf;
 pub use file::DirectFile;
 pub use pool::{Priority, ReaderPool, Ticket};
 pub use prefault::Prefault;
-pub use probe::{probe_bandwidth, read_bandwidth, ProbeResult};
+pub use probe::{probe_bandwidth, read_bandwidth, ProbeResult, PROBE_MAX_BUFFERS, PROBE_MAX_QD};
 
 use std::path::PathBuf;
 
@@ -78,6 +78,9 @@ pub enum Error {
     /// The reader pool was shut down.
     #[error("reader pool is shut down")]
     Closed,
+    /// An argument out of its range (the message names it and the range).
+    #[error("{0}")]
+    Arg(String),
     /// A buffer of this size cannot be had: its size overflows, or the OS
     /// refused the memory.
     #[error("cannot allocate an aligned buffer of {len} bytes")]

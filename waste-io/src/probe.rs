@@ -19,17 +19,29 @@ pub struct ProbeResult {
     pub direct: bool,
     /// Whether buffers got huge pages.
     pub huge: bool,
+    /// The record size read (the request rounded up to 4 KiB).
+    pub record: usize,
+    /// Reads in flight.
+    pub qd: usize,
 }
+
+/// Most reads in flight a probe runs (one reader thread each; the engine
+/// caps its reader threads at the same).
+pub const PROBE_MAX_QD: usize = 64;
+/// Most bytes of buffers a probe holds (`qd` records).
+pub const PROBE_MAX_BUFFERS: u64 = 1 << 30;
 
 /// Read up to `max_bytes` of `path` in records of `rec` bytes (rounded to
 /// 4 KiB) with `qd` reads in flight, in a scattered order (stride walk), and
 /// report the bandwidth.
 ///
 /// # Errors
-/// [`crate::Error::Io`] when the file cannot be opened, and any read's error.
+/// [`crate::Error::Arg`] for `qd` outside `1..=`[`PROBE_MAX_QD`] or `qd`
+/// records over [`PROBE_MAX_BUFFERS`] bytes; [`crate::Error::Io`] when the
+/// file cannot be opened, and any read's error.
 ///
 /// # Panics
-/// When the OS refuses to start a reader thread.
+/// When the OS refuses to start a reader thread (at most [`PROBE_MAX_QD`]).
 pub fn probe_bandwidth(
     path: &Path,
     rec: usize,
@@ -38,11 +50,22 @@ pub fn probe_bandwidth(
     direct: bool,
     huge: bool,
 ) -> Result<ProbeResult> {
-    let rec = rec.max(1).div_ceil(ALIGN) * ALIGN;
+    if !(1..=PROBE_MAX_QD).contains(&qd) {
+        return Err(crate::Error::Arg(format!("{qd} reads in flight: expected 1 to {PROBE_MAX_QD}")));
+    }
+    let rec = rec
+        .max(1)
+        .checked_next_multiple_of(ALIGN)
+        .filter(|&r| (r as u64).checked_mul(qd as u64).is_some_and(|b| b <= PROBE_MAX_BUFFERS))
+        .ok_or_else(|| {
+            crate::Error::Arg(format!(
+                "{qd} records of {rec} bytes exceed the probe's {} MiB of buffers",
+                PROBE_MAX_BUFFERS >> 20
+            ))
+        })?;
     let f = Arc::new(DirectFile::open(path, direct)?);
     let n_rec = (f.len() / rec as u64).max(1);
     let n = (max_bytes / rec as u64).clamp(1, n_rec);
-    let qd = qd.max(1);
     let pool = ReaderPool::new(qd);
     // a stride co-prime with n_rec visits records out of order, defeating read-ahead
     let stride = (1..n_rec).rev().find(|s| gcd(*s, n_rec) == 1 && *s < n_rec / 2 + 1).unwrap_or(1);
@@ -70,7 +93,15 @@ pub fn probe_bandwidth(
     }
     let seconds = t0.elapsed().as_secs_f64();
     let bytes = n * rec as u64;
-    Ok(ProbeResult { bytes, seconds, gbps: bytes as f64 / seconds / 1e9, direct: f.is_direct(), huge: got_huge })
+    Ok(ProbeResult {
+        bytes,
+        seconds,
+        gbps: bytes as f64 / seconds / 1e9,
+        direct: f.is_direct(),
+        huge: got_huge,
+        record: rec,
+        qd,
+    })
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -138,6 +169,21 @@ fn sum_words(b: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probe_arguments_out_of_range_are_errors() {
+        let p = std::env::temp_dir().join(format!("waste-probe-{}", std::process::id()));
+        std::fs::write(&p, vec![7u8; 64 << 10]).unwrap();
+        let err = |rec: usize, qd: usize| probe_bandwidth(&p, rec, qd, 1 << 20, false, false).unwrap_err().to_string();
+        assert!(err(4096, 0).contains("expected 1 to 64"));
+        assert!(err(4096, 65).contains("expected 1 to 64"));
+        assert!(err(usize::MAX, 1).contains("exceed the probe's 1024 MiB"));
+        assert!(err(512 << 20, 4).contains("exceed"));
+        // in range: the request rounded up to 4 KiB, reported as read
+        let r = probe_bandwidth(&p, 1, 2, 1 << 20, false, false).unwrap();
+        assert_eq!((r.record, r.qd, r.bytes), (4096, 2, 64 << 10));
+        std::fs::remove_file(&p).ok();
+    }
 
     #[test]
     fn read_bandwidth_reads_every_share() {
