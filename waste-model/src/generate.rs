@@ -168,6 +168,10 @@ impl Session<'_> {
         if !p.stop_strings.is_empty() && tok.is_none() {
             return Err(Error::Arg("stop strings need the container's tokenizer".into()));
         }
+        if p.stop_strings.iter().any(|s| s.is_empty()) {
+            // it would match before any text (the server refuses it too)
+            return Err(Error::Arg("a stop string is empty".into()));
+        }
         let eos: Vec<u32> = self.model().config().eos.iter().copied().chain(p.stop_tokens.iter().copied()).collect();
         let mut sampler = Sampler::new(p.sampling.clone());
         let pos0 = self.position();

@@ -18,6 +18,18 @@ fn params(n: usize) -> GenerateParams {
     GenerateParams { max_tokens: n, ..Default::default() }
 }
 
+/// An empty stop string would match before any text: refused before the
+/// prompt is evaluated (the session stays where it was).
+#[test]
+fn an_empty_stop_string_is_refused() {
+    let m = open(64);
+    let mut s = m.session();
+    let p = GenerateParams { stop_strings: vec!["x".into(), String::new()], ..params(4) };
+    let e = s.generate(&[305, 12], &p, |_| Control::Continue).expect_err("empty stop accepted").to_string();
+    assert!(e.contains("stop string is empty"), "{e}");
+    assert_eq!(s.position(), 0);
+}
+
 #[test]
 fn stop_strings_split_across_tokens_are_honoured_and_never_emitted() {
     let m = open(256);
