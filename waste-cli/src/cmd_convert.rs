@@ -34,7 +34,7 @@ pub struct ConvertArgs {
     /// Convert only the MoE layers A-B (inclusive) in this run.
     #[arg(long)]
     layers: Option<String>,
-    /// Encoder threads (0 = all cores).
+    /// Encoder threads, 1 to 256 (0 = all cores).
     #[arg(long, default_value_t = 0)]
     jobs: usize,
     /// Seed (same seed, same container).
@@ -76,7 +76,10 @@ pub fn convert(a: ConvertArgs) -> Result<ExitCode> {
             ))
         }
     };
-    let jobs = if a.jobs == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { a.jobs };
+    let jobs = match a.jobs {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()).min(waste_convert::MAX_JOBS),
+        j => j,
+    };
     let o = ConvertOptions {
         experts,
         trunk,

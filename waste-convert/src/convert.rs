@@ -70,6 +70,35 @@ pub struct ConvertOptions {
     pub vision: VisionMode,
 }
 
+/// Most encoder threads a conversion starts.
+pub const MAX_JOBS: usize = 256;
+/// Most k-means iterations per codebook.
+pub const MAX_KMEANS_ITERS: usize = 1000;
+
+impl ConvertOptions {
+    /// Every option in its range.
+    ///
+    /// # Errors
+    /// [`Error::Arg`] naming the option: `jobs` outside `1..=`[`MAX_JOBS`],
+    /// `cb_sample` 0, `kmeans_iters` over [`MAX_KMEANS_ITERS`], a `layers`
+    /// range whose start is past its end.
+    pub fn check(&self) -> Result<()> {
+        if !(1..=MAX_JOBS).contains(&self.jobs) {
+            return Err(Error::Arg(format!("{} encoder threads (jobs): expected 1 to {MAX_JOBS}", self.jobs)));
+        }
+        if self.cb_sample == 0 {
+            return Err(Error::Arg("cb_sample 0: the codebooks need at least one sampled expert".into()));
+        }
+        if self.kmeans_iters > MAX_KMEANS_ITERS {
+            return Err(Error::Arg(format!("{} k-means iterations: at most {MAX_KMEANS_ITERS}", self.kmeans_iters)));
+        }
+        if let Some((a, b)) = self.layers.filter(|(a, b)| a > b) {
+            return Err(Error::Arg(format!("layers {a}-{b}: the first layer is past the last")));
+        }
+        Ok(())
+    }
+}
+
 impl Default for ConvertOptions {
     fn default() -> Self {
         ConvertOptions {
@@ -197,11 +226,13 @@ fn is_empty_dir(p: &Path) -> bool {
 /// bank is written the container is validated and renamed to `out`.
 ///
 /// # Errors
-/// [`Error::Overlap`] when `out` and `src` overlap, [`Error::OutputExists`]
+/// [`Error::Arg`] for an option out of range ([`ConvertOptions::check`],
+/// before anything is read or written), [`Error::Overlap`] when `out` and `src` overlap, [`Error::OutputExists`]
 /// for a non-empty `out`, [`Error::ResumeMismatch`] / [`Error::ForeignStaging`]
 /// for a staging folder that is not this conversion's; source errors name
 /// the tensor and the file.
 pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn Fn(Progress) + Sync)) -> Result<Report> {
+    o.check()?;
     let t0 = Instant::now();
     let (rs, ro) = (resolved(src_dir), resolved(out));
     let stage = staging_dir(&ro);

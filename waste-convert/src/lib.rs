@@ -21,7 +21,10 @@ mod names;
 mod source;
 mod vision;
 
-pub use convert::{convert, staging_dir, verify_against_source, ConvertOptions, Progress, Report, TrunkMode};
+pub use convert::{
+    convert, staging_dir, verify_against_source, ConvertOptions, Progress, Report, TrunkMode, MAX_JOBS,
+    MAX_KMEANS_ITERS,
+};
 pub use source::{decode_mxfp4, e2m1, e8m0, parse_header, Source, TensorLoc, MAX_HEADER_BYTES};
 pub use vision::VisionMode;
 

@@ -57,6 +57,28 @@ fn agrees_with(container: &Path, reference: &Path, bound: f32) -> f32 {
     worst
 }
 
+/// Options out of range are refused before anything is read or written
+/// (`--jobs 100000` used to spawn threads until the process aborted,
+/// `--layers 5-2` converted nothing and said "run again", `--cb-sample 0`
+/// silently fit the codebooks on one expert).
+#[test]
+fn options_out_of_range_are_refused_before_any_work() {
+    let src = fixtures().join("hf-tiny");
+    let out = tmp("bad-options");
+    let base = ConvertOptions { jobs: 1, ..Default::default() };
+    for (o, want) in [
+        (ConvertOptions { jobs: 100_000, ..base.clone() }, "expected 1 to 256"),
+        (ConvertOptions { jobs: 0, ..base.clone() }, "expected 1 to 256"),
+        (ConvertOptions { cb_sample: 0, ..base.clone() }, "cb_sample 0"),
+        (ConvertOptions { kmeans_iters: usize::MAX, ..base.clone() }, "at most 1000"),
+        (ConvertOptions { layers: Some((5, 2)), ..base.clone() }, "layers 5-2"),
+    ] {
+        let e = convert(&src, &out, &o, &|_| {}).expect_err(want).to_string();
+        assert!(e.contains(want), "{e}");
+        assert!(!out.exists() && !waste_convert::staging_dir(&out).exists(), "{want}: something was written");
+    }
+}
+
 #[test]
 fn f16_experts_f32_trunk_match_transformers() {
     let out = convert_exact("hf-tiny", "exact");
