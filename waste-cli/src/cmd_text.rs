@@ -88,7 +88,7 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
                         pending.append(&mut f);
                     }
                     Ok(_) => eprintln!("error: this model has no vision tower loaded (images need K3's tower)"),
-                    Err(e) => eprintln!("error: {e:#}"),
+                    Err(e) => eprintln!("error: {}", crate::describe(&e)),
                 },
                 "stats" => {
                     let st = s.stats();
@@ -121,7 +121,7 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
         if let Err(e) = queue_images(&mut s, &ids, &pending) {
             s.clear_images();
             pending.clear();
-            eprintln!("error: {e:#} (the images were dropped)");
+            eprintln!("error: {} (the images were dropped)", crate::describe(&e));
             continue;
         }
         pending.clear();
@@ -149,7 +149,10 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
             Err(e) => {
                 s.reset();
                 first = true;
-                eprintln!("error: {e:#} (the conversation was reset; /load a saved state to go back)");
+                eprintln!(
+                    "error: {} (the conversation was reset; /load a saved state to go back)",
+                    crate::describe(&e)
+                );
                 continue;
             }
         };

@@ -108,10 +108,28 @@ fn main() -> ExitCode {
                     return ExitCode::SUCCESS;
                 }
             }
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", describe(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, outermost first, each cause said
+/// once: the engine's errors already put their OS error in their own
+/// message, which `{:#}` would repeat ("…: No such file (os error 2): No
+/// such file (os error 2)").
+pub fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if out.is_empty() {
+            out = c;
+        } else if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
 }
 
 /// Print a JSON value (pretty) to stdout.

@@ -155,3 +155,18 @@ fn a_failed_chat_turn_is_reported_and_the_repl_goes_on() {
     assert!(!err.contains("panicked"), "{err}");
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// An error's OS cause is said once: the engine's errors carry it in their
+/// own message, and the CLI's chain printing used to repeat it ("…: No such
+/// file or directory (os error 2): No such file or directory (os error 2)").
+/// A `--usage` file that cannot be used is a warning naming it.
+#[test]
+fn errors_say_their_cause_once_and_a_bad_usage_file_is_named() {
+    let (code, _, err) = waste(&["info", "/nonexistent-container"], "");
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    let a = anchor();
+    let (code, _, err) = waste(&["eval", a.to_str().unwrap(), "--ids", "1", "--usage", "/nonexistent-usage"], "");
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("warning: usage file /nonexistent-usage: not read"), "{err}");
+}

@@ -289,15 +289,38 @@ impl Model {
     }
 
     fn preload_usage(&mut self) -> Result<()> {
-        let path = match &self.opts.usage {
-            Some(p) => p.clone(),
-            None => self.container.dir.join("usage.waste"),
+        let (path, asked) = match &self.opts.usage {
+            Some(p) => (p.clone(), true),
+            None => (self.container.dir.join("usage.waste"), false),
         };
-        let Ok(bytes) = waste_format::read_regular(&path, 256 << 20) else { return Ok(()) };
-        // untrusted: a corrupt or foreign file is skipped, never trusted
-        let Ok(u) = Usage::parse(&bytes) else { return Ok(()) };
+        // untrusted: a corrupt or foreign file is skipped, never trusted —
+        // with a warning, unless it is the container's own file and absent
+        let bytes = match waste_format::read_regular(&path, 256 << 20) {
+            Ok(b) => b,
+            Err(e) => {
+                if asked || path.exists() {
+                    self.warnings.push(format!("usage file {}: not read ({e}); nothing preloaded", path.display()));
+                }
+                return Ok(());
+            }
+        };
+        let u = match Usage::parse(&bytes) {
+            Ok(u) => u,
+            Err(e) => {
+                self.warnings.push(format!("usage file {}: skipped ({e}); nothing preloaded", path.display()));
+                return Ok(());
+            }
+        };
         let cfg = &self.container.config;
         let mut entries = u.filtered(|l, e| l < cfg.layers && cfg.is_moe(l) && e < cfg.experts);
+        if entries.len() < u.entries.len() {
+            self.warnings.push(format!(
+                "usage file {}: {} of {} entries name experts this model does not have (another model's file?); skipped",
+                path.display(),
+                u.entries.len() - entries.len(),
+                u.entries.len()
+            ));
+        }
         entries.sort_by(|a, b| b.hits.cmp(&a.hits).then((a.layer, a.expert).cmp(&(b.layer, b.expert))));
         if self.kernel.is_none() {
             return Ok(());

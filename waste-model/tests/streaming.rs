@@ -181,8 +181,16 @@ fn usage_hotlist_roundtrip_and_corrupt_file_skipped() {
         m.save_usage(&usage, 6).unwrap();
     }
     let (want, _) = run(&path, ModelOptions { usage: Some(PathBuf::from("/nonexistent")), ..o.clone() });
+    // each skipped file says why (a missing, corrupt or foreign one), a good one nothing
+    let usage_warning = |o: &ModelOptions| {
+        let m = Model::open(&path, o.clone()).unwrap();
+        (m.preloaded(), m.warnings().iter().find(|w| w.starts_with("usage file")).cloned())
+    };
+    let (n, w) = usage_warning(&ModelOptions { usage: Some(PathBuf::from("/nonexistent")), ..o.clone() });
+    assert!(n == 0 && w.as_ref().is_some_and(|w| w.contains("/nonexistent: not read")), "{w:?}");
     let m = Model::open(&path, o.clone()).unwrap();
     assert!(m.preloaded() > 0 && m.preloaded() <= m.cache_slots());
+    assert!(!m.warnings().iter().any(|w| w.starts_with("usage file")), "{:?}", m.warnings());
     drop(m);
     // a warm start changes speed, never the answer
     let (got, st) = run(&path, o.clone());
@@ -190,7 +198,8 @@ fn usage_hotlist_roundtrip_and_corrupt_file_skipped() {
     assert!(st.experts_hit > 0);
     // corrupt and foreign files are skipped, never trusted
     std::fs::write(&usage, b"WUSG\x01\x00\x00\x00garbage").unwrap();
-    assert_eq!(Model::open(&path, o.clone()).unwrap().preloaded(), 0);
+    let (n, w) = usage_warning(&o);
+    assert!(n == 0 && w.as_ref().is_some_and(|w| w.contains("skipped")), "{w:?}");
     let foreign = waste_format::Usage {
         total_tokens: 1,
         entries: vec![
@@ -199,7 +208,8 @@ fn usage_hotlist_roundtrip_and_corrupt_file_skipped() {
         ],
     };
     std::fs::write(&usage, foreign.encode()).unwrap();
-    assert_eq!(Model::open(&path, o).unwrap().preloaded(), 0);
+    let (n, w) = usage_warning(&o);
+    assert!(n == 0 && w.as_ref().is_some_and(|w| w.contains("2 of 2 entries name experts")), "{w:?}");
     std::fs::remove_file(&usage).ok();
 }
 
