@@ -62,6 +62,10 @@ fn tokenize_detokenize_roundtrip_and_modes() {
     let ids: Vec<String> = plain["ids"].as_array().unwrap().iter().map(|x| x.to_string()).collect();
     let (_, out, _) = waste(&["detokenize", m, &ids.join(",")], "");
     assert_eq!(out.trim_end(), "<|open|>hello");
+    // an id outside the vocabulary is an error, not silently less text
+    let (code, out, err) = waste(&["detokenize", m, &format!("{},99999999", ids[0])], "");
+    assert_eq!(code, 1, "{out}");
+    assert!(err.contains("token id 99999999 is not in the tokenizer's vocabulary"), "{err}");
     // stdin with `-`, and the standalone tiktoken form
     let (_, out2, _) = waste(&["tokenize", m, "-", "--json"], "<|open|>hello");
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out2).unwrap(), plain);

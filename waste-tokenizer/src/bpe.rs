@@ -201,6 +201,10 @@ impl Tokenizer {
     pub fn vocab_len(&self) -> usize {
         self.decoder.len()
     }
+    /// Whether `id` is a token of this vocabulary (a rank or a special).
+    pub fn has_id(&self, id: u32) -> bool {
+        self.decoder.contains_key(&id)
+    }
 
     /// Encode text with special-token text kept as ordinary text.
     pub fn encode_plain(&self, text: &str) -> Vec<u32> {
