@@ -95,6 +95,19 @@ fn error_paths_use_openai_error_shape() {
     assert_error(st, &v, 400, Some("temperature"));
     let (st, v) = post(a, "/v1/chat/completions", &json!({"model": "x"}));
     assert_error(st, &v, 400, Some("messages"));
+    // sampling controls the engine lacks: refused unless neutral (it used to
+    // ignore them and sample as if they were absent)
+    let hi = json!([{"role": "user", "content": "hi"}]);
+    for (k, val) in
+        [("frequency_penalty", json!(0.5)), ("presence_penalty", json!(-3)), ("logit_bias", json!({"5": 10}))]
+    {
+        let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": hi, k: val, "max_tokens": 2}));
+        assert_error(st, &v, 400, Some(k));
+    }
+    let neutral =
+        json!({"messages": hi, "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "max_tokens": 2});
+    let (st, v) = post(a, "/v1/chat/completions", &neutral);
+    assert_eq!(st, 200, "{v}");
     let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "wizard", "content": "hi"}]}));
     assert_error(st, &v, 400, Some("messages[0].role"));
     let (st, v) =

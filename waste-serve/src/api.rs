@@ -428,6 +428,22 @@ fn common(st: &AppState, v: &Value, prompt_len: usize, chat: bool) -> Result<Com
             return Err(bad("only n = 1 is supported", "n"));
         }
     }
+    // sampling controls this engine does not implement: their neutral
+    // values (what clients send by default) pass, any other is refused
+    // rather than silently sampling differently from what was asked
+    for k in ["frequency_penalty", "presence_penalty"] {
+        match num(v, k)? {
+            Some(x) if !(-2.0..=2.0).contains(&x) => return Err(bad(format!("{k} must be between -2 and 2"), k)),
+            Some(x) if x != 0.0 => return Err(bad(format!("{k} is not supported (only 0)"), k)),
+            _ => {}
+        }
+    }
+    match v.get("logit_bias") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) if m.is_empty() => {}
+        Some(Value::Object(_)) => return Err(bad("logit_bias is not supported (only {})", "logit_bias")),
+        Some(_) => return Err(bad("logit_bias must be an object", "logit_bias")),
+    }
     let stop: Vec<String> = match v.get("stop") {
         None | Some(Value::Null) => vec![],
         Some(Value::String(s)) => vec![s.clone()],
