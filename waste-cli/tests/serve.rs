@@ -108,6 +108,16 @@ fn error_paths_use_openai_error_shape() {
         json!({"messages": hi, "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "max_tokens": 2});
     let (st, v) = post(a, "/v1/chat/completions", &neutral);
     assert_eq!(st, 200, "{v}");
+    for (k, val) in [("echo", json!(true)), ("best_of", json!(3)), ("suffix", json!("end"))] {
+        let (st, v) = post(a, "/v1/completions", &json!({"prompt": "hi", k: val, "max_tokens": 2}));
+        assert_error(st, &v, 400, Some(k));
+    }
+    let (st, v) = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "hi", "echo": false, "best_of": 1, "suffix": "", "max_tokens": 2}),
+    );
+    assert_eq!(st, 200, "{v}");
     let (st, v) = post(a, "/v1/chat/completions", &json!({"messages": [{"role": "wizard", "content": "hi"}]}));
     assert_error(st, &v, 400, Some("messages[0].role"));
     let (st, v) =

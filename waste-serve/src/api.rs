@@ -848,6 +848,21 @@ async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) 
         Some(_) => return bad("prompt must be a string", "prompt"),
         None => return bad("prompt is required", "prompt"),
     };
+    // legacy options this endpoint does not implement: refused unless neutral
+    if let Err(r) = boolean(&v, "echo").and_then(|e| if e { Err(bad("echo is not supported", "echo")) } else { Ok(()) })
+    {
+        return r;
+    }
+    match uint(&v, "best_of") {
+        Ok(None | Some(1)) => {}
+        Ok(Some(_)) => return bad("only best_of = 1 is supported", "best_of"),
+        Err(r) => return r,
+    }
+    match v.get("suffix") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(_) => return bad("suffix is not supported", "suffix"),
+    }
     let st2 = st.clone();
     let prepared = blocking(&st, move || {
         let prompt = st2.model.encode_raw(&text).map_err(|e| bad(e.to_string(), "prompt"))?;
