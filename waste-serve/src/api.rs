@@ -849,9 +849,10 @@ async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) 
         None => return bad("prompt is required", "prompt"),
     };
     // legacy options this endpoint does not implement: refused unless neutral
-    if let Err(r) = boolean(&v, "echo").and_then(|e| if e { Err(bad("echo is not supported", "echo")) } else { Ok(()) })
-    {
-        return r;
+    match boolean(&v, "echo") {
+        Ok(false) => {}
+        Ok(true) => return bad("echo is not supported", "echo"),
+        Err(r) => return r,
     }
     match uint(&v, "best_of") {
         Ok(None | Some(1)) => {}
