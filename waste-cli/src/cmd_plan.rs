@@ -134,6 +134,8 @@ fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) -> Option<f64
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("experts-"))
         .max_by_key(|e| e.metadata().map(|m| m.len()).unwrap_or(0))?;
+    // as many reads in flight as the probe's buffer bound allows for this record size
+    let qd = qd.min((waste_io::PROBE_MAX_BUFFERS / p.record_bytes).max(1) as usize);
     let r = waste_io::probe_bandwidth(&bank.path(), p.record_bytes as usize, qd, 256 << 20, direct, false).ok()?;
     Some(r.gbps)
 }
