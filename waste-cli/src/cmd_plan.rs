@@ -37,6 +37,10 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         Err(e) => (a.budget, 0, Some(e.clone())),
     };
     let slots = p.cache_slots(cache, true);
+    // what the cache allocates for those slots (less than its share of the
+    // budget when the slots hold every record of the container)
+    let arena = p.cache_arena_bytes(slots, true);
+    let every = slots as u64 >= p.expert_records && p.expert_records > 0;
     if a.json {
         print_json(&json!({
             "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes, "tokenizer_bytes": p.tokenizer_bytes,
@@ -44,7 +48,8 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             "vision_bytes": p.vision_bytes(), "vision_weight_bytes": p.vision_weight_bytes, "vision_scratch_bytes": p.vision_scratch_bytes,
             "min_expert_cache_bytes": p.min_expert_cache_bytes, "floor_bytes": p.floor_bytes,
             "working_set_bytes": p.working_set_bytes, "recommended_bytes": p.recommended_bytes,
-            "usable_ram_bytes": usable, "budget_bytes": budget, "expert_cache_bytes": cache,
+            "usable_ram_bytes": usable, "budget_bytes": budget, "expert_cache_bytes": arena,
+            "expert_cache_budget_bytes": cache, "cache_holds_every_expert": every,
             "expert_record_bytes": p.record_bytes, "cache_slots": slots, "ctx": a.ctx, "ok": resolved.is_ok(), "note": note,
             "expert_lanes": p.expert_lanes, "expert_lane_bytes": p.expert_lane_bytes,
         }))?;
@@ -67,11 +72,12 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         outln!("  usable RAM           {:>14} bytes  {}", usable, gib(usable));
         match &resolved {
             Ok(_) => outln!(
-                "  budget {} buys an expert cache of {} ({} records of {} bytes)",
+                "  budget {} buys an expert cache of {} ({} records of {} bytes){}",
                 gib(budget),
-                gib(cache),
+                gib(arena),
                 slots,
-                p.record_bytes
+                p.record_bytes,
+                if every { ": every expert of the container; a larger budget buys nothing more" } else { "" }
             ),
             Err(e) => outln!("  {e}"),
         }

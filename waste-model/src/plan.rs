@@ -254,6 +254,16 @@ impl Plan {
         n.min(self.expert_records) as usize
     }
 
+    /// Bytes the cache's arena of `slots` records takes (what `Model::open`
+    /// allocates for them, the 2 MiB rounding of huge pages included): at
+    /// most the budget's share, less when the slots hold every record.
+    pub fn cache_arena_bytes(&self, slots: usize, huge_pages: bool) -> u64 {
+        if slots == 0 {
+            return 0;
+        }
+        aligned_alloc_bytes((slots as u64).saturating_mul(self.record_bytes) as usize, huge_pages)
+    }
+
     /// The same plan with the tokenizer's tables counted (in the floor, and
     /// so outside the expert cache's share of the budget).
     pub fn with_tokenizer(mut self, bytes: u64) -> Plan {

@@ -148,7 +148,17 @@ fn plan_equals_what_the_engine_allocates() {
             "{name}: arena {arena} beyond the cache budget"
         );
         assert!(trunk + state + scratch + arena <= m.budget());
+        assert_eq!(arena, plan.cache_arena_bytes(m.cache_slots(), m.huge_pages()), "{name}: the plan's arena");
     }
+    // a budget far beyond the records: the cache holds every record and
+    // allocates only their arena, which the plan says (not the budget's share)
+    let path = fixture("tiny.waste");
+    let plan = waste_model::plan(&path, CTX).unwrap();
+    let m = Model::open(&path, ModelOptions { ctx: CTX, budget: 1 << 40, ..Default::default() }).unwrap();
+    let (_, arena) = m.allocated_bytes();
+    assert_eq!(m.cache_slots() as u64, plan.expert_records);
+    assert_eq!(arena, plan.cache_arena_bytes(m.cache_slots(), m.huge_pages()));
+    assert!(arena < 1 << 30, "arena {arena}");
 }
 
 #[test]
