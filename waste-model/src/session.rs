@@ -105,7 +105,7 @@ pub struct Session<'m> {
     /// The message of a step that failed part-way: the state is a mix of
     /// before and after that step, so evaluating or saving is refused
     /// ([`Error::Incomplete`]) until a reset or a restore replaces it all.
-    pub(crate) incomplete: Option<String>,
+    pub(crate) incomplete: Option<std::borrow::Cow<'static, str>>,
     /// Unit tests: panic inside the step at this layer (an engine bug's stand-in).
     #[cfg(test)]
     panic_at_layer: Option<usize>,
@@ -331,12 +331,12 @@ impl<'m> Session<'m> {
         // first step and cleared after the last, so a step that never
         // returns (a panic caught by the caller, as the C ABI does) leaves
         // the mark too.
-        self.incomplete = Some("a step was interrupted before it finished".into());
+        self.incomplete = Some(std::borrow::Cow::Borrowed("a step was interrupted before it finished"));
         let mut i = 0;
         while i < n {
             let t = chunk.min(n - i);
             if let Err(e) = self.forward(&inputs[i..i + t], i + t == n) {
-                self.incomplete = Some(e.to_string());
+                self.incomplete = Some(e.to_string().into());
                 return Err(e);
             }
             i += t;
@@ -431,7 +431,7 @@ impl<'m> Session<'m> {
     /// [`Error::Incomplete`] when a step failed part-way since the last
     /// reset or restore.
     pub(crate) fn check_complete(&self) -> Result<()> {
-        self.incomplete.as_ref().map_or(Ok(()), |c| Err(Error::Incomplete(c.clone())))
+        self.incomplete.as_ref().map_or(Ok(()), |c| Err(Error::Incomplete(c.to_string())))
     }
 
     /// Logits of the last evaluated token.

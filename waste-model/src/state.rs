@@ -182,7 +182,7 @@ pub struct Snapshot {
     mla_lens: Vec<usize>,
     values: Vec<f32>,
     /// The session's [`Error::Incomplete`] cause, restored with the rest.
-    incomplete: Option<String>,
+    incomplete: Option<std::borrow::Cow<'static, str>>,
 }
 
 impl Snapshot {
