@@ -296,13 +296,13 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
             let mut tw = TrunkWriter::create(out)?;
             for (i, req) in reqs.iter().enumerate() {
                 let (shape, v) = read(&src, &prefix, &req.name, cfg.conv_kernel)?;
-                let n: usize = shape.iter().product();
-                if n != req.expect.numel() && !matches!(req.expect, Expect::AtLeast(_)) {
+                if !req.expect.accepts_shape(&shape) {
                     return Err(Error::Source(format!(
-                        "{}: {n} elements, the config needs {:?}",
+                        "{}: shape {shape:?}, the config needs {:?}",
                         req.name, req.expect
                     )));
                 }
+                let n: usize = shape.iter().product();
                 let name = format!("{prefix}{}", req.name);
                 let (rows, cols) = match req.expect {
                     Expect::Mat(r, c) => (r, c),

@@ -7,7 +7,7 @@ use crate::source::Source;
 use crate::{Error, Result};
 use serde_json::{json, Map, Value};
 use std::path::Path;
-use waste_format::Fmt;
+use waste_format::{Expect, Fmt};
 use waste_vision::VisionConfig;
 
 /// How the vision tower is stored.
@@ -115,8 +115,7 @@ pub fn tensors(src: &Source, cfg: &VisionConfig, mode: VisionMode) -> Result<Vec
     let mut out = Vec::new();
     for (name, rows, cols) in cfg.tensors() {
         let (shape, v) = src.read_f32(&name)?;
-        let n: usize = shape.iter().product();
-        if n != rows * cols {
+        if !Expect::Mat(rows, cols).accepts_shape(&shape) {
             return Err(Error::Source(format!("{name}: shape {shape:?}, the vision config needs {rows}x{cols}")));
         }
         let fmt = match mode {

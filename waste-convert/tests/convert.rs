@@ -273,8 +273,9 @@ fn a_range_read_equals_the_slice_of_a_full_read() {
     assert!(src.read_f32_range(name, all.len() - 10, 11).is_err());
 }
 
-/// A copy of the hf-tiny fixture with F32 tensor `name`'s element `i` set to `v`.
-fn fixture_with(tag: &str, name: &str, i: usize, v: f32) -> std::path::PathBuf {
+/// A copy of the hf-tiny fixture whose safetensors file (its header as
+/// JSON and the whole file's bytes, header length first) `edit` changes.
+fn fixture_edited(tag: &str, edit: impl FnOnce(&mut Value, &mut Vec<u8>, usize)) -> std::path::PathBuf {
     let src = fixtures().join("hf-tiny");
     let dir = tmp(tag);
     std::fs::create_dir_all(&dir).unwrap();
@@ -285,12 +286,54 @@ fn fixture_with(tag: &str, name: &str, i: usize, v: f32) -> std::path::PathBuf {
     let p = dir.join("model.safetensors");
     let mut b = std::fs::read(&p).unwrap();
     let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
-    let h: Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
-    assert_eq!(h[name]["dtype"], "F32", "{name}");
-    let at = 8 + n + h[name]["data_offsets"][0].as_u64().unwrap() as usize + 4 * i;
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let mut h: Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
+    edit(&mut h, &mut b, n);
+    // the header rewritten in place, padded with spaces to its old length
+    let mut text = serde_json::to_vec(&h).unwrap();
+    assert!(text.len() <= n, "the edited header grew");
+    text.resize(n, b' ');
+    b[8..8 + n].copy_from_slice(&text);
     std::fs::write(&p, b).unwrap();
     dir
+}
+
+/// A copy of the hf-tiny fixture with F32 tensor `name`'s element `i` set to `v`.
+fn fixture_with(tag: &str, name: &str, i: usize, v: f32) -> std::path::PathBuf {
+    fixture_edited(tag, |h, b, n| {
+        assert_eq!(h[name]["dtype"], "F32", "{name}");
+        let at = 8 + n + h[name]["data_offsets"][0].as_u64().unwrap() as usize + 4 * i;
+        b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    })
+}
+
+/// A checkpoint matrix stored transposed (`[in, out]`: the right element
+/// count, the wrong orientation) is refused naming it and both shapes —
+/// it used to convert, and the container then produced fluent nonsense.
+/// Only the header's shape changes here, so the refusal can come from the
+/// shape alone.
+#[test]
+fn a_transposed_matrix_is_refused_naming_it() {
+    // (tag, the checkpoint's name, what the error must say: the container's name)
+    for (tag, name, want) in [
+        ("t-head", "lm_head.weight", "lm_head.weight: shape [64, 300], the config needs Mat(300, 64)"),
+        (
+            "t-dense",
+            "model.layers.0.block_sparse_moe.gate_proj.weight",
+            "model.layers.0.mlp.gate_proj.weight: shape [64, 96], the config needs Mat(96, 64)",
+        ),
+    ] {
+        let src = fixture_edited(tag, |h, _, _| {
+            let s = h[name]["shape"].as_array_mut().unwrap();
+            s.reverse();
+        });
+        let out = tmp(&format!("{tag}-out"));
+        let e =
+            convert(&src, &out, &ConvertOptions { jobs: 1, ..Default::default() }, &|_| {}).expect_err(tag).to_string();
+        assert!(e.contains(want), "{tag}: {e:?} lacks {want:?}");
+        assert!(!out.exists(), "{tag}: a container was left");
+        std::fs::remove_dir_all(&src).ok();
+        std::fs::remove_dir_all(waste_convert::staging_dir(&out)).ok();
+    }
 }
 
 /// Values a container cannot hold are refused at conversion, naming the
