@@ -156,8 +156,9 @@ fn req_uint(m: &Map<String, Value>, prefix: &str, keys: &[&str], lo: usize, hi: 
 fn float(m: &Map<String, Value>, prefix: &str, keys: &[&str]) -> Result<Option<f32>> {
     let Some((k, v)) = get(m, keys) else { return Ok(None) };
     let f = v.as_f64().ok_or_else(|| Error::manifest(key_path(prefix, k), format!("expected a number, got {v}")))?;
-    if !f.is_finite() {
-        return Err(Error::manifest(key_path(prefix, k), format!("not finite: {f}")));
+    // finite as the f32 the engine computes with (1e39 is a finite f64)
+    if !(f as f32).is_finite() {
+        return Err(Error::manifest(key_path(prefix, k), format!("{f} is not a finite f32")));
     }
     Ok(Some(f as f32))
 }
@@ -543,6 +544,11 @@ mod tests {
         let mut v = base();
         v["hidden_size"] = json!(-3);
         assert!(ModelConfig::from_json(&v).unwrap_err().to_string().contains("non-negative integer"));
+        // a finite f64 that is infinite as the engine's f32
+        let mut v = base();
+        v["routed_scaling_factor"] = json!(1e39);
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("config.routed_scaling_factor") && e.contains("not a finite f32"), "{e}");
     }
 
     #[test]

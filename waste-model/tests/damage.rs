@@ -298,24 +298,49 @@ fn overflowing_weights_are_an_error_naming_where() {
         let d = copy("overflow");
         let (off, n) = trunk_span(&d, norm, false);
         put_f32s(&d.join("trunk.bin"), off, &vec![f32::MAX; n]);
-        let m = waste_model::Model::open(&d, waste_model::ModelOptions { ctx: 64, threads: 1, ..Default::default() })
-            .expect("finite weights load");
-        let mut s = m.session();
-        match s.eval(&[1, 2, 3]) {
-            Err(e @ waste_model::Error::NonFinite { pos, at, .. }) => {
-                assert_eq!(pos, want_pos, "{norm}: {e}");
-                match want {
-                    Some(w) => assert_eq!(at, w, "{norm}: {e}"),
-                    None => assert!(matches!(at, Logit { .. }), "{norm}: {e}"),
-                }
-                assert!(e.to_string().contains(&at.to_string()), "{e}");
-            }
-            other => panic!("{norm}: expected a non-finite error, got {:?}", other.map(|l| l.len())),
-        }
-        drop(s);
-        drop(m);
-        std::fs::remove_dir_all(&d).ok();
+        expect_non_finite(&d, norm, want_pos, |at| match want {
+            Some(w) => at == w,
+            None => matches!(at, Logit { .. }),
+        });
     }
+}
+
+/// Evaluating 3 tokens on the container `d` stops with a non-finite error
+/// at `want_pos` whose place `want_at` accepts and whose message names it;
+/// removes `d`.
+fn expect_non_finite(d: &Path, what: &str, want_pos: usize, want_at: impl Fn(waste_model::NonFiniteAt) -> bool) {
+    let m = waste_model::Model::open(d, waste_model::ModelOptions { ctx: 64, threads: 1, ..Default::default() })
+        .expect("finite weights load");
+    let mut s = m.session();
+    match s.eval(&[1, 2, 3]) {
+        Err(e @ waste_model::Error::NonFinite { pos, at, .. }) => {
+            assert_eq!(pos, want_pos, "{what}: {e}");
+            assert!(want_at(at), "{what}: {e}");
+            assert!(e.to_string().contains(&at.to_string()), "{e}");
+        }
+        other => panic!("{what}: expected a non-finite error, got {:?}", other.map(|l| l.len())),
+    }
+    drop(s);
+    drop(m);
+    std::fs::remove_dir_all(d).ok();
+}
+
+/// A hidden state that grows past what a norm can square (|x| beyond
+/// ≈ 1.8e19, still finite): the reference's norm returns zeros there, and
+/// the model went on to print fluent nonsense from finite logits. Here the
+/// routed experts are scaled by 1e30 (a finite config value): layer 1's
+/// feed-forward output is finite but huge, layer 2's input norm overflows,
+/// and the step stops at layer 2's attention output.
+#[test]
+fn a_hidden_state_too_large_to_normalize_is_an_error() {
+    let d = copy("overflow-squares");
+    let p = d.join("manifest.json");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let edited = text.replace("\"routed_scaling_factor\": 2.0", "\"routed_scaling_factor\": 1e30");
+    assert_ne!(text, edited, "the anchor's manifest changed");
+    std::fs::write(&p, edited).unwrap();
+    use waste_model::NonFiniteAt::Attention;
+    expect_non_finite(&d, "routed_scaling_factor 1e30", 0, |at| at == Attention { layer: 2 });
 }
 
 /// `verify` checks what opening a model checks and more: every trunk

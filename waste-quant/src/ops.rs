@@ -29,10 +29,21 @@ pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// `1 / sqrt(mean(x²) + eps)`.
+/// `1 / sqrt(mean(x²) + eps)`, or NaN when the sum of squares overflows
+/// f32 (|x| beyond ≈ 1.8e19). The reference's `x · rsqrt(inf)` turns such
+/// a vector into zeros, finite and meaningless, that every later check
+/// passes (a model whose hidden state blew up would then print fluent
+/// nonsense); NaN makes the engine's non-finite checks stop the step and
+/// name the layer (docs/REFERENCE-DIFFERENCES.md). A finite sum gives a
+/// positive scale, so 0 happens exactly on overflow.
 pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
     let ss = scalar::dot(x, x);
-    1.0 / (ss / x.len() as f32 + eps).sqrt()
+    let r = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    if r == 0.0 {
+        f32::NAN
+    } else {
+        r
+    }
 }
 
 /// Logistic sigmoid.
@@ -315,6 +326,26 @@ mod tests {
         assert_eq!(first_non_finite(&[1.0, f32::NAN, f32::INFINITY]), Some(1));
         assert_eq!(first_non_finite(&[f32::NEG_INFINITY]), Some(0));
         assert_eq!(first_non_finite(&[f32::MAX, f32::MIN, f32::MIN_POSITIVE, -0.0]), None);
+    }
+
+    /// A vector whose squares overflow normalizes to NaN (caught by the
+    /// engine's checks), not to the zeros `x · rsqrt(inf)` gives; large but
+    /// summable vectors, a zero vector and a single huge value below the
+    /// limit stay finite and exact.
+    #[test]
+    fn an_overflowing_norm_is_nan_not_zeros() {
+        let w = [1.0f32; 4];
+        let mut out = [0f32; 4];
+        for x in [[1e20f32, 1.0, 2.0, 3.0], [3e19, 3e19, 0.0, 0.0], [f32::MAX, 0.0, 0.0, 0.0]] {
+            rmsnorm(&x, &w, 1e-6, &mut out);
+            assert!(out.iter().all(|v| v.is_nan()), "{x:?} → {out:?}");
+        }
+        for x in [[1e18f32, -1e18, 1.0, 0.0], [0.0; 4], [1.8e19, 0.0, 0.0, 0.0]] {
+            rmsnorm(&x, &w, 1e-6, &mut out);
+            assert!(out.iter().all(|v| v.is_finite()), "{x:?} → {out:?}");
+            let r = 1.0 / (scalar::dot(&x, &x) / 4.0 + 1e-6).sqrt();
+            assert_eq!(out[0], x[0] * r, "{x:?}");
+        }
     }
 
     /// The whole-state passes equal the scalar per-row definition bit for
