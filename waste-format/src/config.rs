@@ -359,16 +359,20 @@ impl ModelConfig {
             }
         }
         let attn_res_block = uint(m, p, &["attn_res_block_size"], 1, MAX_LAYERS)?;
-        let bos = uint(m, p, &["bos_token_id"], 0, u32::MAX as usize)?.map(|x| x as u32);
+        // token ids inside the vocabulary: an end token the model cannot
+        // produce never ends an answer (and a constrained one cannot end)
+        let bos = uint(m, p, &["bos_token_id"], 0, vocab - 1)?.map(|x| x as u32);
         let eos = match get(m, &["eos_token_id"]) {
             None => vec![],
-            Some((_, Value::Array(_))) => {
-                uint_list(m.get("eos_token_id").unwrap_or(&Value::Null), "config.eos_token_id")?
-                    .into_iter()
-                    .map(|x| x as u32)
-                    .collect()
+            Some((k, Value::Array(_))) => {
+                let key = key_path(p, k);
+                let ids = uint_list(m.get(k).unwrap_or(&Value::Null), &key)?;
+                if let Some(bad) = ids.iter().find(|&&x| x >= vocab) {
+                    return Err(Error::manifest(key, format!("id {bad} is outside the vocabulary of {vocab}")));
+                }
+                ids.into_iter().map(|x| x as u32).collect()
             }
-            Some(_) => vec![req_uint(m, p, &["eos_token_id"], 0, u32::MAX as usize)? as u32],
+            Some(_) => vec![req_uint(m, p, &["eos_token_id"], 0, vocab - 1)? as u32],
         };
         let tie_embeddings = boolean(m, p, &["tie_word_embeddings"])?.unwrap_or(false);
         let model_type = m.get("model_type").and_then(|v| v.as_str()).unwrap_or("").to_string();
@@ -549,6 +553,22 @@ mod tests {
         v["routed_scaling_factor"] = json!(1e39);
         let e = ModelConfig::from_json(&v).unwrap_err().to_string();
         assert!(e.contains("config.routed_scaling_factor") && e.contains("not a finite f32"), "{e}");
+        // token ids past the vocabulary (one that wrapped as u32 included)
+        let vocab = base()["vocab_size"].as_u64().unwrap();
+        for (key, val) in [
+            ("bos_token_id", json!(vocab)),
+            ("eos_token_id", json!(vocab + 3)),
+            ("eos_token_id", json!([1, vocab])),
+            ("eos_token_id", json!([(1u64 << 32) + 1])),
+        ] {
+            let mut v = base();
+            v[key] = val.clone();
+            let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+            assert!(e.contains(&format!("config.{key}")), "{key} {val}: {e}");
+        }
+        let mut v = base();
+        v["eos_token_id"] = json!([vocab - 1, 0]);
+        assert_eq!(ModelConfig::from_json(&v).unwrap().eos, vec![vocab as u32 - 1, 0]);
     }
 
     #[test]
