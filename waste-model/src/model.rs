@@ -150,7 +150,7 @@ impl Model {
             return Err(Error::Arg(format!("lookahead {} exceeds top_k {}", opts.lookahead, cfg.top_k)));
         }
         // the tokenizer first: its tables are part of the plan
-        let tokenizer = crate::plan::load_tokenizer(&container.dir)?;
+        let tokenizer = crate::plan::load_tokenizer(&container)?;
         let mut warnings = Vec::new();
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let mut opts = opts;

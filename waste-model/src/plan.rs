@@ -315,13 +315,23 @@ impl Plan {
     }
 }
 
-/// The container's tokenizer, if it has one.
-pub(crate) fn load_tokenizer(dir: &Path) -> Result<Option<waste_tokenizer::Tokenizer>> {
-    if dir.join("tokenizer.model").exists() {
-        Ok(Some(waste_tokenizer::Tokenizer::from_container_dir(dir)?))
-    } else {
-        Ok(None)
+/// The container's tokenizer, if it has one, checked against its model:
+/// every id the tokenizer can produce must be a row of the embedding (an
+/// id past the vocabulary would fail only when some prompt produced it).
+pub(crate) fn load_tokenizer(ct: &Container) -> Result<Option<waste_tokenizer::Tokenizer>> {
+    if !ct.dir.join("tokenizer.model").exists() {
+        return Ok(None);
     }
+    let tok = waste_tokenizer::Tokenizer::from_container_dir(&ct.dir)?;
+    let vocab = ct.config.vocab;
+    if let Some(id) = tok.max_id().filter(|&id| id as usize >= vocab) {
+        return Err(waste_tokenizer::Error::Vocabulary(format!(
+            "id {id} ({:?}) is outside the model's vocabulary of {vocab}",
+            tok.decode(&[id])
+        ))
+        .into());
+    }
+    Ok(Some(tok))
 }
 
 /// Plan a container at `ctx` tokens without loading any weight (the
@@ -333,7 +343,7 @@ pub(crate) fn load_tokenizer(dir: &Path) -> Result<Option<waste_tokenizer::Token
 /// `1..=MAX_CTX`.
 pub fn plan(path: impl AsRef<Path>, ctx: usize) -> Result<Plan> {
     let ct = Container::open(path.as_ref())?;
-    let tok = load_tokenizer(&ct.dir)?;
+    let tok = load_tokenizer(&ct)?;
     Ok(Plan::for_container(&ct, ctx)?.with_tokenizer(tok.map_or(0, |t| t.heap_bytes())).with_threads(default_threads()))
 }
 

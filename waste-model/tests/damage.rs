@@ -281,6 +281,29 @@ fn non_finite_codebook_entry_names_the_codebook() {
     open_err(&d, &["codebook 2", "entry 7 (element 3) is not finite", "0x7c00"]);
 }
 
+/// A tokenizer that can produce an id the model has no row for (a special
+/// past the vocabulary), or that gives one id to two tokens, is refused at
+/// open naming it — before, the first was found only when some prompt
+/// produced the id, and the second decoded one token as another.
+#[test]
+fn an_inconsistent_tokenizer_is_refused_at_open() {
+    let d = copy("tok-past-vocab");
+    let p = d.join("specials.json");
+    let text = std::fs::read_to_string(&p).unwrap();
+    std::fs::write(&p, text.replacen("[", "[{\"id\": 316, \"text\": \"<|extra|>\"},", 1)).unwrap();
+    model_err(&d, &["tokenizer", "id 316 (\"<|extra|>\") is outside the model's vocabulary of 316"]);
+
+    let d = copy("tok-dup-rank");
+    let p = d.join("tokenizer.model");
+    let text = std::fs::read_to_string(&p).unwrap();
+    // line 6 takes line 5's rank
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    let rank4 = lines[4].split(' ').nth(1).unwrap().to_string();
+    lines[5] = format!("{} {rank4}", lines[5].split(' ').next().unwrap());
+    std::fs::write(&p, lines.join("\n")).unwrap();
+    model_err(&d, &["tokenizer.model", "line 6", "rank 4 was already given on line 5"]);
+}
+
 /// Weights that load (every value finite) but overflow: a norm at f32's
 /// largest value. The step stops where the first non-finite value appears
 /// and names it — a layer's attention or feed-forward output and its first

@@ -68,6 +68,10 @@ pub enum Error {
     /// A chat template failed to render.
     #[error("chat template: {0}")]
     Template(String),
+    /// The vocabulary is inconsistent: two tokens share an id or a text, or
+    /// an id lies outside the model's vocabulary.
+    #[error("tokenizer: {0}")]
+    Vocabulary(String),
 }
 
 /// Largest rank or specials file read (the 200K-token o200k file is 3.6 MB).
