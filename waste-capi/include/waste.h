@@ -123,6 +123,9 @@ waste_status waste_open(const char *path, const waste_options *options, waste_mo
 void waste_close(waste_model *model);
 waste_status waste_model_info(const waste_model *model, waste_info *out);
 uint64_t waste_memory_used(const waste_model *model);
+/* waste_save_usage and waste_state_save replace a file at path only when it
+ * is empty or one they wrote (a usage hotlist / a state file): anything
+ * else is left as it was and the call fails with WASTE_E_FORMAT. */
 waste_status waste_save_usage(const waste_model *model, const char *path, uint64_t tokens);
 
 /* Text */

@@ -29,6 +29,40 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// [`write_atomic`] for a file this program owns at a path a user chose
+/// (a saved state, a usage hotlist): whatever is already at `path` is
+/// replaced only when it is empty or starts with `magic`, that is, when this
+/// program wrote it. A file the user named by mistake (`/save notes.txt`) is
+/// refused and left as it was.
+///
+/// # Errors
+/// [`Error::Io`] naming `path`: an `AlreadyExists` error when something
+/// else is there (`what` names the kind of file expected), else as
+/// [`write_atomic`].
+pub fn replace_own(path: &Path, bytes: &[u8], magic: &[u8], what: &str) -> Result<()> {
+    use std::io::Read;
+    let refuse = |why: String| {
+        let msg = format!("{why}, not a {what}: choose another path (nothing was written)");
+        Err(Error::io(path, std::io::Error::new(std::io::ErrorKind::AlreadyExists, msg)))
+    };
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(path, e)),
+        Ok(m) if !m.is_file() => return refuse("it exists and is not a regular file".into()),
+        Ok(m) if m.len() == 0 => {}
+        Ok(_) => {
+            let mut head = Vec::with_capacity(magic.len());
+            std::fs::File::open(path)
+                .and_then(|f| f.take(magic.len() as u64).read_to_end(&mut head))
+                .map_err(|e| Error::io(path, e))?;
+            if head != magic {
+                return refuse("it exists".into());
+            }
+        }
+    }
+    write_atomic(path, bytes)
+}
+
 /// Read a whole file that must be a regular file (a symlink to one is
 /// fine; a device, FIFO or directory is refused) of at most `max` bytes.
 /// The bound holds while reading, not by the size the OS reports, so a file
@@ -55,6 +89,31 @@ pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_own_or_empty_files_are_replaced() {
+        let d = std::env::temp_dir().join(format!("waste-replown-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let f = d.join("f");
+        // absent, then ours, then empty: written
+        replace_own(&f, b"MAGI1", b"MAGI", "test file").unwrap();
+        replace_own(&f, b"MAGI2", b"MAGI", "test file").unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"MAGI2");
+        std::fs::write(&f, b"").unwrap();
+        replace_own(&f, b"MAGI3", b"MAGI", "test file").unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"MAGI3");
+        // someone else's file (also one shorter than the magic), and a directory: kept
+        for other in [&b"notes"[..], b"MA"] {
+            std::fs::write(&f, other).unwrap();
+            let e = replace_own(&f, b"MAGI4", b"MAGI", "test file").unwrap_err().to_string();
+            assert!(e.contains("exists, not a test file") && e.contains("nothing was written"), "{e}");
+            assert_eq!(std::fs::read(&f).unwrap(), other);
+        }
+        let e = replace_own(&d, b"MAGI5", b"MAGI", "test file").unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1, "no temporary file left");
+        std::fs::remove_dir_all(&d).ok();
+    }
 
     #[test]
     fn only_bounded_regular_files_are_read() {

@@ -333,7 +333,9 @@ impl Model {
     /// Write the usage hotlist (which experts this process used) atomically.
     ///
     /// # Errors
-    /// [`Error::Format`] when the file cannot be written (it is replaced atomically).
+    /// [`Error::Format`] when the file cannot be written (it is replaced
+    /// atomically), or when something other than a usage hotlist (or an
+    /// empty file) is already at `path`: that is left as it was.
     pub fn save_usage(&self, path: impl AsRef<Path>, tokens: u64) -> Result<()> {
         let mut entries: Vec<UsageEntry> = self
             .store
@@ -343,7 +345,8 @@ impl Model {
             .collect();
         entries.sort_by(|a, b| b.hits.cmp(&a.hits).then((a.layer, a.expert).cmp(&(b.layer, b.expert))));
         let u = Usage { total_tokens: tokens, entries };
-        waste_format::write_atomic(path.as_ref(), &u.encode())?;
+        let magic = waste_format::USAGE_MAGIC.to_le_bytes();
+        waste_format::replace_own(path.as_ref(), &u.encode(), &magic, "WASTE usage hotlist")?;
         Ok(())
     }
 

@@ -38,8 +38,10 @@ impl Session<'_> {
     ///
     /// # Errors
     /// [`Error::Format`] when the file cannot be written (it is replaced
-    /// atomically); [`Error::Incomplete`] after a step that failed part-way
-    /// (nothing is written).
+    /// atomically) or when something other than a state file (or an empty
+    /// file) is already at `path` — that is left as it was;
+    /// [`Error::Incomplete`] after a step that failed part-way (nothing is
+    /// written).
     pub fn save_state(&self, path: impl AsRef<Path>) -> Result<()> {
         self.check_complete()?;
         let m = self.model();
@@ -80,7 +82,7 @@ impl Session<'_> {
             }
         }
         out.extend(self.logits().iter().flat_map(|v| v.to_le_bytes()));
-        waste_format::write_atomic(path.as_ref(), &out)?;
+        waste_format::replace_own(path.as_ref(), &out, &STATE_MAGIC.to_le_bytes(), "WASTE state file")?;
         Ok(())
     }
 

@@ -161,6 +161,19 @@ fn state_roundtrip_is_exact_and_bad_files_leave_the_session_untouched() {
     assert_eq!(b.position(), 6);
     let again = b.generate(&[33, 290], &params(10), |_| Control::Continue).unwrap();
     assert_eq!(again.tokens, cont.tokens);
+    // a file that is neither a state nor a usage hotlist is never replaced
+    // (`/save notes.txt` by mistake); a state file is
+    let notes = dir.join("notes.txt");
+    std::fs::write(&notes, b"my notes").unwrap();
+    let e = b.save_state(&notes).unwrap_err().to_string();
+    assert!(e.contains("not a WASTE state file") && e.contains("nothing was written"), "{e}");
+    let e = m.save_usage(&notes, 1).unwrap_err().to_string();
+    assert!(e.contains("not a WASTE usage hotlist"), "{e}");
+    assert_eq!(std::fs::read(&notes).unwrap(), b"my notes");
+    b.save_state(&f).unwrap();
+    let u = dir.join("u.waste");
+    m.save_usage(&u, 1).unwrap();
+    m.save_usage(&u, 2).unwrap();
     std::fs::remove_dir_all(&dir).ok();
 }
 
