@@ -242,12 +242,67 @@ pub fn write_byte_tokenizer(dir: &Path, vocab: usize) -> Result<()> {
     w("specials.json", serde_json::to_string_pretty(&specials).unwrap_or_default().as_bytes())
 }
 
+/// The file that marks a folder as a synthetic container this crate
+/// wrote: only such a folder (or an empty one, or none) is replaced.
+pub const SYNTH_MARKER: &str = ".waste-synth";
+
 /// Write a synthetic container to `dir`. `progress(done, total)` is called
-/// as expert bytes are written.
+/// as expert bytes are written. The container is written beside `dir`
+/// (`dir.partial`) and renamed into place when complete, so an interrupted
+/// run leaves no half container at `dir`. `dir` may be absent, an empty
+/// folder, or a synthetic container written here before (it carries
+/// [`SYNTH_MARKER`]), which is removed first; anything else is refused and
+/// left as it was.
 ///
 /// # Errors
-/// [`Error::Manifest`] for a config the container format cannot hold; [`Error::Io`] when a file cannot be written.
+/// [`Error::Manifest`] for a config the container format cannot hold;
+/// [`Error::Io`] when a file cannot be written, or (`AlreadyExists`) when
+/// `dir` or its staging folder holds something this crate did not write.
 pub fn synth(dir: &Path, opts: &SynthOptions, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<SynthReport> {
+    let name = dir.file_name().ok_or_else(|| {
+        Error::io(dir, std::io::Error::new(std::io::ErrorKind::InvalidInput, "the output needs a folder name"))
+    })?;
+    let stage = dir.with_file_name(format!("{}.partial", name.to_string_lossy()));
+    clear_own(&stage)?;
+    clear_own(dir)?;
+    // marked first, so an interrupted run's staging folder is known as ours
+    std::fs::create_dir_all(&stage).map_err(|e| Error::io(&stage, e))?;
+    let marker = json!({"seed": opts.seed, "layers": opts.layers, "experts": format!("{:?}", opts.experts)});
+    std::fs::write(stage.join(SYNTH_MARKER), marker.to_string()).map_err(|e| Error::io(&stage, e))?;
+    let rep = synth_into(&stage, opts, progress)?;
+    if dir.exists() {
+        // the empty folder clear_own left
+        std::fs::remove_dir(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    std::fs::rename(&stage, dir).map_err(|e| Error::io(dir, e))?;
+    Ok(rep)
+}
+
+/// Make `dir` absent or empty: remove it when it is a synthetic container
+/// written here before; refuse anything else that is not empty.
+fn clear_own(dir: &Path) -> Result<()> {
+    let refuse = |why: &str| {
+        let msg = format!("{why}; choose another output (nothing was changed)");
+        Err(Error::io(dir, std::io::Error::new(std::io::ErrorKind::AlreadyExists, msg)))
+    };
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(dir, e)),
+        Ok(m) if !m.is_dir() => refuse("exists and is not a folder"),
+        Ok(_) => {
+            let mut entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+            if entries.next().is_none() {
+                Ok(())
+            } else if dir.join(SYNTH_MARKER).is_file() {
+                std::fs::remove_dir_all(dir).map_err(|e| Error::io(dir, e))
+            } else {
+                refuse("exists, is not empty and is not a synthetic container written by this tool")
+            }
+        }
+    }
+}
+
+fn synth_into(dir: &Path, opts: &SynthOptions, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<SynthReport> {
     let t0 = std::time::Instant::now();
     let mut config = opts.config.clone();
     let prefix = config.get("tensor_prefix").and_then(|v| v.as_str()).unwrap_or("").to_string();
@@ -495,6 +550,54 @@ fn write_bank(
 mod tests {
     use super::*;
     use waste_format::Container;
+
+    /// Only an absent or empty folder, or a synthetic container written
+    /// here before, is (re)written; a folder with anything else in it (a
+    /// converted model), a file, or a foreign staging folder is refused and
+    /// left as it was. An interrupted run's staging folder is cleared.
+    #[test]
+    fn the_output_replaces_only_what_synth_wrote() {
+        let base = std::env::temp_dir().join(format!("waste-synth-out-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        let opts = SynthOptions {
+            config: shape_config("tiny").unwrap(),
+            layers: None,
+            experts: ExpertFmt::Vq3r,
+            seed: 1,
+            manifest_only: true,
+            skewed: false,
+            jobs: 1,
+        };
+        let out = base.join("c.waste");
+        // a user's folder with a file in it
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::write(out.join("trunk.bin"), b"my model").unwrap();
+        let e = synth(&out, &opts, &|_, _| {}).unwrap_err().to_string();
+        assert!(e.contains("is not a synthetic container") && e.contains("nothing was changed"), "{e}");
+        assert_eq!(std::fs::read(out.join("trunk.bin")).unwrap(), b"my model");
+        assert_eq!(std::fs::read_dir(&base).unwrap().count(), 1, "no staging folder left");
+        // a file
+        let f = base.join("f.waste");
+        std::fs::write(&f, b"x").unwrap();
+        assert!(synth(&f, &opts, &|_, _| {}).unwrap_err().to_string().contains("not a folder"));
+        // empty, then again (its own), with a leftover staging folder of its own
+        std::fs::remove_dir_all(&out).unwrap();
+        std::fs::create_dir_all(&out).unwrap();
+        synth(&out, &opts, &|_, _| {}).unwrap();
+        let stage = base.join("c.waste.partial");
+        std::fs::create_dir_all(&stage).unwrap();
+        std::fs::write(stage.join(SYNTH_MARKER), "{}").unwrap();
+        std::fs::write(stage.join("trunk.bin"), b"half").unwrap();
+        synth(&out, &opts, &|_, _| {}).unwrap();
+        assert!(!stage.exists() && out.join(SYNTH_MARKER).is_file());
+        Container::open(&out).unwrap();
+        // a staging folder that is someone else's
+        std::fs::create_dir_all(&stage).unwrap();
+        std::fs::write(stage.join("notes"), b"mine").unwrap();
+        assert!(synth(&out, &opts, &|_, _| {}).is_err());
+        assert_eq!(std::fs::read(stage.join("notes")).unwrap(), b"mine");
+        std::fs::remove_dir_all(&base).ok();
+    }
 
     #[test]
     fn every_tiny_shape_roundtrips_through_the_reader() {
