@@ -278,9 +278,14 @@ pub fn synth(dir: &Path, opts: &SynthOptions, progress: &(dyn Fn(u64, u64) + Syn
     Ok(rep)
 }
 
-/// Make `dir` absent or empty: remove it when it is a synthetic container
-/// written here before; refuse anything else that is not empty.
-fn clear_own(dir: &Path) -> Result<()> {
+/// Make `dir` absent or empty: remove it when it is synthetic output
+/// written here before (it carries [`SYNTH_MARKER`]); refuse anything else
+/// that is not empty, leaving it as it was. Writers of other synthetic
+/// output (`xtask synth-source`) call it, then mark their folder.
+///
+/// # Errors
+/// [`Error::Io`]: `AlreadyExists` for a file or a folder with other content.
+pub fn clear_own(dir: &Path) -> Result<()> {
     let refuse = |why: &str| {
         let msg = format!("{why}; choose another output (nothing was changed)");
         Err(Error::io(dir, std::io::Error::new(std::io::ErrorKind::AlreadyExists, msg)))
@@ -296,7 +301,7 @@ fn clear_own(dir: &Path) -> Result<()> {
             } else if dir.join(SYNTH_MARKER).is_file() {
                 std::fs::remove_dir_all(dir).map_err(|e| Error::io(dir, e))
             } else {
-                refuse("exists, is not empty and is not a synthetic container written by this tool")
+                refuse("exists, is not empty and is not synthetic output written by this tool")
             }
         }
     }
@@ -573,7 +578,7 @@ mod tests {
         std::fs::create_dir_all(&out).unwrap();
         std::fs::write(out.join("trunk.bin"), b"my model").unwrap();
         let e = synth(&out, &opts, &|_, _| {}).unwrap_err().to_string();
-        assert!(e.contains("is not a synthetic container") && e.contains("nothing was changed"), "{e}");
+        assert!(e.contains("is not synthetic output") && e.contains("nothing was changed"), "{e}");
         assert_eq!(std::fs::read(out.join("trunk.bin")).unwrap(), b"my model");
         assert_eq!(std::fs::read_dir(&base).unwrap().count(), 1, "no staging folder left");
         // a file

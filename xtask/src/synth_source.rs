@@ -8,7 +8,9 @@ use std::path::Path;
 use waste_format::half::f32_to_bf16;
 use waste_quant::SplitMix64 as Rng;
 
-/// Write `config.json` + `model.safetensors` with `experts` experts in one MoE layer.
+/// Write `config.json` + `model.safetensors` with `experts` experts in one
+/// MoE layer into `out`: absent, empty, or synthetic output written before
+/// (anything else is refused untouched).
 pub fn run(out: &Path, shape: &str, experts: usize, mxfp4: bool, seed: u64) -> Result<()> {
     let (hidden, inter, latent) = match shape {
         "kimi-linear" => (2304usize, 1024usize, None),
@@ -16,7 +18,10 @@ pub fn run(out: &Path, shape: &str, experts: usize, mxfp4: bool, seed: u64) -> R
         o => bail!("unknown --shape {o:?} (kimi-linear, k3)"),
     };
     let lat = latent.unwrap_or(hidden);
+    // never over a real checkpoint: only an empty folder or our own output
+    waste_synth::clear_own(out)?;
     std::fs::create_dir_all(out)?;
+    std::fs::write(out.join(waste_synth::SYNTH_MARKER), "synth-source")?;
     let mut cfg = serde_json::json!({"model_type": "kimi_linear", "hidden_size": hidden, "num_hidden_layers": 1, "first_k_dense_replace": 0,
         "moe_intermediate_size": inter, "num_experts": experts, "num_experts_per_token": 2, "num_shared_experts": 0, "vocab_size": 256,
         "rms_norm_eps": 1e-5, "num_attention_heads": 1, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 16,
