@@ -110,6 +110,13 @@ impl VisionConfig {
         if patch != PATCH {
             return Err(Error::Config(format!("patch_size {patch}: only {PATCH} is supported")));
         }
+        // the tower merges 2×2 patches (MODEL.md); another merge would run
+        // with the wrong geometry, so a vision.json asking for one is refused
+        if let Some(mk) = m.get("merge_kernel_size").filter(|v| !v.is_null()) {
+            if mk != &serde_json::json!([2, 2]) {
+                return Err(Error::Config(format!("merge_kernel_size {mk}: only [2, 2] is supported")));
+            }
+        }
         let placeholder = uint(m, "media_placeholder_token_id", None, 0, vocab.saturating_sub(1))?;
         let max_patches = uint(m, "max_patches", Some(1024), 4, MAX_PATCHES_LIMIT)?;
         let side_limit = match m.get("patch_limit_on_one_side") {
@@ -213,12 +220,17 @@ mod tests {
             ("vt_hidden_size", json!(-1), "vt_hidden_size"),
             ("image_std", json!([0.5, 0.0, 0.5]), "image_std"),
             ("image_mean", json!([0.5, 0.5]), "image_mean"),
+            ("merge_kernel_size", json!([3, 3]), "merge_kernel_size [3,3]: only [2, 2]"),
+            ("merge_kernel_size", json!(2), "merge_kernel_size"),
         ] {
             let mut j = base();
             j[k] = v;
             let e = VisionConfig::from_json(&j, 16, 10).unwrap_err().to_string();
             assert!(e.contains(want), "{k}: {e}");
         }
+        let mut j = base();
+        j["merge_kernel_size"] = json!([2, 2]);
+        VisionConfig::from_json(&j, 16, 10).unwrap();
         let mut j = base();
         j.as_object_mut().unwrap().remove("media_placeholder_token_id");
         assert!(VisionConfig::from_json(&j, 16, 10).unwrap_err().to_string().contains("missing"));
