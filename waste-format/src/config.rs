@@ -337,6 +337,11 @@ impl ModelConfig {
             if let Some(false) = boolean(m, p, &["mla_use_nope"])? {
                 return Err(Error::Unsupported("MLA with rotary embeddings (mla_use_nope = false)".into()));
             }
+            // transformers then gives q_a_proj, kv_a_proj_with_mqa and o_proj
+            // biases, which the container has no place for
+            if let Some(true) = boolean(m, p, &["attention_bias"])? {
+                return Err(Error::Unsupported("MLA projections with biases (attention_bias = true)".into()));
+            }
             if mla_heads.checked_mul(qk_nope + qk_rope + v_head).is_none_or(|c| c > MAX_HIDDEN * 4) {
                 return Err(Error::manifest("config.num_attention_heads", format!("{mla_heads} heads too wide")));
             }
@@ -566,6 +571,12 @@ mod tests {
             let e = ModelConfig::from_json(&v).unwrap_err().to_string();
             assert!(e.contains(&format!("config.{key}")), "{key} {val}: {e}");
         }
+        let mut v = base();
+        v["attention_bias"] = json!(true);
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("attention_bias = true"), "{e}");
+        v["attention_bias"] = json!(false);
+        ModelConfig::from_json(&v).unwrap();
         let mut v = base();
         v["eos_token_id"] = json!([vocab - 1, 0]);
         assert_eq!(ModelConfig::from_json(&v).unwrap().eos, vec![vocab as u32 - 1, 0]);
