@@ -123,17 +123,66 @@ pub struct Generation {
     pub prompt_tokens: usize,
 }
 
-/// Longest suffix of `s` that is a proper prefix of some stop string.
-fn holdback(s: &str, stops: &[String]) -> usize {
-    let mut best = 0;
-    for st in stops {
-        for (i, _) in st.char_indices().skip(1) {
-            if s.ends_with(&st[..i]) {
-                best = best.max(i);
+/// The stop strings with their KMP prefix functions: the longest suffix
+/// of the pending text that could still grow into a stop string is found
+/// in one pass over its last `len − 1` bytes per stop string — linear,
+/// where trying every prefix length was quadratic in the stop string (a
+/// long stop string of newlines, and a model writing newlines, held a
+/// worker for minutes per token).
+struct StopPrefixes {
+    /// Each stop string's bytes and `pi[i]` = the length of the longest
+    /// proper prefix of `s[..=i]` that is also its suffix.
+    stops: Vec<(Vec<u8>, Vec<usize>)>,
+}
+
+impl StopPrefixes {
+    fn new(stops: &[String]) -> StopPrefixes {
+        let stops = stops
+            .iter()
+            .map(|st| {
+                let s = st.as_bytes().to_vec();
+                let mut pi = vec![0usize; s.len()];
+                let mut k = 0;
+                for i in 1..s.len() {
+                    while k > 0 && s[i] != s[k] {
+                        k = pi[k - 1];
+                    }
+                    if s[i] == s[k] {
+                        k += 1;
+                    }
+                    pi[i] = k;
+                }
+                (s, pi)
+            })
+            .collect();
+        StopPrefixes { stops }
+    }
+
+    /// Longest suffix of `text` that is a proper prefix of some stop string
+    /// (when no stop string occurs in `text`). Byte-exact, so the cut is a
+    /// char boundary: a prefix of a stop string starts with a lead byte,
+    /// and `text` ends on a whole char.
+    fn holdback(&self, text: &str) -> usize {
+        let t = text.as_bytes();
+        let mut best = 0;
+        for (s, pi) in &self.stops {
+            // only the last len − 1 bytes can hold a proper prefix
+            let from = t.len().saturating_sub(s.len().saturating_sub(1));
+            let mut k = 0;
+            for &c in &t[from..] {
+                while k > 0 && (k == s.len() || c != s[k]) {
+                    k = pi[k - 1];
+                }
+                if c == s[k] {
+                    k += 1;
+                }
+            }
+            if k < s.len() {
+                best = best.max(k);
             }
         }
+        best
     }
-    best
 }
 
 impl Session<'_> {
@@ -184,6 +233,7 @@ impl Session<'_> {
         let mut out = Generation { tokens: Vec::new(), text: String::new(), finish: Finish::Length, prompt_tokens };
         let mut dec = StreamDecoder::new();
         let mut pending = String::new();
+        let stop_prefixes = StopPrefixes::new(&p.stop_strings);
         let ctx = self.model().options().ctx;
         let mut mask = Vec::new();
         while out.tokens.len() < p.max_tokens {
@@ -252,7 +302,7 @@ impl Session<'_> {
             let emit = match stopped {
                 Some((_, pos)) => pos,
                 None if last => pending.len(),
-                None => pending.len() - holdback(&pending, &p.stop_strings),
+                None => pending.len() - stop_prefixes.holdback(&pending),
             };
             let piece: String = pending[..emit].to_string();
             pending.drain(..emit);
@@ -312,7 +362,26 @@ impl Session<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::holdback;
+    use super::StopPrefixes;
+    use proptest::prelude::*;
+
+    /// The definition: every prefix length tried.
+    fn holdback_naive(s: &str, stops: &[String]) -> usize {
+        let mut best = 0;
+        for st in stops {
+            for (i, _) in st.char_indices().skip(1) {
+                if s.ends_with(&st[..i]) {
+                    best = best.max(i);
+                }
+            }
+        }
+        best
+    }
+
+    fn holdback(s: &str, stops: &[String]) -> usize {
+        StopPrefixes::new(stops).holdback(s)
+    }
+
     #[test]
     fn holdback_keeps_possible_stop_prefixes() {
         let stops = vec!["END".to_string(), "\n\n".to_string()];
@@ -320,5 +389,32 @@ mod tests {
         assert_eq!(holdback("abc EN", &stops), 2);
         assert_eq!(holdback("abc\n", &stops), 1);
         assert_eq!(holdback("abc", &stops), 0);
+        // self-overlapping stop strings, multi-byte chars
+        assert_eq!(holdback("xaabaa", &["aabaab".to_string()]), 5);
+        assert_eq!(holdback("xaabaa", &["aabaac".to_string(), "aa".to_string()]), 5);
+        assert_eq!(holdback("€€", &["€€€".to_string()]), 6);
+        assert_eq!(holdback("a€", &["€x".to_string()]), 3);
+    }
+
+    /// A 100 000-byte stop string of newlines over as many pending
+    /// newlines: one pass (trying every prefix length compared ~5·10⁹
+    /// bytes per token).
+    #[test]
+    fn a_long_repetitive_stop_string_is_one_pass() {
+        let stop = vec!["\n".repeat(100_000)];
+        assert_eq!(holdback(&"\n".repeat(99_999), &stop), 99_999);
+        assert_eq!(holdback(&format!("{}x{}", "\n".repeat(50_000), "\n".repeat(40_000)), &stop), 40_000);
+    }
+
+    proptest! {
+        #[test]
+        fn holdback_equals_the_definition(
+            text in "[ab€\n]{0,24}",
+            stops in proptest::collection::vec("[ab€\n]{1,8}", 1..4),
+        ) {
+            // holdback is asked only when no stop string occurs in the text
+            prop_assume!(stops.iter().all(|s| !text.contains(s.as_str())));
+            prop_assert_eq!(holdback(&text, &stops), holdback_naive(&text, &stops));
+        }
     }
 }
