@@ -127,8 +127,8 @@ pub struct Generation {
 /// of the pending text that could still grow into a stop string is found
 /// in one pass over its last `len − 1` bytes per stop string — linear,
 /// where trying every prefix length was quadratic in the stop string (a
-/// long stop string of newlines, and a model writing newlines, held a
-/// worker for minutes per token).
+/// 1 MB stop string of newlines in a request, and a model writing
+/// newlines: ~5·10¹¹ byte comparisons a token).
 struct StopPrefixes {
     /// Each stop string's bytes and `pi[i]` = the length of the longest
     /// proper prefix of `s[..=i]` that is also its suffix.
