@@ -25,6 +25,30 @@ pub enum Error {
 /// Result alias.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Longest line of a grammar engine message kept, in chars.
+const MESSAGE_LINE_CHARS: usize = 200;
+/// Most lines of a grammar engine message kept.
+const MESSAGE_LINES: usize = 8;
+
+/// The grammar engine's message, cut to a readable size: its listing of
+/// the compiled grammar repeats the whole schema (a 1 MB schema gave a
+/// 0.9 MB error, echoed into a server's 400 response).
+fn concise(e: &impl std::fmt::Display) -> String {
+    let text = e.to_string();
+    let mut out: Vec<String> = text
+        .lines()
+        .take(MESSAGE_LINES)
+        .map(|l| match l.char_indices().nth(MESSAGE_LINE_CHARS) {
+            Some((cut, _)) => format!("{}…", &l[..cut]),
+            None => l.to_string(),
+        })
+        .collect();
+    if text.lines().count() > MESSAGE_LINES {
+        out.push("…".into());
+    }
+    out.join("\n")
+}
+
 struct Env {
     trie: TokTrie,
 }
@@ -69,7 +93,7 @@ impl Grammars {
             .collect();
         let info = TokRxInfo::new(vocab as u32, eos);
         let env: TokEnv = Arc::new(Env { trie: TokTrie::from(&info, &words) });
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Grammar(e.to_string()))?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Grammar(concise(&e)))?;
         factory.set_stderr_log_level(0);
         Ok(Grammars { factory: Arc::new(factory), env })
     }
@@ -95,7 +119,7 @@ impl Grammars {
         let parser = self
             .factory
             .create_parser(TopLevelGrammar::from_lark(lark.to_string()))
-            .map_err(|e| Error::Grammar(e.to_string()))?;
+            .map_err(|e| Error::Grammar(concise(&e)))?;
         Ok(Matcher::new(Ok(parser)))
     }
 

@@ -188,3 +188,23 @@ fn lazy_constraint_waits_for_the_tools_section() {
     let calls = calls_of(&text);
     assert!(!calls.is_empty());
 }
+
+/// A schema the engine refuses gets a message of readable size naming the
+/// cause: the engine's listing repeated the whole schema (0.9 MB for this
+/// one), which a server echoed into its 400 response.
+#[test]
+fn a_refused_schema_gets_a_short_message() {
+    let tok = tokenizer();
+    let eos = tok.special_id("[EOS]").unwrap();
+    let g = Grammars::new(&tok, 320, eos).unwrap();
+    // 2^14 leaves: beyond the engine's schema size limit
+    let mut s = serde_json::json!({"type": "integer"});
+    for _ in 0..14 {
+        s = serde_json::json!({"anyOf": [s.clone(), {"type": "array", "items": s}]});
+    }
+    let e = g.constraint(&json_lark(Some(&s), false, false)).err().expect("refused").to_string();
+    assert!(e.contains("schema too large"), "{}", &e[..e.len().min(300)]);
+    assert!(e.len() < 2000, "{} bytes", e.len());
+    let e = g.constraint(&json_lark(Some(&serde_json::json!({"type": "bogus"})), false, false)).err().unwrap();
+    assert!(e.to_string().contains("Invalid type: bogus"), "{e}");
+}
