@@ -185,7 +185,9 @@ fn demo() -> Result<()> {
         skewed: true,
         jobs: 2,
     };
-    synth(&dir, &opts, &|_, _| {})?;
+    synth(&dir, &opts, &|_, _| {}).with_context(|| {
+        format!("writing the demo model (if {} is an older demo's, remove it and run again)", dir.display())
+    })?;
     let waste = root.join("target/release/waste");
     run(Command::new(&waste).arg("info").arg(&dir))?;
     run(Command::new(&waste).arg("verify").arg(&dir).arg("-q"))?;
