@@ -147,6 +147,13 @@ fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) -> Option<f64
 }
 
 pub fn bench(a: BenchArgs) -> Result<ExitCode> {
+    // every figure is per decode step: none to time is an error, not 0 ms
+    if a.n == 0 {
+        anyhow::bail!("-n 0: bench times decode steps, at least 1");
+    }
+    if a.prompt_len == 0 {
+        anyhow::bail!("--prompt-len 0: the prompt needs at least 1 token");
+    }
     // the engine caps its readers at MAX_IO_THREADS; the probe does the same
     let io_qd = if a.engine.io_threads == 0 { 4 } else { a.engine.io_threads.min(waste_model::MAX_IO_THREADS) };
     let disk_gbps = disk_bandwidth(&a.model, io_qd, !a.engine.no_direct_io);
@@ -154,7 +161,11 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let model = a.engine.open(&a.model)?;
     let open_s = t_open.elapsed().as_secs_f64();
     let vocab = model.config().vocab as u32;
-    let prompt: Vec<u32> = (0..a.prompt_len.max(1) as u32).map(|i| 1 + (i * 7919) % (vocab - 1).max(1)).collect();
+    let ctx = model.options().ctx;
+    if a.prompt_len >= ctx {
+        anyhow::bail!("--prompt-len {} leaves no room to decode in a context of {ctx} tokens (--ctx)", a.prompt_len);
+    }
+    let prompt: Vec<u32> = (0..a.prompt_len as u32).map(|i| 1 + (i * 7919) % (vocab - 1).max(1)).collect();
     let mut s = model.session();
     if let Some(p) = &a.routing {
         let trace = crate::cmd_cache::load_trace(p)?;
@@ -171,7 +182,8 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let t1 = std::time::Instant::now();
     let mut steps = 0;
     for _ in 0..a.n {
-        if s.position() >= model.options().ctx {
+        if s.position() >= ctx {
+            eprintln!("warning: decoded {steps} of {} steps: the context of {ctx} tokens is full (--ctx)", a.n);
             break;
         }
         next = sampler.pick(s.eval(&[next])?, None);

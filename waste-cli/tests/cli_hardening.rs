@@ -62,6 +62,32 @@ fn diskbench_arguments_out_of_range_are_precise_errors() {
     assert_eq!((v["record_size"].as_u64(), v["qd"].as_u64()), (Some(4096), Some(2)), "{out}");
 }
 
+/// `bench` with no decode step to time is an error naming the option (it
+/// reported 0 tok/s, "0.0 ms/token" and a roofline share in the thousands
+/// as if measured); a context that fills before `-n` steps is a warning,
+/// and the JSON counts the steps actually timed.
+#[test]
+fn bench_without_a_decode_step_is_an_error() {
+    let a = anchor();
+    let a = a.to_str().unwrap();
+    for (args, want) in [
+        (vec!["-n", "0"], "-n 0"),
+        (vec!["--prompt-len", "0"], "--prompt-len 0"),
+        (vec!["--ctx", "8", "--prompt-len", "8"], "leaves no room to decode in a context of 8"),
+    ] {
+        let mut cmd = vec!["bench", a, "--json"];
+        cmd.extend(&args);
+        let (code, out, err) = waste(&cmd, "");
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains(want) && out.is_empty(), "{args:?}: {err}");
+    }
+    let (code, out, err) = waste(&["bench", a, "--ctx", "12", "--prompt-len", "8", "-n", "10", "--json"], "");
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("decoded 4 of 10 steps"), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["decode_tokens"], 4, "{out}");
+}
+
 #[test]
 fn a_closed_pipe_ends_output_quietly() {
     let a = anchor();
