@@ -25,7 +25,8 @@ typedef enum waste_status {
     WASTE_E_FORMAT = 2,      /* malformed or damaged container / state / usage file */
     WASTE_E_BUDGET = 3,      /* the RAM budget is below the model's floor */
     WASTE_E_OOM = 4,         /* an allocation failed */
-    WASTE_E_ARG = 5,         /* a bad argument (or a buffer too small) */
+    WASTE_E_ARG = 5,         /* a bad argument: a buffer too small, more tokens or text than
+                              * the context holds, a grammar or an image that cannot be used */
     WASTE_E_UNSUPPORTED = 6, /* not implemented by the engine */
     WASTE_E_CANCELLED = 7,   /* the caller cancelled */
     WASTE_E_INTERNAL = 8     /* an engine bug (a caught panic) */

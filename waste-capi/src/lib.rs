@@ -260,12 +260,22 @@ fn set_last(msg: &str) {
 
 fn fail(e: engine::Error) -> Fail {
     let s = match &e {
-        engine::Error::Io(_) => WASTE_E_IO,
-        engine::Error::Format(_) | engine::Error::NonFinite { .. } => WASTE_E_FORMAT,
-        engine::Error::Budget { .. } => WASTE_E_BUDGET,
+        engine::Error::Io(_) | engine::Error::Cache(engine::CacheError::ReadFailed { .. }) => WASTE_E_IO,
+        // damaged files: the container's tokenizer or tower, not the caller's input
+        engine::Error::Format(_)
+        | engine::Error::NonFinite { .. }
+        | engine::Error::Tokenizer(_)
+        | engine::Error::Vision(engine::VisionError::Config(_) | engine::VisionError::Weights(_)) => WASTE_E_FORMAT,
+        engine::Error::Budget { .. } | engine::Error::FloorAboveRam { .. } => WASTE_E_BUDGET,
         engine::Error::Oom(_) => WASTE_E_OOM,
-        // the caller must reset the session (or load a state) first
-        engine::Error::Arg(_) | engine::Error::Incomplete(_) => WASTE_E_ARG,
+        // the caller's input (more tokens or text than the context holds, a
+        // grammar, an image); a half-updated session the caller must reset
+        engine::Error::Arg(_)
+        | engine::Error::Incomplete(_)
+        | engine::Error::ContextFull { .. }
+        | engine::Error::TextTooLong { .. }
+        | engine::Error::Constraint(_)
+        | engine::Error::Vision(engine::VisionError::Image(_)) => WASTE_E_ARG,
         engine::Error::Unsupported(_) => WASTE_E_UNSUPPORTED,
         engine::Error::Cancelled => WASTE_E_CANCELLED,
         _ => WASTE_E_INTERNAL,
@@ -1004,6 +1014,14 @@ mod tests {
             (engine::Error::Oom("x".into()), WASTE_E_OOM),
             (engine::Error::Unsupported("x".into()), WASTE_E_UNSUPPORTED),
             (engine::Error::Cancelled, WASTE_E_CANCELLED),
+            // the caller's input, not an engine bug (these all said WASTE_E_INTERNAL)
+            (engine::Error::ContextFull { pos: 1, n: 9, ctx: 4 }, WASTE_E_ARG),
+            (engine::Error::TextTooLong { bytes: 9, ctx: 1, max_token_bytes: 2 }, WASTE_E_ARG),
+            (engine::Error::Vision(engine::VisionError::Image("damaged".into())), WASTE_E_ARG),
+            (engine::Error::Vision(engine::VisionError::Config("x".into())), WASTE_E_FORMAT),
+            (engine::Error::Tokenizer(engine::tokenizer::Error::Vocabulary("x".into())), WASTE_E_FORMAT),
+            (engine::Error::FloorAboveRam { floor: 9, ctx: 1, usable: 1, max_ctx: None }, WASTE_E_BUDGET),
+            (engine::Error::Cache(engine::CacheError::ReadFailed { layer: 1, expert: 2 }), WASTE_E_IO),
         ];
         for (e, want) in cases {
             let msg = e.to_string();

@@ -4,7 +4,7 @@ use crate::print_json;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use waste_model::{Model, ModelOptions};
 
@@ -331,7 +331,14 @@ pub struct RunArgs {
 }
 
 /// Evaluate a prompt, with a progress bar on a terminal for long prompts.
+/// A prompt the context cannot hold is refused before any of it is
+/// evaluated (evaluating it in steps found out only when the context was
+/// full: 4 096 tokens of work for nothing).
 pub fn prefill_with_bar(s: &mut waste_model::Session<'_>, ids: &[u32]) -> Result<()> {
+    let (pos, ctx) = (s.position(), s.model().options().ctx);
+    if pos + ids.len() > ctx {
+        return Err(waste_model::Error::ContextFull { pos, n: ids.len(), ctx }.into());
+    }
     let bar = crate::progress::count_bar("prefill", ids.len() < 64);
     bar.set_length(ids.len() as u64);
     let step = waste_model::CHUNK * 4;
@@ -343,21 +350,39 @@ pub fn prefill_with_bar(s: &mut waste_model::Session<'_>, ids: &[u32]) -> Result
     Ok(())
 }
 
+/// Most bytes of text read from a file or stdin (a prompt, a JSON schema,
+/// text to tokenize). A prompt a context can hold is far smaller; the
+/// engine refuses one that cannot fit before tokenizing it.
+pub const MAX_TEXT_BYTES: u64 = 256 << 20;
+
+/// A regular UTF-8 file of at most [`MAX_TEXT_BYTES`] (a device such as
+/// `/dev/zero` used to be read until memory ran out).
+pub fn read_text_file(f: &Path) -> Result<String> {
+    let b = waste_model::format::read_regular(f, MAX_TEXT_BYTES).with_context(|| format!("reading {}", f.display()))?;
+    String::from_utf8(b).map_err(|_| anyhow::anyhow!("reading {}: not UTF-8 text", f.display()))
+}
+
+/// Stdin as UTF-8 text, at most [`MAX_TEXT_BYTES`].
+fn read_stdin_text() -> Result<String> {
+    use std::io::Read;
+    let mut b = Vec::new();
+    std::io::stdin().take(MAX_TEXT_BYTES + 1).read_to_end(&mut b).context("reading stdin")?;
+    if b.len() as u64 > MAX_TEXT_BYTES {
+        bail!("stdin: more than {} MiB of text", MAX_TEXT_BYTES >> 20);
+    }
+    String::from_utf8(b).map_err(|_| anyhow::anyhow!("stdin: not UTF-8 text"))
+}
+
 /// The prompt text from the argument, `--file`, or stdin.
 pub fn read_prompt(arg: &Option<String>, file: &Option<PathBuf>) -> Result<Option<String>> {
-    use std::io::{IsTerminal, Read};
+    use std::io::IsTerminal;
     match (arg.as_deref(), file) {
         (Some(_), Some(_)) => bail!("give the prompt as an argument or with --file, not both"),
-        (Some("-"), None) => {
-            let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("reading the prompt from stdin")?;
-            Ok(Some(s))
-        }
+        (Some("-"), None) => Ok(Some(read_stdin_text()?)),
         (Some(p), None) => Ok(Some(p.to_string())),
-        (None, Some(f)) => Ok(Some(std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?)),
+        (None, Some(f)) => Ok(Some(read_text_file(f)?)),
         (None, None) if !std::io::stdin().is_terminal() => {
-            let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("reading the prompt from stdin")?;
+            let s = read_stdin_text()?;
             Ok(if s.is_empty() { None } else { Some(s) })
         }
         (None, None) => Ok(None),
@@ -381,10 +406,8 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     let text = if a.ids.is_none() { read_prompt(&a.prompt, &a.file)? } else { None };
     let schema = match &a.json_schema {
         Some(f) => Some(
-            serde_json::from_str::<serde_json::Value>(
-                &std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
-            )
-            .with_context(|| format!("{}: not JSON", f.display()))?,
+            serde_json::from_str::<serde_json::Value>(&read_text_file(f)?)
+                .with_context(|| format!("{}: not JSON", f.display()))?,
         ),
         None => None,
     };

@@ -276,3 +276,28 @@ fn heavy_request_work_does_not_stall_the_async_workers() {
         }
     });
 }
+
+/// A message longer than the context can hold whatever its tokens (more
+/// bytes than ctx × the longest token) is refused before it is tokenized,
+/// with OpenAI's `context_length_exceeded` code like a prompt of too many
+/// tokens (it was tokenized first: a 4 MB body of one run of a character
+/// is ~128 MB of merge work); /v1/completions the same.
+#[test]
+fn text_longer_than_the_context_is_context_length_exceeded() {
+    // the anchor's longest token is 26 bytes: 4096 × 26 < 120 000
+    let s = start(&[]);
+    let long = "a".repeat(120_000);
+    let body = json!({"messages": [{"role": "user", "content": long}], "max_tokens": 2}).to_string();
+    let r = request(&s.addr, &s.addr, "Content-Type: application/json\r\n", &body);
+    assert_eq!(status(&r), 400, "{r}");
+    assert!(r.contains("context_length_exceeded") && r.contains("the text is 120000 bytes"), "{r}");
+    let body = json!({"prompt": long, "max_tokens": 2}).to_string();
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        s.addr,
+        body.len()
+    );
+    let (r, _) = raw(&s.addr, req.as_bytes(), Duration::from_secs(30));
+    assert_eq!(status(&r), 400, "{r}");
+    assert!(r.contains("context_length_exceeded") && r.contains("\"param\":\"prompt\""), "{r}");
+}

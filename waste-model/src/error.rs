@@ -51,6 +51,18 @@ pub enum Error {
         /// The context bound.
         ctx: usize,
     },
+    /// Text too long for the context whatever its tokens (more bytes than
+    /// `ctx` times the tokenizer's longest token), refused before it is
+    /// tokenized.
+    #[error("the text is {bytes} bytes: more than a context of {ctx} tokens can hold (a token is at most {max_token_bytes} bytes)")]
+    TextTooLong {
+        /// The text's bytes.
+        bytes: usize,
+        /// The context bound.
+        ctx: usize,
+        /// The tokenizer's longest token, in bytes.
+        max_token_bytes: usize,
+    },
     /// A [`crate::TokenConstraint`] failed (a grammar error).
     #[error("constraint: {0}")]
     Constraint(#[from] ConstraintError),

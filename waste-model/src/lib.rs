@@ -66,8 +66,10 @@ pub use session::{Session, Stats};
 pub use state::{Snapshot, STATE_MAGIC, STATE_VERSION};
 pub use vision::{digest, Grid, Image, ImageInfo, PreparedImage, VisionConfig};
 pub use waste_attn::{attn_res, attn_res_in_place};
-pub use waste_cache::{parse_size, physical_ram, usable_ram, CacheStats, Policy};
+pub use waste_cache::{parse_size, physical_ram, usable_ram, CacheError, CacheStats, Policy};
 pub use waste_tokenizer as tokenizer;
+/// The vision crate's errors, inside [`Error::Vision`].
+pub use waste_vision::Error as VisionError;
 /// The largest image file accepted (bytes).
 pub use waste_vision::MAX_FILE_BYTES as MAX_IMAGE_FILE_BYTES;
 

@@ -372,9 +372,23 @@ impl Model {
             (Some(t), Some(p)) => (t, p),
             _ => return Err(Error::Unsupported("this container has no tokenizer".into())),
         };
+        self.check_fits(t, messages.iter().map(|m| m.content.len()).sum())?;
         let mut ids = self.bos().into_iter().collect::<Vec<_>>();
         ids.extend(tpl.encode(t, messages, open).map_err(|e| Error::Arg(e.to_string()))?);
         Ok(ids)
+    }
+
+    /// Refuse text of `bytes` bytes that cannot fit the context, before
+    /// tokenizing it: a token stands for at most the tokenizer's longest
+    /// token, so more than `ctx ×` that many bytes is more than `ctx`
+    /// tokens. (Tokenizing first cost time and memory for nothing: a 300 MB
+    /// prompt took 27 s and 9.7 GB before the context check refused it.)
+    fn check_fits(&self, t: &waste_tokenizer::Tokenizer, bytes: usize) -> Result<()> {
+        let (ctx, max_token_bytes) = (self.opts.ctx, t.max_token_bytes().max(1));
+        if bytes > ctx.saturating_mul(max_token_bytes) {
+            return Err(Error::TextTooLong { bytes, ctx, max_token_bytes });
+        }
+        Ok(())
     }
     /// Whether the chat template is K3's tagged format (tools, thinking).
     pub fn is_xtml(&self) -> bool {
@@ -396,6 +410,7 @@ impl Model {
             (Some(t), true) => t,
             _ => return Err(Error::Unsupported("this model's chat template is not K3's tagged format".into())),
         };
+        self.check_fits(t, messages.iter().map(|m| m.content.len()).sum())?;
         let mut e = waste_tokenizer::xtml::encode(t, messages, opts, open).map_err(|e| Error::Arg(e.to_string()))?;
         if let Some(b) = self.bos() {
             e.ids.insert(0, b);
@@ -407,9 +422,11 @@ impl Model {
     /// Encode raw text as plain tokens (BOS first when the config has one).
     ///
     /// # Errors
-    /// [`Error::Unsupported`] without a tokenizer.
+    /// [`Error::Unsupported`] without a tokenizer; [`Error::TextTooLong`]
+    /// for text too long for the context whatever its tokens.
     pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
         let t = self.tokenizer.as_ref().ok_or_else(|| Error::Unsupported("this container has no tokenizer".into()))?;
+        self.check_fits(t, text.len())?;
         let mut ids = self.bos().into_iter().collect::<Vec<_>>();
         ids.extend(t.encode_plain(text));
         Ok(ids)

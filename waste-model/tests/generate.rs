@@ -342,3 +342,23 @@ proptest::proptest! {
         }
     }
 }
+
+/// Text longer than the context can hold whatever its tokens (more than
+/// ctx × the longest token's bytes) is refused before it is tokenized, by
+/// every encoder a server or the C ABI reaches; text that may fit is
+/// encoded as before.
+#[test]
+fn text_too_long_for_the_context_is_refused_before_tokenizing() {
+    let m = open(16);
+    let per = m.tokenizer().unwrap().max_token_bytes();
+    assert!(per > 1, "the anchor's longest token has {per} bytes");
+    let long = "a".repeat(16 * per + 1);
+    let want = format!("the text is {} bytes: more than a context of 16 tokens can hold", long.len());
+    let e = m.encode_raw(&long).unwrap_err().to_string();
+    assert!(e.contains(&want), "{e}");
+    let msgs = [waste_model::tokenizer::Message::new("user", &long)];
+    let e = m.encode_chat(&msgs, true).unwrap_err().to_string();
+    assert!(e.contains(&want), "{e}");
+    let fits = "a".repeat(16 * per);
+    assert!(!m.encode_raw(&fits).unwrap().is_empty());
+}

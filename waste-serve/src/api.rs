@@ -684,7 +684,7 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan, Common),
     let opts = chat::options(v).map_err(to400)?;
     let xtml = st.model.is_xtml();
     let (prompt, boundary) = if xtml {
-        let e = st.model.encode_xtml(&msgs, &opts, true).map_err(|e| bad(e.to_string(), "messages"))?;
+        let e = st.model.encode_xtml(&msgs, &opts, true).map_err(|e| encode_err(e, "messages"))?;
         (e.ids, e.messages_end)
     } else {
         if !opts.tools.is_empty() || msgs.iter().any(|m| !m.tool_calls.is_empty() || m.role == "tool") {
@@ -695,8 +695,8 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan, Common),
         }
         let plain: Vec<Message> =
             msgs.iter().map(|m| Message::new(&m.role, &m.content).with_images(&m.images)).collect();
-        let p = st.model.encode_chat(&plain, true).map_err(|e| bad(e.to_string(), "messages"))?;
-        let b = st.model.encode_chat(&plain, false).map_err(|e| bad(e.to_string(), "messages"))?;
+        let p = st.model.encode_chat(&plain, true).map_err(|e| encode_err(e, "messages"))?;
+        let b = st.model.encode_chat(&plain, false).map_err(|e| encode_err(e, "messages"))?;
         // a template could render the messages differently when a turn is open
         let b = if p.starts_with(&b) { b.len() } else { 0 };
         (p, b)
@@ -866,7 +866,7 @@ async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) 
     }
     let st2 = st.clone();
     let prepared = blocking(&st, move || {
-        let prompt = st2.model.encode_raw(&text).map_err(|e| bad(e.to_string(), "prompt"))?;
+        let prompt = st2.model.encode_raw(&text).map_err(|e| encode_err(e, "prompt"))?;
         let c = common(&st2, &v, prompt.len(), false)?;
         Ok((prompt, c))
     })
@@ -977,6 +977,22 @@ async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPl
         }
     });
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// A failed encoding of the request's text as a 400: text longer than the
+/// context can hold whatever its tokens carries OpenAI's
+/// `context_length_exceeded` code, as a prompt of too many tokens does.
+fn encode_err(e: waste_model::Error, param: &str) -> Response {
+    match e {
+        waste_model::Error::TextTooLong { .. } => err(
+            StatusCode::BAD_REQUEST,
+            &e.to_string(),
+            "invalid_request_error",
+            Some(param),
+            Some("context_length_exceeded"),
+        ),
+        e => bad(e.to_string(), param),
+    }
 }
 
 /// A stream of SSE events fed by an async producer; `yield_` returns false

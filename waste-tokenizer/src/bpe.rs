@@ -67,6 +67,8 @@ pub struct Tokenizer {
     special_ids: HashMap<String, u32>,
     regex: fancy_regex::Regex,
     pattern: Pattern,
+    /// The longest token's bytes (a rank's or a special's text).
+    max_token_bytes: usize,
 }
 
 /// Bytes one heap allocation of `n` bytes occupies (glibc-style: a 16-byte
@@ -126,7 +128,16 @@ impl Tokenizer {
         let mut specials = specials;
         // longest first, so markup matching is leftmost-longest
         specials.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
-        Ok(Tokenizer { ranks: ranks.into_iter().collect(), decoder, specials, special_ids, regex, pattern })
+        let max_token_bytes = decoder.values().map(Vec::len).max().unwrap_or(0);
+        Ok(Tokenizer {
+            ranks: ranks.into_iter().collect(),
+            decoder,
+            specials,
+            special_ids,
+            regex,
+            pattern,
+            max_token_bytes,
+        })
     }
 
     /// Parse a tiktoken rank file (`base64 rank` per line).
@@ -226,6 +237,11 @@ impl Tokenizer {
     /// Number of ids (ranks + specials).
     pub fn vocab_len(&self) -> usize {
         self.decoder.len()
+    }
+    /// The most bytes one token stands for: text of more than `n` times
+    /// this encodes to more than `n` tokens.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
     }
     /// The largest id (rank or special), if any.
     pub fn max_id(&self) -> Option<u32> {
