@@ -91,6 +91,8 @@ impl Source {
         let config: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| Error::Source(format!("{}: {e}", cpath.display())))?;
         let mut files: Vec<PathBuf> = Vec::new();
+        // with an index, the file that holds each tensor
+        let mut owner: HashMap<String, PathBuf> = HashMap::new();
         let idx = dir.join("model.safetensors.index.json");
         if idx.exists() {
             let t = std::fs::read_to_string(&idx).map_err(|e| Error::io(&idx, e))?;
@@ -100,11 +102,14 @@ impl Source {
                 .get("weight_map")
                 .and_then(|m| m.as_object())
                 .ok_or_else(|| Error::Source(format!("{}: no weight_map", idx.display())))?;
-            for f in map.values().filter_map(|f| f.as_str()) {
+            for (name, f) in map {
+                let f =
+                    f.as_str().ok_or_else(|| Error::Source(format!("{}: {name}: not a file name", idx.display())))?;
                 let p = confined(dir, f)?;
                 if !files.contains(&p) {
-                    files.push(p);
+                    files.push(p.clone());
                 }
+                owner.insert(name.clone(), p);
             }
         } else {
             for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
@@ -118,9 +123,22 @@ impl Source {
         if files.is_empty() {
             return Err(Error::Source(format!("{}: no *.safetensors files", dir.display())));
         }
-        let mut tensors = HashMap::new();
+        let mut tensors: HashMap<String, TensorLoc> = HashMap::new();
         for f in &files {
             for (name, loc) in read_header(f)? {
+                // the index decides which file's copy counts; without one, a
+                // name in two files is ambiguous (the later file used to win)
+                match owner.get(&name) {
+                    Some(o) if o != f => continue,
+                    _ if owner.is_empty() && tensors.contains_key(&name) => {
+                        return Err(Error::Source(format!(
+                            "tensor {name} is in both {} and {}",
+                            tensors[&name].file.display(),
+                            f.display()
+                        )));
+                    }
+                    _ => {}
+                }
                 tensors.insert(name, loc);
             }
         }
@@ -385,6 +403,36 @@ mod tests {
         let ok = write("ok.safetensors", r#"{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 8);
         assert_eq!(read_header(&ok).unwrap()[0].1.shape, vec![2]);
         assert!(decode_mxfp4(&[], &[], usize::MAX, 64).is_err());
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// A tensor in two shards: without an index the source is ambiguous and
+    /// refused naming both files (the later file's copy used to win
+    /// silently); with one, the index's file is read and the other copy
+    /// ignored, whichever order the files sort in.
+    #[test]
+    fn a_tensor_in_two_shards_follows_the_index_or_is_refused() {
+        let d = std::env::temp_dir().join(format!("waste-shards-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("config.json"), "{}").unwrap();
+        let shard = |name: &str, v: f32| {
+            let json = r#"{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+            let mut b = (json.len() as u64).to_le_bytes().to_vec();
+            b.extend(json.as_bytes());
+            b.extend(v.to_le_bytes());
+            b.extend(v.to_le_bytes());
+            std::fs::write(d.join(name), b).unwrap();
+        };
+        shard("a.safetensors", 1.0);
+        shard("b.safetensors", 2.0);
+        let e = Source::open(&d).err().expect("ambiguous").to_string();
+        assert!(e.contains("tensor t is in both") && e.contains("a.safetensors") && e.contains("b.safetensors"), "{e}");
+        for (owner, want) in [("a.safetensors", 1.0), ("b.safetensors", 2.0)] {
+            let index = format!(r#"{{"weight_map": {{"t": "{owner}"}}}}"#);
+            std::fs::write(d.join("model.safetensors.index.json"), index).unwrap();
+            let s = Source::open(&d).unwrap();
+            assert_eq!(s.read_f32("t").unwrap().1, vec![want, want], "{owner}");
+        }
         std::fs::remove_dir_all(&d).ok();
     }
 
