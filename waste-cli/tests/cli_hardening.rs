@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{anchor, copy_anchor, damage_layer2, waste};
+use common::{anchor, copy_anchor, damage_layer2, start, waste};
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 
@@ -114,6 +114,17 @@ fn text_inputs_that_cannot_fit_are_refused_up_front() {
     let (code, _, err) = waste(&["run", a, "--raw", "--ctx", "100", "-n", "1", "-"], &prompt);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("context full: 0 + "), "{err}");
+}
+
+/// A second server on a taken port says which address it could not
+/// listen on (it printed "Address already in use (os error 98)" alone).
+#[test]
+fn a_taken_port_names_the_address() {
+    let s = start(&[]);
+    let port = s.port.to_string();
+    let (code, _, err) = waste(&["serve", anchor().to_str().unwrap(), "--port", &port], "");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(&format!("listening on 127.0.0.1:{port}")), "{err}");
 }
 
 #[test]

@@ -79,7 +79,10 @@ pub fn serve(
     std::thread::Builder::new().name("waste-engine".into()).spawn(move || engine::run(&m2, rx, &c2))?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port)).await?;
+        // the address in the error: "Address already in use" alone does not say which
+        let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port))
+            .await
+            .map_err(|e| std::io::Error::new(e.kind(), format!("listening on {}:{}: {e}", opts.host, opts.port)))?;
         let addr = listener.local_addr()?;
         let state = Arc::new(AppState::new(model, opts.clone(), jobs, counters).bound_to(addr));
         on_ready(addr);
