@@ -90,7 +90,17 @@ impl Container {
     pub fn open(dir: impl AsRef<Path>) -> Result<Container> {
         let dir = dir.as_ref().to_path_buf();
         let mpath = dir.join("manifest.json");
-        let mlen = file_len(&mpath)?;
+        let mlen = file_len(&mpath).map_err(|e| match e {
+            // a checkpoint given where a container belongs: say so
+            Error::Io { source, .. }
+                if source.kind() == std::io::ErrorKind::NotFound && dir.join("config.json").is_file() =>
+            {
+                let msg = "missing: the folder looks like a Hugging Face checkpoint (config.json); \
+                           convert it into a container first (`waste convert --src DIR --out DIR.waste`)";
+                Error::io(&mpath, std::io::Error::new(std::io::ErrorKind::NotFound, msg))
+            }
+            e => e,
+        })?;
         if mlen > MAX_MANIFEST_BYTES {
             return Err(Error::manifest("manifest.json", format!("{mlen} bytes exceeds {MAX_MANIFEST_BYTES}")));
         }
@@ -281,5 +291,25 @@ impl Container {
             None => "no experts".into(),
         };
         format!("{ex}; trunk {}", trunk.join(" "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A folder without `manifest.json` is an I/O error naming it; when it
+    /// holds a `config.json` (a checkpoint given where a container
+    /// belongs) the error says so and how to convert it.
+    #[test]
+    fn a_checkpoint_folder_is_named_as_one() {
+        let d = std::env::temp_dir().join(format!("waste-not-a-container-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let e = Container::open(&d).err().unwrap().to_string();
+        assert!(e.contains("manifest.json") && !e.contains("Hugging Face"), "{e}");
+        std::fs::write(d.join("config.json"), "{}").unwrap();
+        let e = Container::open(&d).err().unwrap().to_string();
+        assert!(e.contains("looks like a Hugging Face checkpoint") && e.contains("waste convert"), "{e}");
+        std::fs::remove_dir_all(&d).ok();
     }
 }
