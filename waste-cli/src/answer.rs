@@ -27,9 +27,13 @@ pub struct Chat<'m> {
 }
 
 impl<'m> Chat<'m> {
-    /// For `model`, thinking at `think` (ignored without the tagged format),
-    /// answering in JSON matching `schema` when given.
+    /// For `model`, thinking at `think` (without the tagged format there is
+    /// no thinking: a warning says so), answering in JSON matching `schema`
+    /// when given.
     pub fn new(model: &'m Model, think: Option<Effort>, schema: Option<serde_json::Value>) -> Chat<'m> {
+        if think.is_some() && !model.is_xtml() {
+            eprintln!("warning: --think has no effect: this model's chat format has no thinking mode (K3's tagged format has)");
+        }
         let response_format = schema.map(|s| {
             if s == serde_json::json!({"type": "object"}) {
                 ResponseFormat::JsonObject

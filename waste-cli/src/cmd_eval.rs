@@ -300,15 +300,15 @@ pub struct RunArgs {
     /// Prompt as token ids, comma-separated (no template).
     #[arg(long)]
     ids: Option<String>,
-    /// System message.
-    #[arg(long)]
+    /// System message (chat template only: not with --raw or --ids).
+    #[arg(long, conflicts_with_all = ["raw", "ids"])]
     system: Option<String>,
     /// No chat template: the prompt is plain text.
     #[arg(long)]
     raw: bool,
     /// Think first (K3's tagged format): low, high or max (the default);
-    /// the reasoning goes to stderr.
-    #[arg(long, num_args = 0..=1, default_missing_value = "max", value_name = "LEVEL", value_parser = ["low", "high", "max"])]
+    /// the reasoning goes to stderr. Not with --raw or --ids (no template).
+    #[arg(long, num_args = 0..=1, default_missing_value = "max", value_name = "LEVEL", value_parser = ["low", "high", "max"], conflicts_with_all = ["raw", "ids"])]
     think: Option<String>,
     /// Answer in JSON matching this JSON schema file (constrained decoding).
     #[arg(long, value_name = "FILE")]

@@ -176,6 +176,33 @@ fn a_failed_save_or_load_keeps_the_conversation() {
     std::fs::remove_dir_all(&d).ok();
 }
 
+/// Options that would do nothing say so: `--system` and `--think` with no
+/// chat template (`--raw`, `--ids`) are refused; `--think` on a model
+/// whose template has no thinking mode (a Jinja template here) is a
+/// warning. All three were silently ignored.
+#[test]
+fn options_without_effect_are_refused_or_warned() {
+    let a = anchor();
+    let a = a.to_str().unwrap();
+    for args in
+        [vec!["hi", "--raw", "--system", "s"], vec!["--ids", "1", "--system", "s"], vec!["--ids", "1", "--think"]]
+    {
+        let mut cmd = vec!["run", a, "-n", "1"];
+        cmd.extend(&args);
+        let (code, _, err) = waste(&cmd, "");
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("cannot be used with"), "{args:?}: {err}");
+    }
+    let d = copy_anchor("jinja");
+    std::fs::write(d.join("chat_template.jinja"), "{% for m in messages %}{{ m.content }}{% endfor %}").unwrap();
+    let (code, _, err) = waste(&["run", d.to_str().unwrap(), "hi", "--think", "-n", "1"], "");
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("warning: --think has no effect"), "{err}");
+    let (_, _, err) = waste(&["run", a, "hi", "--think", "-n", "1"], "");
+    assert!(!err.contains("--think has no effect"), "the anchor's tagged format thinks: {err}");
+    std::fs::remove_dir_all(&d).ok();
+}
+
 #[test]
 fn a_hostile_chat_template_is_an_error_naming_the_file() {
     let d = copy_anchor("template");
