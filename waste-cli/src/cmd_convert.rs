@@ -112,13 +112,22 @@ pub fn convert(a: ConvertArgs) -> Result<ExitCode> {
     })
     .with_context(|| format!("converting {} into {}", a.src.display(), a.out.display()))?;
     bar.finish_and_clear();
+    if let Some(names) = rep.unused_tensors.as_ref().filter(|n| !n.is_empty()) {
+        let shown: Vec<&str> = names.iter().take(5).map(String::as_str).collect();
+        eprintln!(
+            "warning: {} checkpoint tensor(s) were not used, a model variant the engine may not implement: {}{}",
+            names.len(),
+            shown.join(", "),
+            if names.len() > shown.len() { ", …" } else { "" }
+        );
+    }
     let per_expert = if rep.experts > 0 { rep.seconds / rep.experts as f64 } else { 0.0 };
     if a.json {
         print_json(
             &json!({"complete": rep.complete, "experts": rep.experts, "seconds": rep.seconds, "seconds_per_expert": per_expert,
             "rel_error": {"gate": rep.rel_error[0], "up": rep.rel_error[1], "down": rep.rel_error[2]},
             "per_layer": rep.per_layer.iter().map(|(l, e)| json!({"layer": l, "gate": e[0], "up": e[1], "down": e[2]})).collect::<Vec<_>>(),
-            "resumed_layers": rep.resumed_layers, "staging": rep.staging}),
+            "resumed_layers": rep.resumed_layers, "staging": rep.staging, "unused_tensors": rep.unused_tensors}),
         )?;
     } else {
         outln!(

@@ -153,6 +153,13 @@ pub struct Report {
     pub complete: bool,
     /// Where the unfinished conversion waits when not complete.
     pub staging: Option<std::path::PathBuf>,
+    /// Checkpoint tensors the container left out, when this run read the
+    /// whole source itself (not a resumed or `--layers` run): weights a
+    /// model variant has and the engine does not use (biases, say) would
+    /// otherwise vanish without a word. The vision tower under
+    /// `--no-vision`, a tied `lm_head` and multi-token-prediction layers
+    /// past `num_hidden_layers` are left out knowingly and not listed.
+    pub unused_tensors: Option<Vec<String>>,
 }
 
 fn kind_names() -> [&'static str; 3] {
@@ -288,9 +295,12 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
 
     // --- trunk (once; the sidecar marks it finished)
     let side = out.join("trunk.entries.json");
+    // whether this run reads the trunk itself (not a resumed one's sidecar)
+    let mut trunk_read_here = false;
     let trunk: Vec<TensorEntry> = match std::fs::read(&side).ok().and_then(|b| serde_json::from_slice(&b).ok()) {
         Some(t) => t,
         None => {
+            trunk_read_here = true;
             let reqs: Vec<_> = required_tensors(&cfg);
             let nvis = vision.as_ref().map_or(0, |(_, vc)| vc.tensors().len());
             let mut tw = TrunkWriter::create(out)?;
@@ -479,10 +489,32 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
         std::fs::rename(out, &out_final).map_err(|e| Error::io(&out_final, e))?;
         rep.complete = true;
         rep.staging = None;
+        if trunk_read_here && rep.resumed_layers.is_empty() && o.layers.is_none() {
+            rep.unused_tensors = Some(unused_tensors(&src, &cfg, vision.is_some()));
+        }
     }
     rep.seconds = t0.elapsed().as_secs_f64();
     let _ = kind_names();
     Ok(rep)
+}
+
+/// The source's tensors no read touched, less those left out knowingly:
+/// the vision tower when it is not converted, `lm_head` when the embedding
+/// is tied, and layers past `num_hidden_layers` (multi-token prediction).
+fn unused_tensors(src: &Source, cfg: &waste_format::ModelConfig, with_vision: bool) -> Vec<String> {
+    let beyond_layers = |n: &str| {
+        n.split("layers.")
+            .nth(1)
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|i| i.parse::<usize>().ok())
+            .is_some_and(|i| i >= cfg.layers)
+    };
+    src.unused()
+        .into_iter()
+        .filter(|n| with_vision || !waste_format::is_vision_tensor(n))
+        .filter(|n| !(cfg.tie_embeddings && n.ends_with("lm_head.weight")))
+        .filter(|n| !beyond_layers(n))
+        .collect()
 }
 
 /// Append one tensor of `rows × cols` values in `fmt` (grouped formats by 128).

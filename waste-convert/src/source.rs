@@ -29,6 +29,8 @@ pub struct Source {
     /// config.json (as written; `text_config` not yet flattened).
     pub config: serde_json::Value,
     tensors: HashMap<String, TensorLoc>,
+    /// Names read so far (for [`Source::unused`]).
+    used: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// E2M1 (MXFP4) value of a nibble: sign bit 3, exponent bits 2..1, mantissa bit 0.
@@ -142,7 +144,7 @@ impl Source {
                 tensors.insert(name, loc);
             }
         }
-        Ok(Source { dir: dir.into(), config, tensors })
+        Ok(Source { dir: dir.into(), config, tensors, used: Default::default() })
     }
 
     /// Whether a tensor exists.
@@ -156,6 +158,19 @@ impl Source {
     /// All tensor names.
     pub fn names(&self) -> impl Iterator<Item = &String> {
         self.tensors.keys()
+    }
+
+    fn mark(&self, name: &str) {
+        self.used.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string());
+    }
+
+    /// The tensors no read has touched yet, sorted: after a whole
+    /// conversion, the checkpoint's weights the container left out.
+    pub fn unused(&self) -> Vec<String> {
+        let used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<String> = self.tensors.keys().filter(|n| !used.contains(*n)).cloned().collect();
+        v.sort();
+        v
     }
 
     fn bytes(&self, loc: &TensorLoc) -> Result<Vec<u8>> {
@@ -194,6 +209,7 @@ impl Source {
             )));
         }
         let sub = TensorLoc { start: a, end: b, shape: vec![n], ..loc.clone() };
+        self.mark(name);
         finite(name, start, decode_floats(&self.bytes(&sub)?, &sub.dtype))
     }
 
@@ -208,6 +224,7 @@ impl Source {
             if !matches!(loc.dtype.as_str(), "F32" | "F16" | "BF16") {
                 return Err(Error::Source(format!("tensor {name}: dtype {} is not a float type", loc.dtype)));
             }
+            self.mark(name);
             return Ok((loc.shape.clone(), finite(name, 0, decode_floats(&self.bytes(loc)?, &loc.dtype))?));
         }
         if let Some(base) = name.strip_suffix(".weight") {
@@ -217,6 +234,8 @@ impl Source {
                 let cols = pl.shape.get(1).copied().unwrap_or(0) * 2;
                 let v = decode_mxfp4(&self.bytes(pl)?, &self.bytes(sl)?, rows, cols)
                     .map_err(|e| Error::Source(format!("tensor {name}: {e}")))?;
+                self.mark(&p);
+                self.mark(&s);
                 return Ok((vec![rows, cols], finite(name, 0, v)?));
             }
         }

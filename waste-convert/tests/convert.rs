@@ -273,8 +273,9 @@ fn a_range_read_equals_the_slice_of_a_full_read() {
     assert!(src.read_f32_range(name, all.len() - 10, 11).is_err());
 }
 
-/// A copy of the hf-tiny fixture whose safetensors file (its header as
-/// JSON and the whole file's bytes, header length first) `edit` changes.
+/// A copy of the hf-tiny fixture whose safetensors file `edit` changes:
+/// its header as JSON, and the whole file's bytes with the old header's
+/// length (its data starts at `8 + n`).
 fn fixture_edited(tag: &str, edit: impl FnOnce(&mut Value, &mut Vec<u8>, usize)) -> std::path::PathBuf {
     let src = fixtures().join("hf-tiny");
     let dir = tmp(tag);
@@ -288,12 +289,14 @@ fn fixture_edited(tag: &str, edit: impl FnOnce(&mut Value, &mut Vec<u8>, usize))
     let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
     let mut h: Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
     edit(&mut h, &mut b, n);
-    // the header rewritten in place, padded with spaces to its old length
+    // the header rewritten (padded with spaces to 8 bytes), the data after it
+    // as it was: data offsets count from the data's start
     let mut text = serde_json::to_vec(&h).unwrap();
-    assert!(text.len() <= n, "the edited header grew");
-    text.resize(n, b' ');
-    b[8..8 + n].copy_from_slice(&text);
-    std::fs::write(&p, b).unwrap();
+    text.resize(text.len().div_ceil(8) * 8, b' ');
+    let mut file = (text.len() as u64).to_le_bytes().to_vec();
+    file.extend(&text);
+    file.extend(&b[8 + n..]);
+    std::fs::write(&p, file).unwrap();
     dir
 }
 
@@ -304,6 +307,28 @@ fn fixture_with(tag: &str, name: &str, i: usize, v: f32) -> std::path::PathBuf {
         let at = 8 + n + h[name]["data_offsets"][0].as_u64().unwrap() as usize + 4 * i;
         b[at..at + 4].copy_from_slice(&v.to_le_bytes());
     })
+}
+
+/// A whole conversion lists the checkpoint tensors it left out: weights of
+/// a model variant the engine does not implement (here an `o_proj` bias)
+/// used to vanish without a word. The fixture's own tensors are all used.
+#[test]
+fn tensors_the_container_leaves_out_are_listed() {
+    let out = tmp("unused-clean");
+    let o = ConvertOptions { experts: ExpertFmt::F16, jobs: 1, ..Default::default() };
+    let rep = convert(&fixtures().join("hf-tiny"), &out, &o, &|_| {}).unwrap();
+    assert_eq!(rep.unused_tensors, Some(vec![]));
+    std::fs::remove_dir_all(&out).ok();
+    let bias = "model.layers.0.self_attn.o_proj.bias";
+    let src = fixture_edited("unused", |h, _, _| {
+        // 64 floats of the file's data: any bytes will do for a tensor nobody reads
+        h[bias] = serde_json::json!({"dtype": "F32", "shape": [64], "data_offsets": [0, 256]});
+    });
+    let out = tmp("unused-out");
+    let rep = convert(&src, &out, &o, &|_| {}).unwrap();
+    assert_eq!(rep.unused_tensors, Some(vec![bias.to_string()]));
+    std::fs::remove_dir_all(&out).ok();
+    std::fs::remove_dir_all(&src).ok();
 }
 
 /// A checkpoint matrix stored transposed (`[in, out]`: the right element
