@@ -336,7 +336,7 @@ pub struct RunArgs {
 /// full: 4 096 tokens of work for nothing).
 pub fn prefill_with_bar(s: &mut waste_model::Session<'_>, ids: &[u32]) -> Result<()> {
     let (pos, ctx) = (s.position(), s.model().options().ctx);
-    if pos + ids.len() > ctx {
+    if pos.saturating_add(ids.len()) > ctx {
         return Err(waste_model::Error::ContextFull { pos, n: ids.len(), ctx }.into());
     }
     let bar = crate::progress::count_bar("prefill", ids.len() < 64);
