@@ -303,6 +303,41 @@ fn prefix_reuse_gives_the_same_tokens_as_a_fresh_prefill() {
     assert!(reused > 0, "turn 2 should continue from turn 1's state: {v2}");
 }
 
+/// `/v1/completions` takes a prompt as token ids too (OpenAI's forms: a
+/// list of ids, or a one-list list), used as given: the text's own ids
+/// (BOS included, from `waste tokenize`) give the text's completion. Several
+/// prompts, ids outside the vocabulary and an empty list are 400s naming
+/// `prompt` (token ids were refused: "prompt must be a string").
+#[test]
+fn completions_take_token_ids() {
+    let s = start(&[]);
+    let a = common::anchor();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_waste"))
+        .args(["tokenize", a.to_str().unwrap(), "The city of", "--json"])
+        .output()
+        .unwrap();
+    let mut ids: Vec<u64> = serde_json::from_slice::<Value>(&out.stdout).unwrap()["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    ids.insert(0, 305); // the anchor's BOS, which a text prompt gets
+    let ask = |p: Value| post(&s.addr, "/v1/completions", &json!({"prompt": p, "max_tokens": 6, "temperature": 0}));
+    let (st, text) = ask(json!("The city of"));
+    assert_eq!(st, 200, "{text}");
+    for p in [json!(ids), json!([ids])] {
+        let (st, v) = ask(p);
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["usage"]["prompt_tokens"], ids.len(), "{v}");
+        assert_eq!(v["choices"][0]["text"], text["choices"][0]["text"], "{v}");
+    }
+    for p in [json!(["a", "b"]), json!([[1], [2]]), json!([1, 316]), json!([1, -1]), json!([]), json!([[]])] {
+        let (st, v) = ask(p.clone());
+        assert_error(st, &v, 400, Some("prompt"));
+    }
+}
+
 #[test]
 fn completions_models_and_logprobs() {
     let s = start(&["--model-id", "tiny"]);

@@ -842,11 +842,9 @@ async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) 
         Ok(v) => v,
         Err(r) => return r,
     };
-    let text = match v.get("prompt") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
-        Some(_) => return bad("prompt must be a string", "prompt"),
-        None => return bad("prompt is required", "prompt"),
+    let given = match completion_prompt(v.get("prompt"), st.model.config().vocab) {
+        Ok(p) => p,
+        Err(r) => return r,
     };
     // legacy options this endpoint does not implement: refused unless neutral
     match boolean(&v, "echo") {
@@ -866,7 +864,10 @@ async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) 
     }
     let st2 = st.clone();
     let prepared = blocking(&st, move || {
-        let prompt = st2.model.encode_raw(&text).map_err(|e| encode_err(e, "prompt"))?;
+        let prompt = match given {
+            Prompt::Text(text) => st2.model.encode_raw(&text).map_err(|e| encode_err(e, "prompt"))?,
+            Prompt::Ids(ids) => ids,
+        };
         let c = common(&st2, &v, prompt.len(), false)?;
         Ok((prompt, c))
     })
@@ -977,6 +978,43 @@ async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPl
         }
     });
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// One `/v1/completions` prompt.
+enum Prompt {
+    /// Text, encoded as plain text after the BOS.
+    Text(String),
+    /// Token ids, used as given (no BOS added).
+    Ids(Vec<u32>),
+}
+
+/// The OpenAI forms of one prompt: a string, a one-string array, token ids,
+/// or a one-array array of token ids; several prompts are refused (one per
+/// request), as are ids outside the vocabulary.
+fn completion_prompt(p: Option<&Value>, vocab: usize) -> Result<Prompt, Response> {
+    let ids = |a: &[Value]| -> Result<Prompt, Response> {
+        a.iter()
+            .map(|x| x.as_u64().filter(|&t| t < vocab as u64).map(|t| t as u32))
+            .collect::<Option<Vec<u32>>>()
+            .map(Prompt::Ids)
+            .ok_or_else(|| {
+                bad(format!("prompt: token ids must be integers below the vocabulary size {vocab}"), "prompt")
+            })
+    };
+    match p {
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(a)) => match &a[..] {
+            [Value::String(s)] => Ok(Prompt::Text(s.clone())),
+            [Value::Array(t)] if !t.is_empty() => ids(t),
+            t if !t.is_empty() && t.iter().all(Value::is_number) => ids(t),
+            t if t.len() > 1 && t.iter().all(|x| x.is_string() || x.is_array()) => {
+                Err(bad("only one prompt per request is supported", "prompt"))
+            }
+            _ => Err(bad("prompt must be a string or an array of token ids", "prompt")),
+        },
+        Some(_) => Err(bad("prompt must be a string or an array of token ids", "prompt")),
+        None => Err(bad("prompt is required", "prompt")),
+    }
 }
 
 /// A failed encoding of the request's text as a 400: text longer than the
