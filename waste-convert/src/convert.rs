@@ -592,6 +592,31 @@ fn fit_layer_books(
     Ok(books)
 }
 
+/// Read expert `e` of layer `l` (gate, up, down), each matrix checked to
+/// have the shape the record layout holds.
+#[allow(clippy::type_complexity)]
+fn read_expert_shaped(
+    src: &Source,
+    prefix: &str,
+    l: usize,
+    e: usize,
+    lay: &RecordLayout,
+) -> Result<[(usize, usize, Vec<f32>); 3]> {
+    let m = read_expert(src, prefix, l, e)?;
+    let shapes = [(lay.m, lay.lat), (lay.m, lay.lat), (lay.lat, lay.m)];
+    for (k, (rows, cols, _)) in m.iter().enumerate() {
+        if (*rows, *cols) != shapes[k] {
+            return Err(Error::Source(format!(
+                "expert {e} of layer {l}: {} is {rows}x{cols}, the config needs {}x{}",
+                kind_names()[k],
+                shapes[k].0,
+                shapes[k].1
+            )));
+        }
+    }
+    Ok(m)
+}
+
 /// Encode one expert into a record body (header sealed by the bank writer).
 fn encode_expert(
     src: &Source,
@@ -601,23 +626,14 @@ fn encode_expert(
     lay: &RecordLayout,
     books: &[VqBook],
 ) -> Result<EncodedExpert> {
-    let m = read_expert(src, prefix, l, e)?;
+    let m = read_expert_shaped(src, prefix, l, e, lay)?;
     let q = lay.quant;
     let mut rec = vec![0u8; lay.rec_bytes];
     let offs = [lay.gate_off, lay.up_off, lay.down_off];
-    let shapes = [(lay.m, lay.lat), (lay.m, lay.lat), (lay.lat, lay.m)];
     let mut e2 = [0f64; 3];
     let mut t2 = [0f64; 3];
     for k in 0..3 {
         let (rows, cols, w) = &m[k];
-        if (*rows, *cols) != shapes[k] {
-            return Err(Error::Source(format!(
-                "expert {e} of layer {l}: {} is {rows}x{cols}, the config needs {}x{}",
-                kind_names()[k],
-                shapes[k].0,
-                shapes[k].1
-            )));
-        }
         if q.fmt.is_vq() {
             let vl = VqLayout {
                 rows: *rows,
@@ -728,7 +744,8 @@ pub fn verify_against_source(container: &Path, src_dir: &Path) -> Result<Report>
             let rec = &data[e * lay.rec_bytes..(e + 1) * lay.rec_bytes];
             let hdr =
                 waste_format::check_record(rec, bank.layer, e, &lay, bank.codebook_base, c.codebooks.count, true)?;
-            let m = read_expert(&src, &prefix, bank.layer, e)?;
+            // a source of another shape is named, not compared row by row
+            let m = read_expert_shaped(&src, &prefix, bank.layer, e, &lay)?;
             let secs = hdr.sections();
             for k in 0..3 {
                 let (rows, cols, w) = &m[k];
