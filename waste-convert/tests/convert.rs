@@ -128,7 +128,7 @@ fn vq3r_error_is_in_the_3_bit_range_and_verify_agrees() {
     // compared row by row (it gave a relative error of 0.33 as if measured)
     let w1 = "model.layers.1.block_sparse_moe.experts.0.w1.weight";
     let other = fixture_edited("verify-shape", |h, _, _| h[w1]["shape"] = serde_json::json!([16, 128]));
-    let e = verify_against_source(&out, &other).err().expect("refused").to_string();
+    let e = verify_against_source(&out, &other).expect_err("refused").to_string();
     assert!(e.contains("expert 0 of layer 1: gate is 16x128, the config needs 32x64"), "{e}");
     std::fs::remove_dir_all(&other).ok();
     // the converted model runs
