@@ -68,6 +68,10 @@ fn seconds(v: f64, flag: &str) -> Result<std::time::Duration> {
 }
 
 pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
+    // an explicit empty key (`--api-key "$UNSET"`) would serve without one
+    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        anyhow::bail!("--api-key is empty (an unset variable?): give a key, or leave the option out");
+    }
     // images: the tower is loaded when the container has one, unless --no-images
     a.engine.vision = !a.no_images && a.model.join("vision.json").is_file();
     // a server may get constrained requests: their tables are in its budget

@@ -116,6 +116,17 @@ fn text_inputs_that_cannot_fit_are_refused_up_front() {
     assert!(err.contains("context full: 0 + "), "{err}");
 }
 
+/// An explicitly empty API key (`--api-key "$UNSET"`) is refused before
+/// the model is opened: it was dropped, and the server ran without a key.
+#[test]
+fn an_empty_api_key_is_refused() {
+    for key in ["", "  "] {
+        let (code, _, err) = waste(&["serve", anchor().to_str().unwrap(), "--port", "0", "--api-key", key], "");
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("--api-key is empty"), "{err}");
+    }
+}
+
 /// A second server on a taken port says which address it could not
 /// listen on (it printed "Address already in use (os error 98)" alone).
 #[test]
