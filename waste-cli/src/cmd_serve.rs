@@ -72,6 +72,15 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
     if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         anyhow::bail!("--api-key is empty (an unset variable?): give a key, or leave the option out");
     }
+    // limits that would make a server refuse or empty every answer
+    for (flag, v, least) in [
+        ("--max-tokens", a.max_tokens, 1),
+        ("--max-queue", a.max_queue, 1),
+        ("--max-connections", a.max_connections, 1),
+        ("--body-limit", a.body_limit, 1024),
+    ] {
+        anyhow::ensure!(v >= least, "{flag} {v}: at least {least} (the server could answer nothing)");
+    }
     // images: the tower is loaded when the container has one, unless --no-images
     a.engine.vision = !a.no_images && a.model.join("vision.json").is_file();
     // a server may get constrained requests: their tables are in its budget
@@ -94,7 +103,7 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
         header_timeout: seconds(a.header_timeout, "--header-timeout")?,
         body_timeout: seconds(a.body_timeout, "--body-timeout")?,
         idle_timeout: seconds(a.idle_timeout, "--idle-timeout")?,
-        max_connections: a.max_connections.max(1),
+        max_connections: a.max_connections,
         max_queue: a.max_queue,
         allowed_hosts: a.allow_host.clone(),
         allowed_origins: a.allow_origin.clone(),

@@ -119,11 +119,18 @@ fn text_inputs_that_cannot_fit_are_refused_up_front() {
 /// An explicitly empty API key (`--api-key "$UNSET"`) is refused before
 /// the model is opened: it was dropped, and the server ran without a key.
 #[test]
-fn an_empty_api_key_is_refused() {
+fn an_empty_api_key_and_useless_limits_are_refused() {
     for key in ["", "  "] {
         let (code, _, err) = waste(&["serve", anchor().to_str().unwrap(), "--port", "0", "--api-key", key], "");
         assert_eq!(code, 1, "{err}");
         assert!(err.contains("--api-key is empty"), "{err}");
+    }
+    // limits under which the server would refuse or empty every answer (it
+    // started, then answered every request with 503 queue_full, 413, or "")
+    for (flag, v) in [("--max-queue", "0"), ("--max-tokens", "0"), ("--body-limit", "10"), ("--max-connections", "0")] {
+        let (code, _, err) = waste(&["serve", anchor().to_str().unwrap(), "--port", "0", flag, v], "");
+        assert_eq!(code, 1, "{flag}: {err}");
+        assert!(err.contains(&format!("{flag} {v}: at least")), "{flag}: {err}");
     }
 }
 
