@@ -252,6 +252,11 @@ pub fn parse_size(s: &str) -> Option<u64> {
         None => (s, 1),
     };
     let v: f64 = num.trim().parse().ok()?;
+    // a fraction of a byte is a forgotten unit ("0.5" meant 0.5G, and
+    // became 0 bytes: the automatic budget)
+    if mult == 1 && v.fract() != 0.0 {
+        return None;
+    }
     (v.is_finite() && v >= 0.0).then_some((v * mult as f64) as u64)
 }
 
@@ -348,5 +353,7 @@ mod tests {
         assert_eq!(parse_size("8GiB"), Some(8 << 30));
         assert_eq!(parse_size("x"), None);
         assert_eq!(parse_size("-1G"), None);
+        assert_eq!(parse_size("0.5"), None, "a fraction of a byte: a forgotten unit");
+        assert_eq!(parse_size("0.5K"), Some(512));
     }
 }

@@ -109,7 +109,9 @@ pub fn queue_images(s: &mut waste_model::Session<'_>, ids: &[u32], images: &[Ima
 }
 
 pub fn parse_budget(s: &str) -> Result<u64, String> {
-    waste_model::parse_size(s).ok_or_else(|| format!("{s:?} is not a size (examples: 8G, 1.5G, 512M, 0)"))
+    waste_model::parse_size(s).ok_or_else(|| {
+        format!("{s:?} is not a size (examples: 8G, 1.5G, 512M; a plain number counts whole bytes; 0 = automatic)")
+    })
 }
 
 impl EngineArgs {
