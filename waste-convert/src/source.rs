@@ -128,11 +128,11 @@ impl Source {
         let mut tensors: HashMap<String, TensorLoc> = HashMap::new();
         for f in &files {
             for (name, loc) in read_header(f)? {
-                // the index decides which file's copy counts; without one, a
-                // name in two files is ambiguous (the later file used to win)
+                // the index decides which file's copy counts; a name it does
+                // not place, in two files, is ambiguous (the later file used to win)
                 match owner.get(&name) {
                     Some(o) if o != f => continue,
-                    _ if owner.is_empty() && tensors.contains_key(&name) => {
+                    None if tensors.contains_key(&name) => {
                         return Err(Error::Source(format!(
                             "tensor {name} is in both {} and {}",
                             tensors[&name].file.display(),
@@ -452,6 +452,10 @@ mod tests {
             let s = Source::open(&d).unwrap();
             assert_eq!(s.read_f32("t").unwrap().1, vec![want, want], "{owner}");
         }
+        // an index that lists both files but places another tensor: `t` is unplaced
+        let index = r#"{"weight_map": {"u": "a.safetensors", "v": "b.safetensors"}}"#;
+        std::fs::write(d.join("model.safetensors.index.json"), index).unwrap();
+        assert!(Source::open(&d).err().expect("ambiguous").to_string().contains("tensor t is in both"));
         std::fs::remove_dir_all(&d).ok();
     }
 
