@@ -54,9 +54,16 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
             write!(out, "> ")?;
             out.flush()?;
         }
+        // a line is bounded like any text input (`chat < /dev/zero` grew
+        // without end looking for a newline)
         let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
+        let max = crate::cmd_eval::MAX_TEXT_BYTES;
+        let n = std::io::Read::take(stdin.lock(), max + 1).read_line(&mut line)?;
+        if n == 0 {
             break; // Ctrl-D / end of input
+        }
+        if n as u64 > max {
+            bail!("a line of more than {} MiB on stdin", max >> 20);
         }
         let line = line.trim_end_matches(['\n', '\r']);
         if line.is_empty() {

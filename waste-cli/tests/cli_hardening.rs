@@ -134,6 +134,21 @@ fn an_empty_api_key_and_useless_limits_are_refused() {
     }
 }
 
+/// `chat` reads a line at most as long as any text input: an endless line
+/// on stdin (`/dev/zero`) is an error, where it grew to 7 GB in 10 s.
+#[cfg(unix)]
+#[test]
+fn an_endless_chat_line_is_an_error() {
+    let o = Command::new(env!("CARGO_BIN_EXE_waste"))
+        .args(["chat", anchor().to_str().unwrap(), "-n", "1"])
+        .stdin(std::fs::File::open("/dev/zero").unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("a line of more than 256 MiB on stdin"), "{err}");
+}
+
 /// A second server on a taken port says which address it could not
 /// listen on (it printed "Address already in use (os error 98)" alone).
 #[test]
