@@ -684,17 +684,15 @@ fn encode_expert(
 /// specials from `tokenizer_config.json`'s `added_tokens_decoder` → `specials.json`,
 /// and `chat_template.jinja` when present.
 fn copy_tokenizer(src: &Path, out: &Path) -> Result<()> {
+    use crate::source::{read_bounded, read_json, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES};
+    // bounded reads of untrusted files, at the engine's own limits
     for name in ["tiktoken.model", "tokenizer.model"] {
-        let p = src.join(name);
-        if p.exists() {
-            std::fs::copy(&p, out.join("tokenizer.model")).map_err(|e| Error::io(&p, e))?;
+        if let Some(b) = read_bounded(&src.join(name), MAX_TOKENIZER_BYTES)? {
+            write_atomic(&out.join("tokenizer.model"), &b)?;
             break;
         }
     }
-    let tc = src.join("tokenizer_config.json");
-    if let Ok(t) = std::fs::read_to_string(&tc) {
-        let v: serde_json::Value =
-            serde_json::from_str(&t).map_err(|e| Error::Source(format!("{}: {e}", tc.display())))?;
+    if let Some(v) = read_json(&src.join("tokenizer_config.json"))? {
         if let Some(m) = v.get("added_tokens_decoder").and_then(|m| m.as_object()) {
             let mut sp: Vec<(u64, String)> = m
                 .iter()
@@ -707,9 +705,8 @@ fn copy_tokenizer(src: &Path, out: &Path) -> Result<()> {
         }
     }
     for name in ["chat_template.jinja", "chat.json"] {
-        let p = src.join(name);
-        if p.exists() {
-            std::fs::copy(&p, out.join(name)).map_err(|e| Error::io(&p, e))?;
+        if let Some(b) = read_bounded(&src.join(name), MAX_TEMPLATE_BYTES)? {
+            write_atomic(&out.join(name), &b)?;
         }
     }
     Ok(())

@@ -25,7 +25,10 @@ pub use convert::{
     convert, staging_dir, verify_against_source, ConvertOptions, Progress, Report, TrunkMode, MAX_JOBS,
     MAX_KMEANS_ITERS,
 };
-pub use source::{decode_mxfp4, e2m1, e8m0, parse_header, Source, TensorLoc, MAX_HEADER_BYTES};
+pub use source::{
+    decode_mxfp4, e2m1, e8m0, parse_header, read_bounded, read_json, Source, TensorLoc, MAX_HEADER_BYTES,
+    MAX_JSON_BYTES, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES,
+};
 pub use vision::VisionMode;
 
 /// Errors of the converter.

@@ -82,6 +82,40 @@ pub fn decode_mxfp4(packed: &[u8], scales: &[u8], rows: usize, cols: usize) -> R
     Ok(out)
 }
 
+/// Largest JSON file of a source read (`config.json`, the index,
+/// `tokenizer_config.json`, `preprocessor_config.json`).
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
+/// Largest tokenizer rank file copied: what the engine reads
+/// (`waste_tokenizer::MAX_TOKENIZER_FILE_BYTES`).
+pub const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
+/// Largest chat template copied: what the engine reads
+/// (`waste_tokenizer::MAX_TEMPLATE_BYTES`).
+pub const MAX_TEMPLATE_BYTES: u64 = 1 << 20;
+
+/// A source file of at most `max` bytes, `None` when it does not exist. A
+/// checkpoint is untrusted: a device or a file past the bound (a
+/// `config.json` linked to `/dev/zero`) is an error, not an endless read.
+///
+/// # Errors
+/// [`Error::Io`] naming the file.
+pub fn read_bounded(path: &Path, max: u64) -> Result<Option<Vec<u8>>> {
+    match waste_format::read_regular(path, max) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// A source JSON file ([`MAX_JSON_BYTES`]), `None` when it does not exist.
+///
+/// # Errors
+/// [`Error::Io`] as [`read_bounded`]; [`Error::Source`] for malformed JSON.
+pub fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
+    read_bounded(path, MAX_JSON_BYTES)?
+        .map(|b| serde_json::from_slice(&b).map_err(|e| Error::Source(format!("{}: {e}", path.display()))))
+        .transpose()
+}
+
 impl Source {
     /// Open a source directory.
     ///
@@ -89,17 +123,14 @@ impl Source {
     /// [`Error::Source`] / [`Error::Io`] for a missing or malformed `config.json`, index, or safetensors header, and for index paths outside the folder.
     pub fn open(dir: &Path) -> Result<Source> {
         let cpath = dir.join("config.json");
-        let text = std::fs::read_to_string(&cpath).map_err(|e| Error::io(&cpath, e))?;
-        let config: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| Error::Source(format!("{}: {e}", cpath.display())))?;
+        let config = read_json(&cpath)?.ok_or_else(|| {
+            Error::io(&cpath, std::io::Error::new(std::io::ErrorKind::NotFound, "missing: a source needs config.json"))
+        })?;
         let mut files: Vec<PathBuf> = Vec::new();
         // with an index, the file that holds each tensor
         let mut owner: HashMap<String, PathBuf> = HashMap::new();
         let idx = dir.join("model.safetensors.index.json");
-        if idx.exists() {
-            let t = std::fs::read_to_string(&idx).map_err(|e| Error::io(&idx, e))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&t).map_err(|e| Error::Source(format!("{}: {e}", idx.display())))?;
+        if let Some(v) = read_json(&idx)? {
             let map = v
                 .get("weight_map")
                 .and_then(|m| m.as_object())

@@ -83,11 +83,7 @@ pub fn vision_json(
     out.insert("media_placeholder_token_id".into(), pad);
     out.insert("max_patches".into(), json!(MAX_PATCHES));
     let pp = src_dir.join("preprocessor_config.json");
-    let proc = match std::fs::read(&pp) {
-        Ok(b) => serde_json::from_slice::<Value>(&b).map_err(|e| Error::Source(format!("{}: {e}", pp.display())))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => json!({}),
-        Err(e) => return Err(Error::io(&pp, e)),
-    };
+    let proc = crate::source::read_json(&pp)?.unwrap_or_else(|| json!({}));
     let mp = proc.get("media_proc_cfg").unwrap_or(&proc);
     for (k, d) in [("image_mean", json!([0.5, 0.5, 0.5])), ("image_std", json!([0.5, 0.5, 0.5]))] {
         out.insert(k.into(), mp.get(k).cloned().unwrap_or(d));

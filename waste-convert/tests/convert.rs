@@ -338,6 +338,30 @@ fn tensors_the_container_leaves_out_are_listed() {
     std::fs::remove_dir_all(&src).ok();
 }
 
+/// A checkpoint's small files are read with bounds (it is untrusted): a
+/// `config.json` or `tokenizer.model` that is a device is an error naming
+/// it, where `/dev/zero` was read (or copied) without end. The bounds are
+/// the engine's own, so nothing is copied that the engine would refuse.
+#[cfg(unix)]
+#[test]
+fn a_source_file_that_is_a_device_is_an_error() {
+    assert_eq!(waste_convert::MAX_TOKENIZER_BYTES, waste_model::tokenizer::MAX_TOKENIZER_FILE_BYTES);
+    assert_eq!(waste_convert::MAX_TEMPLATE_BYTES, waste_model::tokenizer::MAX_TEMPLATE_BYTES);
+    for name in ["config.json", "tokenizer.model"] {
+        let src = fixture_edited(&format!("dev-{name}"), |_, _, _| {});
+        let p = src.join(name);
+        let _ = std::fs::remove_file(&p);
+        std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+        let out = tmp(&format!("dev-{name}-out"));
+        let o = ConvertOptions { experts: ExpertFmt::F16, jobs: 1, ..Default::default() };
+        let e = convert(&src, &out, &o, &|_| {}).expect_err(name).to_string();
+        assert!(e.contains(name) && e.contains("not a regular file"), "{name}: {e}");
+        assert!(!out.exists());
+        std::fs::remove_dir_all(&src).ok();
+        std::fs::remove_dir_all(waste_convert::staging_dir(&out)).ok();
+    }
+}
+
 /// A checkpoint matrix stored transposed (`[in, out]`: the right element
 /// count, the wrong orientation) is refused naming it and both shapes —
 /// it used to convert, and the container then produced fluent nonsense.
