@@ -166,15 +166,6 @@ fn kind_names() -> [&'static str; 3] {
     ["gate", "up", "down"]
 }
 
-/// The folder an unfinished conversion into `out` works in: a sibling of
-/// `out` named `<out>.partial`. `out` itself appears only when the whole
-/// container is written and validated (one rename).
-pub fn staging_dir(out: &Path) -> PathBuf {
-    let mut name = out.file_name().map(|n| n.to_os_string()).unwrap_or_else(|| "out".into());
-    name.push(".partial");
-    out.with_file_name(name)
-}
-
 /// The fingerprint of a conversion: what must match for a resume.
 fn fingerprint(src_dir: &Path, src: &Source, o: &ConvertOptions) -> serde_json::Value {
     let canon = src_dir.canonicalize().unwrap_or_else(|_| src_dir.to_path_buf());
@@ -227,7 +218,7 @@ fn is_empty_dir(p: &Path) -> bool {
 /// Convert `src` into a container at `out`.
 ///
 /// Nothing at `out` is touched until the conversion is complete: the work
-/// happens in [`staging_dir`]`(out)`, which starts with a fingerprint of the
+/// happens in [`staging_dir`](waste_format::staging_dir)`(out)`, which starts with a fingerprint of the
 /// source and the options; a later run with the same ones resumes it, one
 /// with other ones is refused (or, with `force`, starts over). When every
 /// bank is written the container is validated and renamed to `out`.
@@ -242,7 +233,7 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
     o.check()?;
     let t0 = Instant::now();
     let (rs, ro) = (resolved(src_dir), resolved(out));
-    let stage = staging_dir(&ro);
+    let stage = waste_format::staging_dir(&ro);
     if rs == ro || ro.starts_with(&rs) || rs.starts_with(&ro) || rs.starts_with(&stage) {
         return Err(Error::Overlap { src: src_dir.into(), out: out.into() });
     }

@@ -22,14 +22,15 @@ mod source;
 mod vision;
 
 pub use convert::{
-    convert, staging_dir, verify_against_source, ConvertOptions, Progress, Report, TrunkMode, MAX_JOBS,
-    MAX_KMEANS_ITERS,
+    convert, verify_against_source, ConvertOptions, Progress, Report, TrunkMode, MAX_JOBS, MAX_KMEANS_ITERS,
 };
 pub use source::{
     decode_mxfp4, e2m1, e8m0, parse_header, read_bounded, read_json, Source, TensorLoc, MAX_HEADER_BYTES,
     MAX_JSON_BYTES, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES,
 };
 pub use vision::VisionMode;
+/// The folder an unfinished conversion into `out` works in (`<out>.partial`).
+pub use waste_format::staging_dir;
 
 /// Errors of the converter.
 #[derive(Debug, thiserror::Error)]

@@ -29,6 +29,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// The folder a writer of the container (or folder) `out` works in until
+/// it is complete: a sibling named `<out>.partial`, renamed to `out` in one
+/// step (the converter and the synthetic-container writer).
+pub fn staging_dir(out: &Path) -> std::path::PathBuf {
+    let mut name = out.file_name().map(|n| n.to_os_string()).unwrap_or_else(|| "out".into());
+    name.push(".partial");
+    out.with_file_name(name)
+}
+
 /// [`write_atomic`] for a file this program owns at a path a user chose
 /// (a saved state, a usage hotlist): whatever is already at `path` is
 /// replaced only when it is empty or starts with `magic`, that is, when this

@@ -33,7 +33,7 @@ pub use codebook::{Codebooks, CODEBOOK_HEADER_LEN, CODEBOOK_MAGIC};
 pub use config::{flatten_text_config, limits, Activation, AttnKind, ModelConfig};
 pub use container::{is_vision_tensor, Bank, Container, ParamCounts};
 pub use error::{Error, Result};
-pub use fsutil::{read_regular, replace_own, write_atomic};
+pub use fsutil::{read_regular, replace_own, staging_dir, write_atomic};
 pub use manifest::{LayerEntry, Manifest, FORMAT_VERSION, MAX_MANIFEST_BYTES};
 pub use record::{
     check_record, record_crc, ExpertFmt, ExpertQuant, ExpertQuantEntry, RecordHeader, RecordLayout, HEADER_LEN, PAGE,

@@ -259,10 +259,11 @@ pub const SYNTH_MARKER: &str = ".waste-synth";
 /// [`Error::Io`] when a file cannot be written, or (`AlreadyExists`) when
 /// `dir` or its staging folder holds something this crate did not write.
 pub fn synth(dir: &Path, opts: &SynthOptions, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<SynthReport> {
-    let name = dir.file_name().ok_or_else(|| {
-        Error::io(dir, std::io::Error::new(std::io::ErrorKind::InvalidInput, "the output needs a folder name"))
-    })?;
-    let stage = dir.with_file_name(format!("{}.partial", name.to_string_lossy()));
+    if dir.file_name().is_none() {
+        let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "the output needs a folder name");
+        return Err(Error::io(dir, e));
+    }
+    let stage = waste_format::staging_dir(dir);
     clear_own(&stage)?;
     clear_own(dir)?;
     // marked first, so an interrupted run's staging folder is known as ours

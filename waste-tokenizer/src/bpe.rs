@@ -121,10 +121,10 @@ impl Tokenizer {
                 return Err(Error::Vocabulary(format!("special {s:?} has id {id}, which {what:?} already has")));
             }
         }
-        if specials.iter().map(|(_, s)| s).collect::<std::collections::HashSet<_>>().len() != specials.len() {
+        let special_ids: HashMap<String, u32> = specials.iter().map(|(i, s)| (s.clone(), *i)).collect();
+        if special_ids.len() != specials.len() {
             return Err(Error::Vocabulary("a special token's text is listed twice".into()));
         }
-        let special_ids = specials.iter().map(|(i, s)| (s.clone(), *i)).collect();
         let mut specials = specials;
         // longest first, so markup matching is leftmost-longest
         specials.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
