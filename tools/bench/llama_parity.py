@@ -1,7 +1,7 @@
 """WASTE-rs against llama.cpp on a model that fits in RAM (issue 12's parity check).
 
     python tools/bench/llama_parity.py --llama-src DIR --waste target/release/waste --work /tmp/parity
-           [--layers 3] [--tokens 16] [--runs 3] [--threads 2]
+           [--layers 3] [--tokens 16] [--runs 3] [--threads 2] [--experts vq3r,q4g]
 
 Builds, once, in WORK (about 30 GB at the peak; the intermediate files are
 deleted as soon as they are used):
@@ -16,12 +16,15 @@ deleted as soon as they are used):
   slice-q4km.gguf     llama.cpp's convert_hf_to_gguf.py (bf16), then
                       llama_model_quantize to Q4_K_M
   slice.waste         `waste convert --experts vq3r --trunk q4`
+  slice-q4g.waste     `waste convert --experts q4g --trunk q4` (4-bit groups:
+                      the expert format for models that fit in RAM)
 Then alternates RUNS runs of each engine, everything resident (llama.cpp
 loads the whole file; WASTE-rs preloads every expert from a usage hotlist
 naming them all), THREADS
 threads, prompt ids 1..8, greedy: llama.cpp through llama-cpp-python
 (`Llama.eval`, timing the 8-token prefill and each decode step) and
-`waste bench --budget 20G --json` (the same ids and loop). Prints a
+`waste bench --budget 20G --json` (the same ids and loop) on each container
+EXPERTS names. Prints a
 markdown table of medians and ranges (ms per token).
 
 Needs the oracle venv (torch, transformers, numpy) with llama-cpp-python
@@ -46,12 +49,15 @@ ap.add_argument("--layers", type=int, default=3)
 ap.add_argument("--tokens", type=int, default=16)
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--only-slice", action="store_true", help="build the HF slice and the WASTE container, then stop")
+ap.add_argument("--experts", default="vq3r,q4g", help="WASTE-rs expert formats to convert and run (comma-separated)")
+ap.add_argument("--only-slice", action="store_true", help="build the HF slice and the WASTE containers, then stop")
 a = ap.parse_args()
 os.makedirs(a.work, exist_ok=True)
 hf = os.path.join(a.work, "hf")
 gguf_q4 = os.path.join(a.work, "slice-q4km.gguf")
-container = os.path.join(a.work, "slice.waste")
+FORMATS = [f.strip().lower() for f in a.experts.split(",") if f.strip()]
+# vq3r keeps the name earlier runs of this script gave it
+containers = {f: os.path.join(a.work, "slice.waste" if f == "vq3r" else f"slice-{f}.waste") for f in FORMATS}
 PROMPT = list(range(1, 9))
 
 
@@ -202,7 +208,7 @@ def all_experts_usage():
     return path
 
 
-def run_waste():
+def run_waste(container):
     o = subprocess.run([a.waste, "bench", container, "--budget", "20G", "--threads", str(a.threads), "-n", str(a.tokens),
                         "--prompt-len", str(len(PROMPT)), "--usage", all_experts_usage(), "--json"],
                        capture_output=True, text=True, check=True)
@@ -210,28 +216,44 @@ def run_waste():
     return v["prefill_ms_per_token"], v["ms_per_token"], v
 
 
-have_both = os.path.exists(os.path.join(container, "manifest.json")) and os.path.exists(gguf_q4)
-if not os.path.exists(os.path.join(hf, "config.json")) and not have_both:
-    # the HF slice is only an intermediate: both converted files suffice
+def converted(c):
+    return os.path.exists(os.path.join(c, "manifest.json"))
+
+
+have_all = all(converted(c) for c in containers.values()) and os.path.exists(gguf_q4)
+if not os.path.exists(os.path.join(hf, "config.json")) and not have_all:
+    # the HF slice is only an intermediate: the converted files suffice
     make_slice()
-if not os.path.exists(os.path.join(container, "manifest.json")):
-    subprocess.run([a.waste, "convert", "--src", hf, "--out", container, "--experts", "vq3r", "--trunk", "q4", "-q"], check=True)
+for f, c in containers.items():
+    if not converted(c):
+        subprocess.run([a.waste, "convert", "--src", hf, "--out", c, "--experts", f, "--trunk", "q4", "-q"], check=True)
 if a.only_slice:
     sys.exit(0)
 if not os.path.exists(gguf_q4):
     release_config()
     make_gguf()
 
-res = {"llama.cpp Q4_K_M": ([], []), "WASTE-rs VQ3R + Q4G": ([], [])}
-last = None
+LLAMA = "llama.cpp Q4_K_M"
+
+
+def waste_name(f):
+    return f"WASTE-rs {f.upper()} experts + Q4G trunk"
+
+
+res = {LLAMA: ([], [])}
+res.update({waste_name(f): ([], []) for f in FORMATS})
+last = {}
 for r in range(a.runs):
     p, d = run_llama()
-    res["llama.cpp Q4_K_M"][0].append(p)
-    res["llama.cpp Q4_K_M"][1].append(d)
-    p, d, last = run_waste()
-    res["WASTE-rs VQ3R + Q4G"][0].append(p)
-    res["WASTE-rs VQ3R + Q4G"][1].append(d)
-    log(f"run {r + 1}: llama.cpp {res['llama.cpp Q4_K_M'][1][-1]:.1f} ms, waste {d:.1f} ms per decoded token")
+    res[LLAMA][0].append(p)
+    res[LLAMA][1].append(d)
+    line = f"run {r + 1}: llama.cpp {d:.1f} ms"
+    for f, c in containers.items():
+        p, d, last[f] = run_waste(c)
+        res[waste_name(f)][0].append(p)
+        res[waste_name(f)][1].append(d)
+        line += f", {f} {d:.1f} ms"
+    log(line + " per decoded token")
 
 
 def fmt(xs):
@@ -242,8 +264,9 @@ print(f"| engine ({a.layers}-layer 48B slice, {a.threads} threads, {a.runs} alte
 print("|---|---|---|")
 for k, (p, d) in res.items():
     print(f"| {k} | {fmt(d)} | {fmt(p)} |")
-if last:
-    print(f"\nWASTE-rs (last run): roofline share {last['roofline_share']:.2f}, simd {last['simd']}, hit rate {last['hit_rate']:.3f}, "
-          f"split ms/token: experts {last['expert_ms_per_token']:.1f}, attention {last['attention_ms_per_token']:.1f}, "
-          f"trunk {last['trunk_ms_per_token']:.1f}, I/O wait {last['io_wait_ms_per_token']:.1f}; "
-          f"GGUF {os.path.getsize(gguf_q4) / 1e9:.2f} GB")
+for f, v in last.items():
+    print(f"\nWASTE-rs {f} (last run): roofline share {v['roofline_share']:.2f}, simd {v['simd']}, hit rate {v['hit_rate']:.3f}, "
+          f"split ms/token: experts {v['expert_ms_per_token']:.1f}, attention {v['attention_ms_per_token']:.1f}, "
+          f"trunk {v['trunk_ms_per_token']:.1f}, I/O wait {v['io_wait_ms_per_token']:.1f}; "
+          f"prefill split ms/token: experts {v.get('prefill_expert_ms_per_token', float('nan')):.1f}")
+print(f"\nGGUF {os.path.getsize(gguf_q4) / 1e9:.2f} GB")

@@ -2,7 +2,7 @@
 
 Every tensor is dequantized with the rules of FORMAT.md (the spec), not by
 calling the engine: F32, F16/BF16, Q8G, Q4G for the trunk; VQ3R / VQ2R / VQ4P
-(blocked or row-major indices, per-row f16 scales) and F16/BF16 for experts.
+(blocked or row-major indices, per-row f16 scales), Q4G and F16/BF16 for experts.
 """
 import json
 import os
@@ -13,6 +13,20 @@ import numpy as np
 
 def _f16(buf, off, n):
     return np.frombuffer(buf, dtype="<f2", count=n, offset=off).astype(np.float32)
+
+
+def _grouped(buf, fmt, rows, cols, g, off, scale_off):
+    """Q8G (fmt 2) or Q4G (fmt 3) rows: `q · scale` per group of `g` columns, rows padded to whole groups."""
+    npad = -(-cols // g) * g
+    if fmt == 2:
+        q = np.frombuffer(buf, dtype=np.int8, count=rows * npad, offset=off).reshape(rows, npad).astype(np.float32)
+    else:
+        b = np.frombuffer(buf, dtype=np.uint8, count=rows * npad // 2, offset=off).reshape(rows, npad // 2)
+        q = np.empty((rows, npad), dtype=np.float32)
+        q[:, 0::2] = (b & 15).astype(np.float32) - 8.0  # low nibble first
+        q[:, 1::2] = (b >> 4).astype(np.float32) - 8.0
+    s = _f16(buf, scale_off, rows * (npad // g)).reshape(rows, npad // g)
+    return (q * np.repeat(s, g, axis=1))[:, :cols]
 
 
 def _bf16(buf, off, n):
@@ -63,17 +77,7 @@ class Container:
         elif fmt == 1:
             a = (_bf16 if t.get("dtype") == "bf16" else _f16)(self.trunk, off, rows * cols)
         elif fmt in (2, 3):
-            g = t["group"]
-            npad = -(-cols // g) * g
-            if fmt == 2:
-                q = np.frombuffer(self.trunk, dtype=np.int8, count=rows * npad, offset=off).reshape(rows, npad).astype(np.float32)
-            else:
-                b = np.frombuffer(self.trunk, dtype=np.uint8, count=rows * npad // 2, offset=off).reshape(rows, npad // 2)
-                q = np.empty((rows, npad), dtype=np.float32)
-                q[:, 0::2] = (b & 15).astype(np.float32) - 8.0  # low nibble first
-                q[:, 1::2] = (b >> 4).astype(np.float32) - 8.0
-            s = _f16(self.trunk, t["scale_off"], rows * (npad // g)).reshape(rows, npad // g)
-            a = (q * np.repeat(s, g, axis=1))[:, :cols]
+            a = _grouped(self.trunk, fmt, rows, cols, t["group"], off, t["scale_off"])
         else:
             raise ValueError(f"fmt {fmt}")
         return np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
@@ -96,6 +100,14 @@ class Container:
         if fmt in ("F16", "BF16"):
             dec = _f16 if fmt == "F16" else _bf16
             return [dec(rec, offs[k], r * cc).reshape(r, cc) for k, (r, cc) in enumerate(shapes)]
+        if fmt == "Q4G":
+            # scales after the matrices: gate, up, down, one per group of a row
+            g = self.quant["group"]
+            so, out = offs[3], []
+            for k, (r, cc) in enumerate(shapes):
+                out.append(_grouped(rec, 3, r, cc, g, offs[k], so))
+                so += 2 * r * (-(-cc // g))
+            return out
         q = self.quant
         stages, d, ib = q["stages"], q["vec_dim"], q["index_block"]
         sc = _f16(rec, offs[3], 2 * m + lat)

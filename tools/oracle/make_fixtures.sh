@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Regenerate the oracle fixtures: three tiny synthetic containers of different
+# Regenerate the oracle fixtures: four tiny synthetic containers of different
 # shapes and expert formats, and transformers' logits for each.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=$(../shared/tools/oracle-venv)/bin/python
 F=tools/oracle/fixtures
 mkdir -p $F
+# synth writes only into an empty folder or one it made: these are ours, start afresh
+rm -rf $F/tiny.waste $F/tiny-b.waste $F/tiny-c.waste $F/tiny-q4g.waste $F/tiny-k3.waste $F/tiny-k3-4.waste
 cargo xtask synth --shape tiny   --seed 11 --experts vq3r --out $F/tiny.waste
 cargo xtask synth --shape tiny-b --seed 12 --experts vq4p --out $F/tiny-b.waste
 cargo xtask synth --shape tiny-c --seed 13 --experts f16  --out $F/tiny-c.waste
-for s in tiny tiny-b tiny-c; do
+cargo xtask synth --shape tiny   --seed 14 --experts q4g  --out $F/tiny-q4g.waste
+rm -f $F/*.waste/.waste-synth
+for s in tiny tiny-b tiny-c tiny-q4g; do
   $PY tools/oracle/kimi_linear_oracle.py $F/$s.waste $F/$s.logits.json --seed 5 --len 40
 done
 # Kimi K3: component fixtures and two tiny K3-shaped containers (AttnRes block 2
@@ -17,6 +21,7 @@ done
 # experts, q-LoRA, output gates, a KDA/MLA mix.
 cargo xtask synth --shape tiny-k3 --seed 21 --experts vq3r --out $F/tiny-k3.waste
 cargo xtask synth --shape tiny-k3 --seed 22 --experts f16 --layers 4 --out $F/tiny-k3-4.waste
+rm -f $F/*.waste/.waste-synth
 $PY tools/oracle/k3_oracle.py components $F/k3-components.json
 for s in tiny-k3 tiny-k3-4; do
   $PY tools/oracle/k3_oracle.py model $F/$s.waste $F/$s.logits.json --len 36

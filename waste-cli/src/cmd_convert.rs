@@ -18,7 +18,7 @@ pub struct ConvertArgs {
     /// Output container directory.
     #[arg(long)]
     out: PathBuf,
-    /// Expert format: vq3r, vq4p, vq2r, f16, bf16.
+    /// Expert format: vq3r, vq4p, vq2r, q4g (4-bit groups: the fastest compute, for models that fit in RAM), f16, bf16.
     #[arg(long, default_value = "vq3r")]
     experts: String,
     /// Trunk format: q4, q8, f16, f32.
@@ -58,7 +58,7 @@ pub struct ConvertArgs {
 
 pub fn convert(a: ConvertArgs) -> Result<ExitCode> {
     let experts = waste_model::format::ExpertQuant::parse_fmt(&a.experts)
-        .with_context(|| format!("--experts {:?}: expected vq3r, vq4p, vq2r, f16 or bf16", a.experts))?;
+        .with_context(|| format!("--experts {:?}: expected vq3r, vq4p, vq2r, q4g, f16 or bf16", a.experts))?;
     let trunk =
         TrunkMode::parse(&a.trunk).with_context(|| format!("--trunk {:?}: expected q4, q8, f16 or f32", a.trunk))?;
     let vision = if a.no_vision {

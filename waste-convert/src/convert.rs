@@ -651,6 +651,23 @@ fn encode_expert(
             {
                 return Err(beyond_f16(format!("expert {e} of layer {l}, {}: the scale of row {r}", kind_names()[k])));
             }
+        } else if q.fmt == ExpertFmt::Q4g {
+            let g = q.fmt.group();
+            let (data, scales) = waste_quant::quantize_groups(waste_format::Fmt::Q4G, *rows, *cols, g, w);
+            if let Some(i) = waste_format::half::first_non_finite_f16(&scales) {
+                let sr = cols.div_ceil(g);
+                let at = format!("row {}, columns from {}", i / sr, i % sr * g);
+                return Err(beyond_f16(format!("expert {e} of layer {l}, {}: the scale of {at}", kind_names()[k])));
+            }
+            let (gs, _) = lay.scale_counts();
+            let so = lay.scales_off + 2 * [0, gs, 2 * gs][k];
+            rec[offs[k]..offs[k] + data.len()].copy_from_slice(&data);
+            rec[so..so + scales.len()].copy_from_slice(&scales);
+            let back = q4g_rows(&data, &scales, *rows, *cols);
+            for (b, v) in back.iter().zip(w.iter()) {
+                e2[k] += ((b - v) as f64).powi(2);
+                t2[k] += (*v as f64).powi(2);
+            }
         } else {
             for (i, v) in w.iter().enumerate() {
                 let h = if q.fmt == ExpertFmt::Bf16 { f32_to_bf16(*v) } else { f32_to_f16(*v) };
@@ -669,6 +686,25 @@ fn encode_expert(
         }
     }
     Ok((rec, e2, t2))
+}
+
+/// The values of `rows` Q4G rows of `cols` columns (group
+/// [`waste_format::Q4G_GROUP`]), as the engine dequantizes them.
+fn q4g_rows(data: &[u8], scales: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let s: Vec<u16> = scales.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+    let m = waste_quant::MatRef {
+        fmt: waste_format::Fmt::Q4G,
+        rows,
+        cols,
+        group: waste_format::Q4G_GROUP,
+        data,
+        scales: &s,
+    };
+    let mut out = vec![0f32; rows * cols];
+    for (r, o) in out.chunks_exact_mut(cols).enumerate() {
+        m.row(r, o);
+    }
+    out
 }
 
 /// Copy the tokenizer: `tiktoken.model` (or `tokenizer.model`) → `tokenizer.model`,
@@ -750,6 +786,13 @@ pub fn verify_against_source(container: &Path, src_dir: &Path) -> Result<Report>
                         let br: Vec<&VqBook> = books[k * q.stages..(k + 1) * q.stages].iter().collect();
                         let so = secs[3] + 2 * [0, lay.m, 2 * lay.m][k];
                         waste_quant::vq::dequant_row(&br, &vl, &rec[secs[k]..], &rec[so..], r, &mut row);
+                    } else if q.fmt == ExpertFmt::Q4g {
+                        let (gs, _) = lay.scale_counts();
+                        let g = q.fmt.group();
+                        let (rb, sr) = (cols.div_ceil(g) * g / 2, cols.div_ceil(g));
+                        let so = secs[3] + 2 * [0, gs, 2 * gs][k] + 2 * r * sr;
+                        let back = q4g_rows(&rec[secs[k] + r * rb..][..rb], &rec[so..so + 2 * sr], 1, *cols);
+                        row.copy_from_slice(&back);
                     } else {
                         for (c2, x) in row.iter_mut().enumerate() {
                             let o = secs[k] + 2 * (r * cols + c2);

@@ -139,6 +139,45 @@ fn vq3r_error_is_in_the_3_bit_range_and_verify_agrees() {
     std::fs::remove_dir_all(&out).ok();
 }
 
+/// Q4G experts: round to nearest in groups of 128 columns (a row of the
+/// fixture's 64 or 32 columns is one padded group). A uniform quantizer of
+/// step `amax / 7` leaves noise of `step / √12`; with `amax` ≈ 2.1–2.6 σ
+/// over 32–64 Gaussian weights that is ≈ 0.09–0.11 of the weights' size,
+/// so the relative error must sit in 0.06–0.14. `verify --src`, decoding
+/// the records on its own, agrees; the container runs, bit-identical
+/// between prefill (each expert batched over the chunk) and steps.
+#[test]
+fn q4g_error_is_in_the_4_bit_range_and_verify_agrees() {
+    let out = tmp("q4g");
+    let o = ConvertOptions { experts: ExpertFmt::Q4g, trunk: TrunkMode::Q4, jobs: 2, ..Default::default() };
+    let rep = convert(&fixtures().join("hf-tiny"), &out, &o, &|_| {}).unwrap();
+    eprintln!("Q4G relative error gate/up/down: {:?}", rep.rel_error);
+    for e in rep.rel_error {
+        assert!((0.06..0.14).contains(&e), "{:?}", rep.rel_error);
+    }
+    let v = verify_against_source(&out, &fixtures().join("hf-tiny")).unwrap();
+    for k in 0..3 {
+        assert!(
+            (v.rel_error[k] - rep.rel_error[k]).abs() < 1e-6,
+            "verify {:?} vs convert {:?}",
+            v.rel_error,
+            rep.rel_error
+        );
+    }
+    let m = Model::open(&out, ModelOptions { ctx: 16, ..Default::default() }).unwrap();
+    let ids = [256, 1, 2, 3, 4, 5, 6, 7, 8, 9];
+    let prefill = m.session().eval(&ids).unwrap().to_vec();
+    let mut s = m.session();
+    for &t in &ids {
+        s.eval(&[t]).unwrap();
+    }
+    assert!(prefill.iter().all(|x| x.is_finite()));
+    assert_eq!(prefill, s.logits(), "prefill differs from steps");
+    let vr = waste_model::verify(&out, Default::default(), &|_, _| {}).unwrap();
+    assert!(vr.problems.is_empty());
+    std::fs::remove_dir_all(&out).ok();
+}
+
 #[test]
 fn mxfp4_decodes_bit_exactly() {
     let f: Value = serde_json::from_slice(&std::fs::read(fixtures().join("mxfp4.json")).unwrap()).unwrap();

@@ -37,7 +37,7 @@ pub use fsutil::{read_regular, replace_own, staging_dir, write_atomic};
 pub use manifest::{LayerEntry, Manifest, FORMAT_VERSION, MAX_MANIFEST_BYTES};
 pub use record::{
     check_record, record_crc, ExpertFmt, ExpertQuant, ExpertQuantEntry, RecordHeader, RecordLayout, HEADER_LEN, PAGE,
-    RECORD_MAGIC,
+    Q4G_GROUP, RECORD_MAGIC,
 };
 pub use schema::{required_tensors, Expect, Required};
 pub use tensor::{Fmt, TensorEntry, TensorInfo};

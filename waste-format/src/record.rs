@@ -26,7 +26,14 @@ pub enum ExpertFmt {
     F16,
     /// Exact bfloat16 (project extension).
     Bf16,
+    /// 4-bit groups of [`Q4G_GROUP`] columns with an f16 scale each, as the
+    /// trunk's Q4G (project extension): the fast format for models that fit
+    /// in RAM, and the one whose experts a prefill chunk can batch.
+    Q4g,
 }
+
+/// Columns per scale group of Q4G expert matrices.
+pub const Q4G_GROUP: usize = 128;
 
 impl ExpertFmt {
     /// The record header's fmt byte.
@@ -36,6 +43,7 @@ impl ExpertFmt {
             ExpertFmt::Vq2r => 5,
             ExpertFmt::Vq4p => 8,
             ExpertFmt::F16 | ExpertFmt::Bf16 => 1,
+            ExpertFmt::Q4g => 3,
         }
     }
     /// Name as in the manifest.
@@ -46,18 +54,27 @@ impl ExpertFmt {
             ExpertFmt::Vq4p => "VQ4P",
             ExpertFmt::F16 => "F16",
             ExpertFmt::Bf16 => "BF16",
+            ExpertFmt::Q4g => "Q4G",
         }
     }
     /// Whether this is a codebook (VQ) format.
     pub fn is_vq(self) -> bool {
         matches!(self, ExpertFmt::Vq3r | ExpertFmt::Vq2r | ExpertFmt::Vq4p)
     }
+    /// Columns per scale group (Q4G), else 0.
+    pub fn group(self) -> usize {
+        if self == ExpertFmt::Q4g {
+            Q4G_GROUP
+        } else {
+            0
+        }
+    }
 }
 
 /// The manifest's `expert_quant` object.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ExpertQuantEntry {
-    /// "VQ3R" | "VQ2R" | "VQ4P" | "F16" | "BF16".
+    /// "VQ3R" | "VQ2R" | "VQ4P" | "F16" | "BF16" | "Q4G".
     pub fmt: String,
     /// Residual stages.
     #[serde(default)]
@@ -77,6 +94,9 @@ pub struct ExpertQuantEntry {
     /// Nominal bits per weight (informational).
     #[serde(default)]
     pub bits_per_weight: f64,
+    /// Columns per scale group (Q4G only; must be 128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<u32>,
 }
 
 /// The validated expert quantization scheme.
@@ -109,10 +129,16 @@ impl ExpertQuantEntry {
             "VQ4P" => ExpertFmt::Vq4p,
             "F16" => ExpertFmt::F16,
             "BF16" => ExpertFmt::Bf16,
+            "Q4G" => ExpertFmt::Q4g,
             other => return Err(Error::manifest(k("fmt"), format!("unknown expert format {other:?}"))),
         };
+        let group = self.group.map(|g| g as usize);
+        if group.is_some_and(|g| g != fmt.group()) || (fmt == ExpertFmt::Q4g && group.is_none()) {
+            let want = if fmt == ExpertFmt::Q4g { format!("{Q4G_GROUP}") } else { "absent".into() };
+            return Err(Error::manifest(k("group"), format!("{:?} but {} needs {want}", self.group, self.fmt)));
+        }
         if !fmt.is_vq() {
-            return Ok(ExpertQuant { fmt, stages: 0, vec_dim: 1, entries: 0, index_block: 0, index_bits: 16 });
+            return Ok(ExpertQuant::standard(fmt));
         }
         let index_bits = self.index_bits.unwrap_or(8) as usize;
         let (want_stages, want_bits, max_entries) = match fmt {
@@ -161,9 +187,10 @@ impl ExpertQuant {
             ExpertFmt::F16 | ExpertFmt::Bf16 => {
                 ExpertQuant { fmt, stages: 0, vec_dim: 1, entries: 0, index_block: 0, index_bits: 16 }
             }
+            ExpertFmt::Q4g => ExpertQuant { fmt, stages: 0, vec_dim: 1, entries: 0, index_block: 0, index_bits: 4 },
         }
     }
-    /// Parse `vq3r | vq2r | vq4p | f16 | bf16`.
+    /// Parse `vq3r | vq2r | vq4p | f16 | bf16 | q4g`.
     pub fn parse_fmt(s: &str) -> Option<ExpertFmt> {
         match s.to_ascii_lowercase().as_str() {
             "vq3r" => Some(ExpertFmt::Vq3r),
@@ -171,6 +198,7 @@ impl ExpertQuant {
             "vq4p" => Some(ExpertFmt::Vq4p),
             "f16" => Some(ExpertFmt::F16),
             "bf16" => Some(ExpertFmt::Bf16),
+            "q4g" => Some(ExpertFmt::Q4g),
             _ => None,
         }
     }
@@ -184,6 +212,9 @@ impl ExpertQuant {
     }
     /// Bytes for the body of one matrix `[rows, cols]`.
     pub fn matrix_bytes(&self, rows: usize, cols: usize) -> u64 {
+        if self.fmt == ExpertFmt::Q4g {
+            return rows as u64 * cols.div_ceil(Q4G_GROUP) as u64 * (Q4G_GROUP / 2) as u64;
+        }
         if !self.fmt.is_vq() {
             return rows as u64 * cols as u64 * 2;
         }
@@ -200,14 +231,24 @@ impl ExpertQuant {
             index_block: self.index_block as u32,
             index_bits: (self.index_bits == 6).then_some(6),
             bits_per_weight: self.bits_per_weight(),
+            group: (self.fmt.group() > 0).then_some(self.fmt.group() as u32),
+        }
+    }
+    /// f16 scales of one matrix `[rows, cols]`: one per row (VQ), one per
+    /// group of a row (Q4G), none (F16/BF16).
+    pub fn scales_per_matrix(&self, rows: usize, cols: usize) -> usize {
+        match self.fmt {
+            ExpertFmt::Q4g => rows * cols.div_ceil(Q4G_GROUP),
+            f if f.is_vq() => rows,
+            _ => 0,
         }
     }
     /// Nominal bits per weight of the indices.
     pub fn bits_per_weight(&self) -> f64 {
-        if self.fmt.is_vq() {
-            (self.stages * self.index_bits) as f64 / self.vec_dim as f64
-        } else {
-            16.0
+        match self.fmt {
+            ExpertFmt::Q4g => 4.0 + 16.0 / Q4G_GROUP as f64,
+            f if f.is_vq() => (self.stages * self.index_bits) as f64 / self.vec_dim as f64,
+            _ => 16.0,
         }
     }
     /// Codebooks per MoE layer (3 kinds × stages).
@@ -233,7 +274,8 @@ pub struct RecordLayout {
     pub down_off: usize,
     /// Offset of the per-row scales.
     pub scales_off: usize,
-    /// Bytes of scales (f16 for 2·m + lat rows; 0 for F16/BF16 records).
+    /// Bytes of scales (f16: gate, up, then down, as
+    /// [`ExpertQuant::scales_per_matrix`] gives; 0 for F16/BF16 records).
     pub scales_len: usize,
     /// Record size (whole pages).
     pub rec_bytes: usize,
@@ -260,7 +302,7 @@ impl RecordLayout {
         let gate = quant.matrix_bytes(m, lat);
         let up = gate;
         let down = quant.matrix_bytes(lat, m);
-        let scales_len = if quant.fmt.is_vq() { (2 * m + lat) as u64 * 2 } else { 0 };
+        let scales_len = (2 * quant.scales_per_matrix(m, lat) + quant.scales_per_matrix(lat, m)) as u64 * 2;
         let body = HEADER_LEN as u64 + gate + up + down + scales_len;
         let rec = body.div_ceil(PAGE as u64) * PAGE as u64;
         if rec > u32::MAX as u64 {
@@ -292,6 +334,10 @@ impl RecordLayout {
     /// Byte length of the down matrix section.
     pub fn down_len(&self) -> usize {
         self.scales_off - self.down_off
+    }
+    /// Scales of the gate (= up) and down matrices (f16 values, not bytes).
+    pub fn scale_counts(&self) -> (usize, usize) {
+        (self.quant.scales_per_matrix(self.m, self.lat), self.quant.scales_per_matrix(self.lat, self.m))
     }
     /// A header for expert `expert` of `layer` with this layout (CRC 0).
     pub fn header(&self, layer: usize, expert: usize, codebook_id: u16) -> RecordHeader {
@@ -453,7 +499,12 @@ impl RecordHeader {
         }
         let (g, u, d, c) =
             (self.gate_off as usize, self.up_off as usize, self.down_off as usize, self.chan_corr_off as usize);
-        if g != HEADER_LEN || u < g + lay.gate_len() || d < u + lay.gate_len() || c < d + lay.down_len() {
+        if g != HEADER_LEN
+            || u < g + lay.gate_len()
+            || d < u + lay.gate_len()
+            || c < d + lay.down_len()
+            || (lay.quant.fmt == ExpertFmt::Q4g && !c.is_multiple_of(2))
+        {
             return err(format!(
                 "section offsets gate {g} up {u} down {d} scales {c} do not fit the matrices ({} / {} / {} bytes)",
                 lay.gate_len(),
@@ -514,21 +565,24 @@ pub fn check_record(
         }
     }
     // the scales where the header puts them (validated inside the record),
-    // as the kernels read them: gate rows, then up rows, then down rows
+    // as the kernels read them: gate, then up, then down (a scale per row,
+    // or per group of a row)
     let c = hdr.chan_corr_off as usize;
     let sc = &rec[c..c + lay.scales_len];
     if let Some(i) = crate::half::first_non_finite_f16(sc) {
         let h = u16::from_le_bytes([sc[2 * i], sc[2 * i + 1]]);
-        let (kind, row) = match i {
-            i if i < lay.m => ("gate", i),
-            i if i < 2 * lay.m => ("up", i - lay.m),
-            i => ("down", i - 2 * lay.m),
+        let (gs, _) = lay.scale_counts();
+        let (kind, j, cols) = match i {
+            i if i < gs => ("gate", i, lay.lat),
+            i if i < 2 * gs => ("up", i - gs, lay.lat),
+            i => ("down", i - 2 * gs, lay.m),
         };
-        return Err(Error::record(
-            layer,
-            expert,
-            format!("the {kind} scale of row {row} is not finite (f16 0x{h:04x})"),
-        ));
+        let per_row = lay.quant.scales_per_matrix(1, cols);
+        let at = match lay.quant.fmt.group() {
+            0 => format!("row {}", j / per_row),
+            g => format!("row {} (columns {}..{})", j / per_row, j % per_row * g, (j % per_row + 1) * g),
+        };
+        return Err(Error::record(layer, expert, format!("the {kind} scale of {at} is not finite (f16 0x{h:04x})")));
     }
     Ok(hdr)
 }
@@ -574,7 +628,7 @@ mod tests {
             in_header in any::<bool>(),
             cut in proptest::option::of(0usize..4096),
         ) {
-            let q = ExpertQuantEntry { fmt: "VQ3R".into(), stages: 3, vec_dim: 8, entries: 256, index_block: 64, index_bits: None, bits_per_weight: 3.0 }.validate().unwrap();
+            let q = ExpertQuantEntry { fmt: "VQ3R".into(), stages: 3, vec_dim: 8, entries: 256, index_block: 64, index_bits: None, bits_per_weight: 3.0, group: None }.validate().unwrap();
             let cfg = crate::config::ModelConfig::from_json(&serde_json::json!({"hidden_size": 16, "num_hidden_layers": 1, "vocab_size": 4, "num_experts": 2, "num_experts_per_token": 1, "moe_intermediate_size": 8, "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4})).unwrap();
             let lay = RecordLayout::new(&cfg, q).unwrap();
             let mut rec = vec![0u8; lay.rec_bytes];
@@ -612,15 +666,8 @@ mod tests {
     #[test]
     fn non_finite_scales_are_refused_naming_the_row() {
         let q = ExpertQuant::standard(ExpertFmt::Vq3r);
-        let cfg = crate::config::ModelConfig::from_json(&serde_json::json!({"hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 4, "num_experts": 2, "num_experts_per_token": 1, "moe_intermediate_size": 16, "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4})).unwrap();
-        let lay = RecordLayout::new(&cfg, q).unwrap();
-        let with = |i: usize, h: u16| {
-            let mut rec = vec![0u8; lay.rec_bytes];
-            let at = lay.scales_off + 2 * i;
-            rec[at..at + 2].copy_from_slice(&h.to_le_bytes());
-            crate::writer::seal_record(&mut rec, 0, 1, &lay, 0);
-            rec
-        };
+        let lay = RecordLayout::new(&cfg(64, 16), q).unwrap();
+        let with = |i: usize, h: u16| sealed_with_scale(&lay, i, h);
         for h in [0x7BFFu16, 0x0001, 0x8000] {
             assert!(check_record(&with(3, h), 0, 1, &lay, 0, 9, true).is_ok(), "{h:04x}");
         }
@@ -648,11 +695,76 @@ mod tests {
             index_block: 64,
             index_bits: None,
             bits_per_weight: 3.0,
+            group: None,
         }
         .validate()
         .unwrap();
         let cfg = crate::config::ModelConfig::from_json(&serde_json::json!({"hidden_size": 128, "num_hidden_layers": 1, "vocab_size": 4, "num_experts": 8, "num_experts_per_token": 2, "moe_intermediate_size": 64, "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4})).unwrap();
         let l = RecordLayout::new(&cfg, q).unwrap();
         assert_eq!((l.gate_off, l.up_off, l.down_off, l.scales_off, l.rec_bytes), (48, 3120, 6192, 9264, 12288));
+    }
+
+    /// A zero record of `lay` (expert 1 of layer 0) whose `i`-th scale is
+    /// the f16 `h`, sealed.
+    fn sealed_with_scale(lay: &RecordLayout, i: usize, h: u16) -> Vec<u8> {
+        let mut rec = vec![0u8; lay.rec_bytes];
+        let at = lay.scales_off + 2 * i;
+        rec[at..at + 2].copy_from_slice(&h.to_le_bytes());
+        crate::writer::seal_record(&mut rec, 0, 1, lay, 0);
+        rec
+    }
+
+    fn cfg(hidden: usize, m: usize) -> crate::config::ModelConfig {
+        crate::config::ModelConfig::from_json(&serde_json::json!({"hidden_size": hidden, "num_hidden_layers": 1, "vocab_size": 4, "num_experts": 2, "num_experts_per_token": 1, "moe_intermediate_size": m, "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4})).unwrap()
+    }
+
+    /// Q4G experts: half a byte per weight, a scale per 128 columns of a
+    /// row (gate, up, down in that order; rows padded to whole groups), and
+    /// the manifest round trip names the group.
+    #[test]
+    fn q4g_layout_and_manifest() {
+        let q = ExpertQuant::standard(ExpertFmt::Q4g);
+        let l = RecordLayout::new(&cfg(256, 384), q).unwrap();
+        // gate/up 384×256: 384·128 bytes; down 256×384: 256·192 bytes
+        assert_eq!((l.gate_len(), l.down_len()), (384 * 128, 256 * 192));
+        assert_eq!(l.scale_counts(), (384 * 2, 256 * 3));
+        assert_eq!(l.scales_len, 2 * (2 * 384 * 2 + 256 * 3));
+        assert_eq!(l.rec_bytes, (48 + 2 * 384 * 128 + 256 * 192 + l.scales_len).div_ceil(PAGE) * PAGE);
+        let e = q.to_entry();
+        assert_eq!((e.fmt.as_str(), e.group, e.bits_per_weight), ("Q4G", Some(128), 4.125));
+        assert_eq!(e.validate().unwrap(), q);
+        for g in [None, Some(64)] {
+            let err = ExpertQuantEntry { group: g, ..e.clone() }.validate().unwrap_err().to_string();
+            assert!(err.contains("expert_quant.group"), "{err}");
+        }
+        let vq = ExpertQuant::standard(ExpertFmt::Vq3r).to_entry();
+        assert!(ExpertQuantEntry { group: Some(128), ..vq }.validate().is_err());
+        // a width that is not whole groups is padded, as the trunk's Q4G rows are
+        let l = RecordLayout::new(&cfg(200, 72), q).unwrap();
+        assert_eq!((l.gate_len(), l.down_len()), (72 * 128, 200 * 64));
+        assert_eq!(l.scale_counts(), (72 * 2, 200));
+    }
+
+    /// A Q4G record's non-finite scale is named by matrix, row and columns;
+    /// an odd scales offset (the kernels read them as u16) is refused.
+    #[test]
+    fn q4g_record_checks() {
+        let lay = RecordLayout::new(&cfg(256, 128), ExpertQuant::standard(ExpertFmt::Q4g)).unwrap();
+        let (gs, _) = lay.scale_counts();
+        let with = |i: usize, h: u16| sealed_with_scale(&lay, i, h);
+        assert!(check_record(&with(0, 0x3C00), 0, 1, &lay, 0, 0, true).is_ok());
+        for (i, want) in [
+            (3, "the gate scale of row 1 (columns 128..256)"),
+            (gs + 2, "the up scale of row 1 (columns 0..128)"),
+            (2 * gs + 5, "the down scale of row 5 (columns 0..128)"),
+        ] {
+            let e = check_record(&with(i, 0x7C00), 0, 1, &lay, 0, 0, false).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        let mut rec = with(0, 0x3C00);
+        let mut h = RecordHeader::decode(&rec).unwrap();
+        h.chan_corr_off += 1;
+        rec[..HEADER_LEN].copy_from_slice(&h.encode());
+        assert!(check_record(&rec, 0, 1, &lay, 0, 0, false).is_err());
     }
 }

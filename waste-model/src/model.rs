@@ -223,8 +223,11 @@ impl Model {
                 None => None,
             });
         }
-        let kernel =
-            container.experts.as_ref().map(|(_, lay)| ExpertKernel { lay: *lay, act: container.config.activation });
+        let kernel = container.experts.as_ref().map(|(_, lay)| ExpertKernel {
+            lay: *lay,
+            act: container.config.activation,
+            batch: crate::plan::CHUNK,
+        });
         let rec = plan.record_bytes as usize;
         let slots = plan.cache_slots(resolved.cache_bytes, opts.huge_pages);
         let mut cache = ExpertCache::new(slots, rec, opts.policy, opts.huge_pages);

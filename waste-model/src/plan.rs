@@ -150,7 +150,7 @@ impl Plan {
                 if q.fmt.is_vq() {
                     trunk += (c.n_moe_layers() * q.books_per_layer() * q.entries * q.vec_dim * 2 * 4) as u64;
                 }
-                let kernel = waste_moe::ExpertKernel { lay: *lay, act: c.activation };
+                let kernel = waste_moe::ExpertKernel { lay: *lay, act: c.activation, batch: CHUNK };
                 let one = kernel.scratch_bytes(1) as u64;
                 (lay.rec_bytes as u64, one, kernel.scratch_bytes(2) as u64 - one)
             }

@@ -635,7 +635,45 @@ impl<'m> Session<'m> {
         let scr = self.ex_sc.as_mut().expect("expert scratch");
         let kernel_lanes = waste_moe::lanes_in_use(scr, pool);
         let mut overlapped = 0.0;
-        for t in 0..nt {
+        let batched = nt > 1 && kernel.batches();
+        if batched {
+            // formats a token reads directly: each expert once for all the
+            // chunk's tokens routed to it, in ascending id, so every token's
+            // sum still adds its experts in ascending id (the token-by-token
+            // order, bit for bit)
+            self.lat_sum[..nt * lat].fill(0.0);
+            let mut ids = distinct.clone();
+            ids.sort_unstable();
+            let mut users: Vec<(usize, f32)> = Vec::with_capacity(nt);
+            for e in ids {
+                users.clear();
+                users.extend(
+                    (0..nt).filter_map(|t| {
+                        routes[t * k..(t + 1) * k].iter().find(|r| r.0 == e as usize).map(|r| (t, r.1))
+                    }),
+                );
+                for (i, &(t, _)) in users.iter().enumerate() {
+                    let x = match &w.latent {
+                        Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
+                        None => &self.chunk_ffn_in[t * h..(t + 1) * h],
+                    };
+                    scr.batch_in[i * lat..(i + 1) * lat].copy_from_slice(x);
+                }
+                let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
+                let rec = experts.wait(e)?;
+                kernel.forward_batch(pool, rec, users.len(), scr);
+                let waited = experts.traffic().io_seconds - io0;
+                self.stats.expert_seconds += (te.elapsed().as_secs_f64() - waited).max(0.0);
+                for (i, &(t, wgt)) in users.iter().enumerate() {
+                    let sum = &mut self.lat_sum[t * lat..(t + 1) * lat];
+                    for (s, &v) in sum.iter_mut().zip(&scr.batch_out[i * lat..(i + 1) * lat]) {
+                        *s += v * wgt;
+                    }
+                }
+            }
+        }
+        let per_token = if batched { 0 } else { nt };
+        for t in 0..per_token {
             let x = match &w.latent {
                 Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
                 None => &self.chunk_ffn_in[t * h..(t + 1) * h],

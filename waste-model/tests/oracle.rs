@@ -1,7 +1,7 @@
-//! Whole model against transformers (the reference): three synthetic
+//! Whole model against transformers (the reference): four synthetic
 //! containers of different shapes (layer patterns, head counts,
 //! first_k_dense_replace 0/1/2, renormalize on/off, q-LoRA on/off, VQ3R /
-//! VQ4P / F16 experts), logits at every position of a 40-token prompt within
+//! VQ4P / F16 / Q4G experts), logits at every position of a 40-token prompt within
 //! a bound per fixture of twice its measured worst relative error (max abs
 //! / max |logit|; the logits are bit-identical on every SIMD level and
 //! thread count, so the worst is the same on every machine), and the same
@@ -63,4 +63,9 @@ fn tiny_b_vq4p_qlora_no_renorm_matches_transformers() {
 #[test]
 fn tiny_c_f16_experts_all_moe_matches_transformers() {
     check("tiny-c", 9.4e-6); // measured worst 4.68e-6
+}
+
+#[test]
+fn tiny_q4g_experts_matches_transformers() {
+    check("tiny-q4g", 1.7e-5); // measured worst 8.46e-6
 }

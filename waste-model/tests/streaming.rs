@@ -1,4 +1,5 @@
-//! Placement decides speed, never the answer: every cache size, read-ahead
+//! Placement decides speed, never the answer (VQ3R, VQ4P and Q4G experts; the
+//! Q4G chunk batching each expert's tokens): every cache size, read-ahead
 //! on/off, router lookahead on/off, any I/O thread count and chunked prefill
 //! give bit-identical logits. The plan equals what the engine allocates; the
 //! budget floor is enforced; the usage hotlist round-trips and a corrupt one
@@ -29,7 +30,7 @@ fn run(path: &Path, o: ModelOptions) -> (Vec<u32>, waste_model::Stats) {
 
 #[test]
 fn every_placement_gives_bit_identical_logits() {
-    for name in ["tiny.waste", "tiny-b.waste"] {
+    for name in ["tiny.waste", "tiny-b.waste", "tiny-q4g.waste"] {
         let path = fixture(name);
         let plan = waste_model::plan(&path, CTX).unwrap();
         let rec = plan.record_bytes;
@@ -125,9 +126,14 @@ fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
 fn plan_equals_what_the_engine_allocates() {
     // the default threads (every core), one thread, and three (the expert
     // lanes follow the threads up to top_k)
-    for (name, threads) in
-        [("tiny.waste", 0), ("tiny-b.waste", 0), ("tiny-c.waste", 0), ("tiny.waste", 1), ("tiny.waste", 3)]
-    {
+    for (name, threads) in [
+        ("tiny.waste", 0),
+        ("tiny-b.waste", 0),
+        ("tiny-c.waste", 0),
+        ("tiny-q4g.waste", 2),
+        ("tiny.waste", 1),
+        ("tiny.waste", 3),
+    ] {
         let path = fixture(name);
         let plan = waste_model::plan(&path, CTX).unwrap();
         let plan = if threads > 0 { plan.with_threads(threads) } else { plan };

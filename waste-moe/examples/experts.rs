@@ -49,7 +49,7 @@ fn main() {
         VqBook::from_f16(&bits, 256, 8)
     };
     let books = LayerBooks { books: core::array::from_fn(|_| (0..3).map(|_| book(&mut next)).collect()) };
-    let kernel = ExpertKernel { lay, act: Activation::Silu };
+    let kernel = ExpertKernel { lay, act: Activation::Silu, batch: 0 };
     let pool = Pool::new(threads);
     let lanes = waste_moe::lanes_for(threads, k);
     let mut sc = kernel.scratch(lanes);

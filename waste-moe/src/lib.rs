@@ -3,8 +3,8 @@
 //! The MoE block of the Kimi family: the sigmoid router (correction bias
 //! selects, un-biased scores weigh, optional group-limited selection,
 //! renormalization with `+1e-20`, routed scaling), routed experts as GLUs over
-//! quantized records (VQ lookup tables or exact F16/BF16), shared experts and
-//! dense FFNs, with SiLU or SiTU activations.
+//! quantized records (VQ lookup tables, Q4G groups or exact F16/BF16), shared
+//! experts and dense FFNs, with SiLU or SiTU activations.
 //!
 //! Ties in top-k resolve to the lowest expert id (a project choice; no
 //! reference defines one).
@@ -158,6 +158,9 @@ pub struct ExpertKernel {
     pub lay: RecordLayout,
     /// Activation.
     pub act: Activation,
+    /// Most tokens [`ExpertKernel::forward_batch`] takes at once (a prefill
+    /// chunk; its buffers are part of the scratch). 0 for none.
+    pub batch: usize,
 }
 
 /// Per-token scratch for routed experts: the gate and up tables every
@@ -179,6 +182,13 @@ pub struct ExpertScratch {
     /// One per expert in flight: lane 0 serves [`ExpertKernel::forward`],
     /// lane `i` the `i`-th task of [`ExpertKernel::forward_each`].
     pub lanes: Vec<ExpertLane>,
+    /// [`ExpertKernel::forward_batch`]'s inputs, token-major (`batch × lat`;
+    /// empty for VQ formats).
+    pub batch_in: Vec<f32>,
+    /// Its outputs (`batch × lat`).
+    pub batch_out: Vec<f32>,
+    /// Its gate and up activations (`2 × batch × m`).
+    pub batch_act: Vec<f32>,
 }
 
 /// One expert's own buffers: its activations and its down table.
@@ -200,7 +210,8 @@ impl ExpertScratch {
         let f = |v: &Vec<f32>| 4 * v.capacity() as u64;
         let b = |v: &Vec<u8>| v.capacity() as u64;
         let lanes: u64 = self.lanes.iter().map(|l| f(&l.t_down) + b(&l.p_down) + f(&l.g) + f(&l.u)).sum();
-        f(&self.t_gate) + f(&self.t_up) + b(&self.p_gate) + b(&self.p_up) + lanes
+        let batch = f(&self.batch_in) + f(&self.batch_out) + f(&self.batch_act);
+        f(&self.t_gate) + f(&self.t_up) + b(&self.p_gate) + b(&self.p_up) + lanes + batch
     }
 }
 
@@ -235,11 +246,28 @@ impl ExpertKernel {
         (lg.table_len(), ld.table_len(), planes(&lg), planes(&ld))
     }
 
+    /// Whether a chunk's tokens can share each expert's weights
+    /// ([`ExpertKernel::forward_batch`]): formats whose rows a token reads
+    /// directly (Q4G, F16, BF16). VQ's tables belong to one token.
+    pub fn batches(&self) -> bool {
+        !self.lay.quant.fmt.is_vq() && self.batch > 1
+    }
+
+    /// Floats of the batch buffers: inputs and outputs (`lat` each) and
+    /// gate and up activations (`m` each) per token.
+    fn batch_lens(&self) -> (usize, usize) {
+        if self.lay.quant.fmt.is_vq() {
+            return (0, 0);
+        }
+        (self.batch * self.lay.lat, 2 * self.batch * self.lay.m)
+    }
+
     /// Bytes of [`ExpertKernel::scratch`] with `lanes` lanes (the per-token
     /// part the plan counts beside the session's activations).
     pub fn scratch_bytes(&self, lanes: usize) -> usize {
         let (tg, td, pg, pd) = self.table_lens();
-        4 * 2 * tg + 2 * pg + lanes.max(1) * (4 * td + pd + 4 * 2 * self.lay.m)
+        let (bio, bact) = self.batch_lens();
+        4 * 2 * tg + 2 * pg + lanes.max(1) * (4 * td + pd + 4 * 2 * self.lay.m) + 4 * (2 * bio + bact)
     }
 
     /// Scratch sized for this layout, with `lanes` lanes (at least one).
@@ -254,7 +282,34 @@ impl ExpertKernel {
             lanes: (0..lanes.max(1))
                 .map(|_| ExpertLane { t_down: vec![0.0; td], p_down: vec![0; pd], g: vec![0.0; m], u: vec![0.0; m] })
                 .collect(),
+            batch_in: vec![0.0; self.batch_lens().0],
+            batch_out: vec![0.0; self.batch_lens().0],
+            batch_act: vec![0.0; self.batch_lens().1],
         }
+    }
+
+    /// One expert for `n` tokens at once: `sc.batch_out[i·lat..][..lat] =
+    /// E_rec(sc.batch_in[i·lat..][..lat])` for `i < n`, each weight row read
+    /// once for all of them (rows split across the pool); each output is
+    /// bit-identical to [`ExpertKernel::forward`] on its input alone. Only
+    /// when [`ExpertKernel::batches`] (header already validated).
+    ///
+    /// # Panics
+    /// When `n` exceeds the kernel's `batch`, or for a VQ record.
+    pub fn forward_batch(&self, pool: &Pool, rec: &[u8], n: usize, sc: &mut ExpertScratch) {
+        assert!(self.batches() && n <= self.batch, "forward_batch: {n} tokens of a {}-token batch", self.batch);
+        let (m, lat) = (self.lay.m, self.lay.lat);
+        let (g, rest) = sc.batch_act.split_at_mut(n * m);
+        let u = &mut rest[..n * m];
+        let xs = &sc.batch_in[..n * lat];
+        let ys = &mut sc.batch_out[..n * lat];
+        with_dense_mats(&self.lay, rec, |[gate, up, down]| {
+            pool.matmats(&mut [MatJob { m: &gate, xs, ys: g }, MatJob { m: &up, xs, ys: u }], n);
+            for (gv, uv) in g.iter_mut().zip(u.iter()) {
+                *gv = glu(self.act, *gv, *uv);
+            }
+            pool.matmat(&down, g, n, ys);
+        });
     }
 
     /// Prepare per-token tables from the expert input `h` (VQ only).
@@ -485,22 +540,50 @@ impl ExpertKernel {
                 matvec_rows_planes(lv, &ld, di, ds, td, pd, ra, oy);
             });
         } else {
-            let fmt = if l.quant.fmt == ExpertFmt::Bf16 { waste_format::Fmt::Bf16 } else { waste_format::Fmt::F16 };
-            let gate = MatRef { fmt, rows: m, cols: lat, group: 0, data: &rec[go..go + m * lat * 2], scales: &[] };
-            let up = MatRef { data: &rec[uo..uo + m * lat * 2], ..gate };
-            let down = MatRef { fmt, rows: lat, cols: m, group: 0, data: &rec[dof..dof + m * lat * 2], scales: &[] };
             let matvec = |w: &MatRef<'_>, x: &[f32], y: &mut [f32]| match pool {
                 Some(p) => p.matvec(w, x, y),
                 None => w.matvec_rows(lv, x, 0, y),
             };
-            matvec(&gate, h, &mut lane.g);
-            matvec(&up, h, &mut lane.u);
-            for (gv, uv) in lane.g.iter_mut().zip(lane.u.iter()) {
-                *gv = glu(self.act, *gv, *uv);
-            }
-            matvec(&down, &lane.g, out);
+            with_dense_mats(l, rec, |[gate, up, down]| {
+                matvec(&gate, h, &mut lane.g);
+                matvec(&up, h, &mut lane.u);
+                for (gv, uv) in lane.g.iter_mut().zip(lane.u.iter()) {
+                    *gv = glu(self.act, *gv, *uv);
+                }
+                matvec(&down, &lane.g, out);
+            });
         }
     }
+}
+
+/// `f([gate, up, down])` over a validated record of a format a token reads
+/// directly (F16, BF16, Q4G). Q4G's scales are read in place when the
+/// record is 2-byte aligned (every cache slot is), else from a copy.
+fn with_dense_mats<R>(l: &RecordLayout, rec: &[u8], f: impl FnOnce([MatRef<'_>; 3]) -> R) -> R {
+    use waste_format::Fmt;
+    let (m, lat) = (l.m, l.lat);
+    let hdr = waste_format::RecordHeader::decode(rec).expect("validated record");
+    let [go, uo, dof, so] = hdr.sections();
+    let (fmt, group) = match l.quant.fmt {
+        ExpertFmt::Bf16 => (Fmt::Bf16, 0),
+        ExpertFmt::Q4g => (Fmt::Q4G, l.quant.fmt.group()),
+        _ => (Fmt::F16, 0),
+    };
+    let (gl, dl) = (l.gate_len(), l.down_len());
+    let bytes = &rec[so..so + l.scales_len];
+    let copy: Vec<u16>;
+    let scales: &[u16] = match bytemuck::try_cast_slice(bytes) {
+        Ok(s) => s,
+        Err(_) => {
+            copy = bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+            &copy
+        }
+    };
+    let (gs, _) = l.scale_counts();
+    let gate = MatRef { fmt, rows: m, cols: lat, group, data: &rec[go..go + gl], scales: &scales[..gs] };
+    let up = MatRef { data: &rec[uo..uo + gl], scales: &scales[gs..2 * gs], ..gate };
+    let down = MatRef { fmt, rows: lat, cols: m, group, data: &rec[dof..dof + dl], scales: &scales[2 * gs..] };
+    f([gate, up, down])
 }
 
 /// The tables every expert of a layer shares (built by [`ExpertKernel::prepare`]).
@@ -580,7 +663,7 @@ mod tests {
             }),
         };
         let h = (0..hidden).map(|_| small(next())).collect();
-        (ExpertKernel { lay, act: Activation::Silu }, books, recs, h)
+        (ExpertKernel { lay, act: Activation::Silu, batch: 0 }, books, recs, h)
     }
 
     proptest! {
@@ -626,6 +709,113 @@ mod tests {
                     prop_assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "fetched {} level {:?}", e, lv);
                 }
             }
+        }
+    }
+
+    /// Random sealed records of a format a token reads directly (Q4G with
+    /// rows of whole and of padded groups, F16), finite everywhere.
+    fn dense_experts(fmt: ExpertFmt, hidden: usize, m: usize, n: usize, seed: u64) -> (ExpertKernel, Vec<Vec<u8>>) {
+        let cfg = ModelConfig::from_json(&serde_json::json!({"hidden_size": hidden, "num_hidden_layers": 1,
+            "vocab_size": 4, "num_experts": n, "num_experts_per_token": 1, "moe_intermediate_size": m,
+            "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4}))
+        .unwrap();
+        let lay = RecordLayout::new(&cfg, ExpertQuant::standard(fmt)).unwrap();
+        let mut rng = waste_quant::SplitMix64::new(seed);
+        let recs = (0..n)
+            .map(|e| {
+                let mut r = vec![0u8; lay.rec_bytes];
+                for b in &mut r[lay.gate_off..lay.scales_off] {
+                    *b = rng.next_u64() as u8;
+                }
+                // finite halves: small weights (F16) or small scales (Q4G)
+                let halves = if fmt == ExpertFmt::Q4g {
+                    lay.scales_off..lay.scales_off + lay.scales_len
+                } else {
+                    lay.gate_off..lay.scales_off
+                };
+                for c in r[halves].chunks_exact_mut(2) {
+                    let v = ((rng.next_u64() % 2001) as f32 - 1000.0) * 2e-5;
+                    c.copy_from_slice(&f32_to_f16(v).to_le_bytes());
+                }
+                waste_format::seal_record(&mut r, 0, e, &lay, 0);
+                r
+            })
+            .collect();
+        (ExpertKernel { lay, act: Activation::Silu, batch: 5 }, recs)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(8))]
+        /// An expert over a batch of tokens gives each token's output bit
+        /// for bit as the one-token form, at every level and thread count,
+        /// for Q4G (whole and padded groups) and F16 records.
+        #[test]
+        fn forward_batch_is_forward(q4g in any::<bool>(), padded in any::<bool>(), n in 1usize..6, threads in 1usize..4, seed in any::<u64>()) {
+            let fmt = if q4g { ExpertFmt::Q4g } else { ExpertFmt::F16 };
+            let (hidden, m) = if padded { (200, 72) } else { (256, 128) };
+            let (kernel, recs) = dense_experts(fmt, hidden, m, 2, seed);
+            prop_assert!(kernel.batches());
+            let books = LayerBooks::default();
+            let xs: Vec<f32> = (0..n * hidden).map(|i| ((i * 7919 + seed as usize) % 2001) as f32 * 1e-3 - 1.0).collect();
+            for lv in Level::available() {
+                let pool = Pool::with_level(threads, lv);
+                let mut sc = kernel.scratch(lanes_for(threads, 2));
+                for rec in &recs {
+                    sc.batch_in[..n * hidden].copy_from_slice(&xs);
+                    kernel.forward_batch(&pool, rec, n, &mut sc);
+                    let got = sc.batch_out[..n * hidden].to_vec();
+                    for t in 0..n {
+                        let mut want = vec![0f32; hidden];
+                        kernel.forward(&pool, &books, rec, &xs[t * hidden..(t + 1) * hidden], &mut sc, &mut want);
+                        prop_assert!(want.iter().all(|v| v.is_finite()) && want.iter().any(|v| *v != 0.0));
+                        let b = &got[t * hidden..(t + 1) * hidden];
+                        prop_assert!(want.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "token {} level {:?} {:?}", t, lv, fmt);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The batch form for a Q4G record equals the weights the format
+    /// defines (dequantized independently: nibble − 8 times the group's
+    /// scale), to rounding.
+    #[test]
+    fn q4g_expert_matches_its_dequantized_weights() {
+        let (kernel, recs) = dense_experts(ExpertFmt::Q4g, 200, 72, 1, 3);
+        let l = kernel.lay;
+        let rec = &recs[0];
+        let (gs, _) = l.scale_counts();
+        let w = |off: usize, so: usize, rows: usize, cols: usize| -> Vec<f32> {
+            let (rb, sr) = (cols.div_ceil(128) * 64, cols.div_ceil(128));
+            let mut out = vec![0f32; rows * cols];
+            for r in 0..rows {
+                for c in 0..cols {
+                    let b = rec[off + r * rb + c / 2];
+                    let q = if c % 2 == 0 { b & 15 } else { b >> 4 } as f32 - 8.0;
+                    let s = so + 2 * (r * sr + c / 128);
+                    out[r * cols + c] = q * waste_quant::f16_to_f32(u16::from_le_bytes([rec[s], rec[s + 1]]));
+                }
+            }
+            out
+        };
+        let (m, lat) = (l.m, l.lat);
+        let (wg, wu) = (w(l.gate_off, l.scales_off, m, lat), w(l.up_off, l.scales_off + 2 * gs, m, lat));
+        let wd = w(l.down_off, l.scales_off + 4 * gs, lat, m);
+        let x: Vec<f32> = (0..lat).map(|i| (i as f32 * 0.37).sin()).collect();
+        let dot = |w: &[f32], r: usize, v: &[f32]| -> f64 {
+            v.iter().enumerate().map(|(c, &x)| w[r * v.len() + c] as f64 * x as f64).sum()
+        };
+        let act: Vec<f32> =
+            (0..m).map(|r| glu(Activation::Silu, dot(&wg, r, &x) as f32, dot(&wu, r, &x) as f32)).collect();
+        let want: Vec<f64> = (0..lat).map(|r| dot(&wd, r, &act)).collect();
+        let pool = Pool::new(2);
+        let mut sc = kernel.scratch(1);
+        let mut got = vec![0f32; lat];
+        kernel.forward(&pool, &LayerBooks::default(), rec, &x, &mut sc, &mut got);
+        let scale = want.iter().fold(0f64, |a, v| a.max(v.abs()));
+        assert!(scale > 0.0);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((*g as f64 - w).abs() <= 1e-4 * scale, "{g} vs {w}");
         }
     }
 

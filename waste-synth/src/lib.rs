@@ -537,9 +537,13 @@ fn write_bank(
                         }
                     }
                 }
+                // VQ: a scale per row; Q4G: per group of a row, over uniform
+                // nibbles (−8..7, standard deviation ≈ 4.6)
+                let (gs, _) = lay.scale_counts();
+                let spread = if q.fmt == ExpertFmt::Q4g { 4.6 } else { 1.0 };
                 for (r, c) in rec[lay.scales_off..lay.scales_off + lay.scales_len].chunks_exact_mut(2).enumerate() {
-                    let cols = if r < 2 * lay.m { lay.lat } else { lay.m };
-                    let s = (0.6 + 0.4 * rng.unif()) / (cols as f32).sqrt();
+                    let cols = if r < 2 * gs { lay.lat } else { lay.m };
+                    let s = (0.6 + 0.4 * rng.unif()) / (cols as f32).sqrt() / spread;
                     c.copy_from_slice(&f32_to_f16(s).to_le_bytes());
                 }
             }
@@ -608,7 +612,7 @@ mod tests {
     #[test]
     fn every_tiny_shape_roundtrips_through_the_reader() {
         for shape in ["tiny", "tiny-b", "tiny-c", "tiny-k3"] {
-            for ex in [ExpertFmt::Vq3r, ExpertFmt::Vq4p, ExpertFmt::F16] {
+            for ex in [ExpertFmt::Vq3r, ExpertFmt::Vq4p, ExpertFmt::F16, ExpertFmt::Q4g] {
                 let dir =
                     std::env::temp_dir().join(format!("waste-synth-{}-{shape}-{}", std::process::id(), ex.name()));
                 let opts = SynthOptions {

@@ -39,7 +39,7 @@ enum Cmd {
         /// Keep only the first N layers.
         #[arg(long)]
         layers: Option<usize>,
-        /// Expert format: vq3r, vq4p, vq2r, f16, bf16.
+        /// Expert format: vq3r, vq4p, vq2r, q4g, f16, bf16.
         #[arg(long, default_value = "vq3r")]
         experts: String,
         /// Manifest and sparse files only (enough for plan/info).
@@ -92,7 +92,7 @@ fn main() -> Result<()> {
             let config = shape_config(&shape)
                 .with_context(|| format!("unknown shape {shape:?} (known: {})", SHAPES.join(", ")))?;
             let experts = waste_format::ExpertQuant::parse_fmt(&experts)
-                .with_context(|| format!("unknown --experts {experts:?} (vq3r, vq4p, vq2r, f16, bf16)"))?;
+                .with_context(|| format!("unknown --experts {experts:?} (vq3r, vq4p, vq2r, q4g, f16, bf16)"))?;
             let skewed = match routing.as_str() {
                 "uniform" => false,
                 "skewed" => true,
