@@ -688,6 +688,15 @@ fn encode_expert(
     Ok((rec, e2, t2))
 }
 
+/// Record `e` of a bank (records of `rec.len()` bytes) into `rec`.
+fn read_record(file: &mut std::fs::File, path: &Path, e: usize, rec: &mut [u8]) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    let at = (e as u64)
+        .checked_mul(rec.len() as u64)
+        .ok_or_else(|| Error::Source(format!("record {e} offset overflows")))?;
+    file.seek(SeekFrom::Start(at)).and_then(|_| file.read_exact(rec)).map_err(|err| Error::io(path, err))
+}
+
 /// The values of `rows` Q4G rows of `cols` columns (group
 /// [`waste_format::Q4G_GROUP`]), as the engine dequantizes them.
 fn q4g_rows(data: &[u8], scales: &[u8], rows: usize, cols: usize) -> Vec<f32> {
@@ -753,7 +762,9 @@ pub fn verify_against_source(container: &Path, src_dir: &Path) -> Result<Report>
     let mut rep = Report::default();
     let (mut err, mut tot) = ([0f64; 3], [0f64; 3]);
     for bank in c.banks.iter().flatten() {
-        let data = std::fs::read(&bank.path).map_err(|e| Error::io(&bank.path, e))?;
+        // one record at a time: a whole bank is ~11 GB on K3
+        let mut file = std::fs::File::open(&bank.path).map_err(|e| Error::io(&bank.path, e))?;
+        let mut rec = vec![0u8; lay.rec_bytes];
         let books: Vec<VqBook> = if q.fmt.is_vq() {
             (0..3 * q.stages)
                 .map(|k| {
@@ -765,7 +776,8 @@ pub fn verify_against_source(container: &Path, src_dir: &Path) -> Result<Report>
         };
         let (mut le, mut lt) = ([0f64; 3], [0f64; 3]);
         for e in 0..bank.experts {
-            let rec = &data[e * lay.rec_bytes..(e + 1) * lay.rec_bytes];
+            read_record(&mut file, &bank.path, e, &mut rec)?;
+            let rec = &rec[..];
             let hdr =
                 waste_format::check_record(rec, bank.layer, e, &lay, bank.codebook_base, c.codebooks.count, true)?;
             // a source of another shape is named, not compared row by row
