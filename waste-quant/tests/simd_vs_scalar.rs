@@ -138,7 +138,7 @@ proptest! {
     /// Several inputs at once (prefill): every level, any thread count,
     /// bit-identical to one scalar matvec per input.
     #[test]
-    fn trunk_matmat_equals_matvecs(f in 0u8..5, rows in 1usize..70, cols in 1usize..200, nt in 1usize..7, threads in 1usize..4, g in prop::sample::select(vec![16usize, 32, 64]), seed in any::<u64>()) {
+    fn trunk_matmat_equals_matvecs(f in 0u8..5, rows in 1usize..70, cols in 1usize..300, nt in 1usize..10, threads in 1usize..4, g in prop::sample::select(vec![16usize, 32, 64, 128]), seed in any::<u64>()) {
         let fmt = fmt_of(f);
         let m = random_matrix(fmt, rows, cols, g, seed);
         let mut r = rng(seed + 2);

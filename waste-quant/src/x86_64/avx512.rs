@@ -349,24 +349,32 @@ unsafe fn tile_dot<const R: usize, const T: usize, const FMT: u8>(
     let mut acc = [[[_mm512_setzero_ps(); 2]; T]; R];
     let full = cols / LANES * LANES;
     let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
+    let grouped = FMT == Q8G || FMT == Q4G;
     let mut c = 0;
     while c < full {
-        // SAFETY: c + 32 <= cols; input t spans t·cols .. (t+1)·cols.
-        let x: [(__m512, __m512); T] = core::array::from_fn(|t| unsafe {
-            let p = xs.as_ptr().add(t * cols + c);
-            (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
-        });
-        for k in 0..R {
-            let scale = if FMT == Q8G || FMT == Q4G { f16(m.scales[(r0 + k) * g + c / m.group]) } else { 0.0 };
-            let tab = if FMT == Q4G { _mm512_mul_ps(steps, _mm512_set1_ps(scale)) } else { steps };
-            // SAFETY: c + 32 <= cols, within the row.
-            let (wl, wh) = unsafe { load32::<FMT>(rows[k].as_ptr(), c, scale, tab) };
-            for t in 0..T {
-                acc[k][t][0] = _mm512_fmadd_ps(wl, x[t].0, acc[k][t][0]);
-                acc[k][t][1] = _mm512_fmadd_ps(wh, x[t].1, acc[k][t][1]);
+        // each row's scale (and Q4G's table) once per group: the caller
+        // guarantees groups of whole 32-column blocks
+        let end = if grouped { ((c / m.group + 1) * m.group).min(full) } else { full };
+        let scale: [f32; R] =
+            core::array::from_fn(|k| if grouped { f16(m.scales[(r0 + k) * g + c / m.group]) } else { 0.0 });
+        let tab: [__m512; R] =
+            core::array::from_fn(|k| if FMT == Q4G { _mm512_mul_ps(steps, _mm512_set1_ps(scale[k])) } else { steps });
+        while c < end {
+            // SAFETY: c + 32 <= cols; input t spans t·cols .. (t+1)·cols.
+            let x: [(__m512, __m512); T] = core::array::from_fn(|t| unsafe {
+                let p = xs.as_ptr().add(t * cols + c);
+                (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
+            });
+            for k in 0..R {
+                // SAFETY: c + 32 <= cols, within the row.
+                let (wl, wh) = unsafe { load32::<FMT>(rows[k].as_ptr(), c, scale[k], tab[k]) };
+                for t in 0..T {
+                    acc[k][t][0] = _mm512_fmadd_ps(wl, x[t].0, acc[k][t][0]);
+                    acc[k][t][1] = _mm512_fmadd_ps(wh, x[t].1, acc[k][t][1]);
+                }
             }
+            c += LANES;
         }
-        c += LANES;
     }
     for k in 0..R {
         for t in 0..T {
@@ -396,34 +404,26 @@ unsafe fn matmat_fmt<const FMT: u8>(
     let cols = m.cols;
     // SAFETY (every store): `ys` is valid at t·ys_stride + i for t < nt, i < n (the caller's contract).
     let store = |i: usize, t: usize, v: f32| unsafe { *ys.add(t * ys_stride + i) = v };
+    // a token left alone after the tiles of inputs goes to the matvec
+    // kernel over all the rows (faster than 1-input tiles; the same dots)
+    let lone = nt > 1 && nt % MM_TOKENS == 1;
+    let tiled = if lone { nt - 1 } else { nt };
     let mut i = 0;
     while i < n {
         let r = (n - i).min(MM_ROWS);
         let mut t = 0;
-        while t < nt {
-            let k = (nt - t).min(MM_TOKENS);
+        while t < tiled {
+            let k = (tiled - t).min(MM_TOKENS);
             let x = &xs[t * cols..(t + k) * cols];
             // SAFETY (all arms): rows row0+i .. row0+i+r exist, x holds k inputs.
             unsafe {
                 match (r, k) {
                     (MM_ROWS, MM_TOKENS) => {
-                        let mut o = [[0f32; MM_TOKENS]; MM_ROWS];
-                        tile_dot::<MM_ROWS, MM_TOKENS, FMT>(m, row0 + i, x, &mut o);
-                        for (a, row) in o.iter().enumerate() {
-                            for (b, &v) in row.iter().enumerate() {
-                                store(i + a, t + b, v);
-                            }
-                        }
+                        tile_store::<MM_TOKENS, FMT>(m, row0 + i, x, &|a, b, v| store(i + a, t + b, v))
                     }
-                    (MM_ROWS, _) => {
-                        for b in 0..k {
-                            let mut o = [[0f32; 1]; MM_ROWS];
-                            tile_dot::<MM_ROWS, 1, FMT>(m, row0 + i, &x[b * cols..(b + 1) * cols], &mut o);
-                            for (a, row) in o.iter().enumerate() {
-                                store(i + a, t + b, row[0]);
-                            }
-                        }
-                    }
+                    (MM_ROWS, 3) => tile_store::<3, FMT>(m, row0 + i, x, &|a, b, v| store(i + a, t + b, v)),
+                    (MM_ROWS, 2) => tile_store::<2, FMT>(m, row0 + i, x, &|a, b, v| store(i + a, t + b, v)),
+                    (MM_ROWS, _) => tile_store::<1, FMT>(m, row0 + i, x, &|a, b, v| store(i + a, t + b, v)),
                     _ => {
                         for a in 0..r {
                             for b in 0..k {
@@ -438,6 +438,35 @@ unsafe fn matmat_fmt<const FMT: u8>(
             t += k;
         }
         i += r;
+    }
+    if lone {
+        let t = nt - 1;
+        // SAFETY: token t's outputs are the n elements from t·ys_stride (the caller's contract).
+        let y = unsafe { std::slice::from_raw_parts_mut(ys.add(t * ys_stride), n) };
+        // SAFETY: features as this function's; x holds cols floats, rows in range.
+        unsafe { matvec_rows(m, &xs[t * cols..(t + 1) * cols], row0, y) };
+    }
+}
+
+/// [`tile_dot`] of `MM_ROWS` rows from `r0` against the `T` inputs of `x`,
+/// each result handed to `store(row offset, input, value)`.
+///
+/// # Safety
+/// As [`tile_dot`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn tile_store<const T: usize, const FMT: u8>(
+    m: &MatRef<'_>,
+    r0: usize,
+    x: &[f32],
+    store: &dyn Fn(usize, usize, f32),
+) {
+    let mut o = [[0f32; T]; MM_ROWS];
+    // SAFETY: forwarded.
+    unsafe { tile_dot::<MM_ROWS, T, FMT>(m, r0, x, &mut o) };
+    for (a, row) in o.iter().enumerate() {
+        for (b, &v) in row.iter().enumerate() {
+            store(a, b, v);
+        }
     }
 }
 
