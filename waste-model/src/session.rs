@@ -626,6 +626,12 @@ impl<'m> Session<'m> {
                 distinct.push(e as u32);
             }
         }
+        // formats a token reads directly run each expert once for the chunk,
+        // in ascending id (below): their reads are started in that order
+        let batched = nt > 1 && kernel.batches();
+        if batched {
+            distinct.sort_unstable();
+        }
         let experts = m.store.acquire(l as u32, &distinct, &repeats)?;
         // 3. the chunk's expert inputs (the latent down-projection for all tokens at once)
         if let Some(lt) = &w.latent {
@@ -635,17 +641,14 @@ impl<'m> Session<'m> {
         let scr = self.ex_sc.as_mut().expect("expert scratch");
         let kernel_lanes = waste_moe::lanes_in_use(scr, pool);
         let mut overlapped = 0.0;
-        let batched = nt > 1 && kernel.batches();
         if batched {
             // formats a token reads directly: each expert once for all the
             // chunk's tokens routed to it, in ascending id, so every token's
             // sum still adds its experts in ascending id (the token-by-token
             // order, bit for bit)
             self.lat_sum[..nt * lat].fill(0.0);
-            let mut ids = distinct.clone();
-            ids.sort_unstable();
             let mut users: Vec<(usize, f32)> = Vec::with_capacity(nt);
-            for e in ids {
+            for &e in &distinct {
                 users.clear();
                 users.extend(
                     (0..nt).filter_map(|t| {
