@@ -143,9 +143,11 @@ fn vq3r_error_is_in_the_3_bit_range_and_verify_agrees() {
 /// fixture's 64 or 32 columns is one padded group). A uniform quantizer of
 /// step `amax / 7` leaves noise of `step / √12`; with `amax` ≈ 2.1–2.6 σ
 /// over 32–64 Gaussian weights that is ≈ 0.09–0.11 of the weights' size,
-/// so the relative error must sit in 0.06–0.14. `verify --src`, decoding
-/// the records on its own, agrees; the container runs, bit-identical
-/// between prefill (each expert batched over the chunk) and steps.
+/// so the relative error must sit in 0.06–0.14. `verify --src`, reading
+/// the sealed records back from the container (CRC checked), agrees; the
+/// container runs, bit-identical between prefill (each expert batched over
+/// the chunk) and steps. (The format itself is checked against an
+/// independent decoder in waste-moe and tools/oracle/container.py.)
 #[test]
 fn q4g_error_is_in_the_4_bit_range_and_verify_agrees() {
     let out = tmp("q4g");
