@@ -3,7 +3,9 @@
 //! matmat per matrix, rows split across the pool) against the same n
 //! tokens one at a time (`forward`), for n = 1, 2, 4, 8, 16, 32. 64
 //! distinct records (230 MB) are cycled, so weights come from memory as a
-//! prefill chunk's do. Prints the median time per token-use of each form.
+//! prefill chunk's do. Prints the median time per token-use of each form,
+//! then single-token experts two at a time, each whole on one thread
+//! (`forward_each`, the decode form), against one at a time rows split.
 //!
 //! `cargo run --release -p waste-moe --example q4g_batch [-- REPS [THREADS]]`
 
@@ -67,4 +69,35 @@ fn main() {
         };
         println!("n {n:2}: batch {} µs, one at a time {} µs", med(&mut tb), med(&mut t1));
     }
+    // single-token experts two at a time, each whole on one thread (the
+    // decode form, `forward_each`) against one at a time with rows split
+    let mut sc2 = kernel.scratch(threads);
+    let mut outs = vec![0f32; threads * 2304];
+    let (mut te, mut t1) = (vec![], vec![]);
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        for _ in 0..16 / threads {
+            let jobs: Vec<(&[u8], usize)> = (0..threads)
+                .map(|j| {
+                    r = (r + 1) % recs.len();
+                    (&recs[r][..], j)
+                })
+                .collect();
+            kernel.forward_each(&pool, &books, &jobs, &xs[..2304], &mut sc2, &mut outs);
+        }
+        te.push(t0.elapsed().as_secs_f64() * 1e6 / (16 / threads * threads) as f64);
+        let t0 = Instant::now();
+        for _ in 0..16 {
+            r = (r + 1) % recs.len();
+            kernel.forward(&pool, &books, &recs[r], &xs[..2304], &mut sc, &mut out);
+        }
+        t1.push(t0.elapsed().as_secs_f64() * 1e6 / 16.0);
+    }
+    te.sort_by(f64::total_cmp);
+    t1.sort_by(f64::total_cmp);
+    println!(
+        "single-token experts: whole per thread {:.0} µs, rows split {:.0} µs",
+        te[te.len() / 2],
+        t1[t1.len() / 2]
+    );
 }
