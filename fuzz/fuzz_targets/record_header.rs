@@ -5,22 +5,12 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let q = if data.get(9).is_some_and(|b| b & 0x80 != 0) {
-        waste_format::ExpertQuant::standard(waste_format::ExpertFmt::Q4g)
+    let fmt = if data.get(9).is_some_and(|b| b & 0x80 != 0) {
+        waste_format::ExpertFmt::Q4g
     } else {
-        waste_format::ExpertQuantEntry {
-            fmt: "VQ3R".into(),
-            stages: 3,
-            vec_dim: 8,
-            entries: 256,
-            index_block: 64,
-            index_bits: None,
-            bits_per_weight: 3.0,
-            group: None,
-        }
-        .validate()
-        .unwrap()
+        waste_format::ExpertFmt::Vq3r
     };
+    let q = waste_format::ExpertQuant::standard(fmt);
     let cfg = waste_format::ModelConfig::from_json(&serde_json::json!({"hidden_size": 128, "num_hidden_layers": 2, "vocab_size": 4, "num_experts": 8, "num_experts_per_token": 2, "moe_intermediate_size": 64, "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4})).unwrap();
     let lay = waste_format::RecordLayout::new(&cfg, q).unwrap();
     let _ = waste_format::check_record(data, 1, 3, &lay, 0, 18, true);

@@ -626,29 +626,14 @@ fn encode_expert(
     for k in 0..3 {
         let (rows, cols, w) = &m[k];
         if q.fmt.is_vq() {
-            let vl = VqLayout {
-                rows: *rows,
-                nvec: cols / q.vec_dim,
-                stages: q.stages,
-                block: q.index_block,
-                packed6: q.index_bits == 6,
-            };
+            let vl = VqLayout::for_expert(&q, *rows, *cols);
             let br: Vec<&VqBook> = books[k * q.stages..(k + 1) * q.stages].iter().collect();
-            let so = lay.scales_off + 2 * [0, lay.m, 2 * lay.m][k];
             let (idx, rest) = rec.split_at_mut(lay.scales_off);
-            let (a, b) = encode_matrix(
-                w,
-                *cols,
-                &br,
-                &vl,
-                &mut idx[offs[k]..offs[k] + vl.index_bytes()],
-                &mut rest[so - lay.scales_off..so - lay.scales_off + 2 * rows],
-            );
+            let sc = &mut rest[lay.scale_bytes(k)];
+            let (a, b) = encode_matrix(w, *cols, &br, &vl, &mut idx[offs[k]..offs[k] + vl.index_bytes()], sc);
             e2[k] = a;
             t2[k] = b;
-            if let Some(r) =
-                waste_format::half::first_non_finite_f16(&rest[so - lay.scales_off..so - lay.scales_off + 2 * rows])
-            {
+            if let Some(r) = waste_format::half::first_non_finite_f16(sc) {
                 return Err(beyond_f16(format!("expert {e} of layer {l}, {}: the scale of row {r}", kind_names()[k])));
             }
         } else if q.fmt == ExpertFmt::Q4g {
@@ -659,10 +644,8 @@ fn encode_expert(
                 let at = format!("row {}, columns from {}", i / sr, i % sr * g);
                 return Err(beyond_f16(format!("expert {e} of layer {l}, {}: the scale of {at}", kind_names()[k])));
             }
-            let (gs, _) = lay.scale_counts();
-            let so = lay.scales_off + 2 * [0, gs, 2 * gs][k];
             rec[offs[k]..offs[k] + data.len()].copy_from_slice(&data);
-            rec[so..so + scales.len()].copy_from_slice(&scales);
+            rec[lay.scales_off..][lay.scale_bytes(k)].copy_from_slice(&scales);
             let back = q4g_rows(&data, &scales, *rows, *cols);
             for (b, v) in back.iter().zip(w.iter()) {
                 e2[k] += ((b - v) as f64).powi(2);
@@ -786,25 +769,23 @@ pub fn verify_against_source(container: &Path, src_dir: &Path) -> Result<Report>
             for k in 0..3 {
                 let (rows, cols, w) = &m[k];
                 let mut row = vec![0f32; *cols];
+                let scales = &rec[secs[3]..][lay.scale_bytes(k)];
+                let vl = VqLayout::for_expert(&q, *rows, *cols);
+                let br: Vec<&VqBook> = books.get(k * q.stages..(k + 1) * q.stages).unwrap_or(&[]).iter().collect();
+                // Q4G: the whole matrix at once, as the converter measured it
+                let q4 = (q.fmt == ExpertFmt::Q4g).then(|| {
+                    q4g_rows(
+                        &rec[secs[k]..secs[k] + [lay.gate_len(), lay.gate_len(), lay.down_len()][k]],
+                        scales,
+                        *rows,
+                        *cols,
+                    )
+                });
                 for r in 0..*rows {
                     if q.fmt.is_vq() {
-                        let vl = VqLayout {
-                            rows: *rows,
-                            nvec: cols / q.vec_dim,
-                            stages: q.stages,
-                            block: q.index_block,
-                            packed6: q.index_bits == 6,
-                        };
-                        let br: Vec<&VqBook> = books[k * q.stages..(k + 1) * q.stages].iter().collect();
-                        let so = secs[3] + 2 * [0, lay.m, 2 * lay.m][k];
-                        waste_quant::vq::dequant_row(&br, &vl, &rec[secs[k]..], &rec[so..], r, &mut row);
-                    } else if q.fmt == ExpertFmt::Q4g {
-                        let (gs, _) = lay.scale_counts();
-                        let g = q.fmt.group();
-                        let (rb, sr) = (cols.div_ceil(g) * g / 2, cols.div_ceil(g));
-                        let so = secs[3] + 2 * [0, gs, 2 * gs][k] + 2 * r * sr;
-                        let back = q4g_rows(&rec[secs[k] + r * rb..][..rb], &rec[so..so + 2 * sr], 1, *cols);
-                        row.copy_from_slice(&back);
+                        waste_quant::vq::dequant_row(&br, &vl, &rec[secs[k]..], scales, r, &mut row);
+                    } else if let Some(back) = &q4 {
+                        row.copy_from_slice(&back[r * cols..(r + 1) * cols]);
                     } else {
                         for (c2, x) in row.iter_mut().enumerate() {
                             let o = secs[k] + 2 * (r * cols + c2);

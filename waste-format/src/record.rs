@@ -339,6 +339,13 @@ impl RecordLayout {
     pub fn scale_counts(&self) -> (usize, usize) {
         (self.quant.scales_per_matrix(self.m, self.lat), self.quant.scales_per_matrix(self.lat, self.m))
     }
+    /// Bytes of matrix `k`'s scales (0 gate, 1 up, 2 down) within the
+    /// scales section (add the header's `chan_corr_off` for the record).
+    pub fn scale_bytes(&self, k: usize) -> std::ops::Range<usize> {
+        let (gs, ds) = self.scale_counts();
+        let start = 2 * gs * k.min(2);
+        start..start + 2 * if k < 2 { gs } else { ds }
+    }
     /// A header for expert `expert` of `layer` with this layout (CRC 0).
     pub fn header(&self, layer: usize, expert: usize, codebook_id: u16) -> RecordHeader {
         RecordHeader {
@@ -729,6 +736,11 @@ mod tests {
         assert_eq!((l.gate_len(), l.down_len()), (384 * 128, 256 * 192));
         assert_eq!(l.scale_counts(), (384 * 2, 256 * 3));
         assert_eq!(l.scales_len, 2 * (2 * 384 * 2 + 256 * 3));
+        assert_eq!([l.scale_bytes(0), l.scale_bytes(1), l.scale_bytes(2)], [0..1536, 1536..3072, 3072..4608]);
+        // VQ: a scale per row, gate and up m rows each, down lat rows
+        let v = RecordLayout::new(&cfg(256, 384), ExpertQuant::standard(ExpertFmt::Vq3r)).unwrap();
+        assert_eq!([v.scale_bytes(0), v.scale_bytes(1), v.scale_bytes(2)], [0..768, 768..1536, 1536..2048]);
+        assert_eq!(v.scale_bytes(2).end, v.scales_len);
         assert_eq!(l.rec_bytes, (48 + 2 * 384 * 128 + 256 * 192 + l.scales_len).div_ceil(PAGE) * PAGE);
         let e = q.to_entry();
         assert_eq!((e.fmt.as_str(), e.group, e.bits_per_weight), ("Q4G", Some(128), 4.125));

@@ -230,8 +230,7 @@ pub fn lanes_in_use(sc: &ExpertScratch, pool: &Pool) -> usize {
 
 impl ExpertKernel {
     fn vq(&self, rows: usize, cols: usize) -> VqLayout {
-        let q = self.lay.quant;
-        VqLayout { rows, nvec: cols / q.vec_dim, stages: q.stages, block: q.index_block, packed6: q.index_bits == 6 }
+        VqLayout::for_expert(&self.lay.quant, rows, cols)
     }
     /// Lengths of the gate (= up) and down tables in floats and of their
     /// byte planes in bytes (planes wherever the layout fits them, used or
@@ -579,10 +578,14 @@ fn with_dense_mats<R>(l: &RecordLayout, rec: &[u8], f: impl FnOnce([MatRef<'_>; 
             &copy
         }
     };
-    let (gs, _) = l.scale_counts();
-    let gate = MatRef { fmt, rows: m, cols: lat, group, data: &rec[go..go + gl], scales: &scales[..gs] };
-    let up = MatRef { data: &rec[uo..uo + gl], scales: &scales[gs..2 * gs], ..gate };
-    let down = MatRef { fmt, rows: lat, cols: m, group, data: &rec[dof..dof + dl], scales: &scales[2 * gs..] };
+    // the byte ranges of each matrix's scales, in u16
+    let sc = |k: usize| {
+        let b = l.scale_bytes(k);
+        &scales[b.start / 2..b.end / 2]
+    };
+    let gate = MatRef { fmt, rows: m, cols: lat, group, data: &rec[go..go + gl], scales: sc(0) };
+    let up = MatRef { data: &rec[uo..uo + gl], scales: sc(1), ..gate };
+    let down = MatRef { fmt, rows: lat, cols: m, group, data: &rec[dof..dof + dl], scales: sc(2) };
     f([gate, up, down])
 }
 

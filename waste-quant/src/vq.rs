@@ -50,6 +50,17 @@ pub struct VqLayout {
 }
 
 impl VqLayout {
+    /// The layout of an expert matrix `[rows, cols]` quantized as `q` (a
+    /// VQ scheme; `cols` a multiple of its vector length).
+    pub fn for_expert(q: &waste_format::ExpertQuant, rows: usize, cols: usize) -> VqLayout {
+        VqLayout {
+            rows,
+            nvec: cols / q.vec_dim.max(1),
+            stages: q.stages,
+            block: q.index_block,
+            packed6: q.index_bits == 6,
+        }
+    }
     /// Index bytes per (row, vector).
     pub fn bpv(&self) -> usize {
         if self.packed6 {
