@@ -61,16 +61,40 @@ pub fn worst_rel(container: &Path, ids: &[u32], want: &[Vec<f32>], ctx: usize) -
     worst
 }
 
+/// A copy of a container in a fresh temporary folder, removed when dropped
+/// (also when a failed assertion unwinds past it).
+pub struct TempCopy(PathBuf);
+
+impl std::ops::Deref for TempCopy {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempCopy {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempCopy {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
 /// A copy of a container in a fresh temporary folder.
-pub fn copy_container(src: &Path, tag: &str) -> PathBuf {
+pub fn copy_container(src: &Path, tag: &str) -> TempCopy {
     let d = std::env::temp_dir().join(format!("waste-perturb-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
+    let copy = TempCopy(d);
     for e in std::fs::read_dir(src).unwrap() {
         let e = e.unwrap();
-        std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
+        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
     }
-    d
+    copy
 }
 
 /// The copy's `rms_norm_eps` multiplied by `factor` (an epsilon bug).
@@ -145,9 +169,7 @@ pub fn negative_controls(container: &Path, tag: &str, ids: &[u32], want: &[Vec<f
         2.0 * bound
     );
     eprintln!("{tag}: negative controls: eps×10 → {e:.2e}, bf16 norm → {b:.2e}, norm ×(1+2·bound) → {f:.2e} (bound {bound:.1e})");
-    for d in [&eps, &bf, &fine] {
-        std::fs::remove_dir_all(d).ok();
-    }
+    // the copies are removed as they drop
 }
 
 /// The K3 features every K3 fixture must have switched on (a converter or

@@ -1,0 +1,28 @@
+//! Open a container once and time many prefills of the same prompt (fresh
+//! session each), for profiling a short prefill without the open in the
+//! samples: `cargo run --release -p waste-model --example prefill_loop --
+//! MODEL USAGE PROMPT_LEN ROUNDS [BUDGET_GIB]`.
+use std::time::Instant;
+use waste_model::{Model, ModelOptions};
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let (model, usage) = (&a[1], &a[2]);
+    let plen: u32 = a[3].parse().unwrap();
+    let rounds: usize = a[4].parse().unwrap();
+    let budget: u64 = a.get(5).map(|s| s.parse().unwrap()).unwrap_or(20) << 30;
+    let opts = ModelOptions { usage: Some(usage.into()), budget, ..Default::default() };
+    let m = Model::open(model, opts).unwrap();
+    let ids: Vec<u32> = (1..=plen).collect();
+    let mut t = vec![];
+    for _ in 0..rounds {
+        let mut s = m.session();
+        let t0 = Instant::now();
+        s.eval(&ids).unwrap();
+        t.push(t0.elapsed().as_secs_f64() * 1e3 / plen as f64);
+    }
+    let first = t[0];
+    t.sort_by(f64::total_cmp);
+    println!("first prefill {first:.2} ms/token");
+    println!("prefill {plen} ids: median {:.2} ms/token ({:.2}–{:.2})", t[t.len() / 2], t[0], t[t.len() - 1]);
+}
