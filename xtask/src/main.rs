@@ -130,7 +130,10 @@ fn root() -> PathBuf {
 
 fn run(cmd: &mut Command) -> Result<()> {
     eprintln!("$ {cmd:?}");
+    let t0 = std::time::Instant::now();
     let st = cmd.status().with_context(|| format!("spawn {cmd:?}"))?;
+    // each step's wall time, so a slow CI run says where its minutes went
+    eprintln!("  ({:.0} s)", t0.elapsed().as_secs_f64());
     if !st.success() {
         bail!("{cmd:?} failed: {st}");
     }
