@@ -724,6 +724,10 @@ pub unsafe fn vq_rows64(lay: &crate::vq::VqLayout, idx: &[u8], planes: &[u8], r0
     }
     y.fill(0.0);
     let groups = y.len() / 64;
+    // each row group's index offset at vector position 0; position v adds
+    // v · block · bpv (blocked layout): no division per group in the loop
+    let goff: Vec<usize> = (0..groups).map(|g| lay.offset(r0 + 64 * g, 0)).collect();
+    let vstride = lay.offset(r0, 1) - lay.offset(r0, 0);
     for v in 0..lay.nvec {
         for s in 0..st {
             // SAFETY (loads): the planes of (v, s) are 1024 bytes inside `planes`.
@@ -732,8 +736,8 @@ pub unsafe fn vq_rows64(lay: &crate::vq::VqLayout, idx: &[u8], planes: &[u8], r0
                     _mm512_loadu_si512(planes.as_ptr().add(((v * st + s) * 4 + p) * 256 + 64 * q) as *const __m512i)
                 })
             });
-            for g in 0..groups {
-                let o = lay.offset(r0 + 64 * g, v);
+            for (g, &go) in goff.iter().enumerate() {
+                let o = go + v * vstride;
                 if s == 0 {
                     // this group's indices a few vector positions ahead (a
                     // hint: never faults): each 64-row group is a stream of
