@@ -351,57 +351,67 @@ impl Tokenizer {
             out.push(r);
             return;
         }
+        match piece.len() {
+            // 4-byte links for any real piece; 8-byte ones past 4 GiB
+            n if n < u32::MAX as usize - 1 => self.merge::<u32>(piece, out),
+            _ => self.merge::<u64>(piece, out),
+        }
+    }
+
+    /// [`Tokenizer::bpe`]'s merge loop with the part links stored as `L`
+    /// (the working memory is about 2·|L| + 5 bytes a byte of piece, plus
+    /// the heap's entries).
+    fn merge<L: Link>(&self, piece: &[u8], out: &mut Vec<u32>) {
         let n = piece.len();
-        // parts: start offsets in a linked list; part i spans [start[i], start[next[i]])
-        let start: Vec<usize> = (0..=n).collect();
-        let mut next: Vec<usize> = (1..=n + 1).collect();
-        let mut prev: Vec<usize> = (0..=n).map(|i| i.wrapping_sub(1)).collect();
+        // parts as a linked list of byte offsets: part i spans [i, next[i])
+        let mut next: Vec<L> = (1..=n + 1).map(L::new).collect();
+        let mut prev: Vec<L> = (0..=n).map(|i| L::new(i.wrapping_sub(1))).collect();
         let mut alive = vec![true; n + 1];
         let mut ver = vec![0u32; n + 1];
-        let pair_rank = |i: usize, next: &Vec<usize>| -> u32 {
-            let j = next[i];
+        let pair_rank = |i: usize, next: &[L]| -> u32 {
+            let j = next[i].get();
             if j >= n {
                 return u32::MAX;
             }
-            self.rank(&piece[start[i]..start[next[j]]])
+            self.rank(&piece[i..next[j].get()])
         };
-        let mut heap: BinaryHeap<Reverse<(u32, usize, u32)>> = BinaryHeap::with_capacity(n);
+        let mut heap: BinaryHeap<Reverse<(u32, L, u32)>> = BinaryHeap::with_capacity(n);
         for i in 0..n - 1 {
             let r = pair_rank(i, &next);
             if r != u32::MAX {
-                heap.push(Reverse((r, i, 0)));
+                heap.push(Reverse((r, L::new(i), 0)));
             }
         }
-        while let Some(Reverse((r, i, v))) = heap.pop() {
-            if !alive[i] || ver[i] != v || next[i] >= n {
+        while let Some(Reverse((_, i, v))) = heap.pop() {
+            let i = i.get();
+            if !alive[i] || ver[i] != v || next[i].get() >= n {
                 continue;
             }
             // merge part i with its successor j
-            let j = next[i];
+            let j = next[i].get();
             alive[j] = false;
             next[i] = next[j];
-            if next[j] <= n {
-                prev[next[j]] = i;
+            if next[j].get() <= n {
+                prev[next[j].get()] = L::new(i);
             }
-            let _ = r;
             ver[i] += 1;
             let ri = pair_rank(i, &next);
             if ri != u32::MAX {
-                heap.push(Reverse((ri, i, ver[i])));
+                heap.push(Reverse((ri, L::new(i), ver[i])));
             }
-            let p = prev[i];
+            let p = prev[i].get();
             if p < n && alive[p] {
                 ver[p] += 1;
                 let rp = pair_rank(p, &next);
                 if rp != u32::MAX {
-                    heap.push(Reverse((rp, p, ver[p])));
+                    heap.push(Reverse((rp, L::new(p), ver[p])));
                 }
             }
         }
         let mut i = 0;
         while i < n {
-            let j = next[i];
-            let b = &piece[start[i]..start[j.min(n)]];
+            let j = next[i].get();
+            let b = &piece[i..j.min(n)];
             match self.ranks.get(b) {
                 Some(&r) => out.push(r),
                 // a byte with no rank (a partial vocabulary): emit each byte's rank if any
@@ -423,6 +433,36 @@ impl Tokenizer {
             b.extend_from_slice(self.token_bytes(i));
         }
         String::from_utf8_lossy(&b).into_owned()
+    }
+}
+
+/// A part link of [`Tokenizer::merge`]: a byte offset stored in 4 bytes
+/// (every real piece) or 8. `new` keeps the low bits, so the "no previous
+/// part" link (`usize::MAX`) reads back as an offset past any piece.
+trait Link: Copy + Ord {
+    fn new(i: usize) -> Self;
+    fn get(self) -> usize;
+}
+
+impl Link for u32 {
+    fn new(i: usize) -> Self {
+        i as u32
+    }
+    fn get(self) -> usize {
+        if self == u32::MAX {
+            usize::MAX
+        } else {
+            self as usize
+        }
+    }
+}
+
+impl Link for u64 {
+    fn new(i: usize) -> Self {
+        i as u64
+    }
+    fn get(self) -> usize {
+        self as usize
     }
 }
 
@@ -474,6 +514,49 @@ mod tests {
             Pattern::Kimi,
         )
         .unwrap()
+    }
+
+    /// tiktoken's merge as its simple form states it: while some adjacent
+    /// pair of parts has a rank, merge the lowest-ranked (leftmost on
+    /// ties); quadratic, so only for short pieces.
+    fn merge_naive(t: &Tokenizer, piece: &[u8]) -> Vec<u32> {
+        let mut parts: Vec<&[u8]> = piece.chunks(1).collect();
+        loop {
+            let best = (0..parts.len().saturating_sub(1))
+                .filter_map(|i| {
+                    let joined = [parts[i], parts[i + 1]].concat();
+                    t.ranks.get(&joined).map(|&r| (r, i))
+                })
+                .min();
+            let Some((_, i)) = best else { break };
+            let joined =
+                &piece[parts[..i].iter().map(|p| p.len()).sum::<usize>()..][..parts[i].len() + parts[i + 1].len()];
+            parts.splice(i..i + 2, [joined]);
+        }
+        parts.iter().map(|p| t.ranks[*p]).collect()
+    }
+
+    /// Merges that overlap and chain (`aa`, `aaa`, `ab`, `aab`, `ba`, …),
+    /// so the order of merges decides the result.
+    fn merge_tokenizer() -> Tokenizer {
+        let merges =
+            ["YWE= 256", "YWFh 257", "YWI= 258", "YWFi 259", "YmE= 260", "YmFh 261", "YWFhYQ== 262", "Y2E= 263"];
+        let ranks = Tokenizer::parse_ranks(&ranks_text(&merges), "r").unwrap();
+        Tokenizer::new(ranks, vec![], Pattern::Kimi).unwrap()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn merge_with_either_link_width_equals_the_naive_merge(b in proptest::collection::vec(0u8..3, 1..60)) {
+            let t = merge_tokenizer();
+            let piece: Vec<u8> = b.iter().map(|&c| b"abc"[c as usize]).collect();
+            let want = merge_naive(&t, &piece);
+            let (mut narrow, mut wide) = (Vec::new(), Vec::new());
+            t.merge::<u32>(&piece, &mut narrow);
+            t.merge::<u64>(&piece, &mut wide);
+            proptest::prop_assert_eq!(&narrow, &want);
+            proptest::prop_assert_eq!(&wide, &want);
+        }
     }
 
     proptest::proptest! {
