@@ -255,6 +255,26 @@ thread_local! {
     static SPLIT_X: core::cell::RefCell<Vec<f32>> = const { core::cell::RefCell::new(Vec::new()) };
 }
 
+/// `x`'s full 32-column blocks split into even and odd columns, as
+/// [`rows_dot_q4`] and [`tile_dot_q4`] read them: `xe[16b + k] = x[32b +
+/// 2k]`, `xo[16b + k] = x[32b + 2k + 1]` (two permutes per block).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn split_even_odd(x: &[f32], xe: &mut [f32], xo: &mut [f32]) {
+    let blocks = xe.len() / 16;
+    assert!(xo.len() == xe.len() && x.len() >= 32 * blocks);
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for b in 0..blocks {
+        // SAFETY: 32b + 32 <= x.len(), 16b + 16 <= xe.len() = xo.len() (asserted).
+        unsafe {
+            let lo = _mm512_loadu_ps(x.as_ptr().add(32 * b));
+            let hi = _mm512_loadu_ps(x.as_ptr().add(32 * b + 16));
+            _mm512_storeu_ps(xe.as_mut_ptr().add(16 * b), _mm512_permutex2var_ps(lo, even, hi));
+            _mm512_storeu_ps(xo.as_mut_ptr().add(16 * b), _mm512_permutex2var_ps(lo, odd, hi));
+        }
+    }
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn matvec_q4(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32]) {
     let half = m.cols / LANES * LANES / 2;
@@ -263,10 +283,7 @@ unsafe fn matvec_q4(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32]) {
         buf.clear();
         buf.resize(2 * half, 0.0);
         let (xe, xo) = buf.split_at_mut(half);
-        for (i, (e, o)) in xe.iter_mut().zip(xo.iter_mut()).enumerate() {
-            *e = x[2 * i];
-            *o = x[2 * i + 1];
-        }
+        split_even_odd(x, xe, xo);
         let mut i = 0;
         while i + ROWS_Q4 <= y.len() {
             // SAFETY: forwarded contract; rows row0+i..row0+i+ROWS_Q4 exist.
@@ -387,7 +404,9 @@ unsafe fn tile_dot<const R: usize, const T: usize, const FMT: u8>(
 }
 
 /// Rows `row0 .. row0 + n` of `m` against `nt` inputs in tiles of
-/// `MM_ROWS × MM_TOKENS` (smaller tiles at the edges).
+/// `MM_ROWS × MM_TOKENS` (smaller tiles at the edges). Q4G's tiles read
+/// the inputs split into even and odd columns ([`tile_dot_q4`]), made once
+/// per call in a cache-line-aligned buffer of the calling thread.
 ///
 /// # Safety
 /// As [`MatRef::matmat_rows`], fused layout.
@@ -408,6 +427,21 @@ unsafe fn matmat_fmt<const FMT: u8>(
     // kernel over all the rows (faster than 1-input tiles; the same dots)
     let lone = nt > 1 && nt % MM_TOKENS == 1;
     let tiled = if lone { nt - 1 } else { nt };
+    // Q4G: the tiled inputs split (input t's halves at t·2h), taken out of
+    // the thread's cell for the call and put back after
+    let h = cols / LANES * LANES / 2;
+    let mut lines = if FMT == Q4G { SPLIT_XS.take() } else { Vec::new() };
+    if FMT == Q4G {
+        lines.clear();
+        lines.resize((2 * h * tiled).div_ceil(16), Line([0.0; 16]));
+        let split: &mut [f32] = bytemuck::cast_slice_mut(&mut lines[..]);
+        for t in 0..tiled {
+            let x = &xs[t * cols..(t + 1) * cols];
+            let (xe, xo) = split[t * 2 * h..(t + 1) * 2 * h].split_at_mut(h);
+            split_even_odd(x, xe, xo);
+        }
+    }
+    let split: &[f32] = bytemuck::cast_slice(&lines[..]);
     let mut i = 0;
     while i < n {
         let r = (n - i).min(MM_ROWS);
@@ -415,29 +449,27 @@ unsafe fn matmat_fmt<const FMT: u8>(
         while t < tiled {
             let k = (tiled - t).min(MM_TOKENS);
             let x = &xs[t * cols..(t + k) * cols];
-            // SAFETY (all arms): rows row0+i .. row0+i+r exist, x holds k inputs.
+            let xsp = if FMT == Q4G { &split[t * 2 * h..(t + k) * 2 * h] } else { &[][..] };
+            let st = |a: usize, b: usize, v: f32| store(i + a, t + b, v);
+            // SAFETY (all arms): rows row0+i .. row0+i+r exist, x (and xsp) hold k inputs.
             unsafe {
                 match (r, k) {
-                    (MM_ROWS, MM_TOKENS) => {
-                        tile_store::<MM_TOKENS, FMT>(m, row0 + i, x, &|a, b, v| store(i + a, t + b, v))
-                    }
-                    (MM_ROWS, 3) => tile_store::<3, FMT>(m, row0 + i, x, &|a, b, v| store(i + a, t + b, v)),
-                    (MM_ROWS, 2) => tile_store::<2, FMT>(m, row0 + i, x, &|a, b, v| store(i + a, t + b, v)),
-                    (MM_ROWS, _) => tile_store::<1, FMT>(m, row0 + i, x, &|a, b, v| store(i + a, t + b, v)),
-                    _ => {
-                        for a in 0..r {
-                            for b in 0..k {
-                                let mut o = [[0f32; 1]; 1];
-                                tile_dot::<1, 1, FMT>(m, row0 + i + a, &x[b * cols..(b + 1) * cols], &mut o);
-                                store(i + a, t + b, o[0][0]);
-                            }
-                        }
-                    }
+                    (MM_ROWS, MM_TOKENS) => tile_store::<MM_ROWS, MM_TOKENS, FMT>(m, row0 + i, x, xsp, &st),
+                    (MM_ROWS, 3) => tile_store::<MM_ROWS, 3, FMT>(m, row0 + i, x, xsp, &st),
+                    (MM_ROWS, 2) => tile_store::<MM_ROWS, 2, FMT>(m, row0 + i, x, xsp, &st),
+                    (MM_ROWS, _) => tile_store::<MM_ROWS, 1, FMT>(m, row0 + i, x, xsp, &st),
+                    (_, MM_TOKENS) => tile_store::<1, MM_TOKENS, FMT>(m, row0 + i, x, xsp, &st),
+                    (_, 3) => tile_store::<1, 3, FMT>(m, row0 + i, x, xsp, &st),
+                    (_, 2) => tile_store::<1, 2, FMT>(m, row0 + i, x, xsp, &st),
+                    _ => tile_store::<1, 1, FMT>(m, row0 + i, x, xsp, &st),
                 }
             }
             t += k;
         }
         i += r;
+    }
+    if FMT == Q4G {
+        SPLIT_XS.set(lines);
     }
     if lone {
         let t = nt - 1;
@@ -448,21 +480,107 @@ unsafe fn matmat_fmt<const FMT: u8>(
     }
 }
 
-/// [`tile_dot`] of `MM_ROWS` rows from `r0` against the `T` inputs of `x`,
-/// each result handed to `store(row offset, input, value)`.
+/// [`tile_dot`] for Q4G in nibble order (as [`rows_dot_q4`]): the `T`
+/// inputs split into even and odd columns per block (`xs_split`: input t's
+/// even columns at `t·2h`, its odd ones at `t·2h + h`, `h = full / 2`), so a
+/// row's 16 bytes zero-extend to 32-bit lanes and look the low nibbles up as
+/// they are and the high ones after one shift — no unpacking — and the
+/// accumulators are interleaved back to the canonical lanes before the tail
+/// and the reduction. The same fused multiply-adds per lane, in the same
+/// order: bit-identical to [`tile_dot`].
 ///
 /// # Safety
-/// As [`tile_dot`].
+/// As [`tile_dot`], Q4G with `group % 32 == 0`; `xs_split` as above.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn tile_store<const T: usize, const FMT: u8>(
+unsafe fn tile_dot_q4<const R: usize, const T: usize>(
+    m: &MatRef<'_>,
+    r0: usize,
+    xs: &[f32],
+    xs_split: &[f32],
+    out: &mut [[f32; T]; R],
+) {
+    let rbs = m.row_bytes();
+    let g = m.groups();
+    let cols = m.cols;
+    let full = cols / LANES * LANES;
+    let h = full / 2;
+    let rows: [&[u8]; R] = core::array::from_fn(|k| &m.data[(r0 + k) * rbs..(r0 + k + 1) * rbs]);
+    let mut acc = [[[_mm512_setzero_ps(); 2]; T]; R];
+    let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
+    let mut c = 0;
+    while c < full {
+        let end = ((c / m.group + 1) * m.group).min(full);
+        let tab: [__m512; R] =
+            core::array::from_fn(|k| _mm512_mul_ps(steps, _mm512_set1_ps(f16(m.scales[(r0 + k) * g + c / m.group]))));
+        while c < end {
+            let b = c / 2;
+            // SAFETY: b + 16 <= h; input t's halves span t·2h .. (t+1)·2h.
+            let x: [(__m512, __m512); T] = core::array::from_fn(|t| unsafe {
+                let p = xs_split.as_ptr().add(t * 2 * h + b);
+                (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(h)))
+            });
+            for k in 0..R {
+                // SAFETY: the row holds bytes b .. b + 16.
+                let dw = unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(rows[k].as_ptr().add(b) as *const __m128i)) };
+                let we = _mm512_permutexvar_ps(dw, tab[k]);
+                let wo = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(dw), tab[k]);
+                for t in 0..T {
+                    acc[k][t][0] = _mm512_fmadd_ps(we, x[t].0, acc[k][t][0]);
+                    acc[k][t][1] = _mm512_fmadd_ps(wo, x[t].1, acc[k][t][1]);
+                }
+            }
+            c += LANES;
+        }
+    }
+    let lo_ix = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let hi_ix = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for k in 0..R {
+        for t in 0..T {
+            let [e, o] = acc[k][t];
+            let lo = _mm512_permutex2var_ps(e, lo_ix, o);
+            let hi = _mm512_permutex2var_ps(e, hi_ix, o);
+            // SAFETY: features enabled on this function; row r0 + k exists; input t has cols floats.
+            let (lo, hi) = unsafe { tail_fma(m, r0 + k, full, &xs[t * cols..(t + 1) * cols], lo, hi) };
+            out[k][t] = reduce(lo, hi);
+        }
+    }
+}
+
+/// 16 floats on a cache line: the unit of [`SPLIT_XS`], so the split
+/// inputs start on a 64-byte boundary (a load split across two lines costs
+/// a matmat 7–45 %, docs/LEARNED.md).
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+thread_local! {
+    /// A matmat's inputs split into even and odd columns per block (Q4G).
+    static SPLIT_XS: core::cell::Cell<Vec<Line>> = const { core::cell::Cell::new(Vec::new()) };
+}
+
+/// The `R × T` tile from row `r0` against the `T` inputs of `x` — by
+/// [`tile_dot_q4`] over the split inputs `xsp` for Q4G, else by
+/// [`tile_dot`] — each result handed to `store(row offset, input, value)`.
+///
+/// # Safety
+/// As [`tile_dot`] (and [`tile_dot_q4`] for Q4G).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn tile_store<const R: usize, const T: usize, const FMT: u8>(
     m: &MatRef<'_>,
     r0: usize,
     x: &[f32],
+    xsp: &[f32],
     store: &dyn Fn(usize, usize, f32),
 ) {
-    let mut o = [[0f32; T]; MM_ROWS];
+    let mut o = [[0f32; T]; R];
     // SAFETY: forwarded.
-    unsafe { tile_dot::<MM_ROWS, T, FMT>(m, r0, x, &mut o) };
+    unsafe {
+        if FMT == Q4G {
+            tile_dot_q4::<R, T>(m, r0, x, xsp, &mut o)
+        } else {
+            tile_dot::<R, T, FMT>(m, r0, x, &mut o)
+        }
+    };
     for (a, row) in o.iter().enumerate() {
         for (b, &v) in row.iter().enumerate() {
             store(a, b, v);
