@@ -254,11 +254,13 @@ fn check(quick: bool) -> Result<()> {
     // the fuzz targets live outside the workspace (cargo-fuzz wants that);
     // a stable `cargo check` keeps them compiling with the code they drive
     run(Command::new(&cargo).current_dir(root.join("fuzz")).args(["check", "--quiet", "--bins"]))?;
+    // clippy in the dev profile: its dependencies' metadata is what `cargo
+    // doc` reads next (with `--release` the doc step checked every
+    // dependency again: clippy + doc 219 s against 158 s, fresh clone)
     run(Command::new(&cargo).current_dir(&root).args([
         "clippy",
         "--workspace",
         "--all-targets",
-        "--release",
         "--",
         "-D",
         "warnings",
