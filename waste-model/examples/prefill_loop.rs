@@ -7,9 +7,13 @@ use waste_model::{Model, ModelOptions};
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
+    if a.len() < 5 {
+        eprintln!("usage: prefill_loop MODEL USAGE PROMPT_LEN ROUNDS [BUDGET_GIB]");
+        std::process::exit(2);
+    }
     let (model, usage) = (&a[1], &a[2]);
-    let plen: u32 = a[3].parse().unwrap();
-    let rounds: usize = a[4].parse().unwrap();
+    let plen: u32 = a[3].parse::<u32>().unwrap().max(1);
+    let rounds: usize = a[4].parse::<usize>().unwrap().max(1);
     let budget: u64 = a.get(5).map(|s| s.parse().unwrap()).unwrap_or(20) << 30;
     let opts = ModelOptions { usage: Some(usage.into()), budget, ..Default::default() };
     let m = Model::open(model, opts).unwrap();

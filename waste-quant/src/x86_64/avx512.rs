@@ -72,6 +72,25 @@ fn f16(h: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
+/// Q4G's in-register table for one group: entry `i` is `(i − 8) · scale`,
+/// the product the scalar definition computes per weight.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn q4_table(scale: f32) -> __m512 {
+    let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
+    _mm512_mul_ps(steps, _mm512_set1_ps(scale))
+}
+
+/// Accumulators of the nibble-order kernels — canonical lanes 0, 2, … 30
+/// in `e`, 1, 3, … 31 in `o` — back in canonical order (0..16, 16..32).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn canonical_lanes(e: __m512, o: __m512) -> (__m512, __m512) {
+    let lo_ix = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let hi_ix = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    (_mm512_permutex2var_ps(e, lo_ix, o), _mm512_permutex2var_ps(e, hi_ix, o))
+}
+
 /// The 32 weights of row bytes `rb` at column `c` as (columns c..c+16,
 /// c+16..c+32). `tab` is Q4G's `(i − 8) · scale` table, `scale` Q8G's scale.
 ///
@@ -143,7 +162,7 @@ unsafe fn rows_dot<const N: usize, const FMT: u8>(m: &MatRef<'_>, r0: usize, x: 
             for k in 0..N {
                 scale[k] = f16(m.scales[(r0 + k) * g + c / m.group]);
                 if FMT == Q4G {
-                    tab[k] = _mm512_mul_ps(steps, _mm512_set1_ps(scale[k]));
+                    tab[k] = q4_table(scale[k]);
                 }
             }
         }
@@ -224,7 +243,7 @@ unsafe fn rows_dot_q4<const N: usize>(m: &MatRef<'_>, r0: usize, x: &[f32], xe: 
         if c % m.group == 0 {
             // each row's table, built once per group
             for k in 0..N {
-                tabs[k] = _mm512_mul_ps(steps, _mm512_set1_ps(f16(m.scales[(r0 + k) * g + c / m.group])));
+                tabs[k] = q4_table(f16(m.scales[(r0 + k) * g + c / m.group]));
             }
         }
         for k in 0..N {
@@ -238,12 +257,8 @@ unsafe fn rows_dot_q4<const N: usize>(m: &MatRef<'_>, r0: usize, x: &[f32], xe: 
         }
         c += LANES;
     }
-    let lo_ix = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    let hi_ix = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     for k in 0..N {
-        // back to canonical lanes: lo = lanes 0..15, hi = 16..31
-        let lo = _mm512_permutex2var_ps(acc[k][0], lo_ix, acc[k][1]);
-        let hi = _mm512_permutex2var_ps(acc[k][0], hi_ix, acc[k][1]);
+        let (lo, hi) = canonical_lanes(acc[k][0], acc[k][1]);
         // SAFETY: features enabled on this function; row r0 + k exists.
         let (lo, hi) = unsafe { tail_fma(m, r0 + k, full, x, lo, hi) };
         out[k] = reduce(lo, hi);
@@ -374,8 +389,7 @@ unsafe fn tile_dot<const R: usize, const T: usize, const FMT: u8>(
         let end = if grouped { ((c / m.group + 1) * m.group).min(full) } else { full };
         let scale: [f32; R] =
             core::array::from_fn(|k| if grouped { f16(m.scales[(r0 + k) * g + c / m.group]) } else { 0.0 });
-        let tab: [__m512; R] =
-            core::array::from_fn(|k| if FMT == Q4G { _mm512_mul_ps(steps, _mm512_set1_ps(scale[k])) } else { steps });
+        let tab: [__m512; R] = core::array::from_fn(|k| if FMT == Q4G { q4_table(scale[k]) } else { steps });
         while c < end {
             // SAFETY: c + 32 <= cols; input t spans t·cols .. (t+1)·cols.
             let x: [(__m512, __m512); T] = core::array::from_fn(|t| unsafe {
@@ -506,12 +520,10 @@ unsafe fn tile_dot_q4<const R: usize, const T: usize>(
     let h = full / 2;
     let rows: [&[u8]; R] = core::array::from_fn(|k| &m.data[(r0 + k) * rbs..(r0 + k + 1) * rbs]);
     let mut acc = [[[_mm512_setzero_ps(); 2]; T]; R];
-    let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
     let mut c = 0;
     while c < full {
         let end = ((c / m.group + 1) * m.group).min(full);
-        let tab: [__m512; R] =
-            core::array::from_fn(|k| _mm512_mul_ps(steps, _mm512_set1_ps(f16(m.scales[(r0 + k) * g + c / m.group]))));
+        let tab: [__m512; R] = core::array::from_fn(|k| q4_table(f16(m.scales[(r0 + k) * g + c / m.group])));
         while c < end {
             let b = c / 2;
             // SAFETY: b + 16 <= h; input t's halves span t·2h .. (t+1)·2h.
@@ -532,13 +544,9 @@ unsafe fn tile_dot_q4<const R: usize, const T: usize>(
             c += LANES;
         }
     }
-    let lo_ix = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    let hi_ix = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     for k in 0..R {
         for t in 0..T {
-            let [e, o] = acc[k][t];
-            let lo = _mm512_permutex2var_ps(e, lo_ix, o);
-            let hi = _mm512_permutex2var_ps(e, hi_ix, o);
+            let (lo, hi) = canonical_lanes(acc[k][t][0], acc[k][t][1]);
             // SAFETY: features enabled on this function; row r0 + k exists; input t has cols floats.
             let (lo, hi) = unsafe { tail_fma(m, r0 + k, full, &xs[t * cols..(t + 1) * cols], lo, hi) };
             out[k][t] = reduce(lo, hi);
@@ -1038,7 +1046,7 @@ unsafe fn rows_axpy_fmt<const FMT: u8>(m: &MatRef<'_>, r0: usize, coef: &[f32], 
                 let c = c0 + b * LANES;
                 let (scale, tab) = if grouped {
                     let s = f16(m.scales[r * g + c / m.group]);
-                    (s, if FMT == Q4G { _mm512_mul_ps(steps, _mm512_set1_ps(s)) } else { steps })
+                    (s, if FMT == Q4G { q4_table(s) } else { steps })
                 } else {
                     (0.0, steps)
                 };
