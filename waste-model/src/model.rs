@@ -163,9 +163,7 @@ impl Model {
             opts.threads = MAX_THREADS_PER_CORE * cores;
         }
         let threads = if opts.threads == 0 { crate::plan::default_threads() } else { opts.threads };
-        let plan = Plan::for_container(&container, opts.ctx)?
-            .with_tokenizer(tokenizer.as_ref().map_or(0, |t| t.heap_bytes()))
-            .with_threads(threads);
+        let plan = Plan::for_container(&container, opts.ctx)?.with_tokenizer(tokenizer.as_ref()).with_threads(threads);
         let plan = if opts.grammar { plan.with_grammar(container.config.vocab) } else { plan };
         let vcfg = match opts.vision {
             false => None,
@@ -180,7 +178,7 @@ impl Model {
                 floor: plan.floor_bytes,
                 ctx: opts.ctx,
                 usable,
-                max_ctx: Plan::largest_ctx_within(&container, usable, plan.tokenizer_bytes, threads),
+                max_ctx: Plan::largest_ctx_within(&container, usable, tokenizer.as_ref(), threads),
             });
         }
         if opts.io_threads > MAX_IO_THREADS {
@@ -191,8 +189,12 @@ impl Model {
             budget: e.budget,
             floor: e.floor,
             detail: format!(
-                "trunk {} + state {} + scratch {} + minimum expert cache {}",
-                plan.trunk_bytes, plan.state_bytes, plan.scratch_bytes, plan.min_expert_cache_bytes
+                "trunk {} + state {} + scratch {} + tokenizer {} + minimum expert cache {}",
+                plan.trunk_bytes,
+                plan.state_bytes,
+                plan.scratch_bytes,
+                plan.tokenizer_bytes + plan.tokenize_bytes,
+                plan.min_expert_cache_bytes
             ),
         })?;
         let level = match opts.simd {

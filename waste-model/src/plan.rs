@@ -17,13 +17,18 @@ pub struct Plan {
     /// The tokenizer's tables (rank and decoder maps, specials, the regex
     /// allowance); 0 until [`Plan::with_tokenizer`] counts them.
     pub tokenizer_bytes: u64,
+    /// Tokenizing the longest text the context admits (`ctx` × the longest
+    /// token's bytes; longer text is refused before tokenizing): the merge's
+    /// and the regex's working memory and the ids
+    /// (`Tokenizer::encode_working_bytes`); 0 until [`Plan::with_tokenizer`].
+    pub tokenize_bytes: u64,
     /// The constrained-decoding tables (token trie and lexer) when reserved
     /// by [`Plan::with_grammar`]; 0 otherwise (they are built only by the
     /// first constrained generation).
     pub grammar_bytes: u64,
     /// Smallest expert cache: top_k × record × 2.
     pub min_expert_cache_bytes: u64,
-    /// trunk + state + scratch + tokenizer + min cache.
+    /// trunk + state + scratch + tokenizer (tables and tokenizing) + min cache.
     pub floor_bytes: u64,
     /// One token's experts: top_k × record × MoE layers.
     pub working_set_bytes: u64,
@@ -178,6 +183,7 @@ impl Plan {
             state_bytes: state,
             scratch_bytes: scratch,
             tokenizer_bytes: 0,
+            tokenize_bytes: 0,
             grammar_bytes: 0,
             min_expert_cache_bytes: min_cache,
             floor_bytes: floor,
@@ -212,12 +218,16 @@ impl Plan {
         self
     }
 
-    /// The largest context (≤ [`MAX_CTX`]) whose floor, with `tokenizer_bytes`
+    /// The largest context (≤ [`MAX_CTX`]) whose floor, with the tokenizer
     /// counted and `threads` compute threads, fits in `bytes`, if any.
-    pub fn largest_ctx_within(ct: &Container, bytes: u64, tokenizer_bytes: u64, threads: usize) -> Option<usize> {
+    pub fn largest_ctx_within(
+        ct: &Container,
+        bytes: u64,
+        tok: Option<&waste_tokenizer::Tokenizer>,
+        threads: usize,
+    ) -> Option<usize> {
         let fits = |ctx: usize| {
-            Plan::for_container(ct, ctx)
-                .is_ok_and(|p| p.with_tokenizer(tokenizer_bytes).with_threads(threads).floor_bytes <= bytes)
+            Plan::for_container(ct, ctx).is_ok_and(|p| p.with_tokenizer(tok).with_threads(threads).floor_bytes <= bytes)
         };
         if !fits(1) {
             return None;
@@ -264,12 +274,17 @@ impl Plan {
         aligned_alloc_bytes((slots as u64).saturating_mul(self.record_bytes) as usize, huge_pages)
     }
 
-    /// The same plan with the tokenizer's tables counted (in the floor, and
-    /// so outside the expert cache's share of the budget).
-    pub fn with_tokenizer(mut self, bytes: u64) -> Plan {
-        self.floor_bytes = self.floor_bytes - self.tokenizer_bytes + bytes;
-        self.recommended_bytes = self.recommended_bytes - self.tokenizer_bytes + bytes;
-        self.tokenizer_bytes = bytes;
+    /// The same plan with the tokenizer counted (in the floor, and so
+    /// outside the expert cache's share of the budget): its tables, and
+    /// tokenizing the longest text this plan's context admits.
+    pub fn with_tokenizer(mut self, tok: Option<&waste_tokenizer::Tokenizer>) -> Plan {
+        let tables = tok.map_or(0, |t| t.heap_bytes());
+        let text = tok.map_or(0, |t| (self.ctx as usize).saturating_mul(t.max_token_bytes().max(1)));
+        let working = tok.map_or(0, |t| t.encode_working_bytes(text));
+        let (old, new) = (self.tokenizer_bytes + self.tokenize_bytes, tables.saturating_add(working));
+        self.floor_bytes = self.floor_bytes - old + new;
+        self.recommended_bytes = self.recommended_bytes - old + new;
+        (self.tokenizer_bytes, self.tokenize_bytes) = (tables, working);
         self
     }
 
@@ -307,6 +322,7 @@ impl Plan {
                 + self.state_bytes
                 + self.scratch_bytes
                 + self.tokenizer_bytes
+                + self.tokenize_bytes
                 + self.grammar_bytes
                 + vision,
             min_cache: self.min_expert_cache_bytes,
@@ -344,7 +360,7 @@ pub(crate) fn load_tokenizer(ct: &Container) -> Result<Option<waste_tokenizer::T
 pub fn plan(path: impl AsRef<Path>, ctx: usize) -> Result<Plan> {
     let ct = Container::open(path.as_ref())?;
     let tok = load_tokenizer(&ct)?;
-    Ok(Plan::for_container(&ct, ctx)?.with_tokenizer(tok.map_or(0, |t| t.heap_bytes())).with_threads(default_threads()))
+    Ok(Plan::for_container(&ct, ctx)?.with_tokenizer(tok.as_ref()).with_threads(default_threads()))
 }
 
 /// Compute threads when none are asked for: every core.

@@ -362,3 +362,23 @@ fn text_too_long_for_the_context_is_refused_before_tokenizing() {
     let fits = "a".repeat(16 * per);
     assert!(!m.encode_raw(&fits).unwrap().is_empty());
 }
+
+#[test]
+fn the_plan_counts_tokenizing_the_longest_prompt_its_context_admits() {
+    let tok = waste_tokenizer::Tokenizer::from_container_dir(&anchor()).unwrap();
+    let mut last = 0;
+    for ctx in [64usize, 4096, 65_536] {
+        let p = waste_model::plan(anchor(), ctx).unwrap();
+        // the longest text `encode_raw` accepts at this context
+        let text = ctx * tok.max_token_bytes();
+        assert_eq!(p.tokenize_bytes, tok.encode_working_bytes(text), "ctx {ctx}");
+        assert!(p.tokenize_bytes > last, "ctx {ctx}: grows with the context");
+        assert!(p.floor_bytes >= p.tokenizer_bytes + p.tokenize_bytes + p.trunk_bytes + p.state_bytes);
+        last = p.tokenize_bytes;
+        let m = Model::open(anchor(), ModelOptions { ctx, ..Default::default() }).unwrap();
+        assert_eq!(m.plan().tokenize_bytes, p.tokenize_bytes, "ctx {ctx}: the model's plan");
+        let long = "a".repeat(text);
+        assert!(m.encode_raw(&long).is_ok(), "ctx {ctx}: the longest text the plan counts is accepted");
+        assert!(m.encode_raw(&(long + "a")).is_err(), "ctx {ctx}: one byte more is refused before tokenizing");
+    }
+}

@@ -56,8 +56,31 @@ impl Pattern {
 }
 
 /// Resident bytes allowed for the compiled pre-tokenizer regex and its
-/// matching caches (measured: a few MiB for the o200k and Kimi patterns).
+/// matching caches: about 1.1 MB to compile the o200k and Kimi patterns,
+/// the lazy DFAs' caches (2 MiB each at most), and the backtracking stack
+/// of a text up to [`PRIVATE_REGEX_ABOVE`] (≤ 1.6 MB) — once, since only
+/// the tokenizer's own thread matches with it.
 pub const REGEX_ALLOWANCE: u64 = 8 << 20;
+
+/// Texts longer than this are split by a regex compiled for that call
+/// (about 9 ms) and dropped after it: fancy-regex keeps the backtracking
+/// stack it grew (24 bytes a byte of the longest whitespace run, up to
+/// 2^20 entries ≈ 25 MB) in the regex for good.
+pub const PRIVATE_REGEX_ABOVE: usize = 16 << 10;
+
+/// A text's own regex: compiling the o200k or Kimi pattern peaks at about
+/// 1.1 MB, its caches take 0.3 MB (measured by the `working_memory` test's
+/// allocator), with margin.
+const PRIVATE_REGEX_BYTES: u64 = 2 << 20;
+
+/// The backtracking VM's stack for a text of `n` bytes: about one entry
+/// (24 bytes) a byte of the longest whitespace run (measured: 1 000 KiB of
+/// spaces overflow fancy-regex's cap of 1,000,000 entries, 960 KiB do
+/// not), counted as two a byte, in a doubling vector of at most 2^20.
+fn vm_stack_bytes(n: usize) -> u64 {
+    let entries = n.saturating_mul(2).saturating_add(64).checked_next_power_of_two().unwrap_or(usize::MAX);
+    entries.min(1 << 20) as u64 * 24
+}
 
 /// A tiktoken-style tokenizer.
 pub struct Tokenizer {
@@ -69,6 +92,41 @@ pub struct Tokenizer {
     pattern: Pattern,
     /// The longest token's bytes (a rank's or a special's text).
     max_token_bytes: usize,
+    /// The encoding thread (started by the first encoding) and the process
+    /// it runs in (a forked child has no such thread), held while encoding:
+    /// see [`Tokenizer::on_encoder`].
+    encoder: std::sync::Mutex<Option<(u32, std::sync::mpsc::Sender<Job>)>>,
+}
+
+/// One encoding for the encoding thread: the tokenizer and the text are
+/// borrowed from the caller, who waits for `reply` (or its drop) before
+/// the borrows end.
+struct Job {
+    tok: *const Tokenizer,
+    text: *const str,
+    markup: bool,
+    reply: std::sync::mpsc::SyncSender<Vec<u32>>,
+}
+
+// SAFETY: the pointers are only dereferenced by the encoding thread while
+// the caller that made them blocks in `on_encoder` with both borrows alive
+// (until `reply` is sent or dropped, which the thread does only after its
+// last use of them); `Tokenizer` is `Sync` and `str` is `Sync`.
+unsafe impl Send for Job {}
+
+/// Start an encoding thread; `None` if the OS refuses one.
+fn spawn_encoder() -> Option<std::sync::mpsc::Sender<Job>> {
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    let run = move || {
+        // ends when the tokenizer (the sender) is dropped
+        while let Ok(job) = rx.recv() {
+            // SAFETY: see `Job`: the caller waits with both borrows alive.
+            let (tok, text) = unsafe { (&*job.tok, &*job.text) };
+            let ids = tok.encode_here(text, job.markup);
+            let _ = job.reply.send(ids);
+        }
+    };
+    std::thread::Builder::new().name("waste-tokenize".into()).spawn(run).ok().map(|_| tx)
 }
 
 /// Bytes one heap allocation of `n` bytes occupies (glibc-style: a 16-byte
@@ -77,7 +135,7 @@ fn alloc_bytes(n: usize) -> u64 {
     if n == 0 {
         0
     } else {
-        ((n + 8).div_ceil(16) * 16).max(32) as u64
+        (n.saturating_add(8).div_ceil(16) as u64 * 16).max(32)
     }
 }
 
@@ -99,6 +157,43 @@ impl Tokenizer {
         let ids =
             table_bytes(&self.special_ids) + self.special_ids.keys().map(|k| alloc_bytes(k.capacity())).sum::<u64>();
         ranks + dec + specials + ids + REGEX_ALLOWANCE
+    }
+
+    /// At most the heap bytes [`Tokenizer::encode_plain`] or
+    /// [`Tokenizer::encode_markup`] hold at once for a text of `text_bytes`
+    /// bytes, beyond the tables ([`Tokenizer::heap_bytes`]): the worst case
+    /// is one piece as long as the text that merges down byte by byte — the
+    /// merge's links, flags, versions and heap (reserved whole) — while the
+    /// ids grow to one per byte (a doubling vector: its last two buffers at
+    /// once), plus the markup scan's one position per special, plus, above
+    /// [`PRIVATE_REGEX_ABOVE`], the text's own regex with its largest
+    /// backtracking stack. Encodings take turns, so this is the whole
+    /// process's. The memory plan counts it for the longest text a context
+    /// admits; the test `working_memory` checks it with a counting allocator.
+    pub fn encode_working_bytes(&self, text_bytes: usize) -> u64 {
+        let n = text_bytes;
+        if n == 0 {
+            return 0;
+        }
+        fn merge<L>(n: usize) -> u64 {
+            let links = alloc_bytes((n + 1).saturating_mul(std::mem::size_of::<L>()));
+            let heap = alloc_bytes(n.saturating_mul(2).saturating_mul(std::mem::size_of::<Reverse<(u32, L, u32)>>()));
+            [links, links, alloc_bytes(n + 1), alloc_bytes((n + 1).saturating_mul(4)), heap]
+                .into_iter()
+                .fold(0, u64::saturating_add)
+        }
+        let merge = if n < u32::MAX as usize - 1 { merge::<u32>(n) } else { merge::<u64>(n) };
+        let cap = n.checked_next_power_of_two().unwrap_or(usize::MAX).max(4);
+        let ids = alloc_bytes(cap.saturating_mul(4)) + alloc_bytes(cap / 2 * 4);
+        let scan = alloc_bytes(self.specials.len() * std::mem::size_of::<Option<usize>>());
+        if n <= PRIVATE_REGEX_ABOVE {
+            return merge.saturating_add(ids).saturating_add(scan);
+        }
+        // the stack stays in the text's regex while the pieces merge; while
+        // it grows, its old and new buffers are held at once
+        let vm = vm_stack_bytes(n);
+        let matching = (vm + vm / 2).max(vm.saturating_add(merge));
+        [PRIVATE_REGEX_BYTES, matching, ids, scan].into_iter().fold(0, u64::saturating_add)
     }
 
     /// Build from ranks, specials and a pattern.
@@ -137,6 +232,7 @@ impl Tokenizer {
             regex,
             pattern,
             max_token_bytes,
+            encoder: std::sync::Mutex::new(None),
         })
     }
 
@@ -254,9 +350,51 @@ impl Tokenizer {
 
     /// Encode text with special-token text kept as ordinary text.
     pub fn encode_plain(&self, text: &str) -> Vec<u32> {
-        let mut out = Vec::new();
-        self.encode_ordinary_into(text, &mut out);
-        out
+        self.on_encoder(text, false)
+    }
+
+    /// Encode on the tokenizer's own thread, one text at a time. The regex
+    /// engine keeps matching caches and backtracking stacks per thread that
+    /// used it (in pools of up to nine): on one thread they exist once, and
+    /// one text's working memory at a time is what the memory plan counts
+    /// ([`Tokenizer::encode_working_bytes`]). Without a thread (the OS
+    /// refused one, or it died), here.
+    fn on_encoder(&self, text: &str, markup: bool) -> Vec<u32> {
+        let mut encoder = self.encoder.lock().unwrap_or_else(|e| e.into_inner());
+        let pid = std::process::id();
+        if encoder.as_ref().is_none_or(|(p, _)| *p != pid) {
+            *encoder = spawn_encoder().map(|tx| (pid, tx));
+        }
+        if let Some((_, tx)) = encoder.as_ref() {
+            let (reply, answer) = std::sync::mpsc::sync_channel(1);
+            let job = Job { tok: self, text, markup, reply };
+            if tx.send(job).is_ok() {
+                // blocks until the thread replies or drops `reply`: the
+                // borrows in `job` stay alive until then
+                if let Ok(ids) = answer.recv() {
+                    return ids;
+                }
+            }
+            *encoder = None;
+        }
+        self.encode_here(text, markup)
+    }
+
+    /// Encode on the calling thread; a text longer than
+    /// [`PRIVATE_REGEX_ABOVE`] with a regex of its own (see there; should
+    /// the pattern fail to compile again — it compiled in `new` — the
+    /// shared one).
+    fn encode_here(&self, text: &str, markup: bool) -> Vec<u32> {
+        let private = (text.len() > PRIVATE_REGEX_ABOVE).then(|| fancy_regex::Regex::new(&self.pattern.source()).ok());
+        let re = private.flatten();
+        let re = re.as_ref().unwrap_or(&self.regex);
+        if markup {
+            self.markup_with(re, text)
+        } else {
+            let mut out = Vec::new();
+            self.encode_ordinary_into(re, text, &mut out);
+            out
+        }
     }
 
     /// Encode text with special tokens recognised: the leftmost special,
@@ -265,6 +403,11 @@ impl Tokenizer {
     /// text with many specials costs one pass per special, not one per
     /// special per match.
     pub fn encode_markup(&self, text: &str) -> Vec<u32> {
+        self.on_encoder(text, true)
+    }
+
+    /// [`Tokenizer::encode_markup`]'s scan, splitting with `re`.
+    fn markup_with(&self, re: &fancy_regex::Regex, text: &str) -> Vec<u32> {
         let mut out = Vec::new();
         let mut at = 0;
         // per special (in `specials` order): its first occurrence at or
@@ -285,12 +428,12 @@ impl Tokenizer {
             }
             match best {
                 Some((p, l, id)) => {
-                    self.encode_ordinary_into(&text[at..p], &mut out);
+                    self.encode_ordinary_into(re, &text[at..p], &mut out);
                     out.push(id);
                     at = p + l;
                 }
                 None => {
-                    self.encode_ordinary_into(&text[at..], &mut out);
+                    self.encode_ordinary_into(re, &text[at..], &mut out);
                     break;
                 }
             }
@@ -300,9 +443,9 @@ impl Tokenizer {
 
     /// Exactly tiktoken's loop: every regex match is one piece. Returns the
     /// offset where the regex engine gave up, if it did.
-    fn encode_matches(&self, text: &str, out: &mut Vec<u32>) -> Option<usize> {
+    fn encode_matches(&self, re: &fancy_regex::Regex, text: &str, out: &mut Vec<u32>) -> Option<usize> {
         let mut last = 0;
-        for m in self.regex.find_iter(text) {
+        for m in re.find_iter(text) {
             match m {
                 Ok(m) => {
                     self.bpe(m.as_str().as_bytes(), out);
@@ -314,12 +457,12 @@ impl Tokenizer {
         None
     }
 
-    fn encode_ordinary_into(&self, text: &str, out: &mut Vec<u32>) {
+    fn encode_ordinary_into(&self, re: &fancy_regex::Regex, text: &str, out: &mut Vec<u32>) {
         // The backtracking VM's stack is bounded (tiktoken itself panics here,
         // e.g. on a megabyte of spaces): continue on bounded windows, and
         // inside a window that still fails, one piece per character.
         const WINDOW: usize = 1 << 16;
-        let Some(at) = self.encode_matches(text, out) else { return };
+        let Some(at) = self.encode_matches(re, text, out) else { return };
         let mut rest = &text[at..];
         while !rest.is_empty() {
             let mut cut = rest.len().min(WINDOW);
@@ -327,7 +470,7 @@ impl Tokenizer {
                 cut -= 1;
             }
             let (w, r) = rest.split_at(cut);
-            if let Some(fail) = self.encode_matches(w, out) {
+            if let Some(fail) = self.encode_matches(re, w, out) {
                 let mut buf = [0u8; 4];
                 for ch in w[fail..].chars() {
                     self.bpe(ch.encode_utf8(&mut buf).as_bytes(), out);
@@ -375,7 +518,11 @@ impl Tokenizer {
             }
             self.rank(&piece[i..next[j].get()])
         };
-        let mut heap: BinaryHeap<Reverse<(u32, L, u32)>> = BinaryHeap::with_capacity(n);
+        // at most n − 1 first entries plus one per merge (each merge pops
+        // one and pushes two; merges ≤ n − 1): reserved whole, so the heap
+        // never reallocates (old and new buffers at once) and
+        // `encode_working_bytes` holds
+        let mut heap: BinaryHeap<Reverse<(u32, L, u32)>> = BinaryHeap::with_capacity(2 * n);
         for i in 0..n - 1 {
             let r = pair_rank(i, &next);
             if r != u32::MAX {
@@ -494,10 +641,10 @@ mod tests {
                 }
             }
             let Some((p, l, id)) = best else {
-                t.encode_ordinary_into(rest, &mut out);
+                t.encode_ordinary_into(&t.regex, rest, &mut out);
                 break;
             };
-            t.encode_ordinary_into(&rest[..p], &mut out);
+            t.encode_ordinary_into(&t.regex, &rest[..p], &mut out);
             out.push(id);
             rest = &rest[p + l..];
         }

@@ -27,7 +27,7 @@ mod chat;
 mod decode;
 pub mod xtml;
 
-pub use bpe::{Pattern, Tokenizer, REGEX_ALLOWANCE};
+pub use bpe::{Pattern, Tokenizer, PRIVATE_REGEX_ABOVE, REGEX_ALLOWANCE};
 pub use chat::{image_markup, ChatTemplate, Message, MEDIA_BEGIN, MEDIA_CONTENT, MEDIA_END, MEDIA_PAD};
 pub use decode::StreamDecoder;
 
