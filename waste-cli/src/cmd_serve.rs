@@ -28,6 +28,11 @@ pub struct ServeArgs {
     /// Largest request body in bytes (a larger Content-Length gets 413 at once).
     #[arg(long, default_value_t = 4 << 20)]
     body_limit: usize,
+    /// Memory all requests being read and prepared may hold together (their
+    /// bodies, then their parsed JSON as bounded by a scan before parsing):
+    /// a request waits for room (then 503), one that alone needs more gets 413.
+    #[arg(long, default_value = "256M", value_parser = crate::cmd_eval::parse_budget)]
+    request_memory: u64,
     /// Seconds a client has to send a request's headers.
     #[arg(long, default_value_t = 10.0)]
     header_timeout: f64,
@@ -78,6 +83,7 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
         ("--max-queue", a.max_queue, 1),
         ("--max-connections", a.max_connections, 1),
         ("--body-limit", a.body_limit, 1024),
+        ("--request-memory", usize::try_from(a.request_memory).unwrap_or(usize::MAX), a.body_limit),
     ] {
         anyhow::ensure!(v >= least, "{flag} {v}: at least {least} (the server could answer nothing)");
     }
@@ -100,6 +106,7 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
         model_id: model_id.clone(),
         max_tokens: a.max_tokens,
         body_limit: a.body_limit,
+        request_memory: usize::try_from(a.request_memory).unwrap_or(usize::MAX),
         header_timeout: seconds(a.header_timeout, "--header-timeout")?,
         body_timeout: seconds(a.body_timeout, "--body-timeout")?,
         idle_timeout: seconds(a.idle_timeout, "--idle-timeout")?,

@@ -3,7 +3,8 @@
 //! its header, the job queue is bounded, a key-less server answers only to
 //! its own names and same-site pages, and a load of idle sockets, slow
 //! headers and 32 concurrent streams leaves `/health` answering and every
-//! stream exactly as when run alone.
+//! stream exactly as when run alone, and a body that would parse into
+//! hundreds of megabytes is refused before it is parsed.
 
 mod common;
 
@@ -41,6 +42,36 @@ fn request(addr: &str, host: &str, extra: &str, body: &str) -> String {
         body.len()
     );
     raw(addr, req.as_bytes(), Duration::from_secs(30)).0
+}
+
+/// `n` clients posting the same JSON body at once (threads of `sc`); join
+/// the handles for their responses.
+fn post_json_at_once<'s>(
+    sc: &'s std::thread::Scope<'s, '_>,
+    addr: &str,
+    body: &str,
+    n: usize,
+) -> Vec<std::thread::ScopedJoinHandle<'s, String>> {
+    (0..n)
+        .map(|_| {
+            let (addr, body) = (addr.to_string(), body.to_string());
+            sc.spawn(move || request(&addr, &addr, "Content-Type: application/json\r\n", &body))
+        })
+        .collect()
+}
+
+/// `n` clients post `body` at once; meanwhile `/health` must answer within
+/// 1 s, five times. Their responses.
+fn posted_while_health_answers(addr: &str, body: &str, n: usize) -> Vec<String> {
+    std::thread::scope(|sc| {
+        let hs = post_json_at_once(sc, addr, body, n);
+        std::thread::sleep(Duration::from_millis(200));
+        for _ in 0..5 {
+            assert!(health_ok(addr, Duration::from_secs(1)), "/health stalled behind request work");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
 
 fn health_ok(addr: &str, within: Duration) -> bool {
@@ -96,12 +127,7 @@ fn past_the_queue_bound_requests_get_503_with_retry_after() {
     let body =
         json!({"messages": [{"role": "user", "content": "count"}], "max_tokens": 3000, "temperature": 0}).to_string();
     let answers: Vec<String> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..6)
-            .map(|_| {
-                let (addr, body) = (s.addr.clone(), body.clone());
-                sc.spawn(move || request(&addr, &addr, "Content-Type: application/json\r\n", &body))
-            })
-            .collect();
+        let hs = post_json_at_once(sc, &s.addr, &body, 6);
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let refused: Vec<&String> = answers.iter().filter(|r| status(r) == 503).collect();
@@ -257,24 +283,32 @@ fn heavy_request_work_does_not_stall_the_async_workers() {
     let body = json!({"messages": [{"role": "user", "content": "call one"}], "tools": tools, "tool_choice": "required",
         "max_tokens": 4, "reasoning_effort": "none"})
     .to_string();
-    std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..2)
-            .map(|_| {
-                let (addr, body) = (s.addr.clone(), body.clone());
-                sc.spawn(move || request(&addr, &addr, "Content-Type: application/json\r\n", &body))
-            })
-            .collect();
-        std::thread::sleep(Duration::from_millis(200));
-        for _ in 0..5 {
-            assert!(health_ok(&s.addr, Duration::from_secs(1)), "/health stalled behind request work");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        for h in hs {
-            let r = h.join().unwrap();
-            assert_eq!(status(&r), 400, "{r}");
-            assert!(r.contains("context_length_exceeded"), "{r}");
-        }
-    });
+    for r in posted_while_health_answers(&s.addr, &body, 2) {
+        assert_eq!(status(&r), 400, "{r}");
+        assert!(r.contains("context_length_exceeded"), "{r}");
+    }
+}
+
+/// A 4 MiB body of nested empty arrays parses into ≈ 420 MB of JSON values
+/// and took ≈ 0.7 s to parse on an async worker: now the body is scanned on
+/// the blocking pool first and refused with 413 (more than the default 256
+/// MiB of request memory) without being parsed, `/health` answers while
+/// several arrive, and the memory is free again for an ordinary request.
+#[test]
+fn a_body_that_would_parse_into_hundreds_of_megabytes_is_refused_unparsed() {
+    let s = start(&[]);
+    let unit = "[[[]]],";
+    let mut items = unit.repeat((4 << 20) / unit.len() - 4);
+    items.pop();
+    let body = format!("{{\"messages\":[{items}],\"max_tokens\":2}}");
+    assert!(body.len() <= 4 << 20);
+    for r in posted_while_health_answers(&s.addr, &body, 6) {
+        assert_eq!(status(&r), 413, "{r}");
+        assert!(r.contains("body_too_complex") && r.contains("request memory"), "{r}");
+    }
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+    let r = request(&s.addr, &s.addr, "Content-Type: application/json\r\n", &body);
+    assert_eq!(status(&r), 200, "{r}");
 }
 
 /// A message longer than the context can hold whatever its tokens (more

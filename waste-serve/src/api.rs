@@ -38,6 +38,13 @@ pub struct ServeOptions {
     /// Largest request body in bytes (a larger `Content-Length` is refused
     /// with 413 before the body is read).
     pub body_limit: usize,
+    /// Memory all requests being read and prepared may hold together: their
+    /// bodies while read (the `Content-Length`, or `body_limit` without one)
+    /// and their parsed JSON until their prompt is queued, as bounded by a
+    /// scan of the body before it is parsed ([`crate::json_parse_bytes`]).
+    /// A request waits for room up to `body_timeout` (then 503 +
+    /// Retry-After); one that alone needs more is refused with 413.
+    pub request_memory: usize,
     /// Time a client has to send a request's line and headers.
     pub header_timeout: Duration,
     /// Time a client has to send a request's body once its headers arrived.
@@ -70,6 +77,7 @@ impl std::fmt::Debug for ServeOptions {
             .field("model_id", &self.model_id)
             .field("max_tokens", &self.max_tokens)
             .field("body_limit", &self.body_limit)
+            .field("request_memory", &self.request_memory)
             .field("header_timeout", &self.header_timeout)
             .field("body_timeout", &self.body_timeout)
             .field("idle_timeout", &self.idle_timeout)
@@ -90,6 +98,7 @@ impl Default for ServeOptions {
             model_id: "waste".into(),
             max_tokens: 4096,
             body_limit: 4 << 20,
+            request_memory: 256 << 20,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(30),
@@ -123,6 +132,8 @@ pub struct AppState {
     grammars: std::sync::OnceLock<Result<waste_grammar::Grammars, String>>,
     /// The address the listener is bound to (for the `Host` check).
     bound: Option<std::net::SocketAddr>,
+    /// `opts.request_memory` in KiB permits.
+    request_memory: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -135,13 +146,16 @@ impl AppState {
     ) -> AppState {
         AppState {
             model,
-            opts,
             jobs: Mutex::new(jobs),
             started: Instant::now(),
             next_id: AtomicU64::new(1),
             counters,
             grammars: std::sync::OnceLock::new(),
             bound: None,
+            request_memory: Arc::new(tokio::sync::Semaphore::new(
+                kib(opts.request_memory as u64).min(tokio::sync::Semaphore::MAX_PERMITS as u64) as usize,
+            )),
+            opts,
         }
     }
 
@@ -303,7 +317,51 @@ fn authorize(st: &AppState, h: &HeaderMap) -> Result<(), Response> {
     }
 }
 
-async fn read_json(st: &AppState, h: &HeaderMap, body: Body) -> Result<Value, Response> {
+/// Request memory held by a request until its prompt is queued (see
+/// `ServeOptions::request_memory`).
+type Reserved = tokio::sync::OwnedSemaphorePermit;
+
+/// KiB, rounded up, at least 1 (the request memory's unit).
+fn kib(bytes: u64) -> u64 {
+    bytes.div_ceil(1024).max(1)
+}
+
+/// Reserve `bytes` of the request memory for `what`, waiting up to the body
+/// timeout for other requests to release theirs.
+async fn reserve(st: &AppState, bytes: u64, what: &str) -> Result<Reserved, Response> {
+    let pool = st.opts.request_memory as u64;
+    if bytes > pool {
+        return Err(err(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("{what} would take about {bytes} bytes, more than the server's request memory ({pool} bytes)"),
+            "invalid_request_error",
+            None,
+            Some("body_too_complex"),
+        ));
+    }
+    let permits = kib(bytes).min(u32::MAX as u64) as u32;
+    match tokio::time::timeout(st.opts.body_timeout, st.request_memory.clone().acquire_many_owned(permits)).await {
+        Ok(Ok(p)) => Ok(p),
+        _ => {
+            let mut r = err(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("other requests hold the server's request memory ({pool} bytes); retry later"),
+                "server_error",
+                None,
+                Some("request_memory_full"),
+            );
+            r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("2"));
+            Err(r)
+        }
+    }
+}
+
+/// Read and parse a JSON object body. The body's bytes are reserved from
+/// the request memory while it is read, then what parsing it takes (bounded
+/// by a scan, [`crate::json_parse_bytes`]) before it is parsed; scan and
+/// parse run on the blocking pool (a 4 MiB body can take 0.7 s to parse).
+/// The returned reservation is held until the request's prompt is queued.
+async fn read_json(st: &AppState, h: &HeaderMap, body: Body) -> Result<(Value, Reserved), Response> {
     let too_large = || {
         err(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -316,11 +374,14 @@ async fn read_json(st: &AppState, h: &HeaderMap, body: Body) -> Result<Value, Re
     // refused from the header, before a byte of the body is read
     let declared =
         h.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).map(|v| v.trim().parse::<u64>());
-    match declared {
-        Some(Ok(n)) if n > st.opts.body_limit as u64 => return Err(too_large()),
+    let limit = st.opts.body_limit as u64;
+    let raw = match declared {
+        Some(Ok(n)) if n > limit => return Err(too_large()),
         Some(Err(_)) => return Err(bad("Content-Length is not a number", "body")),
-        _ => {}
-    }
+        Some(Ok(n)) => n,
+        None => limit,
+    };
+    let reading = reserve(st, raw, "the request body").await?;
     let bytes: Bytes =
         match tokio::time::timeout(st.opts.body_timeout, axum::body::to_bytes(body, st.opts.body_limit)).await {
             Ok(Ok(b)) => b,
@@ -335,11 +396,18 @@ async fn read_json(st: &AppState, h: &HeaderMap, body: Body) -> Result<Value, Re
                 ))
             }
         };
-    let v: Value = serde_json::from_slice(&bytes).map_err(|e| bad(format!("malformed JSON: {e}"), "body"))?;
+    let (cost, bytes) =
+        blocking_with(&st.next_id, &st.opts, move || Ok((crate::json_parse_bytes(&bytes), bytes))).await?;
+    let parsed = reserve(st, cost, "parsing the request body").await?;
+    let v = blocking_with(&st.next_id, &st.opts, move || {
+        serde_json::from_slice::<Value>(&bytes).map_err(|e| bad(format!("malformed JSON: {e}"), "body"))
+    })
+    .await?;
+    drop(reading);
     if !v.is_object() {
         return Err(bad("the request body must be a JSON object", "body"));
     }
-    Ok(v)
+    Ok((v, parsed))
 }
 
 fn now() -> u64 {
@@ -577,8 +645,8 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Authorization, then the JSON body.
-async fn prologue(st: &AppState, h: &HeaderMap, body: Body) -> Result<Value, Response> {
+/// Authorization, then the JSON body (and the request memory it holds).
+async fn prologue(st: &AppState, h: &HeaderMap, body: Body) -> Result<(Value, Reserved), Response> {
     authorize(st, h)?;
     read_json(st, h, body).await
 }
@@ -817,12 +885,14 @@ fn prepare_images(st: &AppState, refs: &[chat::ImageRef]) -> Result<Vec<waste_mo
 }
 
 async fn chat(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Response {
-    let v = match prologue(&st, &h, body).await {
+    let (v, reserved) = match prologue(&st, &h, body).await {
         Ok(v) => v,
         Err(r) => return r,
     };
     let st2 = st.clone();
     let prepared = blocking(&st, move || {
+        // the parsed body's memory is released after it (`v` drops first), once the prompt is made
+        let (_reserved, v) = (reserved, v);
         let (prompt, plan, mut c) = chat_prompt(&st2, &v)?;
         if plan.xtml {
             c.params.mark_specials = true;
@@ -838,7 +908,7 @@ async fn chat(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Resp
 }
 
 async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Response {
-    let v = match prologue(&st, &h, body).await {
+    let (v, reserved) = match prologue(&st, &h, body).await {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -864,6 +934,7 @@ async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) 
     }
     let st2 = st.clone();
     let prepared = blocking(&st, move || {
+        let (_reserved, v) = (reserved, v);
         let prompt = match given {
             Prompt::Text(text) => st2.model.encode_raw(&text).map_err(|e| encode_err(e, "prompt"))?,
             Prompt::Ids(ids) => ids,

@@ -23,8 +23,10 @@
 mod api;
 mod chat;
 mod engine;
+mod memory;
 
 pub use api::{router, AppState, LogFn, ServeOptions};
+pub use memory::json_parse_bytes;
 
 /// Validate the chat-specific fields of a `/v1/chat/completions` body
 /// (`messages`, `tools`, `tool_choice`, `response_format`, thinking) as the

@@ -114,6 +114,12 @@ struct Job {
 // last use of them); `Tokenizer` is `Sync` and `str` is `Sync`.
 unsafe impl Send for Job {}
 
+// what the SAFETY above relies on: a `&Tokenizer` may be used from the encoding thread
+const _: fn() = || {
+    fn sync<T: Sync>() {}
+    sync::<Tokenizer>();
+};
+
 /// Start an encoding thread; `None` if the OS refuses one.
 fn spawn_encoder() -> Option<std::sync::mpsc::Sender<Job>> {
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
