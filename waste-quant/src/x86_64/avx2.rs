@@ -99,6 +99,13 @@ unsafe fn row_dot(m: &MatRef<'_>, r: usize, x: &[f32]) -> f32 {
         // group by group: the scale converted once per group (in hardware),
         // no division per block; an ungrouped format is one group
         let gstep = if m.fmt.is_grouped() { m.group } else { full };
+        // the row's bits a weight, for the prefetch ahead of the stream
+        let bits = match m.fmt {
+            Fmt::F32 => 32,
+            Fmt::F16 | Fmt::Bf16 => 16,
+            Fmt::Q8G => 8,
+            Fmt::Q4G => 4,
+        };
         let mut c = 0;
         while c < full {
             let gend = (c + gstep).min(full);
@@ -108,6 +115,7 @@ unsafe fn row_dot(m: &MatRef<'_>, r: usize, x: &[f32]) -> f32 {
                 0.0
             };
             while c < gend {
+                super::prefetch_ahead(rb, c * bits / 8, LANES * bits / 8);
                 // SAFETY: c + 32 <= cols <= row length; x has cols floats.
                 unsafe { fma4(&mut acc, load32(m.fmt, rb, c, scale), x.as_ptr().add(c)) };
                 c += LANES;

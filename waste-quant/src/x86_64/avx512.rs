@@ -167,6 +167,17 @@ unsafe fn rows_dot<const N: usize, const FMT: u8>(m: &MatRef<'_>, r0: usize, x: 
             }
         }
         while c < gend {
+            if N == 1 {
+                // one row is one long stream: fetch ahead of it (not for
+                // several rows, whose interleaved streams the Q4G kernel
+                // prefetches by group)
+                let (off, len) = match FMT {
+                    F32 => (4 * c, 128),
+                    F16 | BF16 => (2 * c, 64),
+                    _ => (c, 32),
+                };
+                super::prefetch_ahead(rows[0].as_ptr(), off, len);
+            }
             // SAFETY: c + 32 <= cols = x.len().
             let (xl, xh) = unsafe { (_mm512_loadu_ps(x.as_ptr().add(c)), _mm512_loadu_ps(x.as_ptr().add(c + 16))) };
             for k in 0..N {
