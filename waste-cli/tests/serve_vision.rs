@@ -127,6 +127,26 @@ fn image_errors_are_400s() {
     assert!(v["error"]["message"].as_str().unwrap().contains("--no-images"), "{v}");
 }
 
+/// Images are counted against the context as they are decoded: a request
+/// with more than the context can hold stops at the first one too many
+/// (decoded patches are ≈ 9.6 MB at the largest grid, which a 1 KB PNG can
+/// reach: a body of thousands was thousands of such buffers).
+#[test]
+fn images_beyond_the_context_stop_at_the_first_one_too_many() {
+    let s = start_with(container(), &["--ctx", "256"]);
+    let url = data_url(&png("a.png")); // 6 positions
+    let parts: Vec<Value> = (0..60).map(|_| json!({"type": "image_url", "image_url": {"url": url}})).collect();
+    let (st, v) = ask(&s.addr, json!([{"role": "user", "content": parts}]));
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("the first 43 images take 258 positions; the context holds 256"), "{m}");
+    // within the context, the same images are served
+    let parts: Vec<Value> = (0..3).map(|_| json!({"type": "image_url", "image_url": {"url": url}})).collect();
+    let (st, v) = ask(&s.addr, json!([{"role": "user", "content": parts}]));
+    assert_eq!(st, 200, "{v}");
+}
+
 /// A one-shot HTTP server on loopback answering every request with `body`
 /// (status 200) or 404 for paths ending in `missing`.
 #[cfg(feature = "remote-images")]

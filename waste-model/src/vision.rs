@@ -52,6 +52,10 @@ impl PreparedImage {
     pub fn size(&self) -> (u32, u32) {
         (self.pixels.width, self.pixels.height)
     }
+    /// Heap bytes the prepared image holds (its patches).
+    pub fn heap_bytes(&self) -> usize {
+        self.pixels.patches.capacity() * std::mem::size_of::<f32>()
+    }
     /// [`digest`] of the image file's bytes.
     pub fn key(&self) -> u64 {
         self.key

@@ -326,9 +326,9 @@ fn kib(bytes: u64) -> u64 {
     bytes.div_ceil(1024).max(1)
 }
 
-/// Reserve `bytes` of the request memory for `what`, waiting up to the body
-/// timeout for other requests to release theirs.
-async fn reserve(st: &AppState, bytes: u64, what: &str) -> Result<Reserved, Response> {
+/// The request-memory permits for `bytes`, or the 413 for more than the
+/// whole request memory.
+fn permits_for(st: &AppState, bytes: u64, what: &str) -> Result<u32, Response> {
     let pool = st.opts.request_memory as u64;
     if bytes > pool {
         return Err(err(
@@ -339,21 +339,36 @@ async fn reserve(st: &AppState, bytes: u64, what: &str) -> Result<Reserved, Resp
             Some("body_too_complex"),
         ));
     }
-    let permits = kib(bytes).min(u32::MAX as u64) as u32;
+    Ok(kib(bytes).min(u32::MAX as u64) as u32)
+}
+
+/// 503 + Retry-After: the request memory is held by other requests.
+fn memory_full(st: &AppState) -> Response {
+    let mut r = err(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!("other requests hold the server's request memory ({} bytes); retry later", st.opts.request_memory),
+        "server_error",
+        None,
+        Some("request_memory_full"),
+    );
+    r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("2"));
+    r
+}
+
+/// Reserve `bytes` of the request memory for `what`, waiting up to the body
+/// timeout for other requests to release theirs.
+async fn reserve(st: &AppState, bytes: u64, what: &str) -> Result<Reserved, Response> {
+    let permits = permits_for(st, bytes, what)?;
     match tokio::time::timeout(st.opts.body_timeout, st.request_memory.clone().acquire_many_owned(permits)).await {
         Ok(Ok(p)) => Ok(p),
-        _ => {
-            let mut r = err(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &format!("other requests hold the server's request memory ({pool} bytes); retry later"),
-                "server_error",
-                None,
-                Some("request_memory_full"),
-            );
-            r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("2"));
-            Err(r)
-        }
+        _ => Err(memory_full(st)),
     }
+}
+
+/// [`reserve`] from request work on the blocking pool: at once or 503.
+fn reserve_now(st: &AppState, bytes: u64, what: &str) -> Result<Reserved, Response> {
+    let permits = permits_for(st, bytes, what)?;
+    st.request_memory.clone().try_acquire_many_owned(permits).map_err(|_| memory_full(st))
 }
 
 /// Read and parse a JSON object body. The body's bytes are reserved from
@@ -606,12 +621,12 @@ fn submit(
     boundary: usize,
     params: GenerateParams,
     constraint: Option<waste_grammar::Constraint>,
-    images: Vec<waste_model::PreparedImage>,
+    (images, held): (Vec<waste_model::PreparedImage>, Vec<Reserved>),
 ) -> Result<(tokio::sync::mpsc::UnboundedReceiver<Event>, Arc<AtomicBool>), Response> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let constraint = constraint.map(|c| Box::new(c) as Box<dyn waste_model::TokenConstraint + Send>);
-    let job = Job { prompt, boundary, params, tx, cancel: cancel.clone(), constraint, images };
+    let job = Job { prompt, boundary, params, tx, cancel: cancel.clone(), constraint, images, held };
     // a bounded queue: past it, come back later (the engine runs one job at a time)
     let waiting = st.counters.queued.fetch_add(1, Ordering::Relaxed);
     if waiting >= st.opts.max_queue as u64 {
@@ -657,6 +672,8 @@ struct ChatPlan {
     boundary: usize,
     /// The images for the prompt's placeholders, in order.
     images: Vec<waste_model::PreparedImage>,
+    /// Their request memory, held until the job is done with them.
+    held: Vec<Reserved>,
     xtml: bool,
     thinking: bool,
     keep_calls: bool,
@@ -745,7 +762,7 @@ async fn blocking_with<T: Send + 'static>(
 fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan, Common), Response> {
     let to400 = |(m, p): chat::Bad| bad(m, &p);
     let (mut msgs, refs) = chat::messages_with_images(v).map_err(to400)?;
-    let images = prepare_images(st, &refs)?;
+    let (images, held) = prepare_images(st, &refs)?;
     for (r, img) in refs.iter().zip(&images) {
         msgs[r.message].images.push(img.size());
     }
@@ -812,7 +829,7 @@ fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan, Common),
         _ => None,
     };
     let keep_calls = !opts.tools.is_empty() && opts.tool_choice != ToolChoice::None;
-    Ok((prompt, ChatPlan { boundary, xtml, thinking, keep_calls, constraint, images }, common))
+    Ok((prompt, ChatPlan { boundary, xtml, thinking, keep_calls, constraint, images, held }, common))
 }
 
 /// Seconds a remote image may take to arrive (connect, redirects and body).
@@ -848,9 +865,18 @@ fn fetch_image(url: &str) -> Result<Vec<u8>, String> {
 
 /// Read and decode a request's images (on the blocking pool): `data:` URLs
 /// always; `http(s)://` URLs and `file://` paths only with `--allow-image-urls`.
-fn prepare_images(st: &AppState, refs: &[chat::ImageRef]) -> Result<Vec<waste_model::PreparedImage>, Response> {
+/// Decode a request's images, in order. Each is reserved from the request
+/// memory (a fetched file while it is read, then its patches, held with the
+/// job), and their positions are counted as they come: a request whose
+/// images alone outgrow the context stops at the first one too many (a
+/// 1 KB PNG can decode to the largest patch grid, ≈ 9.6 MB of patches, so
+/// thousands of them in one body were thousands of such buffers).
+fn prepare_images(
+    st: &AppState,
+    refs: &[chat::ImageRef],
+) -> Result<(Vec<waste_model::PreparedImage>, Vec<Reserved>), Response> {
     if refs.is_empty() {
-        return Ok(vec![]);
+        return Ok((vec![], vec![]));
     }
     if st.model.vision().is_none() {
         let why = if st.model.plan().vision_weight_bytes > 0 {
@@ -860,28 +886,48 @@ fn prepare_images(st: &AppState, refs: &[chat::ImageRef]) -> Result<Vec<waste_mo
         };
         return Err(bad(why, &refs[0].param));
     }
-    refs.iter()
-        .map(|r| {
-            let bytes = match &r.source {
-                chat::ImageSource::Data(b) => std::borrow::Cow::Borrowed(b.as_slice()),
-                chat::ImageSource::Remote(u) if !st.opts.allow_image_urls => {
-                    return Err(bad(
-                        format!("remote image URLs are not fetched (no SSRF; start the server with --allow-image-urls to allow it): {u:?}; send the image inline as a base64 data: URL"),
-                        &r.param,
-                    ))
-                }
-                chat::ImageSource::Remote(u) => std::borrow::Cow::Owned(fetch_image(u).map_err(|e| bad(e, &r.param))?),
-                chat::ImageSource::File(_) if !st.opts.allow_image_urls => {
-                    return Err(bad("file:// image URLs need a server started with --allow-image-urls", &r.param))
-                }
-                chat::ImageSource::File(p) => std::borrow::Cow::Owned(
-                    waste_model::format::read_regular(std::path::Path::new(p), waste_model::MAX_IMAGE_FILE_BYTES as u64)
+    let ctx = st.model.options().ctx;
+    let (mut images, mut held, mut positions) = (Vec::new(), Vec::new(), 0usize);
+    for r in refs {
+        let file = waste_model::MAX_IMAGE_FILE_BYTES as u64;
+        let bytes = match &r.source {
+            chat::ImageSource::Data(b) => std::borrow::Cow::Borrowed(b.as_slice()),
+            chat::ImageSource::Remote(u) if !st.opts.allow_image_urls => {
+                return Err(bad(
+                    format!("remote image URLs are not fetched (no SSRF; start the server with --allow-image-urls to allow it): {u:?}; send the image inline as a base64 data: URL"),
+                    &r.param,
+                ))
+            }
+            chat::ImageSource::Remote(u) => {
+                let _reading = reserve_now(st, file, "fetching an image")?;
+                std::borrow::Cow::Owned(fetch_image(u).map_err(|e| bad(e, &r.param))?)
+            }
+            chat::ImageSource::File(_) if !st.opts.allow_image_urls => {
+                return Err(bad("file:// image URLs need a server started with --allow-image-urls", &r.param))
+            }
+            chat::ImageSource::File(p) => {
+                let _reading = reserve_now(st, file, "reading an image")?;
+                std::borrow::Cow::Owned(
+                    waste_model::format::read_regular(std::path::Path::new(p), file)
                         .map_err(|e| bad(format!("reading {p}: {e}"), &r.param))?,
-                ),
-            };
-            st.model.prepare_image(&bytes).map_err(|e| bad(e.to_string(), &r.param))
-        })
-        .collect()
+                )
+            }
+        };
+        let img = st.model.prepare_image(&bytes).map_err(|e| bad(e.to_string(), &r.param))?;
+        positions = positions.saturating_add(img.positions());
+        if positions >= ctx {
+            return Err(err(
+                StatusCode::BAD_REQUEST,
+                &format!("the first {} images take {positions} positions; the context holds {ctx}", images.len() + 1),
+                "invalid_request_error",
+                Some(&r.param),
+                Some("context_length_exceeded"),
+            ));
+        }
+        held.push(reserve_now(st, img.heap_bytes() as u64, "an image's patches")?);
+        images.push(img);
+    }
+    Ok((images, held))
 }
 
 async fn chat(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Response {
@@ -956,10 +1002,13 @@ async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPl
     let created = now();
     let model_id = st.opts.model_id.clone();
     let (mut asm, constraint, boundary, images) = match plan {
-        Some(p) => {
-            (Assembler::new(p.xtml, p.thinking, p.keep_calls, &n.to_string()), p.constraint, p.boundary, p.images)
-        }
-        None => (Assembler::new(false, false, false, &n.to_string()), None, 0, vec![]),
+        Some(p) => (
+            Assembler::new(p.xtml, p.thinking, p.keep_calls, &n.to_string()),
+            p.constraint,
+            p.boundary,
+            (p.images, p.held),
+        ),
+        None => (Assembler::new(false, false, false, &n.to_string()), None, 0, (vec![], vec![])),
     };
     let (mut rx, cancel) = match submit(&st, prompt, boundary, c.params.clone(), constraint, images) {
         Ok(x) => x,

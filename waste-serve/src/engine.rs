@@ -38,6 +38,9 @@ pub struct Job {
     /// The images for the prompt's `<|media_pad|>` placeholders, in order
     /// (decoded; the tower runs here, only for images past the reused prefix).
     pub images: Vec<waste_model::PreparedImage>,
+    /// The server's request memory reserved for `images`: released when
+    /// the job is dropped, done or not.
+    pub held: Vec<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// A prompt as comparable keys, one per token: the id, or for an image

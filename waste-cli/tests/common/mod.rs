@@ -69,10 +69,13 @@ impl Drop for Server {
     }
 }
 
-/// `waste serve MODEL --port 0 --ctx 4096 EXTRA…`, once it printed its address.
+/// `waste serve MODEL --port 0 --ctx 4096 EXTRA…` (`--ctx` in EXTRA
+/// replaces the 4096), once it printed its address.
 pub fn start_with(model: &Path, extra: &[&str]) -> Server {
+    let ctx: &[&str] = if extra.contains(&"--ctx") { &[] } else { &["--ctx", "4096"] };
     let mut child = Command::new(env!("CARGO_BIN_EXE_waste"))
-        .args(["serve", model.to_str().unwrap(), "--port", "0", "--ctx", "4096"])
+        .args(["serve", model.to_str().unwrap(), "--port", "0"])
+        .args(ctx)
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
