@@ -890,6 +890,8 @@ fn prepare_images(
     let (mut images, mut held, mut positions) = (Vec::new(), Vec::new(), 0usize);
     for r in refs {
         let file = waste_model::MAX_IMAGE_FILE_BYTES as u64;
+        // a fetched or read file's reservation, held until it is decoded
+        let mut reading = None;
         let bytes = match &r.source {
             chat::ImageSource::Data(b) => std::borrow::Cow::Borrowed(b.as_slice()),
             chat::ImageSource::Remote(u) if !st.opts.allow_image_urls => {
@@ -899,14 +901,14 @@ fn prepare_images(
                 ))
             }
             chat::ImageSource::Remote(u) => {
-                let _reading = reserve_now(st, file, "fetching an image")?;
+                reading = Some(reserve_now(st, file, "fetching an image")?);
                 std::borrow::Cow::Owned(fetch_image(u).map_err(|e| bad(e, &r.param))?)
             }
             chat::ImageSource::File(_) if !st.opts.allow_image_urls => {
                 return Err(bad("file:// image URLs need a server started with --allow-image-urls", &r.param))
             }
             chat::ImageSource::File(p) => {
-                let _reading = reserve_now(st, file, "reading an image")?;
+                reading = Some(reserve_now(st, file, "reading an image")?);
                 std::borrow::Cow::Owned(
                     waste_model::format::read_regular(std::path::Path::new(p), file)
                         .map_err(|e| bad(format!("reading {p}: {e}"), &r.param))?,
@@ -914,6 +916,7 @@ fn prepare_images(
             }
         };
         let img = st.model.prepare_image(&bytes).map_err(|e| bad(e.to_string(), &r.param))?;
+        drop((bytes, reading));
         positions = positions.saturating_add(img.positions());
         if positions >= ctx {
             return Err(err(
