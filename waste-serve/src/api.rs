@@ -342,17 +342,19 @@ fn permits_for(st: &AppState, bytes: u64, what: &str) -> Result<u32, Response> {
     Ok(kib(bytes).min(u32::MAX as u64) as u32)
 }
 
-/// 503 + Retry-After: the request memory is held by other requests.
-fn memory_full(st: &AppState) -> Response {
-    let mut r = err(
-        StatusCode::SERVICE_UNAVAILABLE,
-        &format!("other requests hold the server's request memory ({} bytes); retry later", st.opts.request_memory),
-        "server_error",
-        None,
-        Some("request_memory_full"),
-    );
+/// 503 with `Retry-After: 2`: the server is busy, not the request wrong.
+fn retry_later(msg: &str, code: &str) -> Response {
+    let mut r = err(StatusCode::SERVICE_UNAVAILABLE, msg, "server_error", None, Some(code));
     r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("2"));
     r
+}
+
+/// The request memory is held by other requests.
+fn memory_full(st: &AppState) -> Response {
+    retry_later(
+        &format!("other requests hold the server's request memory ({} bytes); retry later", st.opts.request_memory),
+        "request_memory_full",
+    )
 }
 
 /// Reserve `bytes` of the request memory for `what`, waiting up to the body
@@ -631,18 +633,13 @@ fn submit(
     let waiting = st.counters.queued.fetch_add(1, Ordering::Relaxed);
     if waiting >= st.opts.max_queue as u64 {
         st.counters.queued.fetch_sub(1, Ordering::Relaxed);
-        let mut r = err(
-            StatusCode::SERVICE_UNAVAILABLE,
+        return Err(retry_later(
             &format!(
                 "{waiting} requests are waiting for the engine (the queue holds {}); retry later",
                 st.opts.max_queue
             ),
-            "server_error",
-            None,
-            Some("queue_full"),
-        );
-        r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("2"));
-        return Err(r);
+            "queue_full",
+        ));
     }
     st.jobs
         .lock()

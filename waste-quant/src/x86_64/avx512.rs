@@ -403,27 +403,69 @@ unsafe fn tile_dot<const R: usize, const T: usize, const FMT: u8>(
         let tab: [__m512; R] = core::array::from_fn(|k| if FMT == Q4G { q4_table(scale[k]) } else { steps });
         while c < end {
             // SAFETY: c + 32 <= cols; input t spans t·cols .. (t+1)·cols.
-            let x: [(__m512, __m512); T] = core::array::from_fn(|t| unsafe {
-                let p = xs.as_ptr().add(t * cols + c);
-                (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
-            });
+            let x = unsafe { input_halves::<T>(xs.as_ptr().add(c), cols, 16) };
             for k in 0..R {
                 // SAFETY: c + 32 <= cols, within the row.
-                let (wl, wh) = unsafe { load32::<FMT>(rows[k].as_ptr(), c, scale[k], tab[k]) };
-                for t in 0..T {
-                    acc[k][t][0] = _mm512_fmadd_ps(wl, x[t].0, acc[k][t][0]);
-                    acc[k][t][1] = _mm512_fmadd_ps(wh, x[t].1, acc[k][t][1]);
-                }
+                let w = unsafe { load32::<FMT>(rows[k].as_ptr(), c, scale[k], tab[k]) };
+                fma_inputs(&mut acc[k], w, &x);
             }
             c += LANES;
         }
     }
-    for k in 0..R {
-        for t in 0..T {
-            let [lo, hi] = acc[k][t];
-            // SAFETY: features enabled on this function; row r0 + k exists; input t has cols floats.
+    // SAFETY: features enabled on this function; rows r0..r0+R exist; xs holds T inputs of cols floats.
+    unsafe { finish_tile(m, r0, full, xs, acc, false, out) };
+}
+
+/// The `T` inputs' two 16-float halves of one block: input `t`'s at `p +
+/// t·stride` and `p + t·stride + second`.
+///
+/// # Safety
+/// Those 2·`T` runs of 16 floats are readable.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn input_halves<const T: usize>(p: *const f32, stride: usize, second: usize) -> [(__m512, __m512); T] {
+    // SAFETY: the caller's contract.
+    core::array::from_fn(|t| unsafe {
+        let q = p.add(t * stride);
+        (_mm512_loadu_ps(q), _mm512_loadu_ps(q.add(second)))
+    })
+}
+
+/// One weight block `w` (two halves) into a row's `T` accumulator pairs,
+/// one fused multiply-add per lane against each input's halves `x`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn fma_inputs<const T: usize>(acc: &mut [[__m512; 2]; T], w: (__m512, __m512), x: &[(__m512, __m512); T]) {
+    for (a, xt) in acc.iter_mut().zip(x) {
+        a[0] = _mm512_fmadd_ps(w.0, xt.0, a[0]);
+        a[1] = _mm512_fmadd_ps(w.1, xt.1, a[1]);
+    }
+}
+
+/// A tile's dots from its accumulators (in nibble order when
+/// `interleaved`, put back in the canonical lanes first): each with the
+/// zero-padded tail of its row and input, then the canonical reduction.
+///
+/// # Safety
+/// Rows `r0..r0+R` of `m` exist; `xs` holds `T` inputs of `m.cols` floats.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn finish_tile<const R: usize, const T: usize>(
+    m: &MatRef<'_>,
+    r0: usize,
+    full: usize,
+    xs: &[f32],
+    acc: [[[__m512; 2]; T]; R],
+    interleaved: bool,
+    out: &mut [[f32; T]; R],
+) {
+    let cols = m.cols;
+    for (k, (ak, ok)) in acc.iter().zip(out.iter_mut()).enumerate() {
+        for (t, (a, o)) in ak.iter().zip(ok.iter_mut()).enumerate() {
+            let (lo, hi) = if interleaved { canonical_lanes(a[0], a[1]) } else { (a[0], a[1]) };
+            // SAFETY: row r0 + k exists; input t has cols floats.
             let (lo, hi) = unsafe { tail_fma(m, r0 + k, full, &xs[t * cols..(t + 1) * cols], lo, hi) };
-            out[k][t] = reduce(lo, hi);
+            *o = reduce(lo, hi);
         }
     }
 }
@@ -538,31 +580,19 @@ unsafe fn tile_dot_q4<const R: usize, const T: usize>(
         while c < end {
             let b = c / 2;
             // SAFETY: b + 16 <= h; input t's halves span t·2h .. (t+1)·2h.
-            let x: [(__m512, __m512); T] = core::array::from_fn(|t| unsafe {
-                let p = xs_split.as_ptr().add(t * 2 * h + b);
-                (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(h)))
-            });
+            let x = unsafe { input_halves::<T>(xs_split.as_ptr().add(b), 2 * h, h) };
             for k in 0..R {
                 // SAFETY: the row holds bytes b .. b + 16.
                 let dw = unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(rows[k].as_ptr().add(b) as *const __m128i)) };
                 let we = _mm512_permutexvar_ps(dw, tab[k]);
                 let wo = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(dw), tab[k]);
-                for t in 0..T {
-                    acc[k][t][0] = _mm512_fmadd_ps(we, x[t].0, acc[k][t][0]);
-                    acc[k][t][1] = _mm512_fmadd_ps(wo, x[t].1, acc[k][t][1]);
-                }
+                fma_inputs(&mut acc[k], (we, wo), &x);
             }
             c += LANES;
         }
     }
-    for k in 0..R {
-        for t in 0..T {
-            let (lo, hi) = canonical_lanes(acc[k][t][0], acc[k][t][1]);
-            // SAFETY: features enabled on this function; row r0 + k exists; input t has cols floats.
-            let (lo, hi) = unsafe { tail_fma(m, r0 + k, full, &xs[t * cols..(t + 1) * cols], lo, hi) };
-            out[k][t] = reduce(lo, hi);
-        }
-    }
+    // SAFETY: features enabled on this function; rows r0..r0+R exist; xs holds T inputs of cols floats.
+    unsafe { finish_tile(m, r0, full, xs, acc, true, out) };
 }
 
 /// 16 floats on a cache line: the unit of [`SPLIT_XS`], so the split
