@@ -29,7 +29,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 4 << 20)]
     body_limit: usize,
     /// Memory all requests being read and prepared may hold together (their
-    /// bodies, then their parsed JSON as bounded by a scan before parsing):
+    /// bodies, their parsed JSON as bounded by a scan before parsing, the
+    /// text copied out and rendered, images while decoded):
     /// a request waits for room (then 503), one that alone needs more gets 413.
     #[arg(long, default_value = "256M", value_parser = crate::cmd_eval::parse_budget)]
     request_memory: u64,

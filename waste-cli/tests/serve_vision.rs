@@ -147,6 +147,34 @@ fn images_beyond_the_context_stop_at_the_first_one_too_many() {
     assert_eq!(st, 200, "{v}");
 }
 
+/// A request's memory is reserved as it is used: its body's size (kept for
+/// the text copied out of it), the parse, the rendering (the text again and
+/// a template's markup), then each image's file while it is decoded — a
+/// `data:` URL's bytes too, which were decoded for every image at once when
+/// the request was read, outside any reservation. With the request memory
+/// one KiB short of all that, the image's decoding is refused (before, the
+/// same server answered 200); with room, the same request is served.
+#[test]
+fn a_data_url_is_decoded_inside_the_request_memory() {
+    let url = data_url(&png("a.png"));
+    let msgs = json!([user_with_image(&url, "what is it?")]);
+    let body = json!({"messages": msgs, "max_tokens": 4, "temperature": 0, "reasoning_effort": "none"}).to_string();
+    let kib = |b: usize| b.div_ceil(1024).max(1);
+    let b64 = url.split_once(";base64,").unwrap().1;
+    let before = kib(body.len())
+        + kib(waste_serve::json_parse_bytes(body.as_bytes()) as usize)
+        + kib(body.len() + waste_model::tokenizer::TEMPLATE_OUTPUT_BYTES);
+    let short = (before + kib(b64.len().div_ceil(4) * 3) - 1) * 1024;
+    let s = start_with(container(), &["--body-limit", "65536", "--request-memory", &short.to_string()]);
+    let (st, v) = ask(&s.addr, msgs.clone());
+    assert_eq!(st, 503, "{v}");
+    assert_eq!(v["error"]["code"], "request_memory_full", "{v}");
+    let roomy =
+        start_with(container(), &["--body-limit", "65536", "--request-memory", &(short + (16 << 20)).to_string()]);
+    let (st, v) = ask(&roomy.addr, msgs);
+    assert_eq!(st, 200, "{v}");
+}
+
 /// A one-shot HTTP server on loopback answering every request with `body`
 /// (status 200) or 404 for paths ending in `missing`.
 #[cfg(feature = "remote-images")]

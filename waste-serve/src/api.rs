@@ -377,8 +377,10 @@ fn reserve_now(st: &AppState, bytes: u64, what: &str) -> Result<Reserved, Respon
 /// the request memory while it is read, then what parsing it takes (bounded
 /// by a scan, [`crate::json_parse_bytes`]) before it is parsed; scan and
 /// parse run on the blocking pool (a 4 MiB body can take 0.7 s to parse).
-/// The returned reservation is held until the request's prompt is queued.
-async fn read_json(st: &AppState, h: &HeaderMap, body: Body) -> Result<(Value, Reserved), Response> {
+/// The returned reservation (the parse's and the body's size again, for the
+/// text a handler copies out) is held until the request's prompt is queued;
+/// with it, the body's length.
+async fn read_json(st: &AppState, h: &HeaderMap, body: Body) -> Result<(Value, Reserved, u64), Response> {
     let too_large = || {
         err(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -415,16 +417,20 @@ async fn read_json(st: &AppState, h: &HeaderMap, body: Body) -> Result<(Value, R
         };
     let (cost, bytes) =
         blocking_with(&st.next_id, &st.opts, move || Ok((crate::json_parse_bytes(&bytes), bytes))).await?;
-    let parsed = reserve(st, cost, "parsing the request body").await?;
+    let mut parsed = reserve(st, cost, "parsing the request body").await?;
+    let len = bytes.len() as u64;
     let v = blocking_with(&st.next_id, &st.opts, move || {
         serde_json::from_slice::<Value>(&bytes).map_err(|e| bad(format!("malformed JSON: {e}"), "body"))
     })
     .await?;
-    drop(reading);
+    // the body's bytes are freed; their reservation now stands for the text
+    // a handler copies out of the value (messages, a prompt: together no
+    // longer than the body)
+    parsed.merge(reading);
     if !v.is_object() {
         return Err(bad("the request body must be a JSON object", "body"));
     }
-    Ok((v, parsed))
+    Ok((v, parsed, len))
 }
 
 fn now() -> u64 {
@@ -658,7 +664,7 @@ impl Drop for CancelOnDrop {
 }
 
 /// Authorization, then the JSON body (and the request memory it holds).
-async fn prologue(st: &AppState, h: &HeaderMap, body: Body) -> Result<(Value, Reserved), Response> {
+async fn prologue(st: &AppState, h: &HeaderMap, body: Body) -> Result<(Value, Reserved, u64), Response> {
     authorize(st, h)?;
     read_json(st, h, body).await
 }
@@ -863,8 +869,9 @@ fn fetch_image(url: &str) -> Result<Vec<u8>, String> {
 /// Read and decode a request's images (on the blocking pool): `data:` URLs
 /// always; `http(s)://` URLs and `file://` paths only with `--allow-image-urls`.
 /// Decode a request's images, in order. Each is reserved from the request
-/// memory (a fetched file while it is read, then its patches, held with the
-/// job), and their positions are counted as they come: a request whose
+/// memory (its file's bytes while it is decoded — a `data:` URL's too, decoded
+/// here one at a time, not all at once when the request is read — then its
+/// patches, held with the job), and their positions are counted as they come: a request whose
 /// images alone outgrow the context stops at the first one too many (a
 /// 1 KB PNG can decode to the largest patch grid, ≈ 9.6 MB of patches, so
 /// thousands of them in one body were thousands of such buffers).
@@ -887,10 +894,13 @@ fn prepare_images(
     let (mut images, mut held, mut positions) = (Vec::new(), Vec::new(), 0usize);
     for r in refs {
         let file = waste_model::MAX_IMAGE_FILE_BYTES as u64;
-        // a fetched or read file's reservation, held until it is decoded
-        let mut reading = None;
-        let bytes = match &r.source {
-            chat::ImageSource::Data(b) => std::borrow::Cow::Borrowed(b.as_slice()),
+        // the image file's bytes (decoded from base64, fetched or read) are
+        // reserved until the image is decoded: one file at a time
+        let (reading, bytes) = match &r.source {
+            chat::ImageSource::Data(text) => {
+                let held = reserve_now(st, chat::decoded_len(text) as u64, "decoding an image")?;
+                (held, chat::decode_data(text, &r.param).map_err(|(m, p)| bad(m, &p))?)
+            }
             chat::ImageSource::Remote(u) if !st.opts.allow_image_urls => {
                 return Err(bad(
                     format!("remote image URLs are not fetched (no SSRF; start the server with --allow-image-urls to allow it): {u:?}; send the image inline as a base64 data: URL"),
@@ -898,18 +908,16 @@ fn prepare_images(
                 ))
             }
             chat::ImageSource::Remote(u) => {
-                reading = Some(reserve_now(st, file, "fetching an image")?);
-                std::borrow::Cow::Owned(fetch_image(u).map_err(|e| bad(e, &r.param))?)
+                let held = reserve_now(st, file, "fetching an image")?;
+                (held, fetch_image(u).map_err(|e| bad(e, &r.param))?)
             }
             chat::ImageSource::File(_) if !st.opts.allow_image_urls => {
                 return Err(bad("file:// image URLs need a server started with --allow-image-urls", &r.param))
             }
             chat::ImageSource::File(p) => {
-                reading = Some(reserve_now(st, file, "reading an image")?);
-                std::borrow::Cow::Owned(
-                    waste_model::format::read_regular(std::path::Path::new(p), file)
-                        .map_err(|e| bad(format!("reading {p}: {e}"), &r.param))?,
-                )
+                let held = reserve_now(st, file, "reading an image")?;
+                let read = waste_model::format::read_regular(std::path::Path::new(p), file);
+                (held, read.map_err(|e| bad(format!("reading {p}: {e}"), &r.param))?)
             }
         };
         let img = st.model.prepare_image(&bytes).map_err(|e| bad(e.to_string(), &r.param))?;
@@ -931,7 +939,7 @@ fn prepare_images(
 }
 
 async fn chat(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Response {
-    let (v, reserved) = match prologue(&st, &h, body).await {
+    let (v, reserved, len) = match prologue(&st, &h, body).await {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -939,6 +947,11 @@ async fn chat(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Resp
     let prepared = blocking(&st, move || {
         // the parsed body's memory is released after it (`v` drops first), once the prompt is made
         let (_reserved, v) = (reserved, v);
+        // rendering copies the messages' text once more (the template's
+        // segments, or the plain messages a template takes) beside the
+        // markup a template writes
+        let rendering = len.saturating_add(waste_model::tokenizer::TEMPLATE_OUTPUT_BYTES as u64);
+        let _rendering = reserve_now(&st2, rendering, "rendering the messages")?;
         let (prompt, plan, mut c) = chat_prompt(&st2, &v)?;
         if plan.xtml {
             c.params.mark_specials = true;
@@ -954,7 +967,7 @@ async fn chat(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Resp
 }
 
 async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Response {
-    let (v, reserved) = match prologue(&st, &h, body).await {
+    let (v, reserved, _) = match prologue(&st, &h, body).await {
         Ok(v) => v,
         Err(r) => return r,
     };

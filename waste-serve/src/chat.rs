@@ -16,9 +16,10 @@ fn bad<T>(msg: impl Into<String>, param: impl Into<String>) -> Result<T, Bad> {
 
 /// Where an `image_url` part's image comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ImageSource {
-    /// A base64 `data:` URL, decoded.
-    Data(Vec<u8>),
+pub enum ImageSource<'a> {
+    /// A `data:` URL's base64 text, in the request (decoded when the image
+    /// is, one at a time: [`decode_data`]).
+    Data(&'a str),
     /// A `file://` path (read only with `--allow-image-urls`).
     File(String),
     /// An `http(s)://` URL (fetched only with `--allow-image-urls`).
@@ -27,11 +28,11 @@ pub enum ImageSource {
 
 /// An image part: its message, its source, and the parameter naming it in errors.
 #[derive(Clone, Debug)]
-pub struct ImageRef {
+pub struct ImageRef<'a> {
     /// Index of the message holding it.
     pub message: usize,
     /// Where its bytes are.
-    pub source: ImageSource,
+    pub source: ImageSource<'a>,
     /// `messages[i].content[k]`.
     pub param: String,
 }
@@ -39,8 +40,23 @@ pub struct ImageRef {
 /// Largest base64 text of one `data:` URL (the decoded image is capped by the engine's limit).
 const MAX_DATA_URL: usize = waste_model::MAX_IMAGE_FILE_BYTES / 3 * 4 + 4;
 
-fn image_part(p: &Value, param: &str) -> Result<ImageSource, Bad> {
+/// Most bytes [`decode_data`] returns for a `data:` URL's base64 text.
+pub fn decoded_len(data: &str) -> usize {
+    data.len().div_ceil(4) * 3
+}
+
+/// A `data:` URL's base64 text (from [`ImageSource::Data`]) decoded.
+///
+/// # Errors
+/// Text that is not base64.
+pub fn decode_data(data: &str, param: &str) -> Result<Vec<u8>, Bad> {
     use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(data.trim_end())
+        .map_err(|e| (format!("the data: URL is not valid base64: {e}"), param.to_string()))
+}
+
+fn image_part<'a>(p: &'a Value, param: &str) -> Result<ImageSource<'a>, Bad> {
     let url = p.get("image_url").and_then(|u| u.get("url").or(Some(u))).and_then(|u| u.as_str()).unwrap_or("");
     if let Some(rest) = url.strip_prefix("data:") {
         let Some((_, data)) = rest.split_once(";base64,") else {
@@ -49,10 +65,7 @@ fn image_part(p: &Value, param: &str) -> Result<ImageSource, Bad> {
         if data.len() > MAX_DATA_URL {
             return bad(format!("the image is larger than {} bytes", waste_model::MAX_IMAGE_FILE_BYTES), param);
         }
-        let b = base64::engine::general_purpose::STANDARD
-            .decode(data.trim_end())
-            .map_err(|e| (format!("the data: URL is not valid base64: {e}"), param.to_string()))?;
-        return Ok(ImageSource::Data(b));
+        return Ok(ImageSource::Data(data));
     }
     if let Some(path) = url.strip_prefix("file://") {
         return Ok(ImageSource::File(path.to_string()));
@@ -70,7 +83,7 @@ fn image_part(p: &Value, param: &str) -> Result<ImageSource, Bad> {
 }
 
 /// A message's text, and its images (in order) into `images`.
-fn content_text(m: &Value, i: usize, images: &mut Vec<ImageRef>) -> Result<String, Bad> {
+fn content_text<'a>(m: &'a Value, i: usize, images: &mut Vec<ImageRef<'a>>) -> Result<String, Bad> {
     let param = format!("messages[{i}].content");
     match m.get("content") {
         None | Some(Value::Null) => Ok(String::new()),
@@ -144,7 +157,7 @@ pub fn messages(v: &Value) -> Result<Vec<ChatMessage>, Bad> {
 ///
 /// # Errors
 /// As [`messages`], and for an image part that is malformed or outside a user message.
-pub fn messages_with_images(v: &Value) -> Result<(Vec<ChatMessage>, Vec<ImageRef>), Bad> {
+pub fn messages_with_images(v: &Value) -> Result<(Vec<ChatMessage>, Vec<ImageRef<'_>>), Bad> {
     let mut images = Vec::new();
     let arr = match v.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,

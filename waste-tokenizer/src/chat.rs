@@ -74,10 +74,39 @@ pub enum ChatTemplate {
 pub const TEMPLATE_FUEL: u64 = 20_000_000;
 /// Deepest nesting of calls, includes and blocks a template may reach.
 pub const TEMPLATE_RECURSION: usize = 64;
+/// Most bytes one rendering of a `chat_template.jinja` may write. Contents
+/// are not in it (each renders as a short placeholder), so this is markup:
+/// a 1,000-message conversation through a real template writes ≈ 50 KB.
+/// Fuel counts instructions, not bytes — `{{ 'x' * 100000000 }}` is one —
+/// so without this a loop of a few instructions wrote gigabytes and the
+/// process died on a failed allocation.
+pub const TEMPLATE_OUTPUT_BYTES: usize = 1 << 20;
 
 /// Sentinels delimiting content inside a rendered Jinja template (private-use code points).
 const OPEN: char = '\u{F8F0}';
 const CLOSE: char = '\u{F8F1}';
+
+/// A template's output, refused past [`TEMPLATE_OUTPUT_BYTES`] (before the
+/// bytes are kept).
+#[derive(Default)]
+struct Capped {
+    buf: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if b.len() > TEMPLATE_OUTPUT_BYTES - self.buf.len() {
+            self.over = true;
+            return Err(std::io::Error::other("template output over its bound"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 impl ChatTemplate {
     /// Parse `chat.json`: `{"system": [prefix, suffix], "user": [...], "assistant": [...], "open": "..."}`.
@@ -208,10 +237,17 @@ impl ChatTemplate {
                     .enumerate()
                     .map(|(i, m)| serde_json::json!({"role": m.role, "content": format!("{OPEN}{i}{CLOSE}")}))
                     .collect();
-                let rendered = env
-                    .get_template("chat")
-                    .and_then(|t| t.render(minijinja::context! { messages => msgs, add_generation_prompt => open }))
-                    .map_err(|e| Error::Template(format!("chat_template.jinja: {e}")))?;
+                let mut out = Capped::default();
+                let ctx = minijinja::context! { messages => msgs, add_generation_prompt => open };
+                if let Err(e) = env.get_template("chat").and_then(|t| t.render_captured_to(ctx, &mut out).map(drop)) {
+                    return Err(Error::Template(if out.over {
+                        format!("chat_template.jinja renders more than {TEMPLATE_OUTPUT_BYTES} bytes of markup")
+                    } else {
+                        format!("chat_template.jinja: {e}")
+                    }));
+                }
+                let rendered = String::from_utf8(out.buf)
+                    .map_err(|_| Error::Template("chat_template.jinja rendered invalid UTF-8".into()))?;
                 // template text → markup; each content placeholder → that message's content, plain
                 let mut out = Vec::new();
                 let mut rest = rendered.as_str();
@@ -274,6 +310,52 @@ mod template_fuzz_twin {
                 Err(e) => prop_assert!(e.to_string().contains("chat_template.jinja"), "{}", e),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod output_bound {
+    use super::*;
+
+    fn tok() -> Tokenizer {
+        Tokenizer::new((0..256u32).map(|b| (vec![b as u8], b)).collect(), vec![], crate::Pattern::O200k)
+            .expect("a byte tokenizer")
+    }
+
+    #[test]
+    fn a_template_writing_past_its_bound_is_an_error_not_gigabytes() {
+        // ten instructions asking for 10 GB: before the bound, the process
+        // died on a failed allocation (or filled the machine)
+        let src = "{% for i in range(100) %}{{ 'x' * 100000000 }}{% endfor %}";
+        let e = ChatTemplate::Jinja(src.into()).encode(&tok(), &[Message::new("user", "hi")], true).unwrap_err();
+        assert!(e.to_string().contains(&format!("renders more than {TEMPLATE_OUTPUT_BYTES} bytes")), "{e}");
+        // one byte under the bound renders; one byte over does not
+        let exactly =
+            |n: usize| format!("{{{{ 'x' * {n} }}}}{{% for m in messages %}}{{{{ m.content }}}}{{% endfor %}}");
+        let placeholder = format!("{OPEN}0{CLOSE}").len();
+        let fits = ChatTemplate::Jinja(exactly(TEMPLATE_OUTPUT_BYTES - placeholder));
+        assert_eq!(
+            fits.encode(&tok(), &[Message::new("user", "hi")], true).unwrap().len(),
+            TEMPLATE_OUTPUT_BYTES - placeholder + 2
+        );
+        let over = ChatTemplate::Jinja(exactly(TEMPLATE_OUTPUT_BYTES - placeholder + 1));
+        assert!(over.encode(&tok(), &[Message::new("user", "hi")], true).is_err());
+    }
+
+    #[test]
+    fn a_long_conversation_through_a_real_template_stays_far_below_the_bound() {
+        // the shape of Kimi's template: tags around each turn
+        let src = "{% for m in messages %}<|im_{{ m.role }}|>{{ m.role }}<|im_middle|>{{ m.content }}<|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}";
+        let msgs: Vec<Message> = (0..1000).map(|i| Message::new(["user", "assistant"][i % 2], "hi")).collect();
+        let mut out = Capped::default();
+        let env = minijinja::Environment::new();
+        let ph: Vec<serde_json::Value> = (0..msgs.len())
+            .map(|i| serde_json::json!({"role": msgs[i].role, "content": format!("{OPEN}{i}{CLOSE}")}))
+            .collect();
+        let t = env.template_from_str(src).unwrap();
+        t.render_captured_to(minijinja::context! { messages => ph, add_generation_prompt => true }, &mut out).unwrap();
+        assert!(out.buf.len() < TEMPLATE_OUTPUT_BYTES / 10, "{} bytes", out.buf.len());
+        assert!(ChatTemplate::Jinja(src.into()).encode(&tok(), &msgs, true).is_ok());
     }
 }
 

@@ -28,7 +28,9 @@ mod decode;
 pub mod xtml;
 
 pub use bpe::{Pattern, Tokenizer, PRIVATE_REGEX_ABOVE, REGEX_ALLOWANCE};
-pub use chat::{image_markup, ChatTemplate, Message, MEDIA_BEGIN, MEDIA_CONTENT, MEDIA_END, MEDIA_PAD};
+pub use chat::{
+    image_markup, ChatTemplate, Message, MEDIA_BEGIN, MEDIA_CONTENT, MEDIA_END, MEDIA_PAD, TEMPLATE_OUTPUT_BYTES,
+};
 pub use decode::StreamDecoder;
 
 /// Errors of the tokenizer.
