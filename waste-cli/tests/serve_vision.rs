@@ -152,8 +152,9 @@ fn images_beyond_the_context_stop_at_the_first_one_too_many() {
 /// a template's markup), then each image's file while it is decoded — a
 /// `data:` URL's bytes too, which were decoded for every image at once when
 /// the request was read, outside any reservation. With the request memory
-/// one KiB short of all that, the image's decoding is refused (before, the
-/// same server answered 200); with room, the same request is served.
+/// one KiB short of all that, the image's decoding is refused — 413, since
+/// waiting for other requests could never make room (before, the same
+/// server answered 200); with room, the same request is served.
 #[test]
 fn a_data_url_is_decoded_inside_the_request_memory() {
     let url = data_url(&png("a.png"));
@@ -167,8 +168,10 @@ fn a_data_url_is_decoded_inside_the_request_memory() {
     let short = (before + kib(b64.len().div_ceil(4) * 3) - 1) * 1024;
     let s = start_with(container(), &["--body-limit", "65536", "--request-memory", &short.to_string()]);
     let (st, v) = ask(&s.addr, msgs.clone());
-    assert_eq!(st, 503, "{v}");
-    assert_eq!(v["error"]["code"], "request_memory_full", "{v}");
+    assert_eq!(st, 413, "{v}");
+    assert_eq!(v["error"]["code"], "body_too_complex", "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("with decoding an image, the request would hold about"), "{m}");
     let roomy =
         start_with(container(), &["--body-limit", "65536", "--request-memory", &(short + (16 << 20)).to_string()]);
     let (st, v) = ask(&roomy.addr, msgs);

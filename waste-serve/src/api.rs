@@ -367,10 +367,34 @@ async fn reserve(st: &AppState, bytes: u64, what: &str) -> Result<Reserved, Resp
     }
 }
 
-/// [`reserve`] from request work on the blocking pool: at once or 503.
-fn reserve_now(st: &AppState, bytes: u64, what: &str) -> Result<Reserved, Response> {
+/// [`reserve`] from request work on the blocking pool, at once. When there
+/// is no room: 413 if what the request already holds (`own` permits, KiB)
+/// and this together exceed the whole pool — waiting could never help —
+/// else 503.
+fn reserve_now(st: &AppState, bytes: u64, what: &str, own: u64) -> Result<Reserved, Response> {
     let permits = permits_for(st, bytes, what)?;
-    st.request_memory.clone().try_acquire_many_owned(permits).map_err(|_| memory_full(st))
+    st.request_memory.clone().try_acquire_many_owned(permits).map_err(|_| {
+        let (pool, need) = (kib(st.opts.request_memory as u64), own.saturating_add(permits as u64));
+        if need <= pool {
+            return memory_full(st);
+        }
+        err(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!(
+                "with {what}, the request would hold about {} bytes, more than the server's request memory ({} bytes)",
+                need.saturating_mul(1024),
+                st.opts.request_memory
+            ),
+            "invalid_request_error",
+            None,
+            Some("body_too_complex"),
+        )
+    })
+}
+
+/// Request-memory permits (KiB) reservations hold.
+fn held_kib<'a>(rs: impl IntoIterator<Item = &'a Reserved>) -> u64 {
+    rs.into_iter().map(|r| r.num_permits() as u64).sum()
 }
 
 /// Read and parse a JSON object body. The body's bytes are reserved from
@@ -762,10 +786,10 @@ async fn blocking_with<T: Send + 'static>(
 
 /// Parse, render and tokenize a chat request, check its length against the
 /// context, and only then compile its grammar (the costly part).
-fn chat_prompt(st: &AppState, v: &Value) -> Result<(Vec<u32>, ChatPlan, Common), Response> {
+fn chat_prompt(st: &AppState, v: &Value, own: u64) -> Result<(Vec<u32>, ChatPlan, Common), Response> {
     let to400 = |(m, p): chat::Bad| bad(m, &p);
     let (mut msgs, refs) = chat::messages_with_images(v).map_err(to400)?;
-    let (images, held) = prepare_images(st, &refs)?;
+    let (images, held) = prepare_images(st, &refs, own)?;
     for (r, img) in refs.iter().zip(&images) {
         msgs[r.message].images.push(img.size());
     }
@@ -878,6 +902,7 @@ fn fetch_image(url: &str) -> Result<Vec<u8>, String> {
 fn prepare_images(
     st: &AppState,
     refs: &[chat::ImageRef],
+    own: u64,
 ) -> Result<(Vec<waste_model::PreparedImage>, Vec<Reserved>), Response> {
     if refs.is_empty() {
         return Ok((vec![], vec![]));
@@ -896,9 +921,10 @@ fn prepare_images(
         let file = waste_model::MAX_IMAGE_FILE_BYTES as u64;
         // the image file's bytes (decoded from base64, fetched or read) are
         // reserved until the image is decoded: one file at a time
+        let own = own + held_kib(&held);
         let (reading, bytes) = match &r.source {
             chat::ImageSource::Data(text) => {
-                let held = reserve_now(st, chat::decoded_len(text) as u64, "decoding an image")?;
+                let held = reserve_now(st, chat::decoded_len(text) as u64, "decoding an image", own)?;
                 (held, chat::decode_data(text, &r.param).map_err(|(m, p)| bad(m, &p))?)
             }
             chat::ImageSource::Remote(u) if !st.opts.allow_image_urls => {
@@ -908,14 +934,14 @@ fn prepare_images(
                 ))
             }
             chat::ImageSource::Remote(u) => {
-                let held = reserve_now(st, file, "fetching an image")?;
+                let held = reserve_now(st, file, "fetching an image", own)?;
                 (held, fetch_image(u).map_err(|e| bad(e, &r.param))?)
             }
             chat::ImageSource::File(_) if !st.opts.allow_image_urls => {
                 return Err(bad("file:// image URLs need a server started with --allow-image-urls", &r.param))
             }
             chat::ImageSource::File(p) => {
-                let held = reserve_now(st, file, "reading an image")?;
+                let held = reserve_now(st, file, "reading an image", own)?;
                 let read = waste_model::format::read_regular(std::path::Path::new(p), file);
                 (held, read.map_err(|e| bad(format!("reading {p}: {e}"), &r.param))?)
             }
@@ -932,7 +958,7 @@ fn prepare_images(
                 Some("context_length_exceeded"),
             ));
         }
-        held.push(reserve_now(st, img.heap_bytes() as u64, "an image's patches")?);
+        held.push(reserve_now(st, img.heap_bytes() as u64, "an image's patches", own)?);
         images.push(img);
     }
     Ok((images, held))
@@ -946,13 +972,13 @@ async fn chat(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Resp
     let st2 = st.clone();
     let prepared = blocking(&st, move || {
         // the parsed body's memory is released after it (`v` drops first), once the prompt is made
-        let (_reserved, v) = (reserved, v);
+        let (parsed, v) = (reserved, v);
         // rendering copies the messages' text once more (the template's
         // segments, or the plain messages a template takes) beside the
         // markup a template writes
         let rendering = len.saturating_add(waste_model::tokenizer::TEMPLATE_OUTPUT_BYTES as u64);
-        let _rendering = reserve_now(&st2, rendering, "rendering the messages")?;
-        let (prompt, plan, mut c) = chat_prompt(&st2, &v)?;
+        let rendering = reserve_now(&st2, rendering, "rendering the messages", held_kib([&parsed]))?;
+        let (prompt, plan, mut c) = chat_prompt(&st2, &v, held_kib([&parsed, &rendering]))?;
         if plan.xtml {
             c.params.mark_specials = true;
             c.params.stop_tokens.extend(st2.model.tokenizer().and_then(|t| t.special_id(chat::END_OF_MSG)));
