@@ -19,6 +19,7 @@ mod cmd_plan;
 mod cmd_serve;
 mod cmd_text;
 mod progress;
+mod sandbox;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -71,6 +72,11 @@ enum Cmd {
 pub const EXIT_PROBLEMS: u8 = 3;
 
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == sandbox::SUBCOMMAND) {
+        return sandbox::child();
+    }
+    // chat templates render in a limited child process (see sandbox.rs)
+    waste_model::tokenizer::set_jinja_renderer(sandbox::render);
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if e.use_stderr() => {

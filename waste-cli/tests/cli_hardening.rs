@@ -252,6 +252,20 @@ fn a_hostile_chat_template_is_an_error_naming_the_file() {
     let (code, _, err) = waste(&["run", d.to_str().unwrap(), "hi", "-n", "1"], "");
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("chat_template.jinja"), "{err}");
+    // a value grown without being written (a string doubled 40 times) and a
+    // loop of 100 MB repetitions: minijinja's fuel bounds neither, and the
+    // first ended the process on a failed allocation; rendered in a limited
+    // child, both are an error naming the file, in the command's own words
+    for hostile in [
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+        "{% macro f(s, n) %}{% if n < 30 %}{{ f(s ~ s, n + 1) }}{% endif %}{% endmacro %}{{ f('xxxxxxxxxxxxxxxx', 0) }}",
+        "{% for i in range(100) %}{{ 'x' * 100000000 }}{% endfor %}",
+    ] {
+        std::fs::write(d.join("chat_template.jinja"), hostile).unwrap();
+        let (code, _, err) = waste(&["run", d.to_str().unwrap(), "hi", "-n", "1"], "");
+        assert_eq!(code, 1, "{hostile}: {err}");
+        assert!(err.starts_with("error: ") && err.contains("chat_template.jinja"), "{hostile}: {err}");
+    }
     // a manifest that is a device, not a file
     #[cfg(unix)]
     {

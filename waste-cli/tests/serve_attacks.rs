@@ -4,13 +4,14 @@
 //! its own names and same-site pages, and a load of idle sockets, slow
 //! headers and 32 concurrent streams leaves `/health` answering and every
 //! stream exactly as when run alone, and a body that would parse into
-//! hundreds of megabytes is refused before it is parsed.
+//! hundreds of megabytes is refused before it is parsed, and a container
+//! whose chat template exhausts memory fails its requests, not the server.
 
 mod common;
 
 #[cfg(target_os = "linux")]
 use common::anchor;
-use common::start;
+use common::{copy_anchor, post_chat, start, start_with};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -39,6 +40,15 @@ fn status(resp: &str) -> u16 {
 fn request(addr: &str, host: &str, extra: &str, body: &str) -> String {
     let req = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n{extra}\r\n{body}",
+        body.len()
+    );
+    raw(addr, req.as_bytes(), Duration::from_secs(30)).0
+}
+
+/// POST a JSON body to /v1/completions; the raw response.
+fn post_completion(addr: &str, body: &str) -> String {
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     raw(addr, req.as_bytes(), Duration::from_secs(30)).0
@@ -325,13 +335,31 @@ fn text_longer_than_the_context_is_context_length_exceeded() {
     let r = request(&s.addr, &s.addr, "Content-Type: application/json\r\n", &body);
     assert_eq!(status(&r), 400, "{r}");
     assert!(r.contains("context_length_exceeded") && r.contains("the text is 120000 bytes"), "{r}");
-    let body = json!({"prompt": long, "max_tokens": 2}).to_string();
-    let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        s.addr,
-        body.len()
-    );
-    let (r, _) = raw(&s.addr, req.as_bytes(), Duration::from_secs(30));
+    let r = post_completion(&s.addr, &json!({"prompt": long, "max_tokens": 2}).to_string());
     assert_eq!(status(&r), 400, "{r}");
     assert!(r.contains("context_length_exceeded") && r.contains("\"param\":\"prompt\""), "{r}");
+}
+
+/// A container's `chat_template.jinja` that doubles a string 40 times
+/// (minijinja's fuel does not bound it) ended the server on its first chat
+/// request — a failed allocation aborts the process. Rendered in a limited
+/// child process, the request gets an error naming the file and the server
+/// goes on: `/health` answers and a completion (no template) is served.
+#[test]
+fn a_chat_template_that_exhausts_memory_fails_the_request_not_the_server() {
+    let d = copy_anchor("serve-template");
+    std::fs::write(
+        d.join("chat_template.jinja"),
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+    )
+    .unwrap();
+    let s = start_with(&d, &[]);
+    let (st, v) = post_chat(&s.addr, &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}));
+    assert_eq!(st, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("chat_template.jinja"), "{v}");
+    assert!(health_ok(&s.addr, Duration::from_secs(10)));
+    let r = post_completion(&s.addr, &json!({"prompt": "hi", "max_tokens": 2}).to_string());
+    assert_eq!(status(&r), 200, "{r}");
+    drop(s);
+    std::fs::remove_dir_all(&d).ok();
 }

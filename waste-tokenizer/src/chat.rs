@@ -86,6 +86,56 @@ pub const TEMPLATE_OUTPUT_BYTES: usize = 1 << 20;
 const OPEN: char = '\u{F8F0}';
 const CLOSE: char = '\u{F8F1}';
 
+/// What renders a `chat_template.jinja` for a conversation of `roles`
+/// (every content a placeholder) into its markup: [`render_jinja`], or what
+/// [`set_jinja_renderer`] installed.
+pub type JinjaRenderer = fn(src: &str, roles: &[&str], open: bool) -> Result<String>;
+
+static JINJA_RENDERER: std::sync::OnceLock<JinjaRenderer> = std::sync::OnceLock::new();
+
+/// Render Jinja templates with `f` instead of [`render_jinja`] in this
+/// process, from now on (once per process: false when a renderer was
+/// already set). A template is code from the container, and fuel, nesting
+/// and the output bound do not bound a value it grows without writing it,
+/// nor the time one instruction takes: the `waste` binary renders in a child
+/// process with memory and CPU limits, so a hostile template is an error
+/// there, not the end of the process.
+pub fn set_jinja_renderer(f: JinjaRenderer) -> bool {
+    JINJA_RENDERER.set(f).is_ok()
+}
+
+/// Render a `chat_template.jinja` in this process for a conversation of
+/// `roles` (message `i`'s content rendered as a placeholder that
+/// [`ChatTemplate::encode`] replaces), with `add_generation_prompt = open`:
+/// bounded in instructions ([`TEMPLATE_FUEL`]), nesting
+/// ([`TEMPLATE_RECURSION`]) and output ([`TEMPLATE_OUTPUT_BYTES`]).
+///
+/// # Errors
+/// [`Error::Template`] naming `chat_template.jinja`: a Jinja error, a limit.
+pub fn render_jinja(src: &str, roles: &[&str], open: bool) -> Result<String> {
+    // third-party templates are untrusted code: bounded in work (fuel),
+    // nesting and output, so a hostile one is an error, not a hang
+    let mut env = minijinja::Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
+    env.set_recursion_limit(TEMPLATE_RECURSION);
+    env.add_template("chat", src).map_err(|e| Error::Template(format!("chat_template.jinja: {e}")))?;
+    let msgs: Vec<serde_json::Value> = roles
+        .iter()
+        .enumerate()
+        .map(|(i, r)| serde_json::json!({"role": r, "content": format!("{OPEN}{i}{CLOSE}")}))
+        .collect();
+    let mut out = Capped::default();
+    let ctx = minijinja::context! { messages => msgs, add_generation_prompt => open };
+    if let Err(e) = env.get_template("chat").and_then(|t| t.render_captured_to(ctx, &mut out).map(drop)) {
+        return Err(Error::Template(if out.over {
+            format!("chat_template.jinja renders more than {TEMPLATE_OUTPUT_BYTES} bytes of markup")
+        } else {
+            format!("chat_template.jinja: {e}")
+        }));
+    }
+    String::from_utf8(out.buf).map_err(|_| Error::Template("chat_template.jinja rendered invalid UTF-8".into()))
+}
+
 /// A template's output, refused past [`TEMPLATE_OUTPUT_BYTES`] (before the
 /// bytes are kept).
 #[derive(Default)]
@@ -226,28 +276,11 @@ impl ChatTemplate {
                 crate::xtml::encode(tok, &msgs, &crate::xtml::XtmlOptions::default(), open).map(|e| e.ids)
             }
             ChatTemplate::Jinja(src) => {
-                // third-party templates are untrusted code: bounded in work
-                // (fuel) and nesting, so a hostile one is an error, not a hang
-                let mut env = minijinja::Environment::new();
-                env.set_fuel(Some(TEMPLATE_FUEL));
-                env.set_recursion_limit(TEMPLATE_RECURSION);
-                env.add_template("chat", src).map_err(|e| Error::Template(format!("chat_template.jinja: {e}")))?;
-                let msgs: Vec<serde_json::Value> = messages
-                    .iter()
-                    .enumerate()
-                    .map(|(i, m)| serde_json::json!({"role": m.role, "content": format!("{OPEN}{i}{CLOSE}")}))
-                    .collect();
-                let mut out = Capped::default();
-                let ctx = minijinja::context! { messages => msgs, add_generation_prompt => open };
-                if let Err(e) = env.get_template("chat").and_then(|t| t.render_captured_to(ctx, &mut out).map(drop)) {
-                    return Err(Error::Template(if out.over {
-                        format!("chat_template.jinja renders more than {TEMPLATE_OUTPUT_BYTES} bytes of markup")
-                    } else {
-                        format!("chat_template.jinja: {e}")
-                    }));
-                }
-                let rendered = String::from_utf8(out.buf)
-                    .map_err(|_| Error::Template("chat_template.jinja rendered invalid UTF-8".into()))?;
+                let roles: Vec<&str> = messages.iter().map(|m| m.role.as_str()).collect();
+                let rendered = match JINJA_RENDERER.get() {
+                    Some(f) => f(src, &roles, open)?,
+                    None => render_jinja(src, &roles, open)?,
+                };
                 // template text → markup; each content placeholder → that message's content, plain
                 let mut out = Vec::new();
                 let mut rest = rendered.as_str();
@@ -347,14 +380,9 @@ mod output_bound {
         // the shape of Kimi's template: tags around each turn
         let src = "{% for m in messages %}<|im_{{ m.role }}|>{{ m.role }}<|im_middle|>{{ m.content }}<|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}";
         let msgs: Vec<Message> = (0..1000).map(|i| Message::new(["user", "assistant"][i % 2], "hi")).collect();
-        let mut out = Capped::default();
-        let env = minijinja::Environment::new();
-        let ph: Vec<serde_json::Value> = (0..msgs.len())
-            .map(|i| serde_json::json!({"role": msgs[i].role, "content": format!("{OPEN}{i}{CLOSE}")}))
-            .collect();
-        let t = env.template_from_str(src).unwrap();
-        t.render_captured_to(minijinja::context! { messages => ph, add_generation_prompt => true }, &mut out).unwrap();
-        assert!(out.buf.len() < TEMPLATE_OUTPUT_BYTES / 10, "{} bytes", out.buf.len());
+        let roles: Vec<&str> = msgs.iter().map(|m| m.role.as_str()).collect();
+        let markup = render_jinja(src, &roles, true).unwrap();
+        assert!(markup.len() < TEMPLATE_OUTPUT_BYTES / 10, "{} bytes", markup.len());
         assert!(ChatTemplate::Jinja(src.into()).encode(&tok(), &msgs, true).is_ok());
     }
 }

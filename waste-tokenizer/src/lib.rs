@@ -29,7 +29,8 @@ pub mod xtml;
 
 pub use bpe::{Pattern, Tokenizer, PRIVATE_REGEX_ABOVE, REGEX_ALLOWANCE};
 pub use chat::{
-    image_markup, ChatTemplate, Message, MEDIA_BEGIN, MEDIA_CONTENT, MEDIA_END, MEDIA_PAD, TEMPLATE_OUTPUT_BYTES,
+    image_markup, render_jinja, set_jinja_renderer, ChatTemplate, JinjaRenderer, Message, MEDIA_BEGIN, MEDIA_CONTENT,
+    MEDIA_END, MEDIA_PAD, TEMPLATE_FUEL, TEMPLATE_OUTPUT_BYTES, TEMPLATE_RECURSION,
 };
 pub use decode::StreamDecoder;
 
