@@ -890,15 +890,16 @@ fn fetch_image(url: &str) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("reading the image {url:?}: {e}"))
 }
 
-/// Read and decode a request's images (on the blocking pool): `data:` URLs
-/// always; `http(s)://` URLs and `file://` paths only with `--allow-image-urls`.
-/// Decode a request's images, in order. Each is reserved from the request
-/// memory (its file's bytes while it is decoded — a `data:` URL's too, decoded
-/// here one at a time, not all at once when the request is read — then its
-/// patches, held with the job), and their positions are counted as they come: a request whose
-/// images alone outgrow the context stops at the first one too many (a
-/// 1 KB PNG can decode to the largest patch grid, ≈ 9.6 MB of patches, so
-/// thousands of them in one body were thousands of such buffers).
+/// Read and decode a request's images, in order, on the blocking pool:
+/// `data:` URLs always; `http(s)://` URLs and `file://` paths only with
+/// `--allow-image-urls`. Each is reserved from the request memory — its
+/// file's bytes while it is decoded (a `data:` URL's too, decoded here one
+/// at a time, not all at once when the request is read), then its patches,
+/// held with the job; `own` is what the request already holds — and their
+/// positions are counted as they come: a request whose images alone
+/// outgrow the context stops at the first one too many (a 1 KB PNG can
+/// decode to the largest patch grid, ≈ 9.6 MB of patches, so thousands of
+/// them in one body were thousands of such buffers).
 fn prepare_images(
     st: &AppState,
     refs: &[chat::ImageRef],
@@ -924,8 +925,8 @@ fn prepare_images(
         let own = own + held_kib(&held);
         let (reading, bytes) = match &r.source {
             chat::ImageSource::Data(text) => {
-                let held = reserve_now(st, chat::decoded_len(text) as u64, "decoding an image", own)?;
-                (held, chat::decode_data(text, &r.param).map_err(|(m, p)| bad(m, &p))?)
+                let res = reserve_now(st, chat::decoded_len(text) as u64, "decoding an image", own)?;
+                (res, chat::decode_data(text, &r.param).map_err(|(m, p)| bad(m, &p))?)
             }
             chat::ImageSource::Remote(u) if !st.opts.allow_image_urls => {
                 return Err(bad(
@@ -934,16 +935,16 @@ fn prepare_images(
                 ))
             }
             chat::ImageSource::Remote(u) => {
-                let held = reserve_now(st, file, "fetching an image", own)?;
-                (held, fetch_image(u).map_err(|e| bad(e, &r.param))?)
+                let res = reserve_now(st, file, "fetching an image", own)?;
+                (res, fetch_image(u).map_err(|e| bad(e, &r.param))?)
             }
             chat::ImageSource::File(_) if !st.opts.allow_image_urls => {
                 return Err(bad("file:// image URLs need a server started with --allow-image-urls", &r.param))
             }
             chat::ImageSource::File(p) => {
-                let held = reserve_now(st, file, "reading an image", own)?;
+                let res = reserve_now(st, file, "reading an image", own)?;
                 let read = waste_model::format::read_regular(std::path::Path::new(p), file);
-                (held, read.map_err(|e| bad(format!("reading {p}: {e}"), &r.param))?)
+                (res, read.map_err(|e| bad(format!("reading {p}: {e}"), &r.param))?)
             }
         };
         let img = st.model.prepare_image(&bytes).map_err(|e| bad(e.to_string(), &r.param))?;
