@@ -14,9 +14,11 @@ use waste_model::tokenizer::{self as tok, Error};
 
 /// The hidden subcommand the child runs.
 pub const SUBCOMMAND: &str = "__render-template";
-/// The child's address space (Linux's `RLIMIT_AS`; the binary and its
-/// libraries take ≈ 10 MB of it, a real template's rendering a few MB).
-pub const CHILD_MEMORY: u64 = 512 << 20;
+/// The child's address space (Linux's `RLIMIT_AS`): a real template
+/// renders within 16 MiB of it, binary and libraries included (measured
+/// with `prlimit --as`). One child runs at a time, so this is all the
+/// memory rendering can take beside the process's own.
+pub const CHILD_MEMORY: u64 = 256 << 20;
 /// The child's CPU time, in seconds (`RLIMIT_CPU`; a real template takes
 /// milliseconds, the fuel's 20 M instructions about a second).
 pub const CHILD_CPU_SECONDS: u64 = 20;
@@ -27,6 +29,10 @@ const MAX_REQUEST: u64 = 64 << 20;
 
 /// [`tok::JinjaRenderer`] through the child (installed by `main`).
 pub fn render(src: &str, roles: &[&str], open: bool) -> tok::Result<String> {
+    // one child at a time (a rendering takes ≈ 2 ms): a server's concurrent
+    // requests on a hostile template hold one child's memory, not hundreds
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let fail = |m: String| Error::Template(format!("chat_template.jinja: {m}"));
     let exe = std::env::current_exe().map_err(|e| fail(format!("finding the waste binary to render it: {e}")))?;
     let mut cmd = Command::new(exe);
