@@ -48,12 +48,16 @@ pub fn render(src: &str, roles: &[&str], open: bool) -> tok::Result<String> {
     let wrote = child.stdin.take().map(|mut w| w.write_all(req.as_bytes()));
     let mut out = Vec::new();
     let read = child.stdout.take().map(|r| r.take(tok::TEMPLATE_OUTPUT_BYTES as u64 + 1).read_to_end(&mut out));
-    let mut err = String::new();
-    if let Some(r) = child.stderr.take() {
-        let _ = r.take(4096).read_to_string(&mut err);
-    }
     if out.len() > tok::TEMPLATE_OUTPUT_BYTES {
+        // more than the bound (the child's own renderer stops at it): stop
+        // it before waiting, it may be blocked on the pipe
         let _ = child.kill();
+    }
+    let mut err = String::new();
+    if let Some(mut r) = child.stderr.take() {
+        let _ = (&mut r).take(4096).read_to_string(&mut err);
+        // drain the rest (a child blocked on a full stderr would never exit)
+        let _ = std::io::copy(&mut r, &mut std::io::sink());
     }
     let status = child.wait().map_err(|e| fail(format!("waiting for its process: {e}")))?;
     if status.success() && !matches!(wrote, Some(Err(_))) && matches!(read, Some(Ok(_))) {
