@@ -326,14 +326,23 @@ fn kib(bytes: u64) -> u64 {
     bytes.div_ceil(1024).max(1)
 }
 
-/// The request-memory permits for `bytes`, or the 413 for more than the
-/// whole request memory.
-fn permits_for(st: &AppState, bytes: u64, what: &str) -> Result<u32, Response> {
+/// The request-memory permits for `bytes`, or the 413 when they and what
+/// the request already holds (`own` permits, KiB) exceed the whole request
+/// memory: waiting for other requests could never make that room.
+fn permits_for(st: &AppState, bytes: u64, what: &str, own: u64) -> Result<u32, Response> {
     let pool = st.opts.request_memory as u64;
-    if bytes > pool {
+    let need = own.saturating_add(kib(bytes));
+    if bytes > pool || need > kib(pool) {
+        let beside = if own > 0 {
+            format!(" beside the {} this request holds", own.saturating_mul(1024))
+        } else {
+            String::new()
+        };
         return Err(err(
             StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("{what} would take about {bytes} bytes, more than the server's request memory ({pool} bytes)"),
+            &format!(
+                "{what} would take about {bytes} bytes{beside}, more than the server's request memory ({pool} bytes)"
+            ),
             "invalid_request_error",
             None,
             Some("body_too_complex"),
@@ -358,38 +367,20 @@ fn memory_full(st: &AppState) -> Response {
 }
 
 /// Reserve `bytes` of the request memory for `what`, waiting up to the body
-/// timeout for other requests to release theirs.
-async fn reserve(st: &AppState, bytes: u64, what: &str) -> Result<Reserved, Response> {
-    let permits = permits_for(st, bytes, what)?;
+/// timeout for other requests to release theirs (`own`: what this request
+/// already holds, [`permits_for`]).
+async fn reserve(st: &AppState, bytes: u64, what: &str, own: u64) -> Result<Reserved, Response> {
+    let permits = permits_for(st, bytes, what, own)?;
     match tokio::time::timeout(st.opts.body_timeout, st.request_memory.clone().acquire_many_owned(permits)).await {
         Ok(Ok(p)) => Ok(p),
         _ => Err(memory_full(st)),
     }
 }
 
-/// [`reserve`] from request work on the blocking pool, at once. When there
-/// is no room: 413 if what the request already holds (`own` permits, KiB)
-/// and this together exceed the whole pool — waiting could never help —
-/// else 503.
+/// [`reserve`] from request work on the blocking pool: at once or 503.
 fn reserve_now(st: &AppState, bytes: u64, what: &str, own: u64) -> Result<Reserved, Response> {
-    let permits = permits_for(st, bytes, what)?;
-    st.request_memory.clone().try_acquire_many_owned(permits).map_err(|_| {
-        let (pool, need) = (kib(st.opts.request_memory as u64), own.saturating_add(permits as u64));
-        if need <= pool {
-            return memory_full(st);
-        }
-        err(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!(
-                "with {what}, the request would hold about {} bytes, more than the server's request memory ({} bytes)",
-                need.saturating_mul(1024),
-                st.opts.request_memory
-            ),
-            "invalid_request_error",
-            None,
-            Some("body_too_complex"),
-        )
-    })
+    let permits = permits_for(st, bytes, what, own)?;
+    st.request_memory.clone().try_acquire_many_owned(permits).map_err(|_| memory_full(st))
 }
 
 /// Request-memory permits (KiB) reservations hold.
@@ -424,7 +415,7 @@ async fn read_json(st: &AppState, h: &HeaderMap, body: Body) -> Result<(Value, R
         Some(Ok(n)) => n,
         None => limit,
     };
-    let reading = reserve(st, raw, "the request body").await?;
+    let reading = reserve(st, raw, "the request body", 0).await?;
     let bytes: Bytes =
         match tokio::time::timeout(st.opts.body_timeout, axum::body::to_bytes(body, st.opts.body_limit)).await {
             Ok(Ok(b)) => b,
@@ -441,7 +432,7 @@ async fn read_json(st: &AppState, h: &HeaderMap, body: Body) -> Result<(Value, R
         };
     let (cost, bytes) =
         blocking_with(&st.next_id, &st.opts, move || Ok((crate::json_parse_bytes(&bytes), bytes))).await?;
-    let mut parsed = reserve(st, cost, "parsing the request body").await?;
+    let mut parsed = reserve(st, cost, "parsing the request body", held_kib([&reading])).await?;
     let len = bytes.len() as u64;
     let v = blocking_with(&st.next_id, &st.opts, move || {
         serde_json::from_slice::<Value>(&bytes).map_err(|e| bad(format!("malformed JSON: {e}"), "body"))
@@ -917,12 +908,11 @@ fn prepare_images(
         return Err(bad(why, &refs[0].param));
     }
     let ctx = st.model.options().ctx;
-    let (mut images, mut held, mut positions) = (Vec::new(), Vec::new(), 0usize);
+    let (mut images, mut held, mut positions, mut own) = (Vec::new(), Vec::new(), 0usize, own);
     for r in refs {
         let file = waste_model::MAX_IMAGE_FILE_BYTES as u64;
         // the image file's bytes (decoded from base64, fetched or read) are
         // reserved until the image is decoded: one file at a time
-        let own = own + held_kib(&held);
         let (reading, bytes) = match &r.source {
             chat::ImageSource::Data(text) => {
                 let res = reserve_now(st, chat::decoded_len(text) as u64, "decoding an image", own)?;
@@ -959,7 +949,9 @@ fn prepare_images(
                 Some("context_length_exceeded"),
             ));
         }
-        held.push(reserve_now(st, img.heap_bytes() as u64, "an image's patches", own)?);
+        let patches = reserve_now(st, img.heap_bytes() as u64, "an image's patches", own)?;
+        own += held_kib([&patches]);
+        held.push(patches);
         images.push(img);
     }
     Ok((images, held))
