@@ -133,6 +133,13 @@ waste_status waste_save_usage(const waste_model *model, const char *path, uint64
 waste_status waste_tokenize(const waste_model *model, const char *text, int32_t markup, uint32_t *ids, size_t cap, size_t *n);
 waste_status waste_detokenize(const waste_model *model, const uint32_t *ids, size_t n_ids, char *buf, size_t cap, size_t *len);
 waste_status waste_chat_encode(const waste_model *model, const waste_message *messages, size_t n_messages, int32_t open, uint32_t *ids, size_t cap, size_t *n);
+/* A container's chat_template.jinja is code: rendered in this process, a
+ * hostile one can exhaust its memory. After this call every rendering runs
+ * in a child process limited in memory and CPU time: helper is the path of
+ * the `waste` binary or of `waste-render-template`; it is tried once here
+ * (WASTE_E_ARG if it does not render). Once per process (the same helper
+ * again is WASTE_OK). */
+waste_status waste_use_template_sandbox(const char *helper);
 
 /* Images (K3 with a vision tower; open with images = 1). An image is
  * announced in the prompt as the markup

@@ -629,6 +629,40 @@ pub unsafe extern "C" fn waste_chat_encode(
     })
 }
 
+/// Render chat templates (`chat_template.jinja`, code from the container)
+/// in a child process limited in memory and CPU time from now on, for every
+/// model of this process: `helper` is the `waste` binary or
+/// `waste-render-template` (the waste-sandbox crate). It is tried once
+/// here. Once per process: installing the same helper again is
+/// `WASTE_OK`, another one `WASTE_E_ARG`.
+///
+/// # Safety
+/// `helper` is a C string.
+#[no_mangle]
+pub unsafe extern "C" fn waste_use_template_sandbox(helper: *const c_char) -> waste_status {
+    guard(|| {
+        // SAFETY: per the contract
+        let path = std::path::PathBuf::from(unsafe { text(helper, "helper")? });
+        if let Some(h) = waste_sandbox::installed() {
+            return if h == path {
+                Ok(())
+            } else {
+                arg(format!("a template helper is already in use: {}", h.display()))
+            };
+        }
+        // a helper that cannot render now would fail every chat later
+        match waste_sandbox::render_with(&path, "{{ 'ok' }}", &[], false) {
+            Ok(s) if s == "ok" => {}
+            Ok(_) => return arg(format!("{}: not a template helper (its output was wrong)", path.display())),
+            Err(e) => return arg(format!("{}: not a working template helper: {e}", path.display())),
+        }
+        if !waste_sandbox::install(path) {
+            return arg("a template renderer is already installed in this process");
+        }
+        Ok(())
+    })
+}
+
 /// A new session on a model.
 ///
 /// # Safety

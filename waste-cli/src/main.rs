@@ -19,7 +19,6 @@ mod cmd_plan;
 mod cmd_serve;
 mod cmd_text;
 mod progress;
-mod sandbox;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -72,11 +71,13 @@ enum Cmd {
 pub const EXIT_PROBLEMS: u8 = 3;
 
 fn main() -> ExitCode {
-    if std::env::args_os().nth(1).is_some_and(|a| a == sandbox::SUBCOMMAND) {
-        return sandbox::child();
+    if std::env::args_os().nth(1).is_some_and(|a| a == waste_sandbox::SUBCOMMAND) {
+        return waste_sandbox::serve_child(std::io::stdin().lock(), std::io::stdout().lock(), std::io::stderr().lock());
     }
-    // chat templates render in a limited child process (see sandbox.rs)
-    waste_model::tokenizer::set_jinja_renderer(sandbox::render);
+    // chat templates render in a limited child process, this binary run
+    // as `waste __render-template` (waste-sandbox); a binary that cannot
+    // be found makes each rendering an error, never one in this process
+    waste_sandbox::install(std::env::current_exe().unwrap_or_default());
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if e.use_stderr() => {

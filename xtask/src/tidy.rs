@@ -14,6 +14,8 @@ pub const LAYERS: &[(&str, u8)] = &[
     ("waste-cache", 2),
     ("waste-synth", 2),
     ("waste-tokenizer", 2),
+    ("waste-vision", 2),
+    ("waste-sandbox", 3),
     ("waste-model", 3),
     ("waste-convert", 4),
     ("waste-grammar", 4),

@@ -2,17 +2,26 @@
 //! code from the container, and minijinja's fuel and nesting limit do not
 //! bound a value a template grows without writing it (`{% set ns.s = ns.s
 //! ~ ns.s %}` in a loop doubles a string an iteration: the allocation
-//! failure ended the whole process) nor the time one instruction takes (a
-//! 100 MB repetition is one). So the `waste` binary renders each template
-//! in `waste __render-template`, a child limited in address space and CPU
-//! time: a hostile template is an error naming the file, and the command —
-//! a server with its other requests — goes on.
+//! failure ends the whole process) nor the time one instruction takes (a
+//! 100 MB repetition is one). Rendered by a helper child limited in address
+//! space and CPU time, a hostile template is an error naming the file, and
+//! the process — a server with its other requests — goes on.
+//!
+//! The helper is any program that serves one request with
+//! [`serve_child`]: the `waste` binary (`waste __render-template`, what the
+//! command line installs for itself) or this crate's small
+//! `waste-render-template`, for a program that embeds the engine (the C
+//! ABI's `waste_use_template_sandbox`). [`install`] makes every rendering
+//! of the process go through it.
 
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
-use waste_model::tokenizer::{self as tok, Error};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::OnceLock;
+use waste_tokenizer::{self as tok, Error};
 
-/// The hidden subcommand the child runs.
+/// The argument a helper is started with (the `waste` binary's hidden
+/// subcommand; `waste-render-template` ignores its arguments).
 pub const SUBCOMMAND: &str = "__render-template";
 /// The child's address space (Linux's `RLIMIT_AS`): a real template
 /// renders within 16 MiB of it, binary and libraries included (measured
@@ -26,22 +35,57 @@ pub const CHILD_CPU_SECONDS: u64 = 20;
 /// Largest request the child reads: the template (the engine reads at
 /// most `MAX_TEMPLATE_BYTES`) and the roles, JSON-quoted.
 const MAX_REQUEST: u64 = 64 << 20;
+/// Most of the child's error message the parent keeps.
+const MAX_MESSAGE: usize = 4096;
 
-/// [`tok::JinjaRenderer`] through the child (installed by `main`).
-pub fn render(src: &str, roles: &[&str], open: bool) -> tok::Result<String> {
+static HELPER: OnceLock<PathBuf> = OnceLock::new();
+
+/// Render every chat template of this process through the helper program
+/// at `helper` ([`render_with`]), from now on. Once per process, like the
+/// tokenizer's [`tok::set_jinja_renderer`]: false (and nothing changed)
+/// when a helper or another renderer was already installed. The path is
+/// not checked here: a helper that cannot be started makes each rendering
+/// an error saying so (never a rendering in this process).
+pub fn install(helper: PathBuf) -> bool {
+    HELPER.set(helper).is_ok() && tok::set_jinja_renderer(render_installed)
+}
+
+/// The helper [`install`] set, if any.
+pub fn installed() -> Option<&'static Path> {
+    HELPER.get().map(PathBuf::as_path)
+}
+
+fn render_installed(src: &str, roles: &[&str], open: bool) -> tok::Result<String> {
+    match HELPER.get() {
+        Some(h) => render_with(h, src, roles, open),
+        // unreachable: the renderer is installed only after the helper is set
+        None => Err(Error::Template("chat_template.jinja: no renderer helper installed".into())),
+    }
+}
+
+/// Render `src` for a conversation of `roles` (as
+/// [`tok::render_jinja`]) in a child: `helper __render-template`, which
+/// limits itself to [`CHILD_MEMORY`] and [`CHILD_CPU_SECONDS`] before it
+/// reads the template ([`serve_child`]). One child at a time per process.
+///
+/// # Errors
+/// [`Error::Template`] naming `chat_template.jinja`: the child's own
+/// error (Jinja, fuel, nesting, the output bound), a child that passed
+/// its limits or died, markup past [`tok::TEMPLATE_OUTPUT_BYTES`] or not
+/// UTF-8, a helper that could not be started.
+pub fn render_with(helper: &Path, src: &str, roles: &[&str], open: bool) -> tok::Result<String> {
     // one child at a time (a rendering takes ≈ 2 ms): a server's concurrent
     // requests on a hostile template hold one child's memory, not hundreds
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let fail = |m: String| Error::Template(format!("chat_template.jinja: {m}"));
-    let exe = std::env::current_exe().map_err(|e| fail(format!("finding the waste binary to render it: {e}")))?;
-    let mut cmd = Command::new(exe);
+    let mut cmd = Command::new(helper);
     cmd.arg(SUBCOMMAND).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // no pre_exec: the child limits itself before it reads the template, so
     // std can spawn without fork's copy of this process's page tables
     // (measured: 54 ms per spawn beside 2 GB of resident memory, 139 ms
     // beside 6 GB, against 3.5 ms without)
-    let mut child = cmd.spawn().map_err(|e| fail(format!("starting a process to render it: {e}")))?;
+    let mut child = cmd.spawn().map_err(|e| fail(format!("starting {} to render it: {e}", helper.display())))?;
     let req = serde_json::json!({"template": src, "roles": roles, "open": open}).to_string();
     // the child reads the whole request before it writes: no pipe deadlock;
     // a child that died early makes this write fail, and its status says why
@@ -53,12 +97,13 @@ pub fn render(src: &str, roles: &[&str], open: bool) -> tok::Result<String> {
         // it before waiting, it may be blocked on the pipe
         let _ = child.kill();
     }
-    let mut err = String::new();
+    let mut err = Vec::new();
     if let Some(mut r) = child.stderr.take() {
-        let _ = (&mut r).take(4096).read_to_string(&mut err);
+        let _ = (&mut r).take(MAX_MESSAGE as u64).read_to_end(&mut err);
         // drain the rest (a child blocked on a full stderr would never exit)
         let _ = std::io::copy(&mut r, &mut std::io::sink());
     }
+    let err = String::from_utf8_lossy(&err);
     let status = child.wait().map_err(|e| fail(format!("waiting for its process: {e}")))?;
     if status.success() && !matches!(wrote, Some(Err(_))) && matches!(read, Some(Ok(_))) {
         if out.len() > tok::TEMPLATE_OUTPUT_BYTES {
@@ -66,7 +111,7 @@ pub fn render(src: &str, roles: &[&str], open: bool) -> tok::Result<String> {
         }
         return String::from_utf8(out).map_err(|_| fail("rendered invalid UTF-8".into()));
     }
-    if status.code() == Some(2) && !err.is_empty() {
+    if status.code() == Some(2) && !err.trim().is_empty() {
         // the child's own error (a Jinja error, fuel, nesting, output bound)
         return Err(Error::Template(err.trim_end().to_string()));
     }
@@ -89,14 +134,18 @@ fn limit_self() {
     set(libc::RLIMIT_CPU, CHILD_CPU_SECONDS);
 }
 
-/// The child: read one request from stdin, render it in this process,
-/// write the markup to stdout (exit 0) or the error to stderr (exit 2).
-pub fn child() -> std::process::ExitCode {
+/// The helper's whole work, as its `main`: limit this process
+/// ([`CHILD_MEMORY`], [`CHILD_CPU_SECONDS`]; it stays limited, so call
+/// this only in a process of its own), read one request from `input`,
+/// render it here ([`tok::render_jinja`]) and write the markup to `out`
+/// (exit 0) or the error to `err` (exit 2); a malformed request or a
+/// failed write is exit 1.
+pub fn serve_child(input: impl Read, mut out: impl Write, mut err: impl Write) -> ExitCode {
     #[cfg(unix)]
     limit_self();
     let mut req = Vec::new();
-    if std::io::stdin().take(MAX_REQUEST).read_to_end(&mut req).is_err() {
-        return std::process::ExitCode::from(1);
+    if input.take(MAX_REQUEST).read_to_end(&mut req).is_err() {
+        return ExitCode::from(1);
     }
     let parsed: Option<(String, Vec<String>, bool)> =
         serde_json::from_slice::<serde_json::Value>(&req).ok().and_then(|v| {
@@ -105,18 +154,17 @@ pub fn child() -> std::process::ExitCode {
             Some((v["template"].as_str()?.to_string(), roles, v["open"].as_bool()?))
         });
     let Some((src, roles, open)) = parsed else {
-        eprintln!("malformed render request");
-        return std::process::ExitCode::from(1);
+        let _ = writeln!(err, "malformed render request");
+        return ExitCode::from(1);
     };
     drop(req);
     let roles: Vec<&str> = roles.iter().map(String::as_str).collect();
     match tok::render_jinja(&src, &roles, open) {
         Ok(s) => {
-            let mut o = std::io::stdout().lock();
-            if o.write_all(s.as_bytes()).and_then(|_| o.flush()).is_err() {
-                return std::process::ExitCode::from(1);
+            if out.write_all(s.as_bytes()).and_then(|_| out.flush()).is_err() {
+                return ExitCode::from(1);
             }
-            std::process::ExitCode::SUCCESS
+            ExitCode::SUCCESS
         }
         Err(e) => {
             let m = match e {
@@ -126,8 +174,20 @@ pub fn child() -> std::process::ExitCode {
             // short enough for the pipe's buffer: the parent reads stderr
             // after stdout, so a longer message could block this process
             let end = (0..=m.len().min(2048)).rev().find(|&i| m.is_char_boundary(i)).unwrap_or(0);
-            eprintln!("{}", &m[..end]);
-            std::process::ExitCode::from(2)
+            let _ = writeln!(err, "{}", &m[..end]).and_then(|_| err.flush());
+            ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_helper_that_cannot_start_is_an_error_naming_it() {
+        let e = render_with(Path::new("/nonexistent/helper"), "{{ 1 }}", &["user"], true).unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("chat_template.jinja") && m.contains("/nonexistent/helper"), "{m}");
     }
 }
