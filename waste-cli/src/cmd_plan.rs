@@ -43,7 +43,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     let every = slots as u64 >= p.expert_records && p.expert_records > 0;
     if a.json {
         print_json(&json!({
-            "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes, "tokenizer_bytes": p.tokenizer_bytes, "tokenize_bytes": p.tokenize_bytes,
+            "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes, "tokenizer_bytes": p.tokenizer_bytes, "tokenize_bytes": p.tokenize_bytes, "template_bytes": p.template_bytes,
             "grammar_bytes_when_constrained": p.with_grammar(vocab).grammar_bytes,
             "vision_bytes": p.vision_bytes(), "vision_weight_bytes": p.vision_weight_bytes, "vision_scratch_bytes": p.vision_scratch_bytes,
             "min_expert_cache_bytes": p.min_expert_cache_bytes, "floor_bytes": p.floor_bytes,
@@ -60,6 +60,9 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         outln!("  scratch              {:>14} bytes  {}", p.scratch_bytes, gib(p.scratch_bytes));
         outln!("  tokenizer tables     {:>14} bytes  {}", p.tokenizer_bytes, gib(p.tokenizer_bytes));
         outln!("  tokenizing a prompt  {:>14} bytes  {}", p.tokenize_bytes, gib(p.tokenize_bytes));
+        if p.template_bytes > 0 {
+            outln!("  chat template        {:>14} bytes  {}", p.template_bytes, gib(p.template_bytes));
+        }
         let g = p.with_grammar(vocab).grammar_bytes;
         outln!("  (grammar tables      {:>14} bytes  {} more for `serve` and `run --json-schema`)", g, gib(g));
         if p.vision_bytes() > 0 {

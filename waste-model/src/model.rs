@@ -151,6 +151,7 @@ impl Model {
         }
         // the tokenizer first: its tables are part of the plan
         let tokenizer = crate::plan::load_tokenizer(&container)?;
+        let template = crate::plan::load_chat_template(&container, tokenizer.as_ref())?;
         let mut warnings = Vec::new();
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let mut opts = opts;
@@ -163,7 +164,10 @@ impl Model {
             opts.threads = MAX_THREADS_PER_CORE * cores;
         }
         let threads = if opts.threads == 0 { crate::plan::default_threads() } else { opts.threads };
-        let plan = Plan::for_container(&container, opts.ctx)?.with_tokenizer(tokenizer.as_ref()).with_threads(threads);
+        let plan = Plan::for_container(&container, opts.ctx)?
+            .with_tokenizer(tokenizer.as_ref())
+            .with_chat_template(template.as_ref())
+            .with_threads(threads);
         let plan = if opts.grammar { plan.with_grammar(container.config.vocab) } else { plan };
         let vcfg = match opts.vision {
             false => None,
@@ -193,7 +197,7 @@ impl Model {
                 plan.trunk_bytes,
                 plan.state_bytes,
                 plan.scratch_bytes,
-                plan.tokenizer_bytes + plan.tokenize_bytes,
+                plan.tokenizer_bytes + plan.tokenize_bytes + plan.template_bytes,
                 plan.min_expert_cache_bytes
             ),
         })?;
@@ -243,13 +247,6 @@ impl Model {
         }
         let io_threads = if opts.io_threads == 0 { 4 } else { opts.io_threads };
         let dir = container.dir.clone();
-        let template = match &tokenizer {
-            Some(t) => Some(
-                waste_tokenizer::ChatTemplate::from_container_dir(&dir, t)
-                    .map_err(|e| Error::Arg(format!("chat template: {e}")))?,
-            ),
-            None => None,
-        };
         // fingerprint: the manifest bytes and the data files' sizes
         let mut fingerprint = 0xcbf2_9ce4_8422_2325u64;
         let mut fnv = |b: &[u8]| {

@@ -22,6 +22,12 @@ pub struct Plan {
     /// and the regex's working memory and the ids
     /// (`Tokenizer::encode_working_bytes`); 0 until [`Plan::with_tokenizer`].
     pub tokenize_bytes: u64,
+    /// Rendering the container's `chat_template.jinja`: the template held,
+    /// a copy of it in a rendering helper's request (JSON-escaped: at most
+    /// 6 bytes a byte) and the markup it writes (at most
+    /// `TEMPLATE_OUTPUT_BYTES`); 0 for the other templates (their markup is
+    /// tokenized as it is made) and until [`Plan::with_chat_template`].
+    pub template_bytes: u64,
     /// The constrained-decoding tables (token trie and lexer) when reserved
     /// by [`Plan::with_grammar`]; 0 otherwise (they are built only by the
     /// first constrained generation).
@@ -184,6 +190,7 @@ impl Plan {
             scratch_bytes: scratch,
             tokenizer_bytes: 0,
             tokenize_bytes: 0,
+            template_bytes: 0,
             grammar_bytes: 0,
             min_expert_cache_bytes: min_cache,
             floor_bytes: floor,
@@ -288,6 +295,21 @@ impl Plan {
         self
     }
 
+    /// The same plan with rendering the chat template counted (in the
+    /// floor): [`Plan::template_bytes`].
+    pub fn with_chat_template(mut self, t: Option<&waste_tokenizer::ChatTemplate>) -> Plan {
+        let bytes = match t {
+            Some(waste_tokenizer::ChatTemplate::Jinja(src)) => {
+                (src.len() as u64).saturating_mul(7).saturating_add(waste_tokenizer::TEMPLATE_OUTPUT_BYTES as u64)
+            }
+            _ => 0,
+        };
+        self.floor_bytes = self.floor_bytes - self.template_bytes + bytes;
+        self.recommended_bytes = self.recommended_bytes - self.template_bytes + bytes;
+        self.template_bytes = bytes;
+        self
+    }
+
     /// The same plan with the constrained-decoding tables reserved:
     /// [`GRAMMAR_BYTES_PER_TOKEN`] per vocabulary entry.
     pub fn with_grammar(mut self, vocab: usize) -> Plan {
@@ -323,6 +345,7 @@ impl Plan {
                 + self.scratch_bytes
                 + self.tokenizer_bytes
                 + self.tokenize_bytes
+                + self.template_bytes
                 + self.grammar_bytes
                 + vision,
             min_cache: self.min_expert_cache_bytes,
@@ -360,7 +383,22 @@ pub(crate) fn load_tokenizer(ct: &Container) -> Result<Option<waste_tokenizer::T
 pub fn plan(path: impl AsRef<Path>, ctx: usize) -> Result<Plan> {
     let ct = Container::open(path.as_ref())?;
     let tok = load_tokenizer(&ct)?;
-    Ok(Plan::for_container(&ct, ctx)?.with_tokenizer(tok.as_ref()).with_threads(default_threads()))
+    let template = load_chat_template(&ct, tok.as_ref())?;
+    Ok(Plan::for_container(&ct, ctx)?
+        .with_tokenizer(tok.as_ref())
+        .with_chat_template(template.as_ref())
+        .with_threads(default_threads()))
+}
+
+/// The container's chat template when it has a tokenizer
+/// (`chat_template.jinja`, `chat.json` or a default).
+pub(crate) fn load_chat_template(
+    ct: &Container,
+    tok: Option<&waste_tokenizer::Tokenizer>,
+) -> Result<Option<waste_tokenizer::ChatTemplate>> {
+    tok.map(|t| waste_tokenizer::ChatTemplate::from_container_dir(&ct.dir, t))
+        .transpose()
+        .map_err(|e| crate::Error::Arg(format!("chat template: {e}")))
 }
 
 /// Compute threads when none are asked for: every core.

@@ -2,6 +2,8 @@
 //! boundaries, seeded sampling, context-full signal, cancellation, state
 //! save/load (exactness and validation).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use waste_model::{Control, Finish, GenerateParams, Model, ModelOptions, SamplingParams};
 
@@ -361,6 +363,23 @@ fn text_too_long_for_the_context_is_refused_before_tokenizing() {
     assert!(e.contains(&want), "{e}");
     let fits = "a".repeat(16 * per);
     assert!(!m.encode_raw(&fits).unwrap().is_empty());
+}
+
+#[test]
+fn the_plan_counts_rendering_a_jinja_chat_template() {
+    let plain = waste_model::plan(anchor(), 256).unwrap();
+    assert_eq!(plain.template_bytes, 0, "the anchor's chat.json markup is tokenized as it is made");
+    let copy = common::copy_container(&anchor(), "template-plan");
+    let src = "{% for m in messages %}<|im_user|>{{ m.content }}<|im_end|>{% endfor %}";
+    std::fs::write(copy.join("chat_template.jinja"), src).unwrap();
+    let p = waste_model::plan(&*copy, 256).unwrap();
+    // the template, its copy in a helper's request (≤ 6 bytes a byte), the markup bound
+    let want = 7 * src.len() as u64 + waste_model::tokenizer::TEMPLATE_OUTPUT_BYTES as u64;
+    assert_eq!(p.template_bytes, want);
+    assert_eq!(p.floor_bytes, plain.floor_bytes + want, "in the floor");
+    let m = Model::open(&*copy, ModelOptions { ctx: 256, ..Default::default() }).unwrap();
+    assert_eq!(m.plan().template_bytes, want, "the model's plan");
+    assert_eq!(m.plan().floor_bytes, p.floor_bytes);
 }
 
 #[test]
