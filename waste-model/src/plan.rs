@@ -34,7 +34,8 @@ pub struct Plan {
     pub grammar_bytes: u64,
     /// Smallest expert cache: top_k × record × 2.
     pub min_expert_cache_bytes: u64,
-    /// trunk + state + scratch + tokenizer (tables and tokenizing) + min cache.
+    /// trunk + state + scratch + tokenizer (tables, tokenizing, the chat
+    /// template's rendering) + min cache.
     pub floor_bytes: u64,
     /// One token's experts: top_k × record × MoE layers.
     pub working_set_bytes: u64,

@@ -47,7 +47,9 @@ static HELPER: OnceLock<PathBuf> = OnceLock::new();
 /// not checked here: a helper that cannot be started makes each rendering
 /// an error saying so (never a rendering in this process).
 pub fn install(helper: PathBuf) -> bool {
-    HELPER.set(helper).is_ok() && tok::set_jinja_renderer(render_installed)
+    // the hook first: a helper is recorded only when it is the renderer in
+    // use (a rendering between the two — install runs at start — is an error)
+    HELPER.get().is_none() && tok::set_jinja_renderer(render_installed) && HELPER.set(helper).is_ok()
 }
 
 /// The helper [`install`] set, if any.
@@ -58,7 +60,7 @@ pub fn installed() -> Option<&'static Path> {
 fn render_installed(src: &str, roles: &[&str], open: bool) -> tok::Result<String> {
     match HELPER.get() {
         Some(h) => render_with(h, src, roles, open),
-        // unreachable: the renderer is installed only after the helper is set
+        // only while `install` runs, between the hook and the helper
         None => Err(Error::Template("chat_template.jinja: no renderer helper installed".into())),
     }
 }
