@@ -68,30 +68,112 @@ fn render_installed(src: &str, roles: &[&str], open: bool) -> tok::Result<String
 /// Render `src` for a conversation of `roles` (as
 /// [`tok::render_jinja`]) in a child: `helper __render-template`, which
 /// limits itself to [`CHILD_MEMORY`] and [`CHILD_CPU_SECONDS`] before it
-/// reads the template ([`serve_child`]). One child at a time per process.
+/// reads the template ([`serve_child`]); a child still running after
+/// [`CHILD_WALL_SECONDS`] is killed. One child at a time per process.
 ///
 /// # Errors
 /// [`Error::Template`] naming `chat_template.jinja`: the child's own
 /// error (Jinja, fuel, nesting, the output bound), a child that passed
-/// its limits or died, markup past [`tok::TEMPLATE_OUTPUT_BYTES`] or not
-/// UTF-8, a helper that could not be started.
+/// its limits, ran too long or died, markup past
+/// [`tok::TEMPLATE_OUTPUT_BYTES`] or not UTF-8, a helper that could not be
+/// started.
 pub fn render_with(helper: &Path, src: &str, roles: &[&str], open: bool) -> tok::Result<String> {
+    render_within(helper, src, roles, open, std::time::Duration::from_secs(CHILD_WALL_SECONDS))
+}
+
+/// The child's wall-clock time, in seconds: past its CPU limit, a child
+/// that waits on nothing (a helper that is stopped, or is not one and
+/// never exits) is killed instead of holding every later rendering.
+pub const CHILD_WALL_SECONDS: u64 = 2 * CHILD_CPU_SECONDS;
+
+/// The request, in a file of its own (created new, removed on drop): the
+/// child reads it as its stdin, so the parent writes no pipe — a child that
+/// exits without reading cannot raise `SIGPIPE` in a host that does not
+/// ignore it (a C program), nor block the parent on a full pipe.
+struct RequestFile(PathBuf);
+
+impl RequestFile {
+    fn new(req: &[u8]) -> std::io::Result<(RequestFile, std::fs::File)> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("waste-render-{}-{n}.json", std::process::id()));
+        let mut f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+        let guard = RequestFile(path);
+        f.write_all(req)?;
+        std::io::Seek::rewind(&mut f)?;
+        Ok((guard, f))
+    }
+}
+
+impl Drop for RequestFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Kills a child still running at a deadline, never after it is reaped:
+/// the kill happens under the lock `finish` takes before the caller waits
+/// for the child, so the pid is still the child's (at worst a zombie).
+struct Watchdog {
+    state: std::sync::Arc<(std::sync::Mutex<(bool, bool)>, std::sync::Condvar)>,
+}
+
+impl Watchdog {
+    fn start(pid: u32, wall: std::time::Duration) -> Watchdog {
+        let state = std::sync::Arc::new((std::sync::Mutex::new((false, false)), std::sync::Condvar::new()));
+        let s = state.clone();
+        let watch = move || {
+            let (m, cv) = &*s;
+            let g = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let (mut g, _) = cv.wait_timeout_while(g, wall, |(done, _)| !*done).unwrap_or_else(|e| e.into_inner());
+            if !g.0 {
+                #[cfg(unix)]
+                // SAFETY: kill(2) on our child's pid, not yet reaped (see above).
+                unsafe {
+                    libc::kill(pid as libc::pid_t, libc::SIGKILL)
+                };
+                g.1 = true;
+            }
+        };
+        // no thread, no deadline: the CPU limit still bounds a busy child
+        let _ = std::thread::Builder::new().name("waste-render-watchdog".into()).spawn(watch);
+        Watchdog { state }
+    }
+
+    /// Stop watching (before waiting for the child); whether it was killed.
+    fn finish(&self) -> bool {
+        let (m, cv) = &*self.state;
+        let mut g = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        g.0 = true;
+        cv.notify_all();
+        g.1
+    }
+}
+
+fn render_within(
+    helper: &Path,
+    src: &str,
+    roles: &[&str],
+    open: bool,
+    wall: std::time::Duration,
+) -> tok::Result<String> {
     // one child at a time (a rendering takes ≈ 2 ms): a server's concurrent
     // requests on a hostile template hold one child's memory, not hundreds
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let fail = |m: String| Error::Template(format!("chat_template.jinja: {m}"));
+    let req = serde_json::json!({"template": src, "roles": roles, "open": open}).to_string();
+    let (_req_file, input) =
+        RequestFile::new(req.as_bytes()).map_err(|e| fail(format!("writing its request to a file: {e}")))?;
+    drop(req);
     let mut cmd = Command::new(helper);
-    cmd.arg(SUBCOMMAND).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.arg(SUBCOMMAND).stdin(Stdio::from(input)).stdout(Stdio::piped()).stderr(Stdio::piped());
     // no pre_exec: the child limits itself before it reads the template, so
     // std can spawn without fork's copy of this process's page tables
     // (measured: 54 ms per spawn beside 2 GB of resident memory, 139 ms
     // beside 6 GB, against 3.5 ms without)
     let mut child = cmd.spawn().map_err(|e| fail(format!("starting {} to render it: {e}", helper.display())))?;
-    let req = serde_json::json!({"template": src, "roles": roles, "open": open}).to_string();
-    // the child reads the whole request before it writes: no pipe deadlock;
-    // a child that died early makes this write fail, and its status says why
-    let wrote = child.stdin.take().map(|mut w| w.write_all(req.as_bytes()));
+    let watchdog = Watchdog::start(child.id(), wall);
     let mut out = Vec::new();
     let read = child.stdout.take().map(|r| r.take(tok::TEMPLATE_OUTPUT_BYTES as u64 + 1).read_to_end(&mut out));
     if out.len() > tok::TEMPLATE_OUTPUT_BYTES {
@@ -106,8 +188,12 @@ pub fn render_with(helper: &Path, src: &str, roles: &[&str], open: bool) -> tok:
         let _ = std::io::copy(&mut r, &mut std::io::sink());
     }
     let err = String::from_utf8_lossy(&err);
+    let timed_out = watchdog.finish();
     let status = child.wait().map_err(|e| fail(format!("waiting for its process: {e}")))?;
-    if status.success() && !matches!(wrote, Some(Err(_))) && matches!(read, Some(Ok(_))) {
+    if timed_out {
+        return Err(fail(format!("rendering it took more than {} s", wall.as_secs_f64())));
+    }
+    if status.success() && matches!(read, Some(Ok(_))) {
         if out.len() > tok::TEMPLATE_OUTPUT_BYTES {
             return Err(fail(format!("renders more than {} bytes of markup", tok::TEMPLATE_OUTPUT_BYTES)));
         }
@@ -185,6 +271,62 @@ pub fn serve_child(input: impl Read, mut out: impl Write, mut err: impl Write) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A directory removed on drop.
+    struct Dir(PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A helper script in a fresh directory (removed with the guard).
+    #[cfg(unix)]
+    fn script(tag: &str, body: &str) -> (Dir, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("waste-sandbox-test-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("helper.sh");
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (Dir(dir), p)
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_child_past_the_wall_clock_is_killed_and_the_next_rendering_runs() {
+        // waits on nothing, using no CPU: only the wall clock ends it
+        let (_g, hang) = script("hang", "exec sleep 1000");
+        let t0 = std::time::Instant::now();
+        let e = render_within(&hang, "x", &["user"], true, std::time::Duration::from_millis(300)).unwrap_err();
+        assert!(e.to_string().contains("took more than 0.3 s"), "{e}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(100), "killed, not waited for");
+        let (_g2, ok) = script("ok", "cat > /dev/null; printf ok");
+        assert_eq!(render_within(&ok, "x", &[], false, std::time::Duration::from_secs(60)).unwrap(), "ok");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_request_reaches_the_child_whole() {
+        // the helper echoes its stdin: the request, read from the file
+        let (_g, echo) = script("echo", "cat");
+        let src = "y".repeat(300_000);
+        let got = render_within(&echo, &src, &["user"], true, std::time::Duration::from_secs(60)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&got).unwrap();
+        assert_eq!(v["template"].as_str().unwrap(), src);
+        assert_eq!(v["roles"], serde_json::json!(["user"]));
+    }
+
+    #[test]
+    fn a_request_file_is_new_and_removed_with_its_guard() {
+        let (g, mut f) = RequestFile::new(b"{}").unwrap();
+        let path = g.0.clone();
+        let mut back = String::new();
+        f.read_to_string(&mut back).unwrap();
+        assert_eq!(back, "{}", "rewound for the child");
+        drop(g);
+        assert!(!path.exists());
+    }
 
     #[test]
     fn a_helper_that_cannot_start_is_an_error_naming_it() {
