@@ -75,7 +75,8 @@ fn a_helper_is_checked_installed_once_and_renders_every_template() {
     let mut n = 0usize;
     // SAFETY: an open model, one message, room for 64 ids.
     let st = unsafe { waste_chat_encode(m, &msg, 1, 1, ids.as_mut_ptr(), ids.len(), &mut n) };
-    assert_ne!(st, waste_status::WASTE_OK);
+    // the template failed on these messages (as any template error): the helper's words
+    assert_eq!(st, waste_status::WASTE_E_ARG, "{}", last_error());
     assert!(last_error().contains("rendered by the helper"), "{}", last_error());
     // SAFETY: opened above, not used afterwards.
     unsafe { waste_close(m) };
