@@ -151,6 +151,10 @@ fn fuzz(seconds: u64) -> Result<()> {
         eprintln!("SKIP: cargo fuzz needs a nightly toolchain and `cargo install cargo-fuzz`");
         return Ok(());
     }
+    // chat_template renders Jinja in the limited child, as the waste binary does
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(Command::new(&cargo).current_dir(&root).args(["build", "--quiet", "--release", "-p", "waste-sandbox"]))?;
+    let helper = root.join("target/release/waste-render-template");
     for t in [
         "manifest",
         "record_header",
@@ -162,7 +166,7 @@ fn fuzz(seconds: u64) -> Result<()> {
         "safetensors_header",
         "chat_template",
     ] {
-        run(Command::new("cargo").current_dir(root.join("fuzz")).args([
+        run(Command::new("cargo").current_dir(root.join("fuzz")).env("WASTE_RENDER_HELPER", &helper).args([
             "+nightly",
             "fuzz",
             "run",
