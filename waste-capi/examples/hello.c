@@ -4,6 +4,11 @@
  *
  *   cc hello.c -I ../include -L ../../target/release -lwaste -Wl,-rpath,../../target/release -o hello
  *   ./hello MODEL.waste "The city of Paris"
+ *
+ * With WASTE_TEMPLATE_HELPER set to the `waste` binary or to
+ * `waste-render-template`, a container's chat_template.jinja renders in a
+ * limited child process instead of this one (what a host that opens
+ * containers it does not trust should do).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +48,12 @@ int main(int argc, char **argv) {
         return 2;
     }
     printf("version %s\n", waste_version());
+
+    const char *helper = getenv("WASTE_TEMPLATE_HELPER");
+    if (helper) {
+        check(waste_use_template_sandbox(helper), "waste_use_template_sandbox");
+        printf("templates render in %s\n", helper);
+    }
 
     waste_options opt;
     waste_options_init(&opt);

@@ -116,6 +116,36 @@ fn the_c_example_runs_and_agrees_with_the_rust_api() {
     let err = line("error ");
     assert!(!err.starts_with("0 ") && err.contains("nonexistent"), "{err}");
     assert!(line("version ").starts_with(env!("CARGO_PKG_VERSION")));
+    assert!(!out.contains("templates render in"), "no helper asked for");
+
+    // with a template helper (a script speaking the protocol): installed from C
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let helper = work.join("helper.sh");
+        std::fs::write(&helper, "#!/bin/sh\ncat > /dev/null\nprintf ok\n").unwrap();
+        std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let o = Command::new(&exe)
+            .current_dir(&work)
+            .env("WASTE_TEMPLATE_HELPER", &helper)
+            .arg(anchor())
+            .arg(prompt)
+            .output()
+            .unwrap();
+        let out2 = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(o.status.success(), "{out2}\n{}", String::from_utf8_lossy(&o.stderr));
+        assert!(out2.contains(&format!("templates render in {}", helper.display())), "{out2}");
+        // not a helper: the call fails from C with the reason
+        let o = Command::new(&exe)
+            .current_dir(&work)
+            .env("WASTE_TEMPLATE_HELPER", "/nonexistent/helper")
+            .arg(anchor())
+            .arg(prompt)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("waste_use_template_sandbox failed (5)"), "{err}");
+    }
 
     // an image through the C ABI, on K3 with a vision tower (the oracle fixture, converted)
     let fx = here().join("../tools/oracle/fixtures");
