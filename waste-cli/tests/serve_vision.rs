@@ -178,6 +178,30 @@ fn a_data_url_is_decoded_inside_the_request_memory() {
     assert_eq!(st, 200, "{v}");
 }
 
+/// Decoding an image allocates far more than its file: a 3000x3000 PNG of
+/// a few KB decodes to ≈ 99 MB of pixels and their RGB copy. That working
+/// memory is reserved from the header before decoding: with 64 MiB of
+/// request memory the request is refused (413; before, the server decoded
+/// it outside any reservation and answered 200), with the default 256 MiB
+/// it is served.
+#[test]
+fn an_images_decoded_pixels_are_reserved_before_decoding() {
+    let mut big = Vec::new();
+    image::RgbImage::from_pixel(3000, 3000, image::Rgb([40, 90, 200]))
+        .write_to(&mut std::io::Cursor::new(&mut big), image::ImageFormat::Png)
+        .unwrap();
+    assert!(big.len() < 1 << 20, "a small file: {} bytes", big.len());
+    let msgs = json!([user_with_image(&data_url(&big), "what is it?")]);
+    let tight = start_with(container(), &["--body-limit", "4194304", "--request-memory", &(64u64 << 20).to_string()]);
+    let (st, v) = ask(&tight.addr, msgs.clone());
+    assert_eq!(st, 413, "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("decoding an image's pixels would take about"), "{m}");
+    let roomy = start_with(container(), &["--body-limit", "4194304"]);
+    let (st, v) = ask(&roomy.addr, msgs);
+    assert_eq!(st, 200, "{v}");
+}
+
 /// A one-shot HTTP server on loopback answering every request with `body`
 /// (status 200) or 404 for paths ending in `missing`.
 #[cfg(feature = "remote-images")]

@@ -165,6 +165,17 @@ impl Model {
         self.encode_prepared(&self.prepare_image(bytes)?)
     }
 
+    /// Most bytes [`Model::prepare_image`] holds at once for these image
+    /// bytes, read from the header alone (`waste_vision::preprocess_bytes`).
+    ///
+    /// # Errors
+    /// As [`Model::image_positions`].
+    pub fn image_prepare_bytes(&self, bytes: &[u8]) -> Result<u64> {
+        let v = self.vision_or_err()?;
+        let i = waste_vision::probe(bytes)?;
+        Ok(waste_vision::preprocess_bytes(v.tower.config(), &i)?)
+    }
+
     /// Decode an image and cut it into the tower's patches (no tower work:
     /// a server does this off its engine thread).
     ///

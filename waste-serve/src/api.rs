@@ -937,8 +937,12 @@ fn prepare_images(
                 (res, read.map_err(|e| bad(format!("reading {p}: {e}"), &r.param))?)
             }
         };
+        // the decoder's pixels, their RGB copy, the resampled image and the
+        // patches, read from the header before any of them is allocated
+        let need = st.model.image_prepare_bytes(&bytes).map_err(|e| bad(e.to_string(), &r.param))?;
+        let working = reserve_now(st, need, "decoding an image's pixels", own + held_kib([&reading]))?;
         let img = st.model.prepare_image(&bytes).map_err(|e| bad(e.to_string(), &r.param))?;
-        drop((bytes, reading));
+        drop((bytes, reading, working));
         positions = positions.saturating_add(img.positions());
         if positions >= ctx {
             return Err(err(

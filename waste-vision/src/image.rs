@@ -163,6 +163,23 @@ pub fn grid(cfg: &VisionConfig, w: u32, h: u32) -> Result<Grid> {
     Ok(Grid { gw, gh })
 }
 
+/// Most bytes [`preprocess`] holds at once for an image with this header
+/// (a bound, summed rather than peaked): the decoder's buffer (at most 8
+/// bytes a pixel — 16-bit RGBA — and at most [`MAX_DECODE_ALLOC`]), its
+/// 8-bit RGB copy, the resampled f32 image and the patches. A 1 KB PNG can
+/// declare 50 M pixels, so a server reserves this before decoding.
+///
+/// # Errors
+/// As [`grid`].
+pub fn preprocess_bytes(cfg: &VisionConfig, info: &ImageInfo) -> Result<u64> {
+    // probe bounds the pixels (MAX_PIXELS), so none of this overflows
+    let px = u64::from(info.width) * u64::from(info.height);
+    let g = grid(cfg, info.width, info.height)?;
+    let resampled = (g.gw * PATCH * g.gh * PATCH) as u64 * 3 * 4;
+    let patches = (g.patches() * PATCH_VALUES) as u64 * 4;
+    Ok((8 * px).min(MAX_DECODE_ALLOC) + 3 * px + resampled + patches)
+}
+
 /// Decode an image and cut it into the tower's normalised patches.
 ///
 /// # Errors

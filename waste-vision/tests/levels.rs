@@ -1,22 +1,12 @@
 //! The tower is bit-identical at every SIMD level and thread count.
 
+mod common;
 #[path = "../../waste-quant/tests/support/skip.rs"]
 mod skip;
 
-use serde_json::json;
+use common::cfg;
 use waste_quant::{Level, Pool, SplitMix64};
-use waste_vision::{from_rgb8, Grid, Tower, VisionConfig};
-
-fn cfg() -> VisionConfig {
-    VisionConfig::from_json(
-        &json!({"vt_hidden_size": 64, "vt_num_attention_heads": 2, "qkv_hidden_size": 64, "vt_intermediate_size": 96,
-                "vt_num_hidden_layers": 2, "init_pos_emb_height": 4, "init_pos_emb_width": 4, "text_hidden_size": 40,
-                "media_placeholder_token_id": 1, "max_patches": 64}),
-        40,
-        4,
-    )
-    .unwrap()
-}
+use waste_vision::{from_rgb8, Grid, Tower};
 
 #[test]
 fn bit_identical_across_levels_and_threads() {
