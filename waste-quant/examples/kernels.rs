@@ -9,8 +9,8 @@
 use std::time::Instant;
 use waste_format::Fmt;
 use waste_quant::vq::{
-    build_planes, build_table, build_table_planes, matvec_rows, matvec_rows_planes, planes_len, uses_planes, VqBook,
-    VqLayout,
+    build_planes, build_table, build_table_planes, matvec_rows, matvec_rows_planes, planes_len, set_plane_lookup,
+    uses_planes, PlaneLookup, VqBook, VqLayout,
 };
 use waste_quant::{f32_to_f16, Level, Matrix};
 
@@ -127,35 +127,39 @@ fn main() {
                 tp * 1e3,
                 pa * 1e3
             );
-            let (med, lo, hi) =
-                time(reps, || matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), 0, &mut y));
-            println!(
-                "vq3r {rows}x{} {:>7} byte planes: planes {:.3} ms, rows {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
-                nvec * 8,
-                lv.name(),
-                pb * 1e3,
-                med * 1e3,
-                lo * 1e3,
-                hi * 1e3,
-                (rows * nvec * stages) as f64 / med / 1e9
-            );
             // the same over 64 distinct index sets (57 MB): indices from
             // memory, as a token's experts are, not from L2/L3
             let many: Vec<Vec<u8>> = (0..64).map(|_| (0..lay.index_bytes()).map(|_| r() as u8).collect()).collect();
-            let (med, lo, hi) = time(reps.min(9), || {
-                for ix in &many {
-                    matvec_rows_planes(lv, &lay, ix, &scales, &t, Some(&planes), 0, &mut y);
-                }
-            });
-            println!(
-                "vq3r {rows}x{} {:>7} byte planes, indices from memory: rows {:.3} ms ({:.3}–{:.3}) per matrix, {:.1} GB/s of indices",
-                nvec * 8,
-                lv.name(),
-                med * 1e3 / 64.0,
-                lo * 1e3 / 64.0,
-                hi * 1e3 / 64.0,
-                (64 * lay.index_bytes()) as f64 / med / 1e9
-            );
+            // both plane lookups: which is faster depends on the CPU
+            for form in PlaneLookup::ALL {
+                set_plane_lookup(form);
+                let (med, lo, hi) =
+                    time(reps, || matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), 0, &mut y));
+                println!(
+                    "vq3r {rows}x{} {:>7} byte planes ({form:?}): planes {:.3} ms, rows {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
+                    nvec * 8,
+                    lv.name(),
+                    pb * 1e3,
+                    med * 1e3,
+                    lo * 1e3,
+                    hi * 1e3,
+                    (rows * nvec * stages) as f64 / med / 1e9
+                );
+                let (med, lo, hi) = time(reps.min(9), || {
+                    for ix in &many {
+                        matvec_rows_planes(lv, &lay, ix, &scales, &t, Some(&planes), 0, &mut y);
+                    }
+                });
+                println!(
+                    "vq3r {rows}x{} {:>7} byte planes ({form:?}), indices from memory: rows {:.3} ms ({:.3}–{:.3}) per matrix, {:.1} GB/s of indices",
+                    nvec * 8,
+                    lv.name(),
+                    med * 1e3 / 64.0,
+                    lo * 1e3 / 64.0,
+                    hi * 1e3 / 64.0,
+                    (64 * lay.index_bytes()) as f64 / med / 1e9
+                );
+            }
         }
     }
 }

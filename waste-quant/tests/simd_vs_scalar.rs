@@ -10,7 +10,7 @@ use skip::report_skip;
 use waste_format::Fmt;
 use waste_quant::vq::{
     build_planes, build_table, build_table_planes, dequant_row, matvec_rows, matvec_rows_planes, planes_cover,
-    planes_len, VqBook, VqLayout,
+    planes_len, set_plane_lookup, PlaneLookup, VqBook, VqLayout,
 };
 use waste_quant::{f32_to_f16, Level, Matrix};
 
@@ -199,12 +199,16 @@ proptest! {
             build_table_planes(lv, &br, &lay, &x, &mut t2, &mut planes2);
             prop_assert_eq!(t2.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), t0.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "fused table, level {:?}", lv);
             prop_assert!(planes2 == planes, "fused planes, level {:?}", lv);
-            let mut got = vec![0f32; rows];
-            let cut = (rows / 2) / 64 * 64;
-            let (a, b) = got.split_at_mut(cut);
-            matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), 0, a);
-            matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), cut, b);
-            prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "planes, level {:?}", lv);
+            // both plane lookups (the one this CPU uses is chosen per vendor)
+            for form in PlaneLookup::ALL {
+                set_plane_lookup(form);
+                let mut got = vec![0f32; rows];
+                let cut = (rows / 2) / 64 * 64;
+                let (a, b) = got.split_at_mut(cut);
+                matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), 0, a);
+                matvec_rows_planes(lv, &lay, &idx, &scales, &t, Some(&planes), cut, b);
+                prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "planes {:?}, level {:?}", form, lv);
+            }
             // where the planes serve every row, the planes alone (no f32 table)
             if planes_cover(lv, &lay) {
                 let mut planes3 = vec![0u8; planes_len(&lay)];

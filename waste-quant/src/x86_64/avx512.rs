@@ -855,8 +855,9 @@ const VQ_PREFETCH_V: usize = 4;
 /// VQ row sums by in-register byte lookups instead of gathers: for each
 /// vector position and stage, the stage's 256-entry table is held as 4
 /// byte planes in 16 registers, and 64 rows' indices look up each plane
-/// with four 64-byte permutes (VBMI), each merged under a mask of the
-/// index's top two bits; the 4 planes' bytes are interleaved back into the
+/// in one of two forms chosen per CPU ([`crate::vq::plane_lookup`]): two 128-entry
+/// two-register permutes blended on the index's top bit, or four 64-entry
+/// permutes merged under masks of its top two bits (VBMI); the 4 planes' bytes are interleaved back into the
 /// 64 f32 entries. Each row still adds its entries in the canonical order (vector position, then
 /// stage) into its own sum — bit-identical to the scalar definition. The
 /// gathers' one load per lookup is what capped [`vq_rows16`]
@@ -868,8 +869,28 @@ const VQ_PREFETCH_V: usize = 4;
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VBMI; sizes as asserted by `vq::matvec_rows`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
 pub unsafe fn vq_rows64(lay: &crate::vq::VqLayout, idx: &[u8], planes: &[u8], r0: usize, y: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match crate::vq::plane_lookup() {
+            crate::vq::PlaneLookup::TwoSource => vq_rows64_with::<true>(lay, idx, planes, r0, y),
+            crate::vq::PlaneLookup::OneSource => vq_rows64_with::<false>(lay, idx, planes, r0, y),
+        }
+    }
+}
+
+/// [`vq_rows64`] with the plane lookup chosen at compile time.
+///
+/// # Safety
+/// As [`vq_rows64`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
+unsafe fn vq_rows64_with<const TWO_SOURCE: bool>(
+    lay: &crate::vq::VqLayout,
+    idx: &[u8],
+    planes: &[u8],
+    r0: usize,
+    y: &mut [f32],
+) {
     let st = lay.stages;
     let bpv = lay.bpv();
     debug_assert!(st == bpv && bpv <= 3 && !lay.packed6);
@@ -924,19 +945,26 @@ pub unsafe fn vq_rows64(lay: &crate::vq::VqLayout, idx: &[u8], planes: &[u8], r0
                         lo
                     }
                 };
-                // four one-register permutes per plane, each 64-entry
-                // quarter merged where the index's top two bits choose it:
-                // a two-register vpermt2b takes two cycles of the shuffle
-                // port here, vpermb one (docs/LEARNED.md, "vpermb")
                 let b7 = _mm512_movepi8_mask(iv);
-                let b6 = _mm512_movepi8_mask(_mm512_add_epi8(iv, iv));
-                let (q1, q3) = (_kandn_mask64(b7, b6), _kand_mask64(b7, b6));
-                let b: [__m512i; 4] = core::array::from_fn(|p| {
-                    let r = _mm512_permutexvar_epi8(iv, pl[p][0]);
-                    let r = _mm512_mask_permutexvar_epi8(r, q1, iv, pl[p][1]);
-                    let r = _mm512_mask_permutexvar_epi8(r, b7, iv, pl[p][2]);
-                    _mm512_mask_permutexvar_epi8(r, q3, iv, pl[p][3])
-                });
+                let b: [__m512i; 4] = if TWO_SOURCE {
+                    // two 128-entry halves, blended on the index's top bit
+                    core::array::from_fn(|p| {
+                        let lo = _mm512_permutex2var_epi8(pl[p][0], iv, pl[p][1]);
+                        let hi = _mm512_permutex2var_epi8(pl[p][2], iv, pl[p][3]);
+                        _mm512_mask_blend_epi8(b7, lo, hi)
+                    })
+                } else {
+                    // four one-register permutes per plane, each 64-entry
+                    // quarter merged where the index's top two bits choose it
+                    let b6 = _mm512_movepi8_mask(_mm512_add_epi8(iv, iv));
+                    let (q1, q3) = (_kandn_mask64(b7, b6), _kand_mask64(b7, b6));
+                    core::array::from_fn(|p| {
+                        let r = _mm512_permutexvar_epi8(iv, pl[p][0]);
+                        let r = _mm512_mask_permutexvar_epi8(r, q1, iv, pl[p][1]);
+                        let r = _mm512_mask_permutexvar_epi8(r, b7, iv, pl[p][2]);
+                        _mm512_mask_permutexvar_epi8(r, q3, iv, pl[p][3])
+                    })
+                };
                 let t0 = _mm512_unpacklo_epi8(b[0], b[1]);
                 let t1 = _mm512_unpackhi_epi8(b[0], b[1]);
                 let t2 = _mm512_unpacklo_epi8(b[2], b[3]);
