@@ -76,7 +76,9 @@ fn render_installed(src: &str, roles: &[&str], open: bool) -> tok::Result<String
 /// error (Jinja, fuel, nesting, the output bound), a child that passed
 /// its limits, ran too long or died, markup past
 /// [`tok::TEMPLATE_OUTPUT_BYTES`] or not UTF-8, a helper that could not be
-/// started.
+/// started; a template over [`tok::MAX_TEMPLATE_BYTES`] (what the engine
+/// reads of a file) or roles making the request over what the child reads
+/// (64 MiB), refused before a child starts.
 pub fn render_with(helper: &Path, src: &str, roles: &[&str], open: bool) -> tok::Result<String> {
     render_within(helper, src, roles, open, std::time::Duration::from_secs(CHILD_WALL_SECONDS))
 }
@@ -162,7 +164,24 @@ fn render_within(
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let fail = |m: String| Error::Template(format!("chat_template.jinja: {m}"));
+    // the engine reads at most MAX_TEMPLATE_BYTES of template; an embedder
+    // may pass anything — refuse before copying it into a request file
+    if src.len() as u64 > tok::MAX_TEMPLATE_BYTES {
+        return Err(fail(format!(
+            "{} bytes, more than the {} a template may have",
+            src.len(),
+            tok::MAX_TEMPLATE_BYTES
+        )));
+    }
     let req = serde_json::json!({"template": src, "roles": roles, "open": open}).to_string();
+    if req.len() as u64 > MAX_REQUEST {
+        // many or long roles: the child would read a truncated request
+        return Err(fail(format!(
+            "its request with {} roles is {} bytes, more than the {MAX_REQUEST} the renderer reads",
+            roles.len(),
+            req.len()
+        )));
+    }
     let (_req_file, input) =
         RequestFile::new(req.as_bytes()).map_err(|e| fail(format!("writing its request to a file: {e}")))?;
     drop(req);
@@ -290,6 +309,23 @@ mod tests {
         std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         (Dir(dir), p)
+    }
+
+    #[test]
+    fn an_oversized_template_or_request_is_refused_before_a_child_starts() {
+        // a helper that does not exist: reaching the spawn would say so
+        let none = Path::new("/nonexistent/waste-render-helper");
+        let at = "x".repeat(tok::MAX_TEMPLATE_BYTES as usize);
+        let e = render_with(none, &at, &["user"], true).unwrap_err().to_string();
+        assert!(e.contains("starting"), "the largest template a file may have is rendered: {e}");
+        let over = "x".repeat(tok::MAX_TEMPLATE_BYTES as usize + 1);
+        let e = render_with(none, &over, &["user"], true).unwrap_err().to_string();
+        assert!(e.contains(&format!("{} bytes, more than", over.len())), "{e}");
+        // roles that make the request larger than the child reads
+        let role = "r".repeat(1 << 20);
+        let roles: Vec<&str> = vec![&role; (MAX_REQUEST >> 20) as usize + 1];
+        let e = render_with(none, "x", &roles, true).unwrap_err().to_string();
+        assert!(e.contains("more than the") && e.contains(&format!("{} roles", roles.len())), "{e}");
     }
 
     #[cfg(unix)]
