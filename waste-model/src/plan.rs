@@ -53,7 +53,10 @@ pub struct Plan {
     pub vocab: u64,
     /// The vision tower's weights as loaded (0 when the container has none).
     pub vision_weight_bytes: u64,
-    /// Buffers encoding one image at the patch budget takes.
+    /// One image's buffers: the larger of decoding the largest image the
+    /// header check accepts (`waste_vision::max_preprocess_bytes`: 50 M
+    /// pixels) and encoding one at the patch budget (the two never overlap:
+    /// the decoded pixels are freed once cut into patches).
     pub vision_scratch_bytes: u64,
     /// Whether the vision bytes are counted in the floor (images enabled,
     /// [`Plan::with_vision`]): they come out of the expert cache's share.
@@ -203,7 +206,9 @@ impl Plan {
             expert_records: moe * c.experts as u64,
             vocab: c.vocab as u64,
             vision_weight_bytes: vcfg.as_ref().map_or(0, |v| crate::vision::weight_bytes(ct, v)),
-            vision_scratch_bytes: vcfg.as_ref().map_or(0, |v| v.scratch_bytes()),
+            vision_scratch_bytes: vcfg
+                .as_ref()
+                .map_or(0, |v| v.scratch_bytes().max(waste_vision::max_preprocess_bytes(v))),
             vision: false,
             expert_lanes: u64::from(lane_bytes > 0),
             expert_lane_bytes: lane_bytes,

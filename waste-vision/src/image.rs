@@ -180,6 +180,16 @@ pub fn preprocess_bytes(cfg: &VisionConfig, info: &ImageInfo) -> Result<u64> {
     Ok((8 * px).min(MAX_DECODE_ALLOC) + 3 * px + resampled + patches)
 }
 
+/// The most [`preprocess_bytes`] gives for any image [`probe`] accepts
+/// ([`MAX_PIXELS`] pixels, a grid of at most `max(max_patches, 4)` patches):
+/// what a plan reserves so that decoding the largest accepted image stays
+/// inside the budget.
+pub fn max_preprocess_bytes(cfg: &VisionConfig) -> u64 {
+    let patches = cfg.max_patches.max(4) as u64;
+    let resampled = patches * (PATCH * PATCH) as u64 * 3 * 4;
+    (8 * MAX_PIXELS).min(MAX_DECODE_ALLOC) + 3 * MAX_PIXELS + resampled + patches * PATCH_VALUES as u64 * 4
+}
+
 /// Decode an image and cut it into the tower's normalised patches.
 ///
 /// # Errors
@@ -294,6 +304,32 @@ mod tests {
             4,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn no_accepted_header_bounds_more_than_the_largest_bound() {
+        // the largest pixel counts at the aspect extremes and square, at
+        // small and large patch budgets
+        for max in [4, 64, 1024, 4096] {
+            let c = cfg(max);
+            let top = max_preprocess_bytes(&c);
+            let side = (MAX_PIXELS as f64).sqrt() as u32;
+            let long = ((MAX_PIXELS * MAX_ASPECT) as f64).sqrt() as u32;
+            let short = (MAX_PIXELS / u64::from(long)) as u32;
+            for (w, h) in [(side, side), (long, short), (short, long), (1, 1), (2, 1)] {
+                let info = ImageInfo { format: "png", width: w, height: h };
+                if let Ok(b) = preprocess_bytes(&c, &info) {
+                    assert!(b <= top, "{w}x{h} at {max} patches: {b} > {top}");
+                }
+            }
+            // and it is reached: the square at the pixel limit fills the
+            // patch budget (an even square side), short only by its pixels
+            let px = u64::from(side) * u64::from(side);
+            let info = ImageInfo { format: "png", width: side, height: side };
+            let short_by =
+                (8 * MAX_PIXELS).min(MAX_DECODE_ALLOC) - (8 * px).min(MAX_DECODE_ALLOC) + 3 * (MAX_PIXELS - px);
+            assert_eq!(top - preprocess_bytes(&c, &info).unwrap(), short_by, "{max} patches");
+        }
     }
 
     fn png(w: u32, h: u32) -> Vec<u8> {

@@ -24,8 +24,8 @@ mod tower;
 
 pub use config::{VisionConfig, MAX_PATCHES_LIMIT, PATCH, PATCH_VALUES, PROJ_EPS, TOWER_EPS};
 pub use image::{
-    from_rgb8, grid, preprocess, preprocess_bytes, probe, Grid, ImageInfo, Pixels, MAX_ASPECT, MAX_DECODE_ALLOC,
-    MAX_FILE_BYTES, MAX_PIXELS,
+    from_rgb8, grid, max_preprocess_bytes, preprocess, preprocess_bytes, probe, Grid, ImageInfo, Pixels, MAX_ASPECT,
+    MAX_DECODE_ALLOC, MAX_FILE_BYTES, MAX_PIXELS,
 };
 pub use tower::{gelu_erf, gelu_tanh, Loader, Tower};
 
