@@ -113,7 +113,8 @@ impl Drop for RequestFile {
     }
 }
 
-/// Kills a child still running at a deadline, never after it is reaped:
+/// Kills a child still running at a deadline — with every process in its
+/// group (what it started) — never after it is reaped:
 /// the kill happens under the lock `finish` takes before the caller waits
 /// for the child, so the pid is still the child's (at worst a zombie).
 struct Watchdog {
@@ -130,9 +131,11 @@ impl Watchdog {
             let (mut g, _) = cv.wait_timeout_while(g, wall, |(done, _)| !*done).unwrap_or_else(|e| e.into_inner());
             if !g.0 {
                 #[cfg(unix)]
-                // SAFETY: kill(2) on our child's pid, not yet reaped (see above).
+                // SAFETY: kill(2) on our child's process group (its pid,
+                // `process_group(0)`), the child not yet reaped (see above),
+                // so the group is still its own.
                 unsafe {
-                    libc::kill(pid as libc::pid_t, libc::SIGKILL)
+                    libc::kill(-(pid as libc::pid_t), libc::SIGKILL)
                 };
                 g.1 = true;
             }
@@ -191,6 +194,11 @@ fn render_within(
     // std can spawn without fork's copy of this process's page tables
     // (measured: 54 ms per spawn beside 2 GB of resident memory, 139 ms
     // beside 6 GB, against 3.5 ms without)
+    // a group of its own, killed whole at the deadline: a helper that left
+    // a process holding its stdout (a background job) cannot block the
+    // read below past it (posix_spawn sets the group: still no fork)
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let mut child = cmd.spawn().map_err(|e| fail(format!("starting {} to render it: {e}", helper.display())))?;
     let watchdog = Watchdog::start(child.id(), wall);
     let mut out = Vec::new();
@@ -339,6 +347,19 @@ mod tests {
         assert!(t0.elapsed() < std::time::Duration::from_secs(100), "killed, not waited for");
         let (_g2, ok) = script("ok", "cat > /dev/null; printf ok");
         assert_eq!(render_within(&ok, "x", &[], false, std::time::Duration::from_secs(60)).unwrap(), "ok");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_process_left_holding_the_childs_output_is_killed_at_the_deadline() {
+        // the helper exits at once, its background job keeps stdout open:
+        // reading the markup to its end waited for the job (1000 s)
+        let (g, bg) = script("bg", "cat > /dev/null; sleep 1000 & printf ok");
+        let t0 = std::time::Instant::now();
+        let e = render_within(&bg, "x", &["user"], true, std::time::Duration::from_millis(300)).unwrap_err();
+        assert!(e.to_string().contains("took more than 0.3 s"), "{e}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(100), "the job was killed, not waited for");
+        drop(g);
     }
 
     #[cfg(unix)]
