@@ -281,16 +281,15 @@ fn placeholders_and_images_must_match() {
 fn the_tower_is_planned_and_taken_from_the_expert_budget() {
     let plan = waste_model::plan(container(), 256).unwrap();
     assert!(plan.vision_weight_bytes > 0 && plan.vision_scratch_bytes > 0 && !plan.vision);
-    // one image's buffers cover decoding the largest image the header check
-    // accepts (a few-KB PNG may declare 50 M pixels), not only the tower's
-    let opened = Model::open(container(), ModelOptions { ctx: 256, vision: true, ..Default::default() }).unwrap();
-    let cfg = opened.vision().unwrap();
-    assert!(plan.vision_scratch_bytes >= waste_vision::max_preprocess_bytes(cfg).max(cfg.scratch_bytes()));
-    assert!(waste_vision::max_preprocess_bytes(cfg) > 3 * waste_vision::MAX_PIXELS);
     let budget = plan.with_vision().floor_bytes + 4 * plan.record_bytes;
     let o = |vision| ModelOptions { ctx: 256, threads: 2, budget, vision, huge_pages: false, ..Default::default() };
     let with = Model::open(container(), o(true)).unwrap();
     let without = Model::open(container(), o(false)).unwrap();
+    // one image's buffers cover decoding the largest image the header check
+    // accepts (a few-KB PNG may declare 50 M pixels), not only the tower's
+    let cfg = with.vision().unwrap();
+    assert!(plan.vision_scratch_bytes >= waste_vision::max_preprocess_bytes(cfg).max(cfg.scratch_bytes()));
+    assert!(waste_vision::max_preprocess_bytes(cfg) > 3 * waste_vision::MAX_PIXELS);
     assert_eq!(with.plan().floor_bytes, without.plan().floor_bytes + plan.vision_bytes());
     // the vision bytes come out of the cache: without images it holds that many more records (up to all of them)
     let fewer = (plan.vision_bytes() / plan.record_bytes) as usize;

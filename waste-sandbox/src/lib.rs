@@ -176,14 +176,22 @@ fn render_within(
             tok::MAX_TEMPLATE_BYTES
         )));
     }
+    // many or long roles: the child would read a truncated request. Their
+    // raw bytes (+ quotes and a comma each) are a lower bound of the JSON,
+    // checked before serializing anything; the JSON itself after
+    let too_long = |n: u64| {
+        fail(format!(
+            "its request with {} roles is {n} bytes or more, more than the {MAX_REQUEST} the renderer reads",
+            roles.len()
+        ))
+    };
+    let raw = roles.iter().fold(src.len() as u64, |n, r| n.saturating_add(r.len() as u64 + 3));
+    if raw > MAX_REQUEST {
+        return Err(too_long(raw));
+    }
     let req = serde_json::json!({"template": src, "roles": roles, "open": open}).to_string();
     if req.len() as u64 > MAX_REQUEST {
-        // many or long roles: the child would read a truncated request
-        return Err(fail(format!(
-            "its request with {} roles is {} bytes, more than the {MAX_REQUEST} the renderer reads",
-            roles.len(),
-            req.len()
-        )));
+        return Err(too_long(req.len() as u64));
     }
     let (_req_file, input) =
         RequestFile::new(req.as_bytes()).map_err(|e| fail(format!("writing its request to a file: {e}")))?;
@@ -333,18 +341,31 @@ mod tests {
         let role = "r".repeat(1 << 20);
         let roles: Vec<&str> = vec![&role; (MAX_REQUEST >> 20) as usize + 1];
         let e = render_with(none, "x", &roles, true).unwrap_err().to_string();
-        assert!(e.contains("more than the") && e.contains(&format!("{} roles", roles.len())), "{e}");
+        assert!(e.contains("more than the 67108864") && e.contains(&format!("{} roles", roles.len())), "{e}");
+        // or short ones whose JSON escaping (6 bytes a control character)
+        // takes the request past it
+        let ctl = "\u{1}".repeat(1 << 20);
+        let roles: Vec<&str> = vec![&ctl; 11];
+        let e = render_with(none, "x", &roles, true).unwrap_err().to_string();
+        assert!(e.contains("more than the 67108864") && e.contains("11 roles is 69206"), "{e}");
+    }
+
+    /// Render with a helper script and a 0.3 s deadline: it must end in
+    /// the deadline's error, not wait for what the script left running.
+    #[cfg(unix)]
+    fn ends_at_the_deadline(tag: &str, body: &str) {
+        let (_g, helper) = script(tag, body);
+        let t0 = std::time::Instant::now();
+        let e = render_within(&helper, "x", &["user"], true, std::time::Duration::from_millis(300)).unwrap_err();
+        assert!(e.to_string().contains("took more than 0.3 s"), "{tag}: {e}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(100), "{tag}: killed, not waited for");
     }
 
     #[cfg(unix)]
     #[test]
     fn a_child_past_the_wall_clock_is_killed_and_the_next_rendering_runs() {
         // waits on nothing, using no CPU: only the wall clock ends it
-        let (_g, hang) = script("hang", "exec sleep 1000");
-        let t0 = std::time::Instant::now();
-        let e = render_within(&hang, "x", &["user"], true, std::time::Duration::from_millis(300)).unwrap_err();
-        assert!(e.to_string().contains("took more than 0.3 s"), "{e}");
-        assert!(t0.elapsed() < std::time::Duration::from_secs(100), "killed, not waited for");
+        ends_at_the_deadline("hang", "exec sleep 1000");
         let (_g2, ok) = script("ok", "cat > /dev/null; printf ok");
         assert_eq!(render_within(&ok, "x", &[], false, std::time::Duration::from_secs(60)).unwrap(), "ok");
     }
@@ -354,12 +375,7 @@ mod tests {
     fn a_process_left_holding_the_childs_output_is_killed_at_the_deadline() {
         // the helper exits at once, its background job keeps stdout open:
         // reading the markup to its end waited for the job (1000 s)
-        let (g, bg) = script("bg", "cat > /dev/null; sleep 1000 & printf ok");
-        let t0 = std::time::Instant::now();
-        let e = render_within(&bg, "x", &["user"], true, std::time::Duration::from_millis(300)).unwrap_err();
-        assert!(e.to_string().contains("took more than 0.3 s"), "{e}");
-        assert!(t0.elapsed() < std::time::Duration::from_secs(100), "the job was killed, not waited for");
-        drop(g);
+        ends_at_the_deadline("bg", "cat > /dev/null; sleep 1000 & printf ok");
     }
 
     #[cfg(unix)]

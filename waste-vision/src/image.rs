@@ -174,10 +174,7 @@ pub fn grid(cfg: &VisionConfig, w: u32, h: u32) -> Result<Grid> {
 pub fn preprocess_bytes(cfg: &VisionConfig, info: &ImageInfo) -> Result<u64> {
     // probe bounds the pixels (MAX_PIXELS), so none of this overflows
     let px = u64::from(info.width) * u64::from(info.height);
-    let g = grid(cfg, info.width, info.height)?;
-    let resampled = (g.gw * PATCH * g.gh * PATCH) as u64 * 3 * 4;
-    let patches = (g.patches() * PATCH_VALUES) as u64 * 4;
-    Ok((8 * px).min(MAX_DECODE_ALLOC) + 3 * px + resampled + patches)
+    Ok(held_bytes(px, grid(cfg, info.width, info.height)?.patches() as u64))
 }
 
 /// The most [`preprocess_bytes`] gives for any image [`probe`] accepts
@@ -185,9 +182,16 @@ pub fn preprocess_bytes(cfg: &VisionConfig, info: &ImageInfo) -> Result<u64> {
 /// what a plan reserves so that decoding the largest accepted image stays
 /// inside the budget.
 pub fn max_preprocess_bytes(cfg: &VisionConfig) -> u64 {
-    let patches = cfg.max_patches.max(4) as u64;
+    held_bytes(MAX_PIXELS, cfg.max_patches.max(4) as u64)
+}
+
+/// What [`preprocess`] holds for `px` pixels cut into `patches` patches:
+/// the decoder's buffer (at most 8 bytes a pixel, at most
+/// [`MAX_DECODE_ALLOC`]), its RGB copy, the resampled f32 image (one
+/// `PATCH × PATCH` RGB square a patch) and the patches.
+fn held_bytes(px: u64, patches: u64) -> u64 {
     let resampled = patches * (PATCH * PATCH) as u64 * 3 * 4;
-    (8 * MAX_PIXELS).min(MAX_DECODE_ALLOC) + 3 * MAX_PIXELS + resampled + patches * PATCH_VALUES as u64 * 4
+    (8 * px).min(MAX_DECODE_ALLOC) + 3 * px + resampled + patches * PATCH_VALUES as u64 * 4
 }
 
 /// Decode an image and cut it into the tower's normalised patches.
