@@ -209,14 +209,14 @@ fn pool_and_head(reps: usize, r: &mut impl FnMut() -> u64) {
             );
         }
         if fmt == Fmt::Q4G {
-            // a prefill chunk (16 inputs) over weights streamed from DRAM
-            let nt = 16;
-            let xs: Vec<f32> = (0..nt * cols).map(|i| (i % 11) as f32 * 0.05).collect();
-            let mut ys = vec![0f32; nt * rows];
-            for threads in [1, 2] {
-                let pool = waste_quant::Pool::new(threads);
-                let (med, lo, hi) = time(reps.min(9), || pool.matmat(&m.view(), &xs, nt, &mut ys));
-                println!(
+            // prefill chunks (8 and 16 inputs) over weights streamed from DRAM
+            for nt in [8, 16] {
+                let xs: Vec<f32> = (0..nt * cols).map(|i| (i % 11) as f32 * 0.05).collect();
+                let mut ys = vec![0f32; nt * rows];
+                for threads in [1, 2] {
+                    let pool = waste_quant::Pool::new(threads);
+                    let (med, lo, hi) = time(reps.min(9), || pool.matmat(&m.view(), &xs, nt, &mut ys));
+                    println!(
                     "dram matmat {fmt:?} {rows}x{cols} x{nt} {threads} thread(s) {:>7}: {:.2} ms ({:.2}–{:.2}) {:.2} Gw/s",
                     pool.level().name(),
                     med * 1e3,
@@ -224,6 +224,7 @@ fn pool_and_head(reps: usize, r: &mut impl FnMut() -> u64) {
                     hi * 1e3,
                     (nt * rows * cols) as f64 / med / 1e9
                 );
+                }
             }
         }
     }
