@@ -268,5 +268,9 @@ for f, v in last.items():
     print(f"\nWASTE-rs {f} (last run): roofline share {v['roofline_share']:.2f}, simd {v['simd']}, hit rate {v['hit_rate']:.3f}, "
           f"split ms/token: experts {v['expert_ms_per_token']:.1f}, attention {v['attention_ms_per_token']:.1f}, "
           f"trunk {v['trunk_ms_per_token']:.1f}, I/O wait {v['io_wait_ms_per_token']:.1f}; "
-          f"prefill split ms/token: experts {v.get('prefill_expert_ms_per_token', float('nan')):.1f}")
+          f"prefill split ms/token: experts {v.get('prefill_expert_ms_per_token', float('nan')):.1f}, "
+          f"attention {v.get('prefill_attention_ms_per_token', float('nan')):.1f}, "
+          f"trunk {v.get('prefill_trunk_ms_per_token', float('nan')):.1f}, "
+          f"I/O wait {v.get('prefill_io_wait_ms_per_token', float('nan')):.1f}, "
+          f"prefill roofline share {v.get('prefill_roofline_share', float('nan')):.2f}")
 print(f"\nGGUF {os.path.getsize(gguf_q4) / 1e9:.2f} GB")
