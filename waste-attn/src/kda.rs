@@ -88,10 +88,30 @@ pub struct KdaState {
     pub s: Vec<f32>,
 }
 
+/// `n` zeros written to memory, not left to the allocator's lazily zeroed
+/// pages. The delta rule reads the state before it writes it: a fresh page
+/// first read maps the shared zero page, so its first write faults a second
+/// time and flushes the other threads' TLBs (an inter-processor interrupt
+/// each, slow on a VM), while the pool's threads contend for the page-table
+/// lock — that made a process's first prefill's attention 1.3–2× a later
+/// one's (docs/LEARNED.md, eighteenth session). Written here, each page is
+/// faulted once, writable, by the thread making the state.
+/// One pass of writes either way: a fresh mapping is faulted in by them, a
+/// reused block is cleared by them (a zeroed allocation would clear it, and
+/// a fill after it would write it twice).
+fn written_zeros(n: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(n);
+    // hidden from the optimizer, so it cannot fold the allocation and the
+    // writes into one lazily zeroed allocation
+    std::hint::black_box(&mut v);
+    v.resize(n, 0.0);
+    v
+}
+
 impl KdaState {
-    /// Zero state.
+    /// Zero state, its pages written (see [`written_zeros`]).
     pub fn new(c: &KdaConfig) -> KdaState {
-        KdaState { conv: vec![0.0; (c.kernel - 1) * 3 * c.channels()], s: vec![0.0; c.heads * c.dim * c.dim] }
+        KdaState { conv: written_zeros((c.kernel - 1) * 3 * c.channels()), s: written_zeros(c.heads * c.dim * c.dim) }
     }
     /// Bytes of state.
     pub fn bytes(c: &KdaConfig) -> usize {
