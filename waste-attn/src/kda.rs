@@ -93,9 +93,11 @@ pub struct KdaState {
 /// first read maps the shared zero page, so its first write faults a second
 /// time and flushes the other threads' TLBs (an inter-processor interrupt
 /// each, slow on a VM), while the pool's threads contend for the page-table
-/// lock — that made a process's first prefill's attention 1.3–2× a later
-/// one's (docs/LEARNED.md, eighteenth session). Written here, each page is
-/// faulted once, writable, by the thread making the state.
+/// lock — a process's first prefill spent 15 % of its samples there, and its
+/// attention took 1.7× what it takes since (docs/LEARNED.md, eighteenth
+/// session). Written here, each page is faulted once, writable, by the
+/// thread making the state.
+///
 /// One pass of writes either way: a fresh mapping is faulted in by them, a
 /// reused block is cleared by them (a zeroed allocation would clear it, and
 /// a fill after it would write it twice).

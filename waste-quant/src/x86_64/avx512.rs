@@ -393,11 +393,13 @@ unsafe fn tile_dot<const R: usize, const T: usize, const FMT: u8>(
     let full = cols / LANES * LANES;
     let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
     let grouped = FMT == Q8G || FMT == Q4G;
-    // bytes of one column in a row; the next tile's rows, prefetched (see tile_dot_q4)
-    let col_bytes = match FMT {
-        F32 => 4,
-        F16 | BF16 => 2,
-        _ => 1,
+    // a row's bytes per 32-column block; the next tile's rows are
+    // prefetched at the pace these are read (see tile_dot_q4)
+    let block_bytes = match FMT {
+        F32 => 128,
+        F16 | BF16 => 64,
+        Q8G => 32,
+        _ => 16,
     };
     let ahead = m.data.as_ptr().wrapping_add((r0 + R) * rbs);
     let mut c = 0;
@@ -409,7 +411,7 @@ unsafe fn tile_dot<const R: usize, const T: usize, const FMT: u8>(
             core::array::from_fn(|k| if grouped { f16(m.scales[(r0 + k) * g + c / m.group]) } else { 0.0 });
         let tab: [__m512; R] = core::array::from_fn(|k| if FMT == Q4G { q4_table(scale[k]) } else { steps });
         while c < end {
-            prefetch_lines(ahead.wrapping_add(R * c * col_bytes), R * LANES * col_bytes);
+            prefetch_lines(ahead.wrapping_add(R * (c / LANES) * block_bytes), R * block_bytes);
             // SAFETY: c + 32 <= cols; input t spans t·cols .. (t+1)·cols.
             let x = unsafe { input_halves::<T>(xs.as_ptr().add(c), cols, 16) };
             for k in 0..R {
