@@ -111,7 +111,9 @@ fn written_zeros(n: usize) -> Vec<f32> {
 }
 
 impl KdaState {
-    /// Zero state, its pages written (see [`written_zeros`]).
+    /// Zero state, its pages written now (not lazily zeroed: the delta rule
+    /// reads the state before it writes it, and a lazily zeroed page read
+    /// first faults twice and flushes the other threads' TLBs).
     pub fn new(c: &KdaConfig) -> KdaState {
         KdaState { conv: written_zeros((c.kernel - 1) * 3 * c.channels()), s: written_zeros(c.heads * c.dim * c.dim) }
     }
