@@ -22,10 +22,14 @@ Then alternates RUNS runs of each engine, everything resident (llama.cpp
 loads the whole file; WASTE-rs preloads every expert from a usage hotlist
 naming them all), THREADS
 threads, prompt ids 1..8, greedy: llama.cpp through llama-cpp-python
-(`Llama.eval`, timing the 8-token prefill and each decode step) and
-`waste bench --budget 20G --json` (the same ids and loop) on each container
-EXPERTS names. Prints a
-markdown table of medians and ranges (ms per token).
+(`Llama.eval`, timing the 8-token prefill and each decode step, then the
+same prefill 3 more times on a reset context) and
+`waste bench --budget 20G --json` (the same ids and loop, and its
+`prefill_warm_ms_per_token`: the prompt 3 more times on a reset session) on
+each container EXPERTS names. Prints a markdown table of medians and
+ranges (ms per token). The first prefill after a load and the repeated one
+differ on a VM whose cores were idle through an I/O-bound load
+(docs/LEARNED.md, nineteenth session); both are shown.
 
 Needs the oracle venv (torch, transformers, numpy) with llama-cpp-python
 installed from the same sdist as DIR (CMAKE_ARGS="-DGGML_NATIVE=ON").
@@ -192,8 +196,16 @@ def run_llama():
         t = time.perf_counter()
         llm.eval([nxt])
         steps.append(time.perf_counter() - t)
+    # the same prompt again on a reset context, as `bench` repeats it
+    # (--prefill-repeats 3): a later prompt in a running process
+    warm = []
+    for _ in range(3):
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(PROMPT)
+        warm.append((time.perf_counter() - t) / len(PROMPT))
     del llm
-    return 1e3 * prefill, 1e3 * statistics.median(steps)
+    return 1e3 * prefill, 1e3 * statistics.median(steps), 1e3 * statistics.median(warm)
 
 
 def all_experts_usage():
@@ -213,7 +225,7 @@ def run_waste(container):
                         "--prompt-len", str(len(PROMPT)), "--usage", all_experts_usage(), "--json"],
                        capture_output=True, text=True, check=True)
     v = json.loads(o.stdout)
-    return v["prefill_ms_per_token"], v["ms_per_token"], v
+    return v["prefill_ms_per_token"], v["ms_per_token"], v["prefill_warm_ms_per_token"], v
 
 
 def converted(c):
@@ -240,30 +252,31 @@ def waste_name(f):
     return f"WASTE-rs {f.upper()} experts + Q4G trunk"
 
 
-res = {LLAMA: ([], [])}
-res.update({waste_name(f): ([], []) for f in FORMATS})
+res = {LLAMA: ([], [], [])}
+res.update({waste_name(f): ([], [], []) for f in FORMATS})
 last = {}
 for r in range(a.runs):
-    p, d = run_llama()
-    res[LLAMA][0].append(p)
-    res[LLAMA][1].append(d)
-    line = f"run {r + 1}: llama.cpp {d:.1f} ms"
+    p, d, w = run_llama()
+    for xs, x in zip(res[LLAMA], (p, d, w)):
+        xs.append(x)
+    line = f"run {r + 1}: llama.cpp {d:.1f} / {p:.1f} / {w:.1f}"
     for f, c in containers.items():
-        p, d, last[f] = run_waste(c)
-        res[waste_name(f)][0].append(p)
-        res[waste_name(f)][1].append(d)
-        line += f", {f} {d:.1f} ms"
-    log(line + " per decoded token")
+        p, d, w, last[f] = run_waste(c)
+        for xs, x in zip(res[waste_name(f)], (p, d, w)):
+            xs.append(x)
+        line += f", {f} {d:.1f} / {p:.1f} / {w:.1f}"
+    log(line + " ms per token (decode / first prefill / prefill again)")
 
 
 def fmt(xs):
     return f"{statistics.median(xs):.1f} ({min(xs):.1f}–{max(xs):.1f})"
 
 
-print(f"| engine ({a.layers}-layer 48B slice, {a.threads} threads, {a.runs} alternated runs) | decode ms/token | prefill ms/token (8 ids) |")
-print("|---|---|---|")
-for k, (p, d) in res.items():
-    print(f"| {k} | {fmt(d)} | {fmt(p)} |")
+print(f"| engine ({a.layers}-layer 48B slice, {a.threads} threads, {a.runs} alternated runs) | decode ms/token "
+      "| prefill ms/token (8 ids, first after the load) | the same prefill again (median of 3 in the process) |")
+print("|---|---|---|---|")
+for k, (p, d, w) in res.items():
+    print(f"| {k} | {fmt(d)} | {fmt(p)} | {fmt(w)} |")
 for f, v in last.items():
     print(f"\nWASTE-rs {f} (last run): roofline share {v['roofline_share']:.2f}, simd {v['simd']}, hit rate {v['hit_rate']:.3f}, "
           f"split ms/token: experts {v['expert_ms_per_token']:.1f}, attention {v['attention_ms_per_token']:.1f}, "

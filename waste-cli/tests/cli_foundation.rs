@@ -151,4 +151,17 @@ fn bench_json_roofline_and_split_are_consistent() {
     assert!(f("memory_gbps") > 0.0 && f("memory_gbps_1_thread") > 0.0);
     assert!(v["prefaulted_bytes"].is_u64() && f("prefaulted_bytes") <= f("budget_bytes"), "{out}");
     assert!(v["simd"].is_string() && v["kda_chunked"].is_boolean());
+    // the prompt again, three times by default: a median of real timings
+    assert_eq!(v["prefill_warm_runs"].as_u64(), Some(3), "{out}");
+    assert!(f("prefill_warm_ms_per_token") > 0.0, "{out}");
+}
+
+/// `--prefill-repeats 0` skips the repeated prefills: no warm figure, not 0 ms.
+#[test]
+fn bench_without_prefill_repeats_has_no_warm_figure() {
+    let a = anchor();
+    let (code, out, err) = waste(&["bench", a.to_str().unwrap(), "-n", "1", "--prefill-repeats", "0", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(v["prefill_warm_ms_per_token"].is_null() && v["prefill_warm_runs"] == 0, "{out}");
 }
