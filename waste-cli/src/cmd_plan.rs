@@ -128,7 +128,7 @@ pub struct BenchArgs {
     /// on a reset session (its experts as the runs before left the cache):
     /// `prefill_warm_ms_per_token` is their median — a later prompt in a
     /// running process, where the first prefill also pays the process's
-    /// first use of its cores after the open (0 = skip).
+    /// first use of its cores after the open (0 = skip; at most 1000).
     #[arg(long, default_value_t = 3)]
     prefill_repeats: usize,
     #[command(flatten)]
@@ -157,6 +157,10 @@ fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) -> Option<f64
     Some(r.gbps)
 }
 
+/// Most repeated prefills `bench --prefill-repeats` runs (a median needs a
+/// few; the bound keeps a mistyped count from running for days).
+const MAX_PREFILL_REPEATS: usize = 1000;
+
 pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     // every figure is per decode step: none to time is an error, not 0 ms
     if a.n == 0 {
@@ -164,6 +168,9 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     }
     if a.prompt_len == 0 {
         anyhow::bail!("--prompt-len 0: the prompt needs at least 1 token");
+    }
+    if a.prefill_repeats > MAX_PREFILL_REPEATS {
+        anyhow::bail!("--prefill-repeats {}: at most {MAX_PREFILL_REPEATS}", a.prefill_repeats);
     }
     // the engine caps its readers at MAX_IO_THREADS; the probe does the same
     let io_qd = if a.engine.io_threads == 0 { 4 } else { a.engine.io_threads.min(waste_model::MAX_IO_THREADS) };

@@ -156,12 +156,16 @@ fn bench_json_roofline_and_split_are_consistent() {
     assert!(f("prefill_warm_ms_per_token") > 0.0, "{out}");
 }
 
-/// `--prefill-repeats 0` skips the repeated prefills: no warm figure, not 0 ms.
+/// `--prefill-repeats 0` skips the repeated prefills (no warm figure, not
+/// 0 ms); a count past the bound is refused.
 #[test]
-fn bench_without_prefill_repeats_has_no_warm_figure() {
+fn bench_prefill_repeats_zero_and_past_the_bound() {
     let a = anchor();
     let (code, out, err) = waste(&["bench", a.to_str().unwrap(), "-n", "1", "--prefill-repeats", "0", "--json"]);
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert!(v["prefill_warm_ms_per_token"].is_null() && v["prefill_warm_runs"] == 0, "{out}");
+    // a count past the bound is an error naming it, before anything runs
+    let (code, _, err) = waste(&["bench", a.to_str().unwrap(), "--prefill-repeats", "18446744073709551615"]);
+    assert!(code != 0 && err.contains("--prefill-repeats") && err.contains("at most 1000"), "{err}");
 }
