@@ -126,7 +126,8 @@ pub struct BenchArgs {
     seed: u64,
     /// After the decode, prefill the same prompt this many more times, each
     /// on a reset session (its experts as the runs before left the cache):
-    /// `prefill_warm_ms_per_token` is their median — a later prompt in a
+    /// `prefill_warm_ms_per_token` is their median (the upper middle one
+    /// for an even count) — a later prompt in a
     /// running process, where the first prefill also pays the process's
     /// first use of its cores after the open (0 = skip; at most 1000).
     #[arg(long, default_value_t = 3)]
