@@ -193,16 +193,20 @@ pub fn step(
     x: &[f32],
     out: &mut [f32],
 ) {
-    chunk(pool, c, w, st, sc, x, 1, out);
+    chunk(pool, c, w, st, sc, x, 1, 0, out);
 }
 
 /// `nt` consecutive tokens through a KDA layer (`xs`: `nt × hidden`, already
 /// normed; `outs`: `nt × hidden`). Every projection reads its weights once
 /// for all `nt` tokens; the conv and the delta rule run token after token.
-/// Bit-identical to `nt` calls of [`step`].
+/// Bit-identical to `nt` calls of [`step`]. The state takes every token;
+/// the output projection runs for tokens `first..nt` only (a model's last
+/// layer, where only the last token's output is read): the rows of `outs`
+/// below `first` are left as they were.
 ///
 /// # Panics
-/// When `xs`/`outs` are shorter than `nt` tokens of their widths, or `nt` exceeds the scratch's chunk size.
+/// When `xs`/`outs` are shorter than `nt` tokens of their widths, `nt`
+/// exceeds the scratch's chunk size, or `first > nt`.
 #[allow(clippy::too_many_arguments)]
 pub fn chunk(
     pool: &Pool,
@@ -212,11 +216,13 @@ pub fn chunk(
     sc: &mut KdaScratch,
     xs: &[f32],
     nt: usize,
+    first: usize,
     outs: &mut [f32],
 ) {
     let ch = c.channels();
     let (d, h, k) = (c.dim, c.heads, c.kernel);
     assert!(nt >= 1 && nt <= sc.tokens, "chunk of {nt} tokens, scratch for {}", sc.tokens);
+    assert!(first <= nt, "outputs from token {first} of {nt}");
     // 1. q/k/v, 3. decay pre-activations, 4. beta, 6. output gate of every
     // token: everything that reads the input in one pass of the pool, then
     // the two low-rank second halves in another
@@ -242,18 +248,18 @@ pub fn chunk(
             None => &mut sc.gate[..nt * ch],
         };
         jobs.push(MatJob { m: &gv.0, xs, ys: gout });
-        pool.matmats(&mut jobs, nt);
+        pool.matmats(&mut jobs);
         let vfb = w.f_b.view();
         let mut second = vec![MatJob { m: &vfb, xs: &sc.lo[..nt * dl], ys: &mut sc.z[..nt * ch] }];
         if let Some(b) = &gv.1 {
             second.push(MatJob { m: b, xs: &sc.lo_g[..nt * gv.0.rows], ys: &mut sc.gate[..nt * ch] });
         }
-        pool.matmats(&mut second, nt);
+        pool.matmats(&mut second);
     }
     let qscale = 1.0 / (d as f32).sqrt();
     if c.chunked && nt > 1 {
         chunk_wy(pool, c, w, st, sc, nt, qscale);
-        pool.matmat(&w.o.view(), &sc.o[..nt * ch], nt, outs);
+        out_proj(pool, w, &sc.o[..nt * ch], first, outs);
         return;
     }
     for t in 0..nt {
@@ -299,8 +305,18 @@ pub fn chunk(
         });
         push_ring(&mut st.conv, 3 * ch, 1, |_, dst| dst.copy_from_slice(&sc.cur));
     }
-    // 7. output projection of every token
-    pool.matmat(&w.o.view(), &sc.o[..nt * ch], nt, outs);
+    // 7. output projection of the tokens from `first`
+    out_proj(pool, w, &sc.o[..nt * ch], first, outs);
+}
+
+/// The output projection of the tokens from `first` (`o`: every token's
+/// gated outputs; `outs`: every token's rows).
+fn out_proj(pool: &Pool, w: &KdaWeights, o: &[f32], first: usize, outs: &mut [f32]) {
+    let (ch, hid) = (w.o.cols, w.o.rows);
+    let nt = o.len() / ch;
+    if first < nt {
+        pool.matmat(&w.o.view(), &o[first * ch..], nt - first, &mut outs[first * hid..nt * hid]);
+    }
 }
 
 /// The chunk in the WY form, per head across the pool: the head's

@@ -109,7 +109,7 @@ mod chunk_tests {
             let xs = r.v(nt * hid, 1.0);
             for threads in 1..=3 {
                 let pool = Pool::new(threads);
-                let (mut a, mut b) = (kda::KdaState::new(&c), kda::KdaState::new(&c));
+                let mut a = kda::KdaState::new(&c);
                 let mut sa = kda::KdaScratch::new(&c, 1);
                 let mut sb = kda::KdaScratch::new(&c, nt);
                 let mut want = vec![0f32; nt * hid];
@@ -124,16 +124,21 @@ mod chunk_tests {
                         &mut want[t * hid..(t + 1) * hid],
                     );
                 }
-                let mut got = vec![0f32; nt * hid];
-                kda::chunk(&pool, &c, &w, &mut b, &mut sb, &xs, nt, &mut got);
-                assert_eq!(bits(&got), bits(&want));
-                assert_eq!(bits(&a.s), bits(&b.s));
-                assert_eq!(bits(&a.conv), bits(&b.conv));
+                // outputs from token `first` on (a last layer's); the state takes every token
+                for first in [0, 1, nt - 1, nt] {
+                    let mut b = kda::KdaState::new(&c);
+                    let mut got = vec![f32::NAN; nt * hid];
+                    kda::chunk(&pool, &c, &w, &mut b, &mut sb, &xs, nt, first, &mut got);
+                    assert_eq!(bits(&got[first * hid..]), bits(&want[first * hid..]), "from {first}");
+                    assert!(got[..first * hid].iter().all(|v| v.is_nan()), "rows below {first} untouched");
+                    assert_eq!(bits(&a.s), bits(&b.s));
+                    assert_eq!(bits(&a.conv), bits(&b.conv));
+                }
                 // the chunked (WY) form: within its stated bound, the conv ring exact
                 let cw = kda::KdaConfig { chunked: true, ..c };
                 let mut bw = kda::KdaState::new(&c);
                 let mut got = vec![0f32; nt * hid];
-                kda::chunk(&pool, &cw, &w, &mut bw, &mut sb, &xs, nt, &mut got);
+                kda::chunk(&pool, &cw, &w, &mut bw, &mut sb, &xs, nt, 0, &mut got);
                 within(&got, &want, kda::CHUNKED_REL_TOL, "chunked outputs");
                 within(&bw.s, &a.s, kda::CHUNKED_REL_TOL, "chunked state");
                 assert_eq!(bits(&a.conv), bits(&bw.conv));
@@ -180,11 +185,16 @@ mod chunk_tests {
                     )
                     .unwrap();
                 }
-                let mut got = vec![0f32; nt * hid];
-                mla::chunk(&pool, &c, &w, &mut b, &mut sb, &xs, nt, &mut got).unwrap();
-                assert_eq!(bits(&got), bits(&want));
-                assert_eq!(a.len, b.len);
-                assert_eq!(bits(&a.cache[..a.len * c.latent()]), bits(&b.cache[..b.len * c.latent()]));
+                // outputs from token `first` on (a last layer's); the cache takes every token
+                for first in [0, 1, nt - 1, nt] {
+                    b = mla::MlaState::new(&c);
+                    let mut got = vec![f32::NAN; nt * hid];
+                    mla::chunk(&pool, &c, &w, &mut b, &mut sb, &xs, nt, first, &mut got).unwrap();
+                    assert_eq!(bits(&got[first * hid..]), bits(&want[first * hid..]), "from {first}");
+                    assert!(got[..first * hid].iter().all(|v| v.is_nan()), "rows below {first} untouched");
+                    assert_eq!(a.len, b.len);
+                    assert_eq!(bits(&a.cache[..a.len * c.latent()]), bits(&b.cache[..b.len * c.latent()]));
+                }
                 // a chunk that would overflow the context is refused, state untouched
                 let len = b.len;
                 let mut more = vec![0f32; 3 * hid];
@@ -192,7 +202,7 @@ mod chunk_tests {
                 let mut sc = mla::MlaScratch::new(&c, 10, 3);
                 let mut full = mla::MlaState::new(&c);
                 full.len = c.max_ctx - 2;
-                assert!(mla::chunk(&pool, &c, &w, &mut full, &mut sc, &big, 3, &mut more).is_err());
+                assert!(mla::chunk(&pool, &c, &w, &mut full, &mut sc, &big, 3, 0, &mut more).is_err());
                 assert_eq!(full.len, c.max_ctx - 2);
                 assert_eq!(b.len, len);
             }

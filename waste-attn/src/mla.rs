@@ -159,20 +159,24 @@ pub fn step(
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), ContextFull> {
-    chunk(pool, c, w, st, sc, x, 1, out)
+    chunk(pool, c, w, st, sc, x, 1, 0, out)
 }
 
 /// `nt` consecutive tokens through an MLA layer (`xs`: `nt × hidden`,
 /// normed; `outs`: `nt × hidden`). The projections read their weights once
 /// for all tokens; each token attends over the cache up to itself.
 /// Bit-identical to `nt` calls of [`step`]. Fails (leaving state untouched)
-/// when the tokens do not fit in `max_ctx`.
+/// when the tokens do not fit in `max_ctx`. The cache takes every token;
+/// the queries, the attention and the output projection run for tokens
+/// `first..nt` only (a model's last layer, where only the last token's
+/// output is read): the rows of `outs` below `first` are left as they were.
 ///
 /// # Errors
 /// [`ContextFull`] when the `nt` tokens do not fit in the cache; the state is then unchanged.
 ///
 /// # Panics
-/// When `xs`/`outs` are shorter than `nt` tokens of their widths, or `nt` exceeds the scratch's chunk size.
+/// When `xs`/`outs` are shorter than `nt` tokens of their widths, `nt`
+/// exceeds the scratch's chunk size, or `first > nt`.
 #[allow(clippy::too_many_arguments)]
 pub fn chunk(
     pool: &Pool,
@@ -182,40 +186,45 @@ pub fn chunk(
     sc: &mut MlaScratch,
     xs: &[f32],
     nt: usize,
+    first: usize,
     outs: &mut [f32],
 ) -> Result<(), ContextFull> {
     assert!(nt >= 1 && nt <= sc.tokens, "chunk of {nt} tokens, scratch for {}", sc.tokens);
+    assert!(first <= nt, "outputs from token {first} of {nt}");
     if st.len + nt > c.max_ctx {
         return Err(ContextFull(c.max_ctx));
     }
     let (h, nope, rope, vd, kvl) = (c.heads, c.nope, c.rope, c.v, c.kv_lora);
     let lat = c.latent();
     let qd = nope + rope;
-    // 1. queries (or their low-rank first half), 2. latents and 4. the
-    // output gate (K3) of every token: what reads the input, in one pass of the pool
+    // 1. queries (or their low-rank first half) of the tokens from `first`,
+    // 2. latents of every token and 4. the output gate (K3) of the tokens
+    // from `first`: what reads the input, in one pass of the pool
     let ho = h * vd;
+    let hid = w.kv_a.cols;
+    let (xq, nq) = (&xs[first * hid..nt * hid], nt - first);
     {
         let qv = match &w.q {
             MlaQuery::Plain(q) => q.view(),
             MlaQuery::Lora { a, .. } => a.view(),
         };
         let qout = match &w.q {
-            MlaQuery::Plain(_) => &mut sc.q[..nt * h * qd],
-            MlaQuery::Lora { a, .. } => &mut sc.qa[..nt * a.rows],
+            MlaQuery::Plain(_) => &mut sc.q[first * h * qd..nt * h * qd],
+            MlaQuery::Lora { a, .. } => &mut sc.qa[first * a.rows..nt * a.rows],
         };
         let (kv, gv) = (w.kv_a.view(), w.g.as_ref().map(|g| g.view()));
-        let mut jobs = vec![MatJob { m: &qv, xs, ys: qout }, MatJob { m: &kv, xs, ys: &mut sc.c[..nt * lat] }];
+        let mut jobs = vec![MatJob { m: &qv, xs: xq, ys: qout }, MatJob { m: &kv, xs, ys: &mut sc.c[..nt * lat] }];
         if let Some(g) = &gv {
-            jobs.push(MatJob { m: g, xs, ys: &mut sc.g[..nt * ho] });
+            jobs.push(MatJob { m: g, xs: xq, ys: &mut sc.g[first * ho..nt * ho] });
         }
-        pool.matmats(&mut jobs, nt);
+        pool.matmats(&mut jobs);
     }
-    if let MlaQuery::Lora { a, norm, b } = &w.q {
+    if let (MlaQuery::Lora { a, norm, b }, true) = (&w.q, nq > 0) {
         let r = a.rows;
-        for t in 0..nt {
+        for t in first..nt {
             rmsnorm_inplace(&mut sc.qa[t * r..(t + 1) * r], norm, c.latent_eps);
         }
-        pool.matmat(&b.view(), &sc.qa[..nt * r], nt, &mut sc.q[..nt * h * qd]);
+        pool.matmat(&b.view(), &sc.qa[first * r..nt * r], nq, &mut sc.q[first * h * qd..nt * h * qd]);
     }
     let scale = 1.0 / (qd as f32).sqrt();
     let kv_b = w.kv_b.view();
@@ -229,6 +238,9 @@ pub fn chunk(
             dst[kvl..].copy_from_slice(&src[kvl..]);
         }
         st.len += 1;
+        if t < first {
+            continue;
+        }
         let n = st.len;
         let cache = f32_matrix(n, lat, &st.cache);
         let qcat = SyncSlice::new(&mut sc.qcat);
@@ -267,13 +279,16 @@ pub fn chunk(
             }
         });
     }
-    // 4. output gate (K3), 5. output projection: all tokens at once
+    // 4. output gate (K3), 5. output projection: the tokens from `first` at once
     if w.g.is_some() {
-        for (oi, gi) in sc.o[..nt * ho].iter_mut().zip(&sc.g[..nt * ho]) {
+        for (oi, gi) in sc.o[first * ho..nt * ho].iter_mut().zip(&sc.g[first * ho..nt * ho]) {
             *oi *= sigmoid(*gi);
         }
     }
-    pool.matmat(&w.o.view(), &sc.o[..nt * ho], nt, outs);
+    if nq > 0 {
+        let ow = w.o.rows;
+        pool.matmat(&w.o.view(), &sc.o[first * ho..nt * ho], nq, &mut outs[first * ow..nt * ow]);
+    }
     Ok(())
 }
 

@@ -483,6 +483,17 @@ impl<'m> Session<'m> {
                     rmsnorm(hh, &layer.in_norm, c.rms_eps, xa);
                 }
             }
+            // the last layer's outputs feed only the head: its attention
+            // outputs and FFN run for the token whose logits are wanted (the
+            // chunk's last) or for none (llama.cpp's `inp_out_ids`); its
+            // state still takes every token
+            let first = if l + 1 < m.layers.len() {
+                0
+            } else if want_logits {
+                nt - 1
+            } else {
+                nt
+            };
             // --- attention for the chunk: projections batched, the recurrence token after token
             let ta = Instant::now();
             let (xs, outs) = (&self.chunk_ffn_in[..nt * h], &mut self.chunk_ffn_out[..nt * h]);
@@ -490,19 +501,20 @@ impl<'m> Session<'m> {
                 (Attn::Kda(w), LayerState::Kda(st)) => {
                     let sc = self.kda_sc.as_mut().expect("kda scratch");
                     let kc = kda::KdaConfig { chunked: m.opts.kda_chunked, ..kda_config(c) };
-                    kda::chunk(pool, &kc, w, st, sc, xs, nt, outs);
+                    kda::chunk(pool, &kc, w, st, sc, xs, nt, first, outs);
                 }
                 (Attn::Mla(w), LayerState::Mla(st)) => {
                     let sc = self.mla_sc.as_mut().expect("mla scratch");
-                    mla::chunk(pool, &mla_config(c, m.opts.ctx), w, st, sc, xs, nt, outs)
+                    mla::chunk(pool, &mla_config(c, m.opts.ctx), w, st, sc, xs, nt, first, outs)
                         .map_err(|e| Error::ContextFull { pos: e.0, n: nt, ctx: m.opts.ctx })?;
                 }
                 _ => unreachable!("layer state matches its kind"),
             }
             self.stats.attn_seconds += ta.elapsed().as_secs_f64();
-            self.check_finite(&self.chunk_ffn_out[..nt * h], h, NonFiniteAt::Attention { layer: l })?;
+            let x0 = first * h;
+            self.check_finite(&self.chunk_ffn_out[x0..nt * h], h, first, NonFiniteAt::Attention { layer: l })?;
             // --- residuals and FFN inputs
-            for t in 0..nt {
+            for t in first..nt {
                 let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
                 let xn_t = &mut self.chunk_ffn_in[t * h..(t + 1) * h];
                 if ar.is_some() {
@@ -525,20 +537,22 @@ impl<'m> Session<'m> {
             if restarted {
                 self.nblocks += 1;
             }
-            // --- FFN for the whole chunk
+            // --- FFN for the chunk's tokens from `first`
+            let n = nt - first;
             match &layer.ffn {
+                _ if n == 0 => {}
                 Ffn::Dense(d) => d.forward_chunk(
                     pool,
                     c.activation,
-                    &self.chunk_ffn_in[..nt * h],
-                    nt,
+                    &self.chunk_ffn_in[x0..x0 + n * h],
+                    n,
                     &mut self.ffn_tmp,
-                    &mut self.chunk_ffn_out[..nt * h],
+                    &mut self.chunk_ffn_out[x0..x0 + n * h],
                 ),
-                Ffn::Moe(w) => self.moe(l, w, nt)?,
+                Ffn::Moe(w) => self.moe(l, w, first, n)?,
             }
-            self.check_finite(&self.chunk_ffn_out[..nt * h], h, NonFiniteAt::Ffn { layer: l })?;
-            for t in 0..nt {
+            self.check_finite(&self.chunk_ffn_out[x0..x0 + n * h], h, first, NonFiniteAt::Ffn { layer: l })?;
+            for t in first..nt {
                 let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
                 if ar.is_some() {
                     let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
@@ -584,23 +598,26 @@ impl<'m> Session<'m> {
     }
 
     /// [`Error::NonFinite`] at `at` for the first non-finite value of a
-    /// chunk's outputs (`width` per token): where overflowing or damaged
-    /// weights first show, named while the step runs.
-    fn check_finite(&self, outs: &[f32], width: usize, at: NonFiniteAt) -> Result<()> {
+    /// chunk's outputs (`width` per token, from the chunk's token `first`):
+    /// where overflowing or damaged weights first show, named while the
+    /// step runs.
+    fn check_finite(&self, outs: &[f32], width: usize, first: usize, at: NonFiniteAt) -> Result<()> {
         let Some(i) = first_non_finite(outs) else { return Ok(()) };
-        Err(Error::NonFinite { pos: self.pos + i / width, at, value: outs[i] })
+        Err(Error::NonFinite { pos: self.pos + first + i / width, at, value: outs[i] })
     }
 
-    fn moe(&mut self, l: usize, w: &MoeWeights, nt: usize) -> Result<()> {
+    fn moe(&mut self, l: usize, w: &MoeWeights, first: usize, nt: usize) -> Result<()> {
         let m = self.m;
         let c = m.config();
         let pool = &m.pool;
         let (h, lat, k) = (c.hidden, c.expert_width(), c.top_k);
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
+        // the chunk's tokens first..first + nt: their rows of the FFN input and output
+        let x0 = first * h;
         // 1. route every token of the chunk (one pass over the router for all);
         // each token's experts in ascending id
         let ne = c.experts;
-        pool.matmat(&w.gate.view(), &self.chunk_ffn_in[..nt * h], nt, &mut self.router[..nt * ne]);
+        pool.matmat(&w.gate.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.router[..nt * ne]);
         let mut routes: Vec<(usize, f32)> = Vec::with_capacity(nt * k);
         for t in 0..nt {
             let scores = &self.router[t * ne..(t + 1) * ne];
@@ -608,7 +625,7 @@ impl<'m> Session<'m> {
             if let Some(tr) = &self.replay {
                 // the trace's experts for this position and MoE layer (wrapping)
                 let mi = c.moe_layers().position(|x| x == l).unwrap_or(0);
-                let ids: Vec<usize> = tr[(self.pos + t) % tr.len()][mi].iter().map(|&e| e as usize).collect();
+                let ids: Vec<usize> = tr[(self.pos + first + t) % tr.len()][mi].iter().map(|&e| e as usize).collect();
                 waste_moe::route_forced(&router_config(c), scores, &ids, &mut self.chosen);
             }
             let mut order = self.chosen.clone();
@@ -635,7 +652,7 @@ impl<'m> Session<'m> {
         let experts = m.store.acquire(l as u32, &distinct, &repeats)?;
         // 3. the chunk's expert inputs (the latent down-projection for all tokens at once)
         if let Some(lt) = &w.latent {
-            pool.matmat(&lt.down.view(), &self.chunk_ffn_in[..nt * h], nt, &mut self.lat_in[..nt * lat]);
+            pool.matmat(&lt.down.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.lat_in[..nt * lat]);
         }
         // 4. per token: tables, then its experts (resident ones first), summed in ascending id
         let scr = self.ex_sc.as_mut().expect("expert scratch");
@@ -658,7 +675,7 @@ impl<'m> Session<'m> {
                 for (i, &(t, _)) in users.iter().enumerate() {
                     let x = match &w.latent {
                         Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
-                        None => &self.chunk_ffn_in[t * h..(t + 1) * h],
+                        None => &self.chunk_ffn_in[x0 + t * h..x0 + (t + 1) * h],
                     };
                     scr.batch_in[i * lat..(i + 1) * lat].copy_from_slice(x);
                 }
@@ -679,7 +696,7 @@ impl<'m> Session<'m> {
         for t in 0..per_token {
             let x = match &w.latent {
                 Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
-                None => &self.chunk_ffn_in[t * h..(t + 1) * h],
+                None => &self.chunk_ffn_in[x0 + t * h..x0 + (t + 1) * h],
             };
             let te = Instant::now();
             kernel.prepare(pool, &w.books, x, scr);
@@ -714,14 +731,14 @@ impl<'m> Session<'m> {
                         rmsnorm_inplace(sum, n, c.rms_eps);
                     }
                 }
-                pool.matmat(&lt.up.view(), &self.lat_sum[..nt * lat], nt, &mut self.chunk_ffn_out[..nt * h]);
+                pool.matmat(&lt.up.view(), &self.lat_sum[..nt * lat], nt, &mut self.chunk_ffn_out[x0..x0 + nt * h]);
             }
-            None => self.chunk_ffn_out[..nt * h].copy_from_slice(&self.lat_sum[..nt * h]),
+            None => self.chunk_ffn_out[x0..x0 + nt * h].copy_from_slice(&self.lat_sum[..nt * h]),
         }
         if let Some(sh) = &w.shared {
             let out = &mut self.chunk_shared[..nt * h];
-            sh.forward_chunk(pool, c.activation, &self.chunk_ffn_in[..nt * h], nt, &mut self.ffn_tmp, out);
-            add(&mut self.chunk_ffn_out[..nt * h], out);
+            sh.forward_chunk(pool, c.activation, &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.ffn_tmp, out);
+            add(&mut self.chunk_ffn_out[x0..x0 + nt * h], out);
         }
         let traffic = experts.release()?;
         self.stats.experts_hit += traffic.hits;
@@ -731,7 +748,7 @@ impl<'m> Session<'m> {
         // 4. router lookahead from the last token: prefetch the next MoE layer's likely experts
         if m.opts.lookahead > 0 {
             if let Some(Ffn::Moe(next)) = m.layers.get(l + 1).map(|x| &x.ffn) {
-                let xn = &self.chunk_ffn_in[(nt - 1) * h..nt * h];
+                let xn = &self.chunk_ffn_in[x0 + (nt - 1) * h..x0 + nt * h];
                 let scores = &mut self.router[..c.experts];
                 pool.matvec(&next.gate.view(), xn, scores);
                 let mut guess = Vec::with_capacity(k);

@@ -28,6 +28,29 @@ fn run(path: &Path, o: ModelOptions) -> (Vec<u32>, waste_model::Stats) {
     (bits, s.stats())
 }
 
+/// A prompt's last layer runs its experts for the prompt's last token only:
+/// the other tokens' outputs there feed nothing (their states are made in
+/// the attention before). Expert uses of an 8-token prefill, in one chunk
+/// or several, are every earlier MoE layer's 8 × top-k and the last
+/// layer's top-k; a decoded token then uses every layer's top-k.
+#[test]
+fn a_prompt_reads_the_last_layer_experts_of_its_last_token_only() {
+    for name in ["tiny.waste", "tiny-q4g.waste"] {
+        let path = fixture(name);
+        for max_chunk in [1, 3, 16] {
+            let m = Model::open(&path, ModelOptions { ctx: CTX, max_chunk, ..Default::default() }).unwrap();
+            let (moe, k) = (m.config().n_moe_layers() as u64, m.config().top_k as u64);
+            assert!(moe >= 2, "{name}: the count below needs an earlier MoE layer");
+            let mut s = m.session();
+            s.eval(&[3, 14, 15, 92, 65, 35, 89, 79]).unwrap();
+            let uses = |s: &waste_model::Session<'_>| s.stats().experts_hit + s.stats().experts_missed;
+            assert_eq!(uses(&s), ((moe - 1) * 8 + 1) * k, "{name}, chunks of {max_chunk}");
+            s.eval(&[2]).unwrap();
+            assert_eq!(uses(&s), ((moe - 1) * 8 + 1) * k + moe * k, "{name}, chunks of {max_chunk}");
+        }
+    }
+}
+
 #[test]
 fn every_placement_gives_bit_identical_logits() {
     for name in ["tiny.waste", "tiny-b.waste", "tiny-q4g.waste"] {

@@ -136,7 +136,7 @@ impl DenseGlu {
         let (g, rest) = tmp.split_at_mut(i * nt);
         let u = &mut rest[..i * nt];
         let (gv, uv) = (self.gate.view(), self.up.view());
-        pool.matmats(&mut [MatJob { m: &gv, xs, ys: g }, MatJob { m: &uv, xs, ys: u }], nt);
+        pool.matmats(&mut [MatJob { m: &gv, xs, ys: g }, MatJob { m: &uv, xs, ys: u }]);
         for (gv, uv) in g.iter_mut().zip(u.iter()) {
             *gv = glu(act, *gv, *uv);
         }
@@ -303,7 +303,7 @@ impl ExpertKernel {
         let xs = &sc.batch_in[..n * lat];
         let ys = &mut sc.batch_out[..n * lat];
         with_dense_mats(&self.lay, rec, |[gate, up, down]| {
-            pool.matmats(&mut [MatJob { m: &gate, xs, ys: g }, MatJob { m: &up, xs, ys: u }], n);
+            pool.matmats(&mut [MatJob { m: &gate, xs, ys: g }, MatJob { m: &up, xs, ys: u }]);
             for (gv, uv) in g.iter_mut().zip(u.iter()) {
                 *gv = glu(self.act, *gv, *uv);
             }

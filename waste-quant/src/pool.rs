@@ -200,42 +200,51 @@ impl Pool {
     }
 
     /// Several products in one pass of the pool: `job.ys = job.m · job.xs`
-    /// for `nt` token-major inputs each (matrices that read the same input,
-    /// like q/k/v, or independent small ones). Their rows are split across
-    /// the threads together, weighted by their widths, so a layer's
+    /// for each job's token-major inputs (matrices that read the same input,
+    /// like q/k/v, or independent small ones; each job has its own token
+    /// count, `xs.len() / m.cols`, which may be 0). Their rows are split
+    /// across the threads together, weighted by their work, so a layer's
     /// projections cost one synchronisation instead of one each and small
     /// matrices no longer run alone on one thread. Bit-identical to a
     /// [`Pool::matmat`] per job.
     ///
     /// # Panics
-    /// When a job's input or output length does not match its matrix and `nt`.
-    pub fn matmats(&self, jobs: &mut [MatJob<'_>], nt: usize) {
-        for j in jobs.iter() {
-            assert_eq!(j.xs.len(), nt * j.m.cols, "matmats input length");
-            assert_eq!(j.ys.len(), nt * j.m.rows, "matmats output length");
-        }
-        // work offsets: a row of job j costs its width
+    /// When a job's input is not a whole number of its matrix's rows of
+    /// input, or its output does not hold as many tokens.
+    pub fn matmats(&self, jobs: &mut [MatJob<'_>]) {
+        let counts: Vec<usize> = jobs
+            .iter()
+            .map(|j| {
+                let n = j.xs.len() / j.m.cols.max(1);
+                assert_eq!(j.xs.len(), n * j.m.cols, "matmats input length");
+                assert_eq!(j.ys.len(), n * j.m.rows, "matmats output length");
+                n
+            })
+            .collect();
+        // work offsets: a row of job j costs its width times its tokens
         let mut offs = Vec::with_capacity(jobs.len() + 1);
         let mut total = 0u64;
-        for j in jobs.iter() {
+        for (j, &n) in jobs.iter().zip(&counts) {
             offs.push(total);
-            total += (j.m.rows * j.m.cols.max(1)) as u64;
+            total += (j.m.rows * j.m.cols.max(1) * n) as u64;
         }
-        let rows: usize = jobs.iter().map(|j| j.m.rows).sum();
+        let rows: usize = jobs.iter().zip(&counts).filter(|(_, &n)| n > 0).map(|(j, _)| j.m.rows).sum();
         let parts = self.threads.min(rows / MIN_ROWS_SPLIT).max(1);
         let views: Vec<(MatRef<'_>, &[f32], SyncSlice<f32>)> =
             jobs.iter_mut().map(|j| (*j.m, j.xs, SyncSlice::new(&mut *j.ys))).collect();
         // the first row of job j at work position w (rows whose work starts before w go earlier)
         let row_at = |j: usize, w: u64| -> usize {
             let m = &views[j].0;
-            (w.saturating_sub(offs[j]).div_ceil(m.cols.max(1) as u64) as usize).min(m.rows)
+            let row_work = (m.cols.max(1) * counts[j]).max(1) as u64;
+            (w.saturating_sub(offs[j]).div_ceil(row_work) as usize).min(m.rows)
         };
         let level = self.level;
         self.run(parts, &|p| {
             let (wa, wb) = (total * p as u64 / parts as u64, total * (p as u64 + 1) / parts as u64);
             for (j, (m, xs, ys)) in views.iter().enumerate() {
                 let (a, b) = (row_at(j, wa), row_at(j, wb));
-                if a >= b {
+                let nt = counts[j];
+                if a >= b || nt == 0 {
                     continue;
                 }
                 if nt == 1 {
@@ -257,7 +266,7 @@ impl Pool {
 }
 
 /// One product of [`Pool::matmats`]: `ys = m · xs` (`xs`: `nt × m.cols`
-/// token-major, `ys`: `nt × m.rows`).
+/// token-major, `ys`: `nt × m.rows`, `nt` the job's own token count).
 pub struct MatJob<'a> {
     /// The matrix.
     pub m: &'a MatRef<'a>,

@@ -110,14 +110,16 @@ proptest! {
     }
 
     /// Several matrices in one pass of the pool (`Pool::matmats`: rows of
-    /// all split together by width): each output bit-identical to the
-    /// scalar product of its own matrix, any thread count, level, width mix.
+    /// all split together by work): each output bit-identical to the
+    /// scalar product of its own matrix, any thread count, level, width
+    /// mix, and each job's own token count (none included).
     #[test]
-    fn matmats_equal_one_matmat_each(shapes in prop::collection::vec((0u8..5, 1usize..90, 1usize..150), 1..5), nt in 1usize..4, threads in 1usize..4, seed in any::<u64>()) {
-        let ms: Vec<_> = shapes.iter().enumerate().map(|(i, &(f, rows, cols))| random_matrix(fmt_of(f), rows, cols, 32, seed + i as u64)).collect();
+    fn matmats_equal_one_matmat_each(shapes in prop::collection::vec((0u8..5, 1usize..90, 1usize..150, 0usize..4), 1..5), threads in 1usize..4, seed in any::<u64>()) {
+        let ms: Vec<_> = shapes.iter().enumerate().map(|(i, &(f, rows, cols, _))| random_matrix(fmt_of(f), rows, cols, 32, seed + i as u64)).collect();
+        let nts: Vec<usize> = shapes.iter().map(|s| s.3).collect();
         let mut r = rng(seed + 99);
-        let xs: Vec<Vec<f32>> = ms.iter().map(|m| (0..nt * m.cols).map(|_| gauss(&mut r)).collect()).collect();
-        let want: Vec<Vec<f32>> = ms.iter().zip(&xs).map(|(m, x)| {
+        let xs: Vec<Vec<f32>> = ms.iter().zip(&nts).map(|(m, &nt)| (0..nt * m.cols).map(|_| gauss(&mut r)).collect()).collect();
+        let want: Vec<Vec<f32>> = ms.iter().zip(&xs).zip(&nts).map(|((m, x), &nt)| {
             let mut y = vec![0f32; nt * m.rows];
             for t in 0..nt {
                 m.view().matvec_rows(Level::Scalar, &x[t * m.cols..(t + 1) * m.cols], 0, &mut y[t * m.rows..(t + 1) * m.rows]);
@@ -126,9 +128,9 @@ proptest! {
         }).collect();
         for lv in Level::available() {
             let views: Vec<_> = ms.iter().map(|m| m.view()).collect();
-            let mut got: Vec<Vec<f32>> = ms.iter().map(|m| vec![f32::NAN; nt * m.rows]).collect();
+            let mut got: Vec<Vec<f32>> = ms.iter().zip(&nts).map(|(m, &nt)| vec![f32::NAN; nt * m.rows]).collect();
             let mut jobs: Vec<waste_quant::MatJob<'_>> = views.iter().zip(&xs).zip(got.iter_mut()).map(|((m, x), y)| waste_quant::MatJob { m, xs: x, ys: y }).collect();
-            waste_quant::Pool::with_level(threads, lv).matmats(&mut jobs, nt);
+            waste_quant::Pool::with_level(threads, lv).matmats(&mut jobs);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 prop_assert_eq!(g.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), w.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "job {} level {:?}", i, lv);
             }
