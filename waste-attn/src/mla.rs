@@ -219,7 +219,7 @@ pub fn chunk(
         }
         pool.matmats(&mut jobs);
     }
-    if let (MlaQuery::Lora { a, norm, b }, true) = (&w.q, nq > 0) {
+    if let (MlaQuery::Lora { a, norm, b }, 1..) = (&w.q, nq) {
         let r = a.rows;
         for t in first..nt {
             rmsnorm_inplace(&mut sc.qa[t * r..(t + 1) * r], norm, c.latent_eps);

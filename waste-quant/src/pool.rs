@@ -212,38 +212,35 @@ impl Pool {
     /// When a job's input is not a whole number of its matrix's rows of
     /// input, or its output does not hold as many tokens.
     pub fn matmats(&self, jobs: &mut [MatJob<'_>]) {
-        let counts: Vec<usize> = jobs
-            .iter()
+        // each job's matrix, input, output and token count
+        let views: Vec<(MatRef<'_>, &[f32], SyncSlice<f32>, usize)> = jobs
+            .iter_mut()
             .map(|j| {
                 let n = j.xs.len() / j.m.cols.max(1);
                 assert_eq!(j.xs.len(), n * j.m.cols, "matmats input length");
                 assert_eq!(j.ys.len(), n * j.m.rows, "matmats output length");
-                n
+                (*j.m, j.xs, SyncSlice::new(&mut *j.ys), n)
             })
             .collect();
         // work offsets: a row of job j costs its width times its tokens
-        let mut offs = Vec::with_capacity(jobs.len() + 1);
+        let row_work = |j: usize| (views[j].0.cols.max(1) * views[j].3) as u64;
+        let mut offs = Vec::with_capacity(views.len());
         let mut total = 0u64;
-        for (j, &n) in jobs.iter().zip(&counts) {
+        for (j, v) in views.iter().enumerate() {
             offs.push(total);
-            total += (j.m.rows * j.m.cols.max(1) * n) as u64;
+            total += v.0.rows as u64 * row_work(j);
         }
-        let rows: usize = jobs.iter().zip(&counts).filter(|(_, &n)| n > 0).map(|(j, _)| j.m.rows).sum();
+        let rows: usize = views.iter().filter(|v| v.3 > 0).map(|v| v.0.rows).sum();
         let parts = self.threads.min(rows / MIN_ROWS_SPLIT).max(1);
-        let views: Vec<(MatRef<'_>, &[f32], SyncSlice<f32>)> =
-            jobs.iter_mut().map(|j| (*j.m, j.xs, SyncSlice::new(&mut *j.ys))).collect();
         // the first row of job j at work position w (rows whose work starts before w go earlier)
         let row_at = |j: usize, w: u64| -> usize {
-            let m = &views[j].0;
-            let row_work = (m.cols.max(1) * counts[j]).max(1) as u64;
-            (w.saturating_sub(offs[j]).div_ceil(row_work) as usize).min(m.rows)
+            (w.saturating_sub(offs[j]).div_ceil(row_work(j).max(1)) as usize).min(views[j].0.rows)
         };
         let level = self.level;
         self.run(parts, &|p| {
             let (wa, wb) = (total * p as u64 / parts as u64, total * (p as u64 + 1) / parts as u64);
-            for (j, (m, xs, ys)) in views.iter().enumerate() {
+            for (j, &(m, xs, ref ys, nt)) in views.iter().enumerate() {
                 let (a, b) = (row_at(j, wa), row_at(j, wb));
-                let nt = counts[j];
                 if a >= b || nt == 0 {
                     continue;
                 }
