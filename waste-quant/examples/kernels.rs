@@ -1,6 +1,8 @@
 //! Kernel timings, one thread, every SIMD level this CPU has, on the
 //! Kimi-Linear-48B shapes: the trunk matvec (Q4G/Q8G 9216×2304 and
-//! 2304×9216, and as a 16-input matmat) and one VQ3R expert matrix (1024×2304, 64-row index blocks).
+//! 2304×9216, and as a 16-input matmat) and one VQ3R expert matrix (1024×2304, 64-row index blocks)
+//! — its byte-plane lookups also with indices from memory, on one thread
+//! and on two at once (a token's experts, one per thread).
 //! Prints the median and range of `--reps` runs per kernel and level, with
 //! weights per cycle-free unit (G weights/s) and the bytes' bandwidth.
 //!
@@ -158,6 +160,34 @@ fn main() {
                     lo * 1e3 / 64.0,
                     hi * 1e3 / 64.0,
                     (64 * lay.index_bytes()) as f64 / med / 1e9
+                );
+                // two threads at once, each over its own 64 index sets, as
+                // decode runs a token's experts (one per thread): whether
+                // the pair still looks up at twice one thread's rate
+                let other: Vec<Vec<u8>> =
+                    (0..64).map(|_| (0..lay.index_bytes()).map(|_| r() as u8).collect()).collect();
+                let mut y2 = vec![0f32; rows];
+                let (med, lo, hi) = time(reps.min(9), || {
+                    std::thread::scope(|s| {
+                        for (sets, y) in [(&many, &mut y), (&other, &mut y2)] {
+                            let (lay, scales, t, planes) = (&lay, &scales, &t, &planes);
+                            s.spawn(move || {
+                                for ix in sets {
+                                    matvec_rows_planes(lv, lay, ix, scales, t, Some(planes), 0, y);
+                                }
+                            });
+                        }
+                    })
+                });
+                println!(
+                    "vq3r {rows}x{} {:>7} byte planes ({form:?}), indices from memory, 2 threads at once: {:.3} ms ({:.3}–{:.3}) per matrix a thread, {:.2} G lookups/s in all, {:.1} GB/s of indices",
+                    nvec * 8,
+                    lv.name(),
+                    med * 1e3 / 64.0,
+                    lo * 1e3 / 64.0,
+                    hi * 1e3 / 64.0,
+                    (2 * 64 * rows * nvec * stages) as f64 / med / 1e9,
+                    (2 * 64 * lay.index_bytes()) as f64 / med / 1e9
                 );
             }
         }
