@@ -165,6 +165,7 @@ fn fuzz(seconds: u64) -> Result<()> {
         "xtml_output",
         "safetensors_header",
         "chat_template",
+        "image",
     ] {
         run(Command::new("cargo").current_dir(root.join("fuzz")).env("WASTE_RENDER_HELPER", &helper).args([
             "+nightly",
