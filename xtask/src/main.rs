@@ -151,10 +151,20 @@ fn fuzz(seconds: u64) -> Result<()> {
         eprintln!("SKIP: cargo fuzz needs a nightly toolchain and `cargo install cargo-fuzz`");
         return Ok(());
     }
-    // chat_template renders Jinja in the limited child, as the waste binary does
+    // chat_template renders Jinja in the limited child, as the waste binary
+    // does; the CLI makes the state_file target's seed
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run(Command::new(&cargo).current_dir(&root).args(["build", "--quiet", "--release", "-p", "waste-sandbox"]))?;
+    run(Command::new(&cargo).current_dir(&root).args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "waste-sandbox",
+        "-p",
+        "waste-cli",
+    ]))?;
     let helper = root.join("target/release/waste-render-template");
+    let seeds = fuzz_seeds(&root)?;
     for t in [
         "manifest",
         "record_header",
@@ -167,16 +177,47 @@ fn fuzz(seconds: u64) -> Result<()> {
         "chat_template",
         "image",
     ] {
-        run(Command::new("cargo").current_dir(root.join("fuzz")).env("WASTE_RENDER_HELPER", &helper).args([
-            "+nightly",
-            "fuzz",
-            "run",
-            t,
-            "--",
-            &format!("-max_total_time={seconds}"),
-        ]))?;
+        let mut cmd = Command::new("cargo");
+        cmd.current_dir(root.join("fuzz")).env("WASTE_RENDER_HELPER", &helper).args(["+nightly", "fuzz", "run", t]);
+        // inputs a fuzzer does not find alone from nothing (a PNG, JPEG,
+        // WebP and GIF; a whole saved state), past libFuzzer's 4 KB default
+        if let Some((dir, max_len)) = seeds.iter().find(|s| s.0 == t).map(|s| (&s.1, s.2)) {
+            cmd.arg(format!("corpus/{t}")).arg(dir).args(["--", &format!("-max_len={max_len}")]);
+        } else {
+            cmd.arg("--");
+        }
+        run(cmd.arg(format!("-max_total_time={seconds}")))?;
+    }
+    if let Some((_, dir, _)) = seeds.iter().find(|s| s.0 == "state_file") {
+        std::fs::remove_dir_all(dir).ok();
     }
     Ok(())
+}
+
+/// Seed inputs for the targets whose valid inputs are large and
+/// structured: (target, directory, max input length). The images are the
+/// committed vision fixtures; the state is saved by the CLI from the anchor
+/// model at the context the `state_file` target opens it with (64).
+fn fuzz_seeds(root: &Path) -> Result<Vec<(&'static str, PathBuf, usize)>> {
+    use std::io::Write;
+    let state = std::env::temp_dir().join(format!("waste-fuzz-seeds-{}", std::process::id()));
+    std::fs::create_dir_all(&state).with_context(|| format!("create {}", state.display()))?;
+    let file = state.join("anchor.state");
+    let mut chat = Command::new(root.join("target/release/waste"))
+        .args(["chat", "../testdata/anchor-tiny/kimi-linear-tiny.waste", "--ctx", "64", "-n", "4"])
+        .current_dir(root.join("fuzz"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .context("spawn waste chat for the state seed")?;
+    if let Some(mut stdin) = chat.stdin.take() {
+        writeln!(stdin, "hello there\n/save {}", file.display()).context("write to waste chat")?;
+    }
+    let st = chat.wait().context("wait for waste chat")?;
+    if !st.success() || !file.exists() {
+        bail!("waste chat did not save the state seed {} ({st})", file.display());
+    }
+    Ok(vec![("image", root.join("tools/oracle/fixtures/k3-vision"), 1 << 16), ("state_file", state, 1 << 17)])
 }
 
 fn demo() -> Result<()> {
