@@ -30,7 +30,8 @@ pub use file::DirectFile;
 pub use pool::{Priority, ReaderPool, Ticket};
 pub use prefault::Prefault;
 pub use probe::{
-    probe_bandwidth, read_bandwidth, read_repeats, ProbeResult, PROBE_MAX_BUFFERS, PROBE_MAX_QD, READ_PROBE_MIN_BYTES,
+    probe_bandwidth, read_bandwidth, read_repeats, ProbeResult, PROBE_MAX_BUFFERS, PROBE_MAX_QD,
+    READ_PROBE_MAX_REPEATS, READ_PROBE_MIN_BYTES,
 };
 
 use std::path::PathBuf;

@@ -118,13 +118,19 @@ fn gcd(a: u64, b: u64) -> u64 {
 /// few hundred KB read once measured 3.5 GB/s and a roofline share of 240 %.
 pub const READ_PROBE_MIN_BYTES: usize = 64 << 20;
 
+/// Most readings of the set in one [`read_bandwidth`] pass: a set under 1
+/// KiB (no real trunk) is read this often and no more, so the loop stays
+/// bounded whatever the container says.
+pub const READ_PROBE_MAX_REPEATS: usize = 1 << 16;
+
 /// How many times a [`read_bandwidth`] pass reads `total` bytes: enough to
-/// reach [`READ_PROBE_MIN_BYTES`], at least once (once when there is nothing).
+/// reach [`READ_PROBE_MIN_BYTES`], at least once (once when there is
+/// nothing), at most [`READ_PROBE_MAX_REPEATS`].
 pub fn read_repeats(total: usize) -> usize {
     if total == 0 {
         1
     } else {
-        READ_PROBE_MIN_BYTES.div_ceil(total).max(1)
+        READ_PROBE_MIN_BYTES.div_ceil(total).clamp(1, READ_PROBE_MAX_REPEATS)
     }
 }
 
@@ -225,11 +231,13 @@ mod tests {
     fn a_small_set_is_read_until_the_probe_minimum() {
         // a trunk of a few hundred KB: read often enough that thread start-up
         // is small beside it; a trunk past the minimum: read once
-        for total in [1, 361_192, READ_PROBE_MIN_BYTES - 1] {
+        for total in [READ_PROBE_MIN_BYTES / READ_PROBE_MAX_REPEATS, 361_192, READ_PROBE_MIN_BYTES - 1] {
             let r = read_repeats(total);
             assert!(r >= 2 && r * total >= READ_PROBE_MIN_BYTES, "{total}: {r}");
             assert!((r - 1) * total < READ_PROBE_MIN_BYTES, "{total}: {r} reads more than needed");
         }
+        // a set of a few bytes: bounded, not 64 M readings
+        assert_eq!(read_repeats(1), READ_PROBE_MAX_REPEATS);
         for total in [0, READ_PROBE_MIN_BYTES, 700 << 20, usize::MAX] {
             assert_eq!(read_repeats(total), 1);
         }

@@ -164,60 +164,75 @@ fn fuzz(seconds: u64) -> Result<()> {
         "waste-cli",
     ]))?;
     let helper = root.join("target/release/waste-render-template");
-    let seeds = fuzz_seeds(&root)?;
-    for t in [
-        "manifest",
-        "record_header",
-        "usage_file",
-        "state_file",
-        "tokenizer",
-        "chat_request",
-        "xtml_output",
-        "safetensors_header",
-        "chat_template",
-        "image",
-    ] {
-        let mut cmd = Command::new("cargo");
-        cmd.current_dir(root.join("fuzz")).env("WASTE_RENDER_HELPER", &helper).args(["+nightly", "fuzz", "run", t]);
-        // inputs a fuzzer does not find alone from nothing (a PNG, JPEG,
-        // WebP and GIF; a whole saved state), past libFuzzer's 4 KB default
-        if let Some((dir, max_len)) = seeds.iter().find(|s| s.0 == t).map(|s| (&s.1, s.2)) {
-            cmd.arg(format!("corpus/{t}")).arg(dir).args(["--", &format!("-max_len={max_len}")]);
-        } else {
-            cmd.arg("--");
+    let state = state_seed(&root)?;
+    // inputs a fuzzer does not find alone from nothing (a PNG; a whole
+    // saved state), and their length past libFuzzer's 4 KB default
+    let seeded = |t: &str| match t {
+        "image" => Some((root.join("tools/oracle/fixtures/k3-vision"), 1usize << 16)),
+        "state_file" => Some((state.clone(), 1 << 17)),
+        _ => None,
+    };
+    let runs = || -> Result<()> {
+        for t in [
+            "manifest",
+            "record_header",
+            "usage_file",
+            "state_file",
+            "tokenizer",
+            "chat_request",
+            "xtml_output",
+            "safetensors_header",
+            "chat_template",
+            "image",
+        ] {
+            let mut cmd = Command::new("cargo");
+            cmd.current_dir(root.join("fuzz")).env("WASTE_RENDER_HELPER", &helper).args(["+nightly", "fuzz", "run", t]);
+            match seeded(t) {
+                Some((dir, max_len)) => {
+                    cmd.arg(format!("corpus/{t}")).arg(dir).args(["--", &format!("-max_len={max_len}")])
+                }
+                None => cmd.arg("--"),
+            };
+            run(cmd.arg(format!("-max_total_time={seconds}")))?;
         }
-        run(cmd.arg(format!("-max_total_time={seconds}")))?;
-    }
-    if let Some((_, dir, _)) = seeds.iter().find(|s| s.0 == "state_file") {
-        std::fs::remove_dir_all(dir).ok();
-    }
-    Ok(())
+        Ok(())
+    };
+    let done = runs();
+    // the seed's directory is this run's own (created new), removed however the runs ended
+    std::fs::remove_dir_all(&state).ok();
+    done
 }
 
-/// Seed inputs for the targets whose valid inputs are large and
-/// structured: (target, directory, max input length). The images are the
-/// committed vision fixtures; the state is saved by the CLI from the anchor
-/// model at the context the `state_file` target opens it with (64).
-fn fuzz_seeds(root: &Path) -> Result<Vec<(&'static str, PathBuf, usize)>> {
+/// A directory holding the `state_file` target's seed: a state the CLI
+/// saves from the anchor model at the context that target opens it with
+/// (64). The directory is made new (an existing one is an error, never
+/// written into), so removing it afterwards removes only what this made.
+fn state_seed(root: &Path) -> Result<PathBuf> {
     use std::io::Write;
-    let state = std::env::temp_dir().join(format!("waste-fuzz-seeds-{}", std::process::id()));
-    std::fs::create_dir_all(&state).with_context(|| format!("create {}", state.display()))?;
-    let file = state.join("anchor.state");
-    let mut chat = Command::new(root.join("target/release/waste"))
-        .args(["chat", "../testdata/anchor-tiny/kimi-linear-tiny.waste", "--ctx", "64", "-n", "4"])
-        .current_dir(root.join("fuzz"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .context("spawn waste chat for the state seed")?;
-    if let Some(mut stdin) = chat.stdin.take() {
-        writeln!(stdin, "hello there\n/save {}", file.display()).context("write to waste chat")?;
+    let dir = std::env::temp_dir().join(format!("waste-fuzz-seeds-{}", std::process::id()));
+    std::fs::create_dir(&dir).with_context(|| format!("create {} (a new directory)", dir.display()))?;
+    let file = dir.join("anchor.state");
+    let saved = (|| -> Result<()> {
+        let mut chat = Command::new(root.join("target/release/waste"))
+            .args(["chat", "../testdata/anchor-tiny/kimi-linear-tiny.waste", "--ctx", "64", "-n", "4"])
+            .current_dir(root.join("fuzz"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("spawn waste chat for the state seed")?;
+        if let Some(mut stdin) = chat.stdin.take() {
+            writeln!(stdin, "hello there\n/save {}", file.display()).context("write to waste chat")?;
+        }
+        let st = chat.wait().context("wait for waste chat")?;
+        if !st.success() || !file.exists() {
+            bail!("waste chat did not save the state seed {} ({st})", file.display());
+        }
+        Ok(())
+    })();
+    if saved.is_err() {
+        std::fs::remove_dir_all(&dir).ok();
     }
-    let st = chat.wait().context("wait for waste chat")?;
-    if !st.success() || !file.exists() {
-        bail!("waste chat did not save the state seed {} ({st})", file.display());
-    }
-    Ok(vec![("image", root.join("tools/oracle/fixtures/k3-vision"), 1 << 16), ("state_file", state, 1 << 17)])
+    saved.map(|()| dir)
 }
 
 fn demo() -> Result<()> {
