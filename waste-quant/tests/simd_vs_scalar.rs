@@ -157,8 +157,9 @@ proptest! {
     }
 
     #[test]
-    fn vq_matvec_bit_identical_across_levels(packed in any::<bool>(), two in any::<bool>(), rows in prop_oneof![1usize..200, (1usize..4).prop_map(|k| 64 * k)], nvec in 1usize..20, block in prop::sample::select(vec![0usize, 8, 64]), seed in any::<u64>()) {
-        let stages = if packed { 4 } else if two { 2 } else { 3 };
+    fn vq_matvec_bit_identical_across_levels(packed in any::<bool>(), st in 1usize..=3, rows in prop_oneof![1usize..200, (1usize..4).prop_map(|k| 64 * k)], nvec in 1usize..20, block in prop::sample::select(vec![0usize, 8, 64, 128]), seed in any::<u64>()) {
+        // 1 to 3 byte stages (each has its own byte-plane kernel), or VQ4P's 4 packed
+        let stages = if packed { 4 } else { st };
         let entries = if packed { 64 } else { 256 };
         let lay = VqLayout { rows, nvec, stages, block, packed6: packed };
         let mut r = rng(seed);

@@ -886,38 +886,46 @@ const VQ_PREFETCH_V: usize = 4;
 /// # Safety
 /// AVX-512 F/BW/VL/VBMI; sizes as asserted by `vq::matvec_rows`.
 pub unsafe fn vq_rows64(lay: &crate::vq::VqLayout, idx: &[u8], planes: &[u8], r0: usize, y: &mut [f32]) {
-    // SAFETY: the caller's contract.
+    use crate::vq::PlaneLookup::{OneSource, TwoSource};
+    // SAFETY: the caller's contract (bpv == stages ≤ 3, 8-bit indices).
     unsafe {
-        match crate::vq::plane_lookup() {
-            crate::vq::PlaneLookup::TwoSource => vq_rows64_with::<true>(lay, idx, planes, r0, y),
-            crate::vq::PlaneLookup::OneSource => vq_rows64_with::<false>(lay, idx, planes, r0, y),
+        match (crate::vq::plane_lookup(), lay.bpv()) {
+            (TwoSource, 3) => vq_rows64_with::<true, 3>(lay, idx, planes, r0, y),
+            (TwoSource, 2) => vq_rows64_with::<true, 2>(lay, idx, planes, r0, y),
+            (TwoSource, _) => vq_rows64_with::<true, 1>(lay, idx, planes, r0, y),
+            (OneSource, 3) => vq_rows64_with::<false, 3>(lay, idx, planes, r0, y),
+            (OneSource, 2) => vq_rows64_with::<false, 2>(lay, idx, planes, r0, y),
+            (OneSource, _) => vq_rows64_with::<false, 1>(lay, idx, planes, r0, y),
         }
     }
 }
 
-/// [`vq_rows64`] with the plane lookup chosen at compile time.
+/// [`vq_rows64`] with the plane lookup and the stage count (`BPV`, 1 to 3)
+/// fixed at compile time: the index extraction is straight-line code with
+/// its permute vectors in registers, and the row groups are walked without
+/// an index computation per group (with both chosen at run time, the
+/// experts' part of an all-cached decode took 1.2× as long: docs/LEARNED.md,
+/// "The stage count fixed at compile time").
 ///
 /// # Safety
-/// As [`vq_rows64`].
+/// As [`vq_rows64`]; `BPV == lay.bpv() == lay.stages`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
-unsafe fn vq_rows64_with<const TWO_SOURCE: bool>(
+unsafe fn vq_rows64_with<const TWO_SOURCE: bool, const BPV: usize>(
     lay: &crate::vq::VqLayout,
     idx: &[u8],
     planes: &[u8],
     r0: usize,
     y: &mut [f32],
 ) {
-    let st = lay.stages;
-    let bpv = lay.bpv();
-    debug_assert!(st == bpv && bpv <= 3 && !lay.packed6);
+    debug_assert!(lay.stages == BPV && lay.bpv() == BPV && (1..=3).contains(&BPV) && !lay.packed6);
     // byte j = 16L + 4k + e of the index vector holds the index of row
     // 16k + 4L + e, so the interleave below yields rows in order
-    let mut ix = [_mm512_setzero_si512(); 3];
-    let mut high = [0u64; 3];
-    for (s, (ixs, hs)) in ix.iter_mut().zip(high.iter_mut()).enumerate().take(st) {
+    let mut ix = [_mm512_setzero_si512(); BPV];
+    let mut high = [0u64; BPV];
+    for (s, (ixs, hs)) in ix.iter_mut().zip(high.iter_mut()).enumerate() {
         let b: [u8; 64] = core::array::from_fn(|j| {
             let (l, k, e) = (j / 16, (j % 16) / 4, j % 4);
-            let off = bpv * (16 * k + 4 * l + e) + s;
+            let off = BPV * (16 * k + 4 * l + e) + s;
             if off >= 128 {
                 *hs |= 1 << j;
             }
@@ -927,38 +935,43 @@ unsafe fn vq_rows64_with<const TWO_SOURCE: bool>(
         *ixs = unsafe { _mm512_loadu_si512(b.as_ptr() as *const __m512i) };
     }
     y.fill(0.0);
-    let groups = y.len() / 64;
     // each row group's index offset at vector position 0; position v adds
     // v · block · bpv (blocked layout): no division per group in the loop
-    let goff: Vec<usize> = (0..groups).map(|g| lay.offset(r0 + 64 * g, 0)).collect();
+    let goff: Vec<usize> = (0..y.len() / 64).map(|g| lay.offset(r0 + 64 * g, 0)).collect();
     let vstride = lay.offset(r0, 1) - lay.offset(r0, 0);
+    let yp = y.as_mut_ptr();
     for v in 0..lay.nvec {
-        for s in 0..st {
+        let vbase = idx.as_ptr().wrapping_add(v * vstride);
+        for s in 0..BPV {
             // SAFETY (loads): the planes of (v, s) are 1024 bytes inside `planes`.
             let pl: [[__m512i; 4]; 4] = core::array::from_fn(|p| {
                 core::array::from_fn(|q| unsafe {
-                    _mm512_loadu_si512(planes.as_ptr().add(((v * st + s) * 4 + p) * 256 + 64 * q) as *const __m512i)
+                    _mm512_loadu_si512(planes.as_ptr().add(((v * BPV + s) * 4 + p) * 256 + 64 * q) as *const __m512i)
                 })
             });
+            let (ixs, hs) = (ix[s], high[s]);
             for (g, &go) in goff.iter().enumerate() {
-                let o = go + v * vstride;
+                let p = vbase.wrapping_add(go);
                 if s == 0 {
                     // this group's indices a few vector positions ahead (a
                     // hint: never faults): each 64-row group is a stream of
                     // its own, too many interleaved for the hardware prefetcher
-                    prefetch_lines(idx.as_ptr().wrapping_add(o + VQ_PREFETCH_V * lay.block * bpv), 64 * bpv);
+                    let a = p.wrapping_add(VQ_PREFETCH_V * lay.block * BPV) as *const i8;
+                    for l in 0..BPV {
+                        _mm_prefetch::<_MM_HINT_T0>(a.wrapping_add(64 * l));
+                    }
                 }
-                // SAFETY: the group's 64·bpv index bytes are inside `idx` (asserted by the caller); masked loads read no others.
+                // SAFETY: the group's 64·BPV index bytes are inside `idx` (asserted by the caller).
                 let iv = unsafe {
-                    let p = idx.as_ptr().add(o) as *const i8;
                     let z0 = _mm512_loadu_si512(p as *const __m512i);
-                    let z1 = _mm512_maskz_loadu_epi8(keep_bytes(64 * bpv - 64), p.add(64));
-                    let lo = _mm512_permutex2var_epi8(z0, ix[s], z1);
-                    if bpv == 3 {
-                        let z2 = _mm512_loadu_si512(p.add(128) as *const __m512i);
-                        _mm512_mask_permutexvar_epi8(lo, high[s], ix[s], z2)
-                    } else {
-                        lo
+                    match BPV {
+                        1 => _mm512_permutexvar_epi8(ixs, z0),
+                        2 => _mm512_permutex2var_epi8(z0, ixs, _mm512_loadu_si512(p.add(64) as *const __m512i)),
+                        _ => {
+                            let z1 = _mm512_loadu_si512(p.add(64) as *const __m512i);
+                            let z2 = _mm512_loadu_si512(p.add(128) as *const __m512i);
+                            _mm512_mask_permutexvar_epi8(_mm512_permutex2var_epi8(z0, ixs, z1), hs, ixs, z2)
+                        }
                     }
                 };
                 let b7 = _mm512_movepi8_mask(iv);
@@ -994,7 +1007,7 @@ unsafe fn vq_rows64_with<const TWO_SOURCE: bool>(
                 for (k, fk) in f.iter().enumerate() {
                     // SAFETY: 64g + 16k + 16 <= y.len().
                     unsafe {
-                        let a = y.as_mut_ptr().add(64 * g + 16 * k);
+                        let a = yp.add(64 * g + 16 * k);
                         _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), _mm512_castsi512_ps(*fk)));
                     }
                 }
