@@ -310,8 +310,10 @@ pub unsafe fn vq_rows8(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: 
                     *a = unsafe { _mm256_loadu_ps(y.as_ptr().add(r - r0 + 8 * g)) };
                 }
             }
+            // the blocked layout puts position v at block · bpv bytes past v - 1
+            let (o0, vstride) = (lay.offset(r, v0), lay.block * bpv);
             for v in v0..v1 {
-                let o = lay.offset(r, v);
+                let o = o0 + (v - v0) * vstride;
                 let src = &idx[o..o + 8 * ng * bpv];
                 if fast {
                     for (g, a) in acc.iter_mut().enumerate().take(ng) {

@@ -733,8 +733,10 @@ pub unsafe fn vq_rows16(lay: &crate::vq::VqLayout, idx: &[u8], table: &[f32], r0
                     *a = unsafe { _mm512_loadu_ps(y.as_ptr().add(r - r0 + 16 * g)) };
                 }
             }
+            // the blocked layout puts position v at block · bpv bytes past v - 1
+            let (o0, vstride) = (lay.offset(r, v0), lay.block * bpv);
             for v in v0..v1 {
-                let o = lay.offset(r, v);
+                let o = o0 + (v - v0) * vstride;
                 let src = &idx[o..o + ng * group_bytes];
                 for (g, a) in acc.iter_mut().enumerate().take(ng) {
                     // SAFETY: the group's 16·bpv ≤ 64 bytes are inside `src`; the masked load reads no others.
