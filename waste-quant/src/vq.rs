@@ -224,11 +224,11 @@ pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], tabl
 }
 
 /// Whether tables of this layout can be looked up as byte planes (8-bit
-/// indices, 256 entries, at most 3 stages, index blocks of a multiple of 64
+/// indices, 256 entries, 1 to 3 stages, index blocks of a multiple of 64
 /// rows) — whatever the CPU. Callers size plane buffers by this, so memory
 /// does not depend on the machine.
 pub fn planes_fit(lay: &VqLayout) -> bool {
-    !lay.packed6 && lay.stages <= 3 && lay.block > 0 && lay.block.is_multiple_of(64)
+    !lay.packed6 && (1..=3).contains(&lay.stages) && lay.block > 0 && lay.block.is_multiple_of(64)
 }
 
 /// Whether `level` on this CPU looks tables of this layout up as byte

@@ -225,6 +225,25 @@ proptest! {
     }
 }
 
+/// A layout without stages (a caller's degenerate input: no container
+/// format has one) sums nothing and reads no index byte at any level — the
+/// byte-plane kernels, compiled per stage count, never take it
+/// (`planes_fit` admits 1 to 3 stages).
+#[test]
+fn a_layout_without_stages_sums_nothing() {
+    let lay = VqLayout { rows: 128, nvec: 4, stages: 0, block: 64, packed6: false };
+    assert!(!waste_quant::vq::planes_fit(&lay));
+    assert_eq!(lay.index_bytes(), 0);
+    let scales: Vec<u8> = (0..lay.rows).flat_map(|_| f32_to_f16(1.0).to_le_bytes()).collect();
+    // the table has no entries either; an empty slice would mean "none given"
+    let table = [f32::NAN];
+    for lv in Level::available() {
+        let mut y = vec![f32::NAN; lay.rows];
+        matvec_rows_planes(lv, &lay, &[], &scales, &table, Some(&[]), 0, &mut y);
+        assert!(y.iter().all(|&v| v == 0.0), "level {lv:?}");
+    }
+}
+
 #[test]
 fn reports_skipped_levels() {
     for l in Level::ALL {

@@ -882,22 +882,23 @@ const VQ_PREFETCH_V: usize = 4;
 /// (docs/LEARNED.md).
 ///
 /// Rows `r0..r0+y.len()`, both multiples of 64, blocked layout with `block
-/// % 64 == 0`, 8-bit indices (`bpv == stages ≤ 3`, 256 entries); `planes`
+/// % 64 == 0`, 8-bit indices (`bpv == stages`, 1 to 3; 256 entries); `planes`
 /// from [`vq_planes`] over the whole table.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VBMI; sizes as asserted by `vq::matvec_rows`.
 pub unsafe fn vq_rows64(lay: &crate::vq::VqLayout, idx: &[u8], planes: &[u8], r0: usize, y: &mut [f32]) {
     use crate::vq::PlaneLookup::{OneSource, TwoSource};
-    // SAFETY: the caller's contract (bpv == stages ≤ 3, 8-bit indices).
+    // SAFETY: the caller's contract (bpv == stages, 1 to 3: `planes_fit`; 8-bit indices).
     unsafe {
         match (crate::vq::plane_lookup(), lay.bpv()) {
             (TwoSource, 3) => vq_rows64_with::<true, 3>(lay, idx, planes, r0, y),
             (TwoSource, 2) => vq_rows64_with::<true, 2>(lay, idx, planes, r0, y),
-            (TwoSource, _) => vq_rows64_with::<true, 1>(lay, idx, planes, r0, y),
+            (TwoSource, 1) => vq_rows64_with::<true, 1>(lay, idx, planes, r0, y),
             (OneSource, 3) => vq_rows64_with::<false, 3>(lay, idx, planes, r0, y),
             (OneSource, 2) => vq_rows64_with::<false, 2>(lay, idx, planes, r0, y),
-            (OneSource, _) => vq_rows64_with::<false, 1>(lay, idx, planes, r0, y),
+            (OneSource, 1) => vq_rows64_with::<false, 1>(lay, idx, planes, r0, y),
+            (_, b) => unreachable!("byte planes serve 1 to 3 stages (planes_fit), not {b}"),
         }
     }
 }
