@@ -959,10 +959,7 @@ unsafe fn vq_rows64_with<const TWO_SOURCE: bool, const BPV: usize>(
                     // this group's indices a few vector positions ahead (a
                     // hint: never faults): each 64-row group is a stream of
                     // its own, too many interleaved for the hardware prefetcher
-                    let a = p.wrapping_add(VQ_PREFETCH_V * lay.block * BPV) as *const i8;
-                    for l in 0..BPV {
-                        _mm_prefetch::<_MM_HINT_T0>(a.wrapping_add(64 * l));
-                    }
+                    prefetch_lines(p.wrapping_add(VQ_PREFETCH_V * lay.block * BPV), 64 * BPV);
                 }
                 // SAFETY: the group's 64·BPV index bytes are inside `idx` (asserted by the caller).
                 let iv = unsafe {
