@@ -15,7 +15,8 @@ use std::sync::Mutex;
 use waste_format::{Activation, ExpertFmt, RecordLayout};
 use waste_quant::ops::{sigmoid, silu, situ};
 use waste_quant::vq::{
-    build_table_planes, matvec_rows_planes, planes_cover, planes_fit, planes_len, uses_planes, VqBook, VqLayout,
+    build_table_planes, matvec_rows_planes, planes_cover, planes_fit, planes_len, uses_planes, uses_vq4p_rows64,
+    VqBook, VqLayout,
 };
 use waste_quant::{Level, MatJob, MatRef, Matrix, Pool, SyncSlice};
 
@@ -495,7 +496,7 @@ impl ExpertKernel {
                 let (tg, tu) =
                     (table_of(lv, &lg, shared.t_gate, shared.p_gate), table_of(lv, &lg, shared.t_up, shared.p_up));
                 let (pg, pu) = (planes_of(lv, &lg, shared.p_gate), planes_of(lv, &lg, shared.p_up));
-                let unit = row_unit(pg.is_some());
+                let unit = row_unit(pg.is_some() || uses_vq4p_rows64(lv, &lg));
                 let units = (m / unit).max(1);
                 chunks(units, &|a, b| {
                     // SAFETY: disjoint row ranges [unit·a, unit·b) (the last chunk takes the tail).
@@ -530,7 +531,7 @@ impl ExpertKernel {
             let o = SyncSlice::new(out);
             let pd = planes_of(lv, &ld, &lane.p_down);
             let td = table_of(lv, &ld, &lane.t_down, &lane.p_down);
-            let unit = row_unit(pd.is_some());
+            let unit = row_unit(pd.is_some() || uses_vq4p_rows64(lv, &ld));
             let units = (lat / unit).max(1);
             chunks(units, &|a, b| {
                 let (ra, rb) = (unit * a, if b == units { lat } else { unit * b });
@@ -613,9 +614,10 @@ fn planes_of<'a>(level: Level, lay: &VqLayout, p: &'a [u8]) -> Option<&'a [u8]> 
 }
 
 /// Rows per unit of work of an expert matvec split across the pool: whole
-/// 64-row groups for the byte-plane kernel, 8 for the gather kernels.
-fn row_unit(planes: bool) -> usize {
-    if planes {
+/// 64-row groups for the 64-row kernels (byte planes, VQ4P's tables in
+/// registers), 8 for the gather kernels.
+fn row_unit(rows64: bool) -> usize {
+    if rows64 {
         64
     } else {
         8
@@ -629,9 +631,15 @@ mod tests {
     use waste_format::{ExpertQuant, ModelConfig, RecordLayout};
     use waste_quant::{f32_to_f16, Level};
 
-    /// Random sealed records and books of a small VQ3R layout.
-    fn experts(hidden: usize, m: usize, n: usize, seed: u64) -> (ExpertKernel, LayerBooks, Vec<Vec<u8>>, Vec<f32>) {
-        let q = ExpertQuant::standard(ExpertFmt::Vq3r);
+    /// Random sealed records and books of a small VQ layout (`fmt` VQ3R or VQ4P).
+    fn experts(
+        fmt: ExpertFmt,
+        hidden: usize,
+        m: usize,
+        n: usize,
+        seed: u64,
+    ) -> (ExpertKernel, LayerBooks, Vec<Vec<u8>>, Vec<f32>) {
+        let q = ExpertQuant::standard(fmt);
         let cfg = ModelConfig::from_json(&serde_json::json!({"hidden_size": hidden, "num_hidden_layers": 1,
             "vocab_size": 4, "num_experts": n, "num_experts_per_token": 1, "moe_intermediate_size": m,
             "num_attention_heads": 1, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "kv_lora_rank": 4}))
@@ -657,10 +665,10 @@ mod tests {
             .collect();
         let books = LayerBooks {
             books: core::array::from_fn(|_| {
-                (0..3)
+                (0..q.stages)
                     .map(|_| {
-                        let bits: Vec<u16> = (0..256 * 8).map(|_| f32_to_f16(small(next()) * 0.1)).collect();
-                        VqBook::from_f16(&bits, 256, 8)
+                        let bits: Vec<u16> = (0..q.entries * 8).map(|_| f32_to_f16(small(next()) * 0.1)).collect();
+                        VqBook::from_f16(&bits, q.entries, 8)
                     })
                     .collect()
             }),
@@ -672,13 +680,24 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(12))]
         /// Whole experts per thread give each expert's output bit for bit as
-        /// the row-split form, at every level, for any number of experts
-        /// (whole rounds of lanes and a remainder), shapes whose rows are
-        /// whole 64-row groups (planes alone) or not (planes and table).
+        /// the row-split form, and both as the scalar level, at every level,
+        /// for any number of experts (whole rounds of lanes and a
+        /// remainder), VQ3R and VQ4P, shapes whose rows are whole 64-row
+        /// groups (the 64-row kernels alone) or not (with the gathers).
         #[test]
-        fn forward_each_is_forward(wide in any::<bool>(), n in 1usize..6, threads in 1usize..4, seed in any::<u64>()) {
+        fn forward_each_is_forward(wide in any::<bool>(), vq4p in any::<bool>(), n in 1usize..6, threads in 1usize..4, seed in any::<u64>()) {
             let (hidden, m) = if wide { (128, 192) } else { (136, 72) };
-            let (kernel, books, recs, h) = experts(hidden, m, n, seed);
+            let fmt = if vq4p { ExpertFmt::Vq4p } else { ExpertFmt::Vq3r };
+            let (kernel, books, recs, h) = experts(fmt, hidden, m, n, seed);
+            let mut scalar = vec![0f32; n * hidden];
+            {
+                let pool = Pool::with_level(1, Level::Scalar);
+                let mut sc = kernel.scratch(1);
+                kernel.prepare(&pool, &books, &h, &mut sc);
+                for (e, r) in recs.iter().enumerate() {
+                    kernel.forward(&pool, &books, r, &h, &mut sc, &mut scalar[e * hidden..(e + 1) * hidden]);
+                }
+            }
             for lv in Level::available() {
                 let pool = Pool::with_level(threads, lv);
                 let mut sc = kernel.scratch(lanes_for(threads, n));
@@ -688,6 +707,7 @@ mod tests {
                     kernel.forward(&pool, &books, r, &h, &mut sc, &mut want[e * hidden..(e + 1) * hidden]);
                 }
                 prop_assert!(want.iter().all(|v| v.is_finite()));
+                prop_assert!(want.iter().zip(&scalar).all(|(x, y)| x.to_bits() == y.to_bits()), "level {:?} against scalar", lv);
                 // slots in reverse: the output order is the caller's
                 let jobs: Vec<(&[u8], usize)> = recs.iter().enumerate().map(|(e, r)| (&r[..], n - 1 - e)).collect();
                 let mut got = vec![f32::NAN; n * hidden];
@@ -826,7 +846,7 @@ mod tests {
     /// whole-per-thread part and in the remainder alike.
     #[test]
     fn a_failed_fetch_is_returned() {
-        let (kernel, books, recs, h) = experts(136, 72, 5, 7);
+        let (kernel, books, recs, h) = experts(ExpertFmt::Vq3r, 136, 72, 5, 7);
         let pool = Pool::new(2);
         let mut sc = kernel.scratch(2);
         kernel.prepare(&pool, &books, &h, &mut sc);

@@ -2,7 +2,8 @@
 //! Kimi-Linear-48B shapes: the trunk matvec (Q4G/Q8G 9216×2304 and
 //! 2304×9216, and as a 16-input matmat) and one VQ3R expert matrix (1024×2304, 64-row index blocks)
 //! — its byte-plane lookups also with indices from memory, on one thread
-//! and on two at once (a token's experts, one per thread).
+//! and on two at once (a token's experts, one per thread) — and the same
+//! matrix as VQ4P (its tables in registers against the 16-row gathers).
 //! Prints the median and range of `--reps` runs per kernel and level, with
 //! weights per cycle-free unit (G weights/s) and the bytes' bandwidth.
 //!
@@ -55,6 +56,7 @@ fn main() {
     let mut r = rng(1);
     pool_and_head(reps, &mut r);
     mla_absorbed(reps, &mut r);
+    vq4p(reps, &mut r);
     for (fmt, rows, cols) in [(Fmt::Q4G, 9216, 2304), (Fmt::Q4G, 2304, 9216), (Fmt::Q8G, 9216, 2304)] {
         let (m, x) = random_trunk(fmt, rows, cols, &mut r);
         let mut y = vec![0f32; rows];
@@ -92,31 +94,14 @@ fn main() {
     }
     let (rows, nvec, stages) = (1024, 2304 / 8, 3);
     let lay = VqLayout { rows, nvec, stages, block: 64, packed6: false };
-    let books: Vec<VqBook> = (0..stages)
-        .map(|_| {
-            let bits: Vec<u16> = (0..256 * 8).map(|i| f32_to_f16((i % 13) as f32 * 0.01)).collect();
-            VqBook::from_f16(&bits, 256, 8)
-        })
-        .collect();
+    let books = vq_books(stages, 256);
     let br: Vec<&VqBook> = books.iter().collect();
     let idx: Vec<u8> = (0..lay.index_bytes()).map(|_| r() as u8).collect();
-    let scales: Vec<u8> = (0..rows).flat_map(|_| f32_to_f16(1.0).to_le_bytes()).collect();
-    let x: Vec<f32> = (0..nvec * 8).map(|i| (i % 5) as f32 * 0.1).collect();
+    let (scales, x) = vq_scales_input(rows, nvec);
     let mut t = vec![0f32; lay.table_len()];
     let mut y = vec![0f32; rows];
     for lv in Level::available() {
-        let (tb, _, _) = time(reps, || build_table(lv, &br, &lay, &x, &mut t));
-        let (med, lo, hi) = time(reps, || matvec_rows(lv, &lay, &idx, &scales, &t, 0, &mut y));
-        println!(
-            "vq3r {rows}x{} {:>7}: table {:.3} ms, rows {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
-            nvec * 8,
-            lv.name(),
-            tb * 1e3,
-            med * 1e3,
-            lo * 1e3,
-            hi * 1e3,
-            (rows * nvec * stages) as f64 / med / 1e9
-        );
+        table_and_rows(reps, "vq3r", lv, &lay, (&br, &x, &mut t), (&idx, &scales, &mut y));
         if uses_planes(lv, &lay) {
             let mut planes = vec![0u8; planes_len(&lay)];
             let (pb, _, _) = time(reps, || build_planes(lv, &lay, &t, &mut planes));
@@ -296,4 +281,109 @@ fn mla_absorbed(reps: usize, r: &mut impl FnMut() -> u64) {
             bhi * 1e3
         );
     }
+}
+
+/// One VQ4P expert matrix (1024×2304, 4 stages of 64 entries, 6-bit packed
+/// indices): at each level, its table and rows; at AVX-512 also the 16-row
+/// gather kernel (rows 16.. of the matrix: the 64-row kernel takes whole
+/// 64-row groups only), and the rows with indices from memory on one and on
+/// two threads at once.
+fn vq4p(reps: usize, r: &mut impl FnMut() -> u64) {
+    let (rows, nvec, stages) = (1024, 2304 / 8, 4);
+    let lay = VqLayout { rows, nvec, stages, block: 64, packed6: true };
+    let books = vq_books(stages, 64);
+    let br: Vec<&VqBook> = books.iter().collect();
+    let sets: Vec<Vec<u8>> = (0..64).map(|_| (0..lay.index_bytes()).map(|_| r() as u8).collect()).collect();
+    let other: Vec<Vec<u8>> = (0..64).map(|_| (0..lay.index_bytes()).map(|_| r() as u8).collect()).collect();
+    let (scales, x) = vq_scales_input(rows, nvec);
+    let mut t = vec![0f32; lay.table_len()];
+    let (mut y, mut y2) = (vec![0f32; rows], vec![0f32; rows]);
+    let lookups = (rows * nvec * stages) as f64;
+    for lv in Level::available() {
+        table_and_rows(reps, "vq4p", lv, &lay, (&br, &x, &mut t), (&sets[0], &scales, &mut y));
+        if lv == Level::Avx512 {
+            let (med, lo, hi) = time(reps, || matvec_rows(lv, &lay, &sets[0], &scales, &t, 16, &mut y[16..]));
+            let per = lookups * (rows - 16) as f64 / rows as f64;
+            println!(
+                "vq4p {rows}x{} {:>7} 16-row gathers (rows 16..): {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
+                nvec * 8,
+                lv.name(),
+                med * 1e3,
+                lo * 1e3,
+                hi * 1e3,
+                per / med / 1e9
+            );
+        }
+        let (med, lo, hi) = time(reps.min(9), || {
+            for ix in &sets {
+                matvec_rows(lv, &lay, ix, &scales, &t, 0, &mut y);
+            }
+        });
+        println!(
+            "vq4p {rows}x{} {:>7}, indices from memory: rows {:.3} ms ({:.3}–{:.3}) per matrix, {:.1} GB/s of indices",
+            nvec * 8,
+            lv.name(),
+            med * 1e3 / 64.0,
+            lo * 1e3 / 64.0,
+            hi * 1e3 / 64.0,
+            (64 * lay.index_bytes()) as f64 / med / 1e9
+        );
+        let (med, lo, hi) = time(reps.min(9), || {
+            std::thread::scope(|s| {
+                for (sets, y) in [(&sets, &mut y), (&other, &mut y2)] {
+                    let (lay, scales, t) = (&lay, &scales, &t);
+                    s.spawn(move || {
+                        for ix in sets {
+                            matvec_rows(lv, lay, ix, scales, t, 0, y);
+                        }
+                    });
+                }
+            })
+        });
+        println!(
+            "vq4p {rows}x{} {:>7}, indices from memory, 2 threads at once: {:.3} ms ({:.3}–{:.3}) per matrix a thread, {:.2} G lookups/s in all",
+            nvec * 8,
+            lv.name(),
+            med * 1e3 / 64.0,
+            lo * 1e3 / 64.0,
+            hi * 1e3 / 64.0,
+            2.0 * 64.0 * lookups / med / 1e9
+        );
+    }
+}
+
+/// `stages` books of `entries` 8-dimensional entries (a fixed pattern).
+fn vq_books(stages: usize, entries: usize) -> Vec<VqBook> {
+    let bits: Vec<u16> = (0..entries * 8).map(|i| f32_to_f16((i % 13) as f32 * 0.01)).collect();
+    (0..stages).map(|_| VqBook::from_f16(&bits, entries, 8)).collect()
+}
+
+/// Unit row scales (f16 bytes) and an input for `nvec` 8-wide positions.
+fn vq_scales_input(rows: usize, nvec: usize) -> (Vec<u8>, Vec<f32>) {
+    let scales = (0..rows).flat_map(|_| f32_to_f16(1.0).to_le_bytes()).collect();
+    (scales, (0..nvec * 8).map(|i| (i % 5) as f32 * 0.1).collect())
+}
+
+/// Times a VQ table build and the rows' sums at `lv` and prints both.
+fn table_and_rows(
+    reps: usize,
+    name: &str,
+    lv: Level,
+    lay: &VqLayout,
+    (br, x, t): (&[&VqBook], &[f32], &mut [f32]),
+    (idx, scales, y): (&[u8], &[u8], &mut [f32]),
+) {
+    let (tb, _, _) = time(reps, || build_table(lv, br, lay, x, t));
+    let (med, lo, hi) = time(reps, || matvec_rows(lv, lay, idx, scales, t, 0, y));
+    println!(
+        "{name} {}x{} {:>7}: table {:.3} ms, rows {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
+        lay.rows,
+        lay.nvec * 8,
+        lv.name(),
+        tb * 1e3,
+        med * 1e3,
+        lo * 1e3,
+        hi * 1e3,
+        (lay.rows * lay.nvec * lay.stages) as f64 / med / 1e9
+    );
 }

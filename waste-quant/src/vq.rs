@@ -130,8 +130,15 @@ pub fn build_table(level: Level, books: &[&VqBook], lay: &VqLayout, x: &[f32], t
             #[allow(unused_mut)]
             let mut done = 0;
             #[cfg(target_arch = "x86_64")]
-            if level.avx2_kernels() {
+            if level == Level::Avx512 && Level::Avx512.supported() {
                 // SAFETY: features checked; slices sized above.
+                done = unsafe { crate::x86_64::avx512::table_entries(b, xv, t) };
+            }
+            #[cfg(target_arch = "x86_64")]
+            if level.avx2_kernels() && done < b.entries {
+                // SAFETY: features checked; slices sized above (the AVX2
+                // kernel covers whole 8-entry vectors from the start: the
+                // same bits as the AVX-512 ones it repeats).
                 done = unsafe { crate::x86_64::avx2::table_entries(b, xv, t) };
             }
             #[cfg(target_arch = "aarch64")]
@@ -237,6 +244,28 @@ pub fn uses_planes(level: Level, lay: &VqLayout) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         level == Level::Avx512 && Level::Avx512.supported() && crate::x86_64::avx512::has_vbmi() && planes_fit(lay)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, lay);
+        false
+    }
+}
+
+/// Whether `level` on this CPU sums VQ4P rows with the whole 64-entry
+/// tables in registers (AVX-512 VBMI; 4 stages, index blocks of a multiple
+/// of 64 rows), 64 rows at a time: callers splitting rows across threads
+/// split them at multiples of 64.
+pub fn uses_vq4p_rows64(level: Level, lay: &VqLayout) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        level == Level::Avx512
+            && Level::Avx512.supported()
+            && crate::x86_64::avx512::has_vbmi()
+            && lay.packed6
+            && lay.stages == 4
+            && lay.block > 0
+            && lay.block.is_multiple_of(64)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -359,6 +388,13 @@ pub fn matvec_rows_planes(
         done = n64;
     }
     assert!(!table.is_empty() || done == y.len(), "rows {}.. need the f32 table, none was given", r0 + done);
+    #[cfg(target_arch = "x86_64")]
+    if uses_vq4p_rows64(level, lay) && (r0 + done).is_multiple_of(64) {
+        let n64 = done + (y.len() - done) / 64 * 64;
+        // SAFETY: features checked by uses_vq4p_rows64; sizes asserted above.
+        unsafe { crate::x86_64::avx512::vq4p_rows64(lay, idx, table, r0 + done, &mut y[done..n64]) };
+        done = n64;
+    }
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512
         && Level::Avx512.supported()

@@ -1016,6 +1016,122 @@ unsafe fn vq_rows64_with<const TWO_SOURCE: bool, const BPV: usize>(
     }
 }
 
+/// Table entries for one (v, s) as the AVX2 `table_entries` computes them
+/// (`t[e] = x0·c0`, then one fused multiply-add per further dimension, in
+/// order), 16 entries a lane: the same bits. Returns how many entries it
+/// wrote (whole vectors of 16; the caller computes the rest).
+///
+/// # Safety
+/// AVX-512 F; `x.len() == b.dim`, `t.len() >= b.entries`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub unsafe fn table_entries(b: &crate::vq::VqBook, x: &[f32], t: &mut [f32]) -> usize {
+    assert!(x.len() == b.dim && t.len() >= b.entries && b.cbt.len() >= b.dim * b.entries);
+    let e16 = b.entries / 16 * 16;
+    let c = b.cbt.as_ptr();
+    let mut e = 0;
+    // four vectors' chains at once (a chain is dim dependent FMAs)
+    while e + 64 <= e16 {
+        // SAFETY: cbt rows hold `entries` floats (asserted); e + 64 <= entries.
+        unsafe {
+            let x0 = _mm512_set1_ps(x[0]);
+            let mut acc: [__m512; 4] = core::array::from_fn(|q| _mm512_mul_ps(x0, _mm512_loadu_ps(c.add(e + 16 * q))));
+            for (d, &xd) in x.iter().enumerate().skip(1) {
+                let xv = _mm512_set1_ps(xd);
+                for (q, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(xv, _mm512_loadu_ps(c.add(d * b.entries + e + 16 * q)), *a);
+                }
+            }
+            for (q, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(t.as_mut_ptr().add(e + 16 * q), *a);
+            }
+        }
+        e += 64;
+    }
+    while e < e16 {
+        // SAFETY: as above; e + 16 <= entries.
+        unsafe {
+            let mut acc = _mm512_mul_ps(_mm512_set1_ps(x[0]), _mm512_loadu_ps(c.add(e)));
+            for (d, &xd) in x.iter().enumerate().skip(1) {
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(xd), _mm512_loadu_ps(c.add(d * b.entries + e)), acc);
+            }
+            _mm512_storeu_ps(t.as_mut_ptr().add(e), acc);
+        }
+        e += 16;
+    }
+    e16
+}
+
+/// VQ4P row sums with the whole 64-entry tables in registers: a vector
+/// position's 4 stages are 16 registers of f32 entries, looked up by
+/// two-register float permutes (`vpermt2ps`, 32 entries each) blended on the
+/// index's bit 5 — no gathers, no byte planes. Each row's 3 index bytes are
+/// moved into its 32-bit lane by one byte permute per 16 rows (VBMI); stage
+/// `s`'s field is that lane shifted right by `6s` (the permutes read only
+/// the low 5 bits, the blend bit 5). A row's sum stays in a register across
+/// the 4 stages and adds its entries in the canonical order (vector
+/// position, then stage): bit-identical to the scalar definition.
+///
+/// Rows `r0..r0+y.len()`, both multiples of 64, blocked layout with `block
+/// % 64 == 0`, 6-bit packed indices of 4 stages (`bpv == 3`); `table` has
+/// 64 entries per (vector position, stage).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VBMI; sizes as asserted.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
+pub unsafe fn vq4p_rows64(lay: &crate::vq::VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut [f32]) {
+    assert!(lay.packed6 && lay.stages == 4 && lay.block > 0 && lay.block.is_multiple_of(64));
+    assert!(r0.is_multiple_of(64) && y.len().is_multiple_of(64) && r0 + y.len() <= lay.rows);
+    assert!(idx.len() >= lay.index_bytes() && table.len() >= lay.table_len());
+    // lane j of the 16-row vector k holds bytes 3j..3j+3 of the 48 bytes of
+    // rows 16k..16k+16 (its fourth byte repeats the third: shifted out or
+    // above bit 5 for every stage); rows 48..64 are read from a load at
+    // byte 128, so every load stays inside the group's 192 bytes
+    let ctl: [__m512i; 2] = core::array::from_fn(|h| {
+        let b: [u8; 64] = core::array::from_fn(|i| (16 * h + 3 * (i / 4) + (i % 4).min(2)) as u8);
+        // SAFETY: 64-byte array.
+        unsafe { _mm512_loadu_si512(b.as_ptr() as *const __m512i) }
+    });
+    let bit5 = _mm512_set1_epi32(32);
+    y.fill(0.0);
+    let goff: Vec<usize> = (0..y.len() / 64).map(|g| lay.offset(r0 + 64 * g, 0)).collect();
+    let vstride = lay.block * 3;
+    let yp = y.as_mut_ptr();
+    for v in 0..lay.nvec {
+        // SAFETY: the 4 stages' 64 entries of position v are inside `table` (asserted).
+        let t: [[__m512; 4]; 4] = core::array::from_fn(|s| {
+            core::array::from_fn(|q| unsafe { _mm512_loadu_ps(table.as_ptr().add((4 * v + s) * 64 + 16 * q)) })
+        });
+        let vbase = idx.as_ptr().wrapping_add(v * vstride);
+        for (g, &go) in goff.iter().enumerate() {
+            let p = vbase.wrapping_add(go);
+            // this group's indices a few vector positions ahead (a hint: never faults)
+            prefetch_lines(p.wrapping_add(VQ_PREFETCH_V * vstride), 192);
+            for k in 0..4 {
+                // SAFETY: bytes 48k .. 48k + 64 (k < 3) and 128 .. 192 (k = 3)
+                // are inside the group's 192 index bytes, inside `idx` (asserted).
+                let d = unsafe {
+                    let (at, c) = if k < 3 { (48 * k, ctl[0]) } else { (128, ctl[1]) };
+                    _mm512_permutexvar_epi8(c, _mm512_loadu_si512(p.add(at) as *const __m512i))
+                };
+                let look = |i: __m512i, t: &[__m512; 4]| {
+                    let lo = _mm512_permutex2var_ps(t[0], i, t[1]);
+                    let hi = _mm512_permutex2var_ps(t[2], i, t[3]);
+                    _mm512_mask_blend_ps(_mm512_test_epi32_mask(i, bit5), lo, hi)
+                };
+                // SAFETY: 64g + 16k + 16 <= y.len().
+                unsafe {
+                    let a = yp.add(64 * g + 16 * k);
+                    let mut acc = _mm512_add_ps(_mm512_loadu_ps(a), look(d, &t[0]));
+                    acc = _mm512_add_ps(acc, look(_mm512_srli_epi32::<6>(d), &t[1]));
+                    acc = _mm512_add_ps(acc, look(_mm512_srli_epi32::<12>(d), &t[2]));
+                    acc = _mm512_add_ps(acc, look(_mm512_srli_epi32::<18>(d), &t[3]));
+                    _mm512_storeu_ps(a, acc);
+                }
+            }
+        }
+    }
+}
+
 /// The decay-and-project pass over a whole delta-rule state (`rows =
 /// e.len()` rows of `16·NV` columns): `s[i][j] *= e[i]; u[j] = fma(k[i],
 /// s[i][j], u[j])` row after row, with `u` held in registers for the whole
