@@ -1,7 +1,10 @@
 //! Open a container once and time many prefills of the same prompt (fresh
 //! session each), for profiling a short prefill without the open in the
 //! samples: `cargo run --release -p waste-model --example prefill_loop --
-//! MODEL USAGE PROMPT_LEN ROUNDS [BUDGET_GIB]`.
+//! MODEL USAGE PROMPT_LEN ROUNDS [BUDGET_GIB]`. Prints each round's
+//! wall-clock window (`round R START END`, seconds) so that
+//! `tools/bench/profile_rounds.py` can split a `perf record -k realtime`
+//! profile by round.
 use std::time::Instant;
 use waste_model::{Model, ModelOptions};
 
@@ -19,11 +22,14 @@ fn main() {
     let m = Model::open(model, opts).unwrap();
     let ids: Vec<u32> = (1..=plen).collect();
     let mut t = vec![];
-    for _ in 0..rounds {
+    // wall-clock seconds, as `perf record -k realtime` stamps its samples
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    for r in 0..rounds {
         let mut s = m.session();
-        let t0 = Instant::now();
+        let (w0, t0) = (now(), Instant::now());
         s.eval(&ids).unwrap();
         t.push(t0.elapsed().as_secs_f64() * 1e3 / plen as f64);
+        println!("round {r} {w0:.6} {:.6}", now());
     }
     let first = t[0];
     t.sort_by(f64::total_cmp);
