@@ -137,14 +137,10 @@ fn main() {
                         matvec_rows_planes(lv, &lay, ix, &scales, &t, Some(&planes), 0, &mut y);
                     }
                 });
-                println!(
-                    "vq3r {rows}x{} {:>7} byte planes ({form:?}), indices from memory: rows {:.3} ms ({:.3}–{:.3}) per matrix, {:.1} GB/s of indices",
-                    nvec * 8,
-                    lv.name(),
-                    med * 1e3 / 64.0,
-                    lo * 1e3 / 64.0,
-                    hi * 1e3 / 64.0,
-                    (64 * lay.index_bytes()) as f64 / med / 1e9
+                from_memory(
+                    &format!("vq3r {rows}x{} {:>7} byte planes ({form:?})", nvec * 8, lv.name()),
+                    &lay,
+                    (med, lo, hi),
                 );
                 // two threads at once, each over its own 64 index sets, as
                 // decode runs a token's experts (one per thread): whether
@@ -319,15 +315,7 @@ fn vq4p(reps: usize, r: &mut impl FnMut() -> u64) {
                 matvec_rows(lv, &lay, ix, &scales, &t, 0, &mut y);
             }
         });
-        println!(
-            "vq4p {rows}x{} {:>7}, indices from memory: rows {:.3} ms ({:.3}–{:.3}) per matrix, {:.1} GB/s of indices",
-            nvec * 8,
-            lv.name(),
-            med * 1e3 / 64.0,
-            lo * 1e3 / 64.0,
-            hi * 1e3 / 64.0,
-            (64 * lay.index_bytes()) as f64 / med / 1e9
-        );
+        from_memory(&format!("vq4p {rows}x{} {:>7}", nvec * 8, lv.name()), &lay, (med, lo, hi));
         let (med, lo, hi) = time(reps.min(9), || {
             std::thread::scope(|s| {
                 for (sets, y) in [(&sets, &mut y), (&other, &mut y2)] {
@@ -385,5 +373,16 @@ fn table_and_rows(
         lo * 1e3,
         hi * 1e3,
         (lay.rows * lay.nvec * lay.stages) as f64 / med / 1e9
+    );
+}
+
+/// Prints a timing of 64 index sets read from memory, per matrix.
+fn from_memory(what: &str, lay: &VqLayout, (med, lo, hi): (f64, f64, f64)) {
+    println!(
+        "{what}, indices from memory: rows {:.3} ms ({:.3}–{:.3}) per matrix, {:.1} GB/s of indices",
+        med * 1e3 / 64.0,
+        lo * 1e3 / 64.0,
+        hi * 1e3 / 64.0,
+        (64 * lay.index_bytes()) as f64 / med / 1e9
     );
 }
