@@ -3,7 +3,7 @@
 //! 2304×9216, and as a 16-input matmat) and one VQ3R expert matrix (1024×2304, 64-row index blocks)
 //! — its byte-plane lookups also with indices from memory, on one thread
 //! and on two at once (a token's experts, one per thread) — and the same
-//! matrix as VQ4P (its tables in registers against the 16-row gathers).
+//! matrix as VQ4P (its tables in registers, 64 rows or 8 at a time).
 //! Prints the median and range of `--reps` runs per kernel and level, with
 //! weights per cycle-free unit (G weights/s) and the bytes' bandwidth.
 //!
@@ -280,10 +280,10 @@ fn mla_absorbed(reps: usize, r: &mut impl FnMut() -> u64) {
 }
 
 /// One VQ4P expert matrix (1024×2304, 4 stages of 64 entries, 6-bit packed
-/// indices): at each level, its table and rows; at AVX-512 also the 16-row
-/// gather kernel (rows 16.. of the matrix: the 64-row kernel takes whole
-/// 64-row groups only), and the rows with indices from memory on one and on
-/// two threads at once.
+/// indices): at each level, its table and rows; at AVX-512 also rows 16..
+/// of the matrix (the 64-row kernel takes whole 64-row groups only, so the
+/// 8-row one, AVX2's, sums them), and the rows with indices from memory on
+/// one and on two threads at once.
 fn vq4p(reps: usize, r: &mut impl FnMut() -> u64) {
     let (rows, nvec, stages) = (1024, 2304 / 8, 4);
     let lay = VqLayout { rows, nvec, stages, block: 64, packed6: true };
@@ -301,7 +301,7 @@ fn vq4p(reps: usize, r: &mut impl FnMut() -> u64) {
             let (med, lo, hi) = time(reps, || matvec_rows(lv, &lay, &sets[0], &scales, &t, 16, &mut y[16..]));
             let per = lookups * (rows - 16) as f64 / rows as f64;
             println!(
-                "vq4p {rows}x{} {:>7} 16-row gathers (rows 16..): {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
+                "vq4p {rows}x{} {:>7} rows 16.. (the 8-row kernel): {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
                 nvec * 8,
                 lv.name(),
                 med * 1e3,

@@ -396,6 +396,19 @@ pub fn matvec_rows_planes(
         done = n64;
     }
     #[cfg(target_arch = "x86_64")]
+    if level.avx2_kernels()
+        && lay.packed6
+        && lay.stages == 4
+        && lay.block > 0
+        && lay.block.is_multiple_of(8)
+        && (r0 + done).is_multiple_of(8)
+    {
+        let n8 = done + (y.len() - done) / 8 * 8;
+        // SAFETY: features checked; sizes asserted above.
+        unsafe { crate::x86_64::avx2::vq4p_rows8(lay, idx, table, r0 + done, &mut y[done..n8]) };
+        done = n8;
+    }
+    #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512
         && Level::Avx512.supported()
         && crate::x86_64::avx512::has_vbmi()

@@ -259,6 +259,76 @@ pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) -> usize {
     e8
 }
 
+/// VQ4P row sums without gathers: each row's 3 index bytes moved into its
+/// 32-bit lane (one byte shuffle per 8 rows), stage `s`'s field the lane
+/// shifted right by `6s`, and its 64 table entries looked up as 8 one-register
+/// float permutes (`vpermps`, 8 entries by the field's low 3 bits, the
+/// table read from L1) merged by a blend tree on bits 3, 4 and 5. A row's
+/// sum stays in a register across the 4 stages and adds its entries in the
+/// canonical order (vector position, then stage): bit-identical to the
+/// scalar definition.
+///
+/// Rows `r0..r0+y.len()` (multiples of 8), blocked layout with `block % 8
+/// == 0`, 6-bit packed indices of 4 stages (`bpv == 3`); `table` has 64
+/// entries per (vector position, stage).
+///
+/// # Safety
+/// AVX2; sizes as asserted.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn vq4p_rows8(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut [f32]) {
+    assert!(lay.packed6 && lay.stages == 4 && lay.block > 0 && lay.block.is_multiple_of(8));
+    assert!(r0.is_multiple_of(8) && y.len().is_multiple_of(8) && r0 + y.len() <= lay.rows);
+    assert!(idx.len() >= lay.index_bytes() && table.len() >= lay.table_len());
+    // lane j of each 128-bit half: bytes 3j, 3j+1, 3j+2, 3j+2 of its 4
+    // rows; the low half loads the group's bytes 0..16 (rows 0..4 in 0..12),
+    // the high half bytes 8..24 (rows 4..8 in its bytes 4..16)
+    let ctl = {
+        let b: [u8; 32] = core::array::from_fn(|i| {
+            let (h, j, c) = (i / 16, (i % 16) / 4, (i % 4).min(2));
+            (4 * h + 3 * j + c) as u8
+        });
+        // SAFETY: 32-byte array.
+        unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
+    };
+    y.fill(0.0);
+    let goff: Vec<usize> = (0..y.len() / 8).map(|g| lay.offset(r0 + 8 * g, 0)).collect();
+    let vstride = lay.block * 3;
+    let yp = y.as_mut_ptr();
+    for v in 0..lay.nvec {
+        let tv = table.as_ptr().wrapping_add(4 * 64 * v);
+        for (g, &go) in goff.iter().enumerate() {
+            // SAFETY: the group's 24 index bytes at go + v·vstride are inside
+            // `idx` (asserted); both 16-byte loads stay inside them.
+            let d = unsafe {
+                let p = idx.as_ptr().add(go + v * vstride);
+                let lo = _mm_loadu_si128(p as *const __m128i);
+                let hi = _mm_loadu_si128(p.add(8) as *const __m128i);
+                _mm256_shuffle_epi8(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi), ctl)
+            };
+            // SAFETY (table loads): position v's 4 stages of 64 entries are inside `table` (asserted).
+            let look = |i: __m256i, t: *const f32| unsafe {
+                let e: [__m256; 8] =
+                    core::array::from_fn(|q| _mm256_permutevar8x32_ps(_mm256_loadu_ps(t.add(8 * q)), i));
+                let m3 = _mm256_castsi256_ps(_mm256_slli_epi32::<28>(i));
+                let m4 = _mm256_castsi256_ps(_mm256_slli_epi32::<27>(i));
+                let m5 = _mm256_castsi256_ps(_mm256_slli_epi32::<26>(i));
+                let e4: [__m256; 4] = core::array::from_fn(|k| _mm256_blendv_ps(e[2 * k], e[2 * k + 1], m3));
+                let e2: [__m256; 2] = core::array::from_fn(|k| _mm256_blendv_ps(e4[2 * k], e4[2 * k + 1], m4));
+                _mm256_blendv_ps(e2[0], e2[1], m5)
+            };
+            // SAFETY: 8g + 8 <= y.len().
+            unsafe {
+                let a = yp.add(8 * g);
+                let mut acc = _mm256_add_ps(_mm256_loadu_ps(a), look(d, tv));
+                acc = _mm256_add_ps(acc, look(_mm256_srli_epi32::<6>(d), tv.add(64)));
+                acc = _mm256_add_ps(acc, look(_mm256_srli_epi32::<12>(d), tv.add(128)));
+                acc = _mm256_add_ps(acc, look(_mm256_srli_epi32::<18>(d), tv.add(192)));
+                _mm256_storeu_ps(a, acc);
+            }
+        }
+    }
+}
+
 /// Unscaled VQ row sums for rows `r0..r0+y.len()` (a multiple of 8, `r0 % 8
 /// == 0`, blocked layout with `block % 8 == 0`): lanes are rows, each summing
 /// over (v, s) in the canonical order. Up to 8 row groups of one index block
