@@ -78,13 +78,18 @@ impl VqLayout {
         }
     }
     /// Table length in floats.
+    /// Saturates at `usize::MAX` for a layout too large to address, so the
+    /// kernels' length checks refuse it instead of a wrapped size passing.
     pub fn table_len(&self) -> usize {
-        self.nvec * self.stages * self.table_entries()
+        self.nvec.saturating_mul(self.stages).saturating_mul(self.table_entries())
     }
-    /// Total index bytes.
+    /// Total index bytes (saturating at `usize::MAX`, as [`VqLayout::table_len`]).
     pub fn index_bytes(&self) -> usize {
-        let rp = if self.block > 0 { self.rows.div_ceil(self.block) * self.block } else { self.rows };
-        rp * self.nvec * self.bpv()
+        let rp = match self.block {
+            0 => self.rows,
+            b => self.rows.div_ceil(b).saturating_mul(b),
+        };
+        rp.saturating_mul(self.nvec).saturating_mul(self.bpv())
     }
     /// Byte offset of the stage group of (row, v).
     #[inline]
@@ -262,10 +267,7 @@ pub fn uses_vq4p_rows64(level: Level, lay: &VqLayout) -> bool {
         level == Level::Avx512
             && Level::Avx512.supported()
             && crate::x86_64::avx512::has_vbmi()
-            && lay.packed6
-            && lay.stages == 4
-            && lay.block > 0
-            && lay.block.is_multiple_of(64)
+            && packed4_in_blocks_of(lay, 64)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -274,9 +276,15 @@ pub fn uses_vq4p_rows64(level: Level, lay: &VqLayout) -> bool {
     }
 }
 
+/// VQ4P's layout (4 stages of 6-bit indices) in index blocks of a multiple
+/// of `rows` rows: what its register-table kernels take.
+fn packed4_in_blocks_of(lay: &VqLayout, rows: usize) -> bool {
+    lay.packed6 && lay.stages == 4 && lay.block > 0 && lay.block.is_multiple_of(rows)
+}
+
 /// Bytes of [`build_planes`]' output for a layout (the table's size).
 pub fn planes_len(lay: &VqLayout) -> usize {
-    lay.table_len() * 4
+    lay.table_len().saturating_mul(4)
 }
 
 /// The table of [`build_table`] as byte planes for [`matvec_rows_planes`]
@@ -396,13 +404,7 @@ pub fn matvec_rows_planes(
         done = n64;
     }
     #[cfg(target_arch = "x86_64")]
-    if level.avx2_kernels()
-        && lay.packed6
-        && lay.stages == 4
-        && lay.block > 0
-        && lay.block.is_multiple_of(8)
-        && (r0 + done).is_multiple_of(8)
-    {
+    if level.avx2_kernels() && packed4_in_blocks_of(lay, 8) && (r0 + done).is_multiple_of(8) {
         let n8 = done + (y.len() - done) / 8 * 8;
         // SAFETY: features checked; sizes asserted above.
         unsafe { crate::x86_64::avx2::vq4p_rows8(lay, idx, table, r0 + done, &mut y[done..n8]) };

@@ -244,6 +244,29 @@ fn a_layout_without_stages_sums_nothing() {
     }
 }
 
+/// A layout whose index or table size does not fit in `usize` (a caller's
+/// input, never a container's: records bound their sizes) is refused by
+/// the length checks at every level — the sizes saturate rather than wrap
+/// to a small number that a short slice would pass — before any kernel
+/// reads an index byte.
+#[test]
+fn a_layout_too_large_to_address_is_refused() {
+    let scales: Vec<u8> = (0..64).flat_map(|_| f32_to_f16(1.0).to_le_bytes()).collect();
+    for packed in [false, true] {
+        let stages = if packed { 4 } else { 3 };
+        // 64 · nvec · 3 wraps to 0 (mod 2^64) without saturation
+        let lay = VqLayout { rows: 64, nvec: 1 << 58, stages, block: 64, packed6: packed };
+        assert_eq!((lay.index_bytes(), lay.table_len()), (usize::MAX, usize::MAX));
+        for lv in Level::available() {
+            let got = std::panic::catch_unwind(|| {
+                let mut y = vec![0f32; 64];
+                matvec_rows(lv, &lay, &[0u8; 192], &scales, &[0f32; 1024], 0, &mut y);
+            });
+            assert!(got.is_err(), "level {lv:?}, packed {packed}: a wrapped size reached a kernel");
+        }
+    }
+}
+
 #[test]
 fn reports_skipped_levels() {
     for l in Level::ALL {
