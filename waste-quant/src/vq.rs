@@ -277,7 +277,8 @@ pub fn uses_vq4p_rows64(level: Level, lay: &VqLayout) -> bool {
 }
 
 /// VQ4P's layout (4 stages of 6-bit indices) in index blocks of a multiple
-/// of `rows` rows: what its register-table kernels take.
+/// of `rows` rows: what its register-table kernels (x86) take.
+#[cfg(target_arch = "x86_64")]
 fn packed4_in_blocks_of(lay: &VqLayout, rows: usize) -> bool {
     lay.packed6 && lay.stages == 4 && lay.block > 0 && lay.block.is_multiple_of(rows)
 }
