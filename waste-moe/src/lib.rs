@@ -615,12 +615,13 @@ fn planes_of<'a>(level: Level, lay: &VqLayout, p: &'a [u8]) -> Option<&'a [u8]> 
 
 /// Rows per unit of work of an expert matvec split across the pool: whole
 /// 64-row groups for the 64-row kernels (byte planes, VQ4P's tables in
-/// registers), 8 for the gather kernels.
+/// registers on AVX-512), else 16: NEON's VQ4P kernel takes 16 rows at a
+/// time (from a multiple of 16), the gather kernels 8.
 fn row_unit(rows64: bool) -> usize {
     if rows64 {
         64
     } else {
-        8
+        16
     }
 }
 

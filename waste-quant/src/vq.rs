@@ -277,8 +277,8 @@ pub fn uses_vq4p_rows64(level: Level, lay: &VqLayout) -> bool {
 }
 
 /// VQ4P's layout (4 stages of 6-bit indices) in index blocks of a multiple
-/// of `rows` rows: what its register-table kernels (x86) take.
-#[cfg(target_arch = "x86_64")]
+/// of `rows` rows: what its register-table kernels (x86, NEON) take.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn packed4_in_blocks_of(lay: &VqLayout, rows: usize) -> bool {
     lay.packed6 && lay.stages == 4 && lay.block > 0 && lay.block.is_multiple_of(rows)
 }
@@ -434,9 +434,15 @@ pub fn matvec_rows_planes(
         done = n8;
     }
     #[cfg(target_arch = "aarch64")]
-    if level.neon_kernels() && lay.block > 0 && lay.block.is_multiple_of(4) && r0.is_multiple_of(4) {
-        let n4 = y.len() / 4 * 4;
-        crate::aarch64::neon::vq_rows4(lay, idx, table, r0, &mut y[..n4]);
+    if level.neon_kernels() && packed4_in_blocks_of(lay, 16) && r0.is_multiple_of(16) {
+        let n16 = y.len() / 16 * 16;
+        crate::aarch64::neon::vq4p_rows16(lay, idx, table, r0, &mut y[..n16]);
+        done = n16;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if level.neon_kernels() && lay.block > 0 && lay.block.is_multiple_of(4) && (r0 + done).is_multiple_of(4) {
+        let n4 = done + (y.len() - done) / 4 * 4;
+        crate::aarch64::neon::vq_rows4(lay, idx, table, r0 + done, &mut y[done..n4]);
         done = n4;
     }
     let _ = (level, planes);

@@ -385,6 +385,85 @@ pub fn vq_rows4(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut [f
     }
 }
 
+/// VQ4P row sums by table lookups in registers instead of lane loads:
+/// for each vector position and stage, the stage's 64 f32 entries are split
+/// by `vld4q_u8` into 4 byte planes of 64 bytes (4 registers each, 16 in
+/// all), and 16 rows' 6-bit indices look each plane up with one
+/// `vqtbl4q_u8`; two rounds of zips put the 4 planes' bytes back together
+/// as the rows' 16 f32 entries. A row's 3 index bytes come apart by one
+/// `vld3q_u8` per 16 rows (byte 0, 1, 2 of each row in its own register),
+/// and each stage's field is two shifts and a mask away. Each row adds its
+/// entries in the canonical order (vector position, then stage) into its
+/// own sum — bit-identical to the scalar definition.
+///
+/// Rows `r0..r0+y.len()`, both multiples of 16, blocked layout with `block
+/// % 16 == 0` (16 rows' index bytes contiguous), 6-bit packed indices of 4
+/// stages; `table` has 64 entries per (vector position, stage).
+///
+/// # Panics
+/// When the sizes break the contract above or the indices/table are short.
+pub fn vq4p_rows16(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut [f32]) {
+    assert!(lay.packed6 && lay.stages == 4 && lay.block > 0 && lay.block.is_multiple_of(16));
+    assert!(r0.is_multiple_of(16) && y.len().is_multiple_of(16) && r0 + y.len() <= lay.rows);
+    assert!(idx.len() >= lay.index_bytes() && table.len() >= lay.table_len());
+    y.fill(0.0);
+    // each 16-row group's index offset at vector position 0; position v adds
+    // v · block · 3 (blocked layout)
+    let goff: Vec<usize> = (0..y.len() / 16).map(|g| lay.offset(r0 + 16 * g, 0)).collect();
+    let vstride = lay.block * 3;
+    let yp = y.as_mut_ptr();
+    for v in 0..lay.nvec {
+        for s in 0..4 {
+            // SAFETY: the 64 entries of (v, s) are inside `table` (asserted);
+            // NEON is baseline.
+            let planes: [uint8x16x4_t; 4] = unsafe {
+                let t = table.as_ptr().add((4 * v + s) * 64) as *const u8;
+                // q[k].p: byte p of entries 16k .. 16k + 16
+                let q: [uint8x16x4_t; 4] = core::array::from_fn(|k| vld4q_u8(t.add(64 * k)));
+                [
+                    uint8x16x4_t(q[0].0, q[1].0, q[2].0, q[3].0),
+                    uint8x16x4_t(q[0].1, q[1].1, q[2].1, q[3].1),
+                    uint8x16x4_t(q[0].2, q[1].2, q[2].2, q[3].2),
+                    uint8x16x4_t(q[0].3, q[1].3, q[2].3, q[3].3),
+                ]
+            };
+            for (g, &go) in goff.iter().enumerate() {
+                // SAFETY: the group's 48 index bytes at position v are inside
+                // `idx` (asserted: offset(r, v) + 3 <= index_bytes for every
+                // row of the group); 64g + 16 <= y.len(); NEON is baseline.
+                unsafe {
+                    let b = vld3q_u8(idx.as_ptr().add(go + v * vstride));
+                    let m6 = vdupq_n_u8(63);
+                    let i = match s {
+                        0 => vandq_u8(b.0, m6),
+                        1 => vorrq_u8(vshrq_n_u8::<6>(b.0), vandq_u8(vshlq_n_u8::<2>(b.1), m6)),
+                        2 => vorrq_u8(vshrq_n_u8::<4>(b.1), vandq_u8(vshlq_n_u8::<4>(b.2), m6)),
+                        _ => vshrq_n_u8::<2>(b.2),
+                    };
+                    let p0 = vqtbl4q_u8(planes[0], i);
+                    let p1 = vqtbl4q_u8(planes[1], i);
+                    let p2 = vqtbl4q_u8(planes[2], i);
+                    let p3 = vqtbl4q_u8(planes[3], i);
+                    // bytes 0,1 and 2,3 of each row's entry paired, then the pairs
+                    let (lo01, hi01) = (vzip1q_u8(p0, p1), vzip2q_u8(p0, p1));
+                    let (lo23, hi23) = (vzip1q_u8(p2, p3), vzip2q_u8(p2, p3));
+                    let h = |a: uint8x16_t| vreinterpretq_u16_u8(a);
+                    let f = [
+                        vzip1q_u16(h(lo01), h(lo23)),
+                        vzip2q_u16(h(lo01), h(lo23)),
+                        vzip1q_u16(h(hi01), h(hi23)),
+                        vzip2q_u16(h(hi01), h(hi23)),
+                    ];
+                    for (k, fk) in f.iter().enumerate() {
+                        let a = yp.add(16 * g + 4 * k);
+                        vst1q_f32(a, vaddq_f32(vld1q_f32(a), vreinterpretq_f32_u16(*fk)));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Vector positions per tile in [`vq_rows4`] (8 × 3 stages × 256 entries ×
 /// 4 bytes = 24 KiB of table: inside the smallest L1 of the targets).
 pub const VQ_TILE: usize = 8;
