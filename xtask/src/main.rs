@@ -326,6 +326,21 @@ fn check(quick: bool) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // the `waste` command's own docs (private items included) without a
+    // broken link — before the workspace's: both write target/doc/waste
+    // (the C library is named `waste` too), so they run one after the other
+    // and the library's pages are the ones left
+    run(Command::new(&cargo).current_dir(&root).args([
+        "rustdoc",
+        "-p",
+        "waste-cli",
+        "--bin",
+        "waste",
+        "--quiet",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     // the API docs build without a broken link
     run(Command::new(&cargo).current_dir(&root).env("RUSTDOCFLAGS", "-D warnings").args([
         "doc",

@@ -1,0 +1,220 @@
+//! What bounds the AVX-512 kernels on this core: the clock (a chain of
+//! dependent integer adds, one cycle each), the throughput of the vector
+//! instructions the kernels are made of (8 independent destinations, data
+//! in registers), and the inner loops of the VQ3R byte-plane lookup (one
+//! 64-row group, one stage) and of the Q4G matvec (one 32-column block of
+//! 4 rows) as the compiler emits them, with their data in L1 — so the cycles
+//! they take are the core's limit, not memory's. From those, the most
+//! index (VQ3R) or weight (Q4G) bytes one core can consume per second,
+//! to set beside `waste bench`'s memory bandwidth (docs/LEARNED.md).
+//!
+//! `cargo run --release -p waste-quant --example port_bound`
+//! (x86_64 with AVX-512 F/BW/VBMI; elsewhere it says so and exits).
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::asm;
+    use std::time::Instant;
+
+    /// Seconds per iteration of `f(n)` (which runs `n` iterations), the
+    /// fastest of 5 runs.
+    fn per_iter(n: u64, mut f: impl FnMut(u64)) -> f64 {
+        f(n / 10);
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                f(n);
+                t.elapsed().as_secs_f64() / n as f64
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// GHz: a chain of dependent adds retires one per cycle.
+    fn clock_ghz() -> f64 {
+        let s = per_iter(200_000_000, |n| {
+            let mut x = 0u64;
+            for i in 0..n {
+                // SAFETY: register arithmetic only.
+                unsafe {
+                    asm!("add {x}, {i}", "add {x}, {i}", "add {x}, {i}", "add {x}, {i}", x = inout(reg) x, i = in(reg) i, options(nomem, nostack))
+                };
+            }
+            std::hint::black_box(x);
+        });
+        4.0 / s / 1e9
+    }
+
+    macro_rules! eight {
+        ($op:literal) => {
+            concat!(
+                $op,
+                " zmm8, zmm1, zmm0\n",
+                $op,
+                " zmm9, zmm1, zmm0\n",
+                $op,
+                " zmm10, zmm1, zmm0\n",
+                $op,
+                " zmm11, zmm1, zmm0\n",
+                $op,
+                " zmm12, zmm1, zmm0\n",
+                $op,
+                " zmm13, zmm1, zmm0\n",
+                $op,
+                " zmm14, zmm1, zmm0\n",
+                $op,
+                " zmm15, zmm1, zmm0\n"
+            )
+        };
+    }
+
+    macro_rules! throughput {
+        ($name:literal, $op:literal) => {{
+            #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+            unsafe fn run(n: u64) {
+                for _ in 0..n {
+                    // SAFETY: register-only vector operations (AVX-512 checked by the caller).
+                    unsafe {
+                        asm!(eight!($op), out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                            out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _, options(nomem, nostack))
+                    };
+                }
+            }
+            // SAFETY: AVX-512 F/BW/VBMI checked in main.
+            ($name, per_iter(50_000_000, |n| unsafe { run(n) }) / 8.0)
+        }};
+    }
+
+    /// One VQ3R group and stage of `avx512::vq_rows64` (two-source form): 3
+    /// index loads and 2 permutes to pull the stage's 64 indices out, the
+    /// top bit as a mask, 4 planes × (2 `vpermt2b` + blend), 8 unpacks to
+    /// f32, and 64 sums loaded, added and stored — `body` picks the lookup
+    /// part (1), the unpack-and-add part (2) or both (3).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    unsafe fn vq3r_group(n: u64, body: u8, idx: &[u8; 4096], y: &mut [f32; 4096]) {
+        let (ip, yp) = (idx.as_ptr(), y.as_mut_ptr());
+        for i in 0..n {
+            let p = ip.wrapping_add((i as usize & 15) * 192);
+            let a = yp.wrapping_add((i as usize & 15) * 64);
+            // SAFETY: p + 192 <= idx.len(), a + 64 <= y.len(); registers only otherwise.
+            unsafe {
+                if body & 1 != 0 {
+                    asm!(
+                        "vmovdqu64 zmm22, [{p}]", "vpermt2b zmm22, zmm0, [{p} + 64]", "vpermt2b zmm22, zmm1, [{p} + 128]",
+                        "vpmovb2m k1, zmm22",
+                        "vmovdqa64 zmm23, zmm6", "vpermt2b zmm23, zmm22, zmm7", "vmovdqa64 zmm24, zmm8", "vpermt2b zmm24, zmm22, zmm9",
+                        "vmovdqu8 zmm23 {{k1}}, zmm24",
+                        "vmovdqa64 zmm24, zmm10", "vpermt2b zmm24, zmm22, zmm11", "vmovdqa64 zmm25, zmm12", "vpermt2b zmm25, zmm22, zmm13",
+                        "vmovdqu8 zmm24 {{k1}}, zmm25",
+                        "vmovdqa64 zmm25, zmm14", "vpermt2b zmm25, zmm22, zmm15", "vmovdqa64 zmm26, zmm16", "vpermt2b zmm26, zmm22, zmm17",
+                        "vmovdqu8 zmm25 {{k1}}, zmm26",
+                        "vmovdqa64 zmm26, zmm18", "vpermt2b zmm26, zmm22, zmm19", "vpermi2b zmm22, zmm20, zmm21",
+                        "vmovdqu8 zmm26 {{k1}}, zmm22",
+                        p = in(reg) p,
+                        out("zmm22") _, out("zmm23") _, out("zmm24") _, out("zmm25") _, out("zmm26") _, out("k1") _,
+                        options(nostack, readonly)
+                    );
+                }
+                if body & 2 != 0 {
+                    asm!(
+                        "vpunpcklbw zmm27, zmm23, zmm24", "vpunpckhbw zmm28, zmm23, zmm24",
+                        "vpunpcklbw zmm29, zmm25, zmm26", "vpunpckhbw zmm30, zmm25, zmm26",
+                        "vpunpcklwd zmm31, zmm27, zmm29", "vaddps zmm31, zmm31, [{a}]", "vmovups [{a}], zmm31",
+                        "vpunpckhwd zmm31, zmm27, zmm29", "vaddps zmm31, zmm31, [{a} + 64]", "vmovups [{a} + 64], zmm31",
+                        "vpunpcklwd zmm31, zmm28, zmm30", "vaddps zmm31, zmm31, [{a} + 128]", "vmovups [{a} + 128], zmm31",
+                        "vpunpckhwd zmm31, zmm28, zmm30", "vaddps zmm31, zmm31, [{a} + 192]", "vmovups [{a} + 192], zmm31",
+                        a = in(reg) a,
+                        out("zmm27") _, out("zmm28") _, out("zmm29") _, out("zmm30") _, out("zmm31") _,
+                        options(nostack)
+                    );
+                }
+            }
+        }
+    }
+
+    /// One 32-column block of 4 Q4G rows in `avx512::rows_dot_q4`: per row,
+    /// 16 bytes zero-extended to 32-bit lanes, one shift, two table
+    /// permutes and two fused multiply-adds (the inputs' halves loaded once
+    /// for the 4 rows).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    unsafe fn q4g_block(n: u64, w: &[u8; 4096], x: &[f32; 4096]) {
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        for i in 0..n {
+            let p = wp.wrapping_add((i as usize & 31) * 64);
+            let q = xp.wrapping_add((i as usize & 31) * 32);
+            // SAFETY: p + 64 <= w.len(), q + 32 <= x.len(); registers otherwise.
+            unsafe {
+                asm!(
+                    "vmovups zmm2, [{q}]", "vmovups zmm3, [{q} + 64]",
+                    "vpmovzxbd zmm4, [{p}]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm6", "vpermps zmm5, zmm5, zmm6",
+                    "vfmadd231ps zmm8, zmm4, zmm2", "vfmadd231ps zmm9, zmm5, zmm3",
+                    "vpmovzxbd zmm4, [{p} + 16]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm7", "vpermps zmm5, zmm5, zmm7",
+                    "vfmadd231ps zmm10, zmm4, zmm2", "vfmadd231ps zmm11, zmm5, zmm3",
+                    "vpmovzxbd zmm4, [{p} + 32]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm6", "vpermps zmm5, zmm5, zmm6",
+                    "vfmadd231ps zmm12, zmm4, zmm2", "vfmadd231ps zmm13, zmm5, zmm3",
+                    "vpmovzxbd zmm4, [{p} + 48]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm7", "vpermps zmm5, zmm5, zmm7",
+                    "vfmadd231ps zmm14, zmm4, zmm2", "vfmadd231ps zmm15, zmm5, zmm3",
+                    p = in(reg) p, q = in(reg) q,
+                    out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _,
+                    out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                    out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+                    options(nostack, readonly)
+                );
+            }
+        }
+    }
+
+    pub fn main() {
+        if !(is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vbmi"))
+        {
+            println!("port_bound: this CPU lacks AVX-512 F/BW/VBMI; nothing to measure");
+            return;
+        }
+        let ghz = clock_ghz();
+        println!("clock: {ghz:.2} GHz (a chain of dependent adds)");
+        for (name, s) in [
+            throughput!("vpermb", "vpermb"),
+            throughput!("vpermt2b", "vpermt2b"),
+            throughput!("vpermps", "vpermps"),
+            throughput!("vpunpcklbw", "vpunpcklbw"),
+            throughput!("vpaddd", "vpaddd"),
+            throughput!("vaddps", "vaddps"),
+            throughput!("vfmadd231ps", "vfmadd231ps"),
+        ] {
+            println!("{name:>12}: {:.2} per cycle (zmm, 8 independent destinations)", 1.0 / (s * ghz * 1e9));
+        }
+        let idx = Box::new([7u8; 4096]);
+        let mut y = Box::new([0f32; 4096]);
+        let mut cycles = [0f64; 4];
+        for body in 1..=3u8 {
+            // SAFETY: AVX-512 F/BW/VBMI checked above.
+            let s = per_iter(20_000_000, |n| unsafe { vq3r_group(n, body, &idx, &mut y) });
+            cycles[body as usize] = s * ghz * 1e9;
+        }
+        println!(
+            "VQ3R group-stage (64 lookups): lookups {:.1} cycles, unpack and add {:.1}, both {:.1} -> at most {:.1} GB/s of indices per core",
+            cycles[1],
+            cycles[2],
+            cycles[3],
+            64.0 * ghz / cycles[3]
+        );
+        let w = Box::new([0x5Au8; 4096]);
+        let x = Box::new([0.5f32; 4096]);
+        // SAFETY: as above.
+        let s = per_iter(20_000_000, |n| unsafe { q4g_block(n, &w, &x) });
+        let c = s * ghz * 1e9;
+        println!(
+            "Q4G block (4 rows x 32 columns): {c:.1} cycles -> at most {:.1} GB/s of weights per core ({:.1} weights per cycle)",
+            64.0 * ghz / c,
+            128.0 / c
+        );
+    }
+}
+
+fn main() {
+    #[cfg(target_arch = "x86_64")]
+    x86::main();
+    #[cfg(not(target_arch = "x86_64"))]
+    println!("port_bound: x86_64 only");
+}
