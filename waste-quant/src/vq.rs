@@ -99,10 +99,22 @@ impl VqLayout {
             None => (r * self.nvec + v) * self.bpv(),
         }
     }
+    /// Bytes from (row, v)'s stage group to (row, v + 1)'s: `offset(r, v)
+    /// = offset(r, 0) + v · vstride()` for every row, so a kernel walking
+    /// the positions adds instead of dividing.
+    #[inline]
+    pub fn vstride(&self) -> usize {
+        self.block.max(1) * self.bpv()
+    }
     /// Stage indices of (row, v).
     #[inline]
     pub fn indices(&self, idx: &[u8], r: usize, v: usize, out: &mut [usize; 8]) {
-        let o = self.offset(r, v);
+        self.indices_at(idx, self.offset(r, v), out);
+    }
+    /// Stage indices of the stage group at byte offset `o` (an
+    /// [`VqLayout::offset`]).
+    #[inline]
+    pub fn indices_at(&self, idx: &[u8], o: usize, out: &mut [usize; 8]) {
         if self.packed6 {
             let (b0, b1, b2) = (idx[o] as usize, idx[o + 1] as usize, idx[o + 2] as usize);
             out[0] = b0 & 63;
@@ -477,6 +489,28 @@ pub fn dequant_row(books: &[&VqBook], lay: &VqLayout, idx: &[u8], scales: &[u8],
                 w += books[s].cb.get(ix[s] * dim + d).copied().unwrap_or(f32::NAN);
             }
             out[v * dim + d] = sigma * w;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::VqLayout;
+
+    /// Kernels walk the positions by `vstride` from a row's position-0
+    /// offset: that must land on `offset(r, v)` for every layout, blocked or
+    /// row-major, byte or packed indices, rows short of a whole block.
+    #[test]
+    fn offsets_walk_by_vstride() {
+        for block in [0, 4, 16, 64] {
+            for (stages, packed6) in [(1, false), (3, false), (4, true)] {
+                let lay = VqLayout { rows: 70, nvec: 5, stages, block, packed6 };
+                for r in 0..lay.rows {
+                    for v in 0..lay.nvec {
+                        assert_eq!(lay.offset(r, v), lay.offset(r, 0) + v * lay.vstride(), "{lay:?} r {r} v {v}");
+                    }
+                }
+            }
         }
     }
 }

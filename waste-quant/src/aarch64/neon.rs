@@ -347,6 +347,7 @@ pub fn vq_rows4(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut [f
     let st = lay.stages;
     let end = r0 + y.len();
     let mut ix = [[0usize; 8]; 4];
+    let vstride = lay.vstride();
     let mut v0 = 0;
     while v0 < lay.nvec {
         let v1 = (v0 + VQ_TILE).min(lay.nvec);
@@ -362,10 +363,14 @@ pub fn vq_rows4(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut [f
                     *a = unsafe { vld1q_f32(y.as_ptr().add(r - r0 + 4 * g)) };
                 }
             }
+            // each row's stage group at position v0; later positions add vstride
+            let base: [[usize; 4]; GROUPS] = core::array::from_fn(|g| {
+                core::array::from_fn(|i| if g < ng { lay.offset(r + 4 * g + i, v0) } else { 0 })
+            });
             for v in v0..v1 {
                 for (g, a) in acc.iter_mut().enumerate().take(ng) {
                     for (i, x) in ix.iter_mut().enumerate() {
-                        lay.indices(idx, r + 4 * g + i, v, x);
+                        lay.indices_at(idx, base[g][i] + (v - v0) * vstride, x);
                     }
                     for s in 0..st {
                         let base = &table[(v * st + s) * te..(v * st + s + 1) * te];
@@ -410,7 +415,7 @@ pub fn vq4p_rows16(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut
     // each 16-row group's index offset at vector position 0; position v adds
     // v · block · 3 (blocked layout)
     let goff: Vec<usize> = (0..y.len() / 16).map(|g| lay.offset(r0 + 16 * g, 0)).collect();
-    let vstride = lay.block * 3;
+    let vstride = lay.vstride();
     let yp = y.as_mut_ptr();
     for v in 0..lay.nvec {
         for s in 0..4 {

@@ -292,7 +292,7 @@ pub unsafe fn vq4p_rows8(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y
     };
     y.fill(0.0);
     let goff: Vec<usize> = (0..y.len() / 8).map(|g| lay.offset(r0 + 8 * g, 0)).collect();
-    let vstride = lay.block * 3;
+    let vstride = lay.vstride();
     let yp = y.as_mut_ptr();
     for v in 0..lay.nvec {
         let tv = table.as_ptr().wrapping_add(4 * 64 * v);
@@ -381,7 +381,7 @@ pub unsafe fn vq_rows8(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: 
                 }
             }
             // the blocked layout puts position v at block · bpv bytes past v - 1
-            let (o0, vstride) = (lay.offset(r, v0), lay.block * bpv);
+            let (o0, vstride) = (lay.offset(r, v0), lay.vstride());
             for v in v0..v1 {
                 let o = o0 + (v - v0) * vstride;
                 let src = &idx[o..o + 8 * ng * bpv];

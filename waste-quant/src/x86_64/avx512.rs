@@ -734,7 +734,7 @@ pub unsafe fn vq_rows16(lay: &crate::vq::VqLayout, idx: &[u8], table: &[f32], r0
                 }
             }
             // the blocked layout puts position v at block · bpv bytes past v - 1
-            let (o0, vstride) = (lay.offset(r, v0), lay.block * bpv);
+            let (o0, vstride) = (lay.offset(r, v0), lay.vstride());
             for v in v0..v1 {
                 let o = o0 + (v - v0) * vstride;
                 let src = &idx[o..o + ng * group_bytes];
@@ -941,7 +941,7 @@ unsafe fn vq_rows64_with<const TWO_SOURCE: bool, const BPV: usize>(
     // each row group's index offset at vector position 0; position v adds
     // v · block · bpv (blocked layout): no division per group in the loop
     let goff: Vec<usize> = (0..y.len() / 64).map(|g| lay.offset(r0 + 64 * g, 0)).collect();
-    let vstride = lay.offset(r0, 1) - lay.offset(r0, 0);
+    let vstride = lay.vstride();
     let yp = y.as_mut_ptr();
     for v in 0..lay.nvec {
         let vbase = idx.as_ptr().wrapping_add(v * vstride);
@@ -1094,7 +1094,7 @@ pub unsafe fn vq4p_rows64(lay: &crate::vq::VqLayout, idx: &[u8], table: &[f32], 
     let bit5 = _mm512_set1_epi32(32);
     y.fill(0.0);
     let goff: Vec<usize> = (0..y.len() / 64).map(|g| lay.offset(r0 + 64 * g, 0)).collect();
-    let vstride = lay.block * 3;
+    let vstride = lay.vstride();
     let yp = y.as_mut_ptr();
     for v in 0..lay.nvec {
         // SAFETY: the 4 stages' 64 entries of position v are inside `table` (asserted).
