@@ -101,10 +101,12 @@ impl VqLayout {
     }
     /// Bytes from (row, v)'s stage group to (row, v + 1)'s: `offset(r, v)
     /// = offset(r, 0) + v · vstride()` for every row, so a kernel walking
-    /// the positions adds instead of dividing.
+    /// the positions adds instead of dividing. Saturates like
+    /// [`VqLayout::index_bytes`] (a layout that large is refused by every
+    /// kernel's length check before a stride is used).
     #[inline]
     pub fn vstride(&self) -> usize {
-        self.block.max(1) * self.bpv()
+        self.block.max(1).saturating_mul(self.bpv())
     }
     /// Stage indices of (row, v).
     #[inline]

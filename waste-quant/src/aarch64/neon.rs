@@ -413,7 +413,7 @@ pub fn vq4p_rows16(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut
     assert!(idx.len() >= lay.index_bytes() && table.len() >= lay.table_len());
     y.fill(0.0);
     // each 16-row group's index offset at vector position 0; position v adds
-    // v · block · 3 (blocked layout)
+    // v · vstride (block · 3 bytes)
     let goff: Vec<usize> = (0..y.len() / 16).map(|g| lay.offset(r0 + 16 * g, 0)).collect();
     let vstride = lay.vstride();
     let yp = y.as_mut_ptr();
@@ -435,7 +435,7 @@ pub fn vq4p_rows16(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut
             for (g, &go) in goff.iter().enumerate() {
                 // SAFETY: the group's 48 index bytes at position v are inside
                 // `idx` (asserted: offset(r, v) + 3 <= index_bytes for every
-                // row of the group); 64g + 16 <= y.len(); NEON is baseline.
+                // row of the group); 16g + 16 <= y.len(); NEON is baseline.
                 unsafe {
                     let b = vld3q_u8(idx.as_ptr().add(go + v * vstride));
                     let m6 = vdupq_n_u8(63);
