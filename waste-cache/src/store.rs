@@ -84,9 +84,18 @@ impl<S: RecordSource> ExpertStore<S> {
     /// `io_threads` reader threads. With `readahead`, every missing expert
     /// of a layer is read at once in the background; without, each is read
     /// when first needed, by the session that needs it.
-    pub fn new(cache: ExpertCache, io_threads: usize, source: S, rec_bytes: usize, readahead: bool) -> Self {
-        ExpertStore {
-            readers: ReaderPool::new(io_threads),
+    ///
+    /// # Errors
+    /// [`waste_io::Error::Thread`] when the OS refuses a reader thread.
+    pub fn new(
+        cache: ExpertCache,
+        io_threads: usize,
+        source: S,
+        rec_bytes: usize,
+        readahead: bool,
+    ) -> Result<Self, waste_io::Error> {
+        Ok(ExpertStore {
+            readers: ReaderPool::try_new(io_threads)?,
             cache: Mutex::new(cache),
             settled: Condvar::new(),
             source,
@@ -94,7 +103,7 @@ impl<S: RecordSource> ExpertStore<S> {
             readahead,
             users: AtomicUsize::new(0),
             pin_waits: std::sync::atomic::AtomicU64::new(0),
-        }
+        })
     }
 
     /// Hold or let go on the cache's prefault ([`ExpertCache::pause_prefault`]).
@@ -598,7 +607,7 @@ mod tests {
         let _ = std::fs::remove_file(&p); // the open file lives on; nothing stays in the temp dir
         let mut cache = ExpertCache::new(slots, REC, Policy::Eta, false);
         cache.set_layers(&[1], 2);
-        ExpertStore::new(cache, 2, Fake { file, experts: 8 }, REC, readahead)
+        ExpertStore::new(cache, 2, Fake { file, experts: 8 }, REC, readahead).unwrap()
     }
 
     #[test]

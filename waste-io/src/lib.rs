@@ -81,6 +81,15 @@ pub enum Error {
     /// The reader pool was shut down.
     #[error("reader pool is shut down")]
     Closed,
+    /// The OS refused to start a thread (a process or memory limit).
+    #[error("cannot start a {what} thread: {source}")]
+    Thread {
+        /// Which thread: "reader", "compute".
+        what: &'static str,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// An argument out of its range (the message names it and the range).
     #[error("{0}")]
     Arg(String),

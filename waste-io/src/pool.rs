@@ -104,22 +104,38 @@ impl ReaderPool {
     /// Start `n` reader threads (at least 1).
     ///
     /// # Panics
-    /// When the OS refuses to start a reader thread (callers cap `n`).
+    /// When the OS refuses to start a reader thread; the engine uses
+    /// [`ReaderPool::try_new`].
     pub fn new(n: usize) -> ReaderPool {
-        let shared = Arc::new(Shared { q: Mutex::new(Queues::default()), cv: Condvar::new() });
-        let threads = (0..n.max(1))
-            .map(|i| {
-                let s = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("waste-io-{i}"))
-                    .spawn(move || {
-                        user_initiated_qos();
-                        worker(&s)
-                    })
-                    .expect("spawn reader thread")
+        Self::try_new(n).expect("spawn reader thread")
+    }
+    /// [`ReaderPool::new`], with a thread the OS refuses to start an error
+    /// ([`Error::Thread`]) instead of a panic; the threads already started
+    /// are stopped before it returns.
+    ///
+    /// # Errors
+    /// [`Error::Thread`] when the OS refuses a reader thread.
+    pub fn try_new(n: usize) -> Result<ReaderPool> {
+        Self::start(n, |i, s| {
+            std::thread::Builder::new().name(format!("waste-io-{i}")).spawn(move || {
+                user_initiated_qos();
+                worker(&s)
             })
-            .collect();
-        ReaderPool { shared, threads, next_id: AtomicU64::new(1) }
+        })
+    }
+    /// The pool with its `n` threads started by `spawn(i, queues)`.
+    fn start(
+        n: usize,
+        mut spawn: impl FnMut(usize, Arc<Shared>) -> std::io::Result<JoinHandle<()>>,
+    ) -> Result<ReaderPool> {
+        let shared = Arc::new(Shared { q: Mutex::new(Queues::default()), cv: Condvar::new() });
+        let mut pool = ReaderPool { shared, threads: Vec::new(), next_id: AtomicU64::new(1) };
+        for i in 0..n.max(1) {
+            // on an error the pool is dropped: its Drop stops the threads started
+            let h = spawn(i, pool.shared.clone()).map_err(|source| Error::Thread { what: "reader", source })?;
+            pool.threads.push(h);
+        }
+        Ok(pool)
     }
     /// Number of reader threads.
     pub fn threads(&self) -> usize {
@@ -255,6 +271,30 @@ fn user_initiated_qos() {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    /// A thread the OS refuses is an error, not a panic, and the threads
+    /// started before it stop (the pool's Drop joins them).
+    #[test]
+    fn a_refused_thread_is_an_error_and_the_started_ones_stop() {
+        let exited = Arc::new(AtomicU64::new(0));
+        let e = exited.clone();
+        let r = ReaderPool::start(4, |i, s| {
+            if i == 2 {
+                return Err(std::io::Error::new(std::io::ErrorKind::WouldBlock, "no more threads"));
+            }
+            let e = e.clone();
+            Ok(std::thread::spawn(move || {
+                worker(&s);
+                e.fetch_add(1, Ordering::SeqCst);
+            }))
+        });
+        match r {
+            Err(Error::Thread { what: "reader", .. }) => {}
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("a refused thread was not reported"),
+        }
+        assert_eq!(exited.load(Ordering::SeqCst), 2, "the two started readers were not stopped");
+    }
 
     #[test]
     fn pool_reads_all_requests() {

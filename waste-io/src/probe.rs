@@ -66,7 +66,7 @@ pub fn probe_bandwidth(
     let f = Arc::new(DirectFile::open(path, direct)?);
     let n_rec = (f.len() / rec as u64).max(1);
     let n = (max_bytes / rec as u64).clamp(1, n_rec);
-    let pool = ReaderPool::new(qd);
+    let pool = ReaderPool::try_new(qd)?;
     // a stride co-prime with n_rec visits records out of order, defeating read-ahead
     let stride = (1..n_rec).rev().find(|s| gcd(*s, n_rec) == 1 && *s < n_rec / 2 + 1).unwrap_or(1);
     let mut bufs: Vec<AlignedBuf> = (0..qd).map(|_| AlignedBuf::new(rec, huge)).collect();

@@ -264,7 +264,7 @@ impl Model {
             verify: opts.verify_records,
         };
         let rec_bytes = container.experts.as_ref().map_or(0, |(_, lay)| lay.rec_bytes);
-        let store = ExpertStore::new(cache, io_threads, records, rec_bytes, opts.readahead);
+        let store = ExpertStore::new(cache, io_threads, records, rec_bytes, opts.readahead)?;
         let mut m = Model {
             container,
             layers,
@@ -274,7 +274,8 @@ impl Model {
             out_res,
             store,
             kernel,
-            pool: Pool::with_level(threads, level),
+            pool: Pool::try_with_level(threads, level)
+                .map_err(|source| waste_io::Error::Thread { what: "compute", source })?,
             opts,
             plan,
             tokenizer,

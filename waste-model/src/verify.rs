@@ -71,7 +71,7 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
     }
     let Some((_, lay)) = c.experts else { return Ok(rep) };
     let total: u64 = c.banks.iter().flatten().map(|b| b.experts as u64 * lay.rec_bytes as u64).sum();
-    let pool = ReaderPool::new(opts.queue_depth.max(1));
+    let pool = ReaderPool::try_new(opts.queue_depth.max(1))?;
     let t0 = Instant::now();
     let per = opts.records_per_read.max(1);
     for bank in c.banks.iter().flatten() {

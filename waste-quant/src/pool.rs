@@ -81,8 +81,31 @@ impl Pool {
     /// A pool at an explicit SIMD level (tests force each level).
     ///
     /// # Panics
-    /// When the OS refuses to start a compute thread (callers cap `threads`).
+    /// When the OS refuses to start a compute thread; the engine uses
+    /// [`Pool::try_with_level`].
     pub fn with_level(threads: usize, level: Level) -> Pool {
+        Self::try_with_level(threads, level).expect("spawn compute thread")
+    }
+    /// [`Pool::with_level`], with a thread the OS refuses to start an error
+    /// instead of a panic; the threads already started are stopped before
+    /// it returns.
+    ///
+    /// # Errors
+    /// The OS error when it refuses a compute thread.
+    pub fn try_with_level(threads: usize, level: Level) -> std::io::Result<Pool> {
+        Self::start(threads, level, |i, inner| {
+            std::thread::Builder::new().name(format!("waste-compute-{i}")).spawn(move || {
+                user_initiated_qos();
+                worker(&inner)
+            })
+        })
+    }
+    /// The pool with its `threads - 1` workers started by `spawn(i, inner)`.
+    fn start(
+        threads: usize,
+        level: Level,
+        mut spawn: impl FnMut(usize, Arc<Inner>) -> std::io::Result<JoinHandle<()>>,
+    ) -> std::io::Result<Pool> {
         let threads = threads.max(1);
         let inner = Arc::new(Inner {
             m: Mutex::new(State { gen: 0, task: None, ntasks: 0, next: 0, done: 0, panicked: false, quit: false }),
@@ -91,19 +114,13 @@ impl Pool {
             gen: AtomicU64::new(0),
             done: AtomicUsize::new(0),
         });
-        let handles = (1..threads)
-            .map(|i| {
-                let inner = inner.clone();
-                std::thread::Builder::new()
-                    .name(format!("waste-compute-{i}"))
-                    .spawn(move || {
-                        user_initiated_qos();
-                        worker(&inner)
-                    })
-                    .expect("spawn compute thread")
-            })
-            .collect();
-        Pool { inner, handles, threads, level, run_lock: Mutex::new(()) }
+        let mut pool = Pool { inner, handles: Vec::new(), threads, level, run_lock: Mutex::new(()) };
+        for i in 1..threads {
+            // on an error the pool is dropped: its Drop stops the workers started
+            let h = spawn(i, pool.inner.clone())?;
+            pool.handles.push(h);
+        }
+        Ok(pool)
     }
     /// Threads (including the caller).
     pub fn threads(&self) -> usize {
@@ -379,6 +396,26 @@ fn user_initiated_qos() {
 mod tests {
     use super::*;
     use waste_format::Fmt;
+
+    /// A worker the OS refuses is an error, not a panic, and the workers
+    /// started before it stop (the pool's Drop joins them).
+    #[test]
+    fn a_refused_thread_is_an_error_and_the_started_ones_stop() {
+        let exited = Arc::new(AtomicUsize::new(0));
+        let e = exited.clone();
+        let r = Pool::start(5, Level::Scalar, |i, inner| {
+            if i == 3 {
+                return Err(std::io::Error::new(std::io::ErrorKind::WouldBlock, "no more threads"));
+            }
+            let e = e.clone();
+            Ok(std::thread::spawn(move || {
+                worker(&inner);
+                e.fetch_add(1, Ordering::SeqCst);
+            }))
+        });
+        assert!(r.is_err(), "a refused thread was not reported");
+        assert_eq!(exited.load(Ordering::SeqCst), 2, "the two started workers were not stopped");
+    }
 
     #[test]
     fn matvec_is_bit_identical_for_any_thread_count() {
