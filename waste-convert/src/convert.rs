@@ -378,23 +378,7 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
         let mut e0 = 0;
         while e0 < cfg.experts {
             let n = batch.min(cfg.experts - e0);
-            let results: Vec<Result<EncodedExpert>> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..o.jobs.max(1))
-                    .map(|j| {
-                        let (src, prefix, vbooks, lay) = (&src, &prefix, &vbooks, &lay);
-                        s.spawn(move || {
-                            (e0 + j..e0 + n)
-                                .step_by(o.jobs.max(1))
-                                .map(|e| (e, encode_expert(src, prefix, l, e, lay, vbooks)))
-                                .collect::<Vec<_>>()
-                        })
-                    })
-                    .collect();
-                let mut all: Vec<(usize, Result<_>)> =
-                    hs.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect();
-                all.sort_by_key(|x| x.0);
-                all.into_iter().map(|x| x.1).collect()
-            });
+            let results = in_parallel(e0..e0 + n, o.jobs, |e| encode_expert(&src, &prefix, l, e, &lay, &vbooks))?;
             for r in results {
                 let (mut rec, e2, t2) = r?;
                 for k in 0..3 {
@@ -408,7 +392,11 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
             }
             e0 += n;
         }
-        bw.finish()?;
+        // every expert, in order, before the bank takes its name
+        let written = bw.finish()?;
+        if written != cfg.experts {
+            return Err(Error::Encoder(format!("layer {l}: {written} of {} experts encoded", cfg.experts)));
+        }
         std::fs::rename(&part, &bank).map_err(|e| Error::io(&bank, e))?;
         for k in 0..3 {
             err[k] += lerr[k];
@@ -492,6 +480,31 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
 /// The source's tensors no read touched, less those left out knowingly:
 /// the vision tower when it is not converted, `lm_head` when the embedding
 /// is tied, and layers past `num_hidden_layers` (multi-token prediction).
+/// `f(i)` for every `i` of `items` on `jobs` threads (item `j`, `j + jobs`,
+/// … on thread `j`), the results in item order. A thread the OS refuses or
+/// a job that panics is an error ([`Error::Encoder`]): a result is never
+/// silently missing, so a bank never gets fewer records than it names.
+fn in_parallel<T: Send>(items: std::ops::Range<usize>, jobs: usize, f: impl Fn(usize) -> T + Sync) -> Result<Vec<T>> {
+    let jobs = jobs.max(1);
+    let f = &f;
+    std::thread::scope(|s| {
+        let mut hs = Vec::with_capacity(jobs);
+        for j in 0..jobs {
+            let part = (items.start + j..items.end).step_by(jobs);
+            let h = std::thread::Builder::new()
+                .spawn_scoped(s, move || part.map(|i| (i, f(i))).collect::<Vec<_>>())
+                .map_err(|e| Error::Encoder(format!("cannot start an encoder thread: {e}")))?;
+            hs.push(h);
+        }
+        let mut all = Vec::with_capacity(items.len());
+        for h in hs {
+            all.extend(h.join().map_err(|_| Error::Encoder("an encoder thread panicked".into()))?);
+        }
+        all.sort_by_key(|x| x.0);
+        Ok(all.into_iter().map(|x| x.1).collect())
+    })
+}
+
 fn unused_tensors(src: &Source, cfg: &waste_format::ModelConfig, with_vision: bool) -> Vec<String> {
     let beyond_layers = |n: &str| {
         n.split("layers.")
@@ -815,4 +828,29 @@ pub fn verify_against_source(container: &Path, src_dir: &Path) -> Result<Report>
     rep.seconds = t0.elapsed().as_secs_f64();
     rep.complete = true;
     Ok(rep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{in_parallel, Error};
+
+    /// Every item once, in order, whatever the thread count.
+    #[test]
+    fn parallel_results_come_back_in_order() {
+        for jobs in [0, 1, 2, 3, 7, 40] {
+            let got = in_parallel(3..20, jobs, |i| i * i).unwrap();
+            assert_eq!(got, (3..20).map(|i| i * i).collect::<Vec<_>>(), "jobs {jobs}");
+        }
+    }
+
+    /// A job that panics is an error, not a missing result (a bank short of
+    /// a record would label every later expert with the wrong id).
+    #[test]
+    fn a_panicking_job_is_an_error_not_a_gap() {
+        let r = in_parallel(0..8, 3, |i| {
+            assert!(i != 5, "expert 5 cannot be encoded");
+            i
+        });
+        assert!(matches!(r, Err(Error::Encoder(_))), "{r:?}");
+    }
 }

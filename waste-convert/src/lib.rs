@@ -54,6 +54,11 @@ pub enum Error {
     /// Bad options.
     #[error("invalid argument: {0}")]
     Arg(String),
+    /// Encoding the experts failed outside the math: a thread the OS
+    /// refused, a job that panicked, a bank short of experts. Nothing of
+    /// the layer is kept.
+    #[error("expert encoding: {0}")]
+    Encoder(String),
     /// Stopped on request (tests of resumption).
     #[error("conversion interrupted after {0} layer(s)")]
     Interrupted(usize),
