@@ -268,7 +268,12 @@ fn user_initiated_qos() {
 }
 
 #[cfg(test)]
+#[path = "../../tests-support/refusing_spawn.rs"]
+mod refusing_spawn;
+
+#[cfg(test)]
 mod tests {
+    use super::refusing_spawn::refusing_spawn;
     use super::*;
     use std::io::Write;
 
@@ -276,18 +281,8 @@ mod tests {
     /// started before it stop (the pool's Drop joins them).
     #[test]
     fn a_refused_thread_is_an_error_and_the_started_ones_stop() {
-        let exited = Arc::new(AtomicU64::new(0));
-        let e = exited.clone();
-        let r = ReaderPool::start(4, |i, s| {
-            if i == 2 {
-                return Err(std::io::Error::new(std::io::ErrorKind::WouldBlock, "no more threads"));
-            }
-            let e = e.clone();
-            Ok(std::thread::spawn(move || {
-                worker(&s);
-                e.fetch_add(1, Ordering::SeqCst);
-            }))
-        });
+        let exited = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let r = ReaderPool::start(4, refusing_spawn(2, exited.clone(), |s: &Arc<Shared>| worker(s)));
         match r {
             Err(Error::Thread { what: "reader", .. }) => {}
             Err(e) => panic!("wrong error: {e}"),

@@ -17,7 +17,7 @@ mod error;
 mod verify;
 
 pub use error::{ConstraintError, Error, NonFiniteAt, Result};
-pub use verify::{verify, VerifyOptions, VerifyReport};
+pub use verify::{verify, VerifyOptions, VerifyReport, MAX_VERIFY_READ};
 pub use waste_format as format;
 
 /// Engine version.

@@ -9,6 +9,10 @@ use std::time::Instant;
 use waste_format::{check_record, Container};
 use waste_io::{AlignedBuf, DirectFile, Priority, ReaderPool};
 
+/// The most bytes one read of [`verify`] asks for (`records_per_read`
+/// records): the reads in flight stay within `queue_depth` times this.
+pub const MAX_VERIFY_READ: usize = 1 << 30;
+
 /// Options of [`verify`].
 #[derive(Clone, Copy, Debug)]
 pub struct VerifyOptions {
@@ -53,11 +57,19 @@ pub struct VerifyReport {
 /// [`VerifyReport::problems`]. `progress(done, total)` gets bank bytes.
 ///
 /// # Errors
-/// [`Error::Format`] when the container does not open; damaged records are counted in the report, not returned.
-///
-/// # Panics
-/// When the OS refuses to start a reader thread.
+/// [`Error::Format`] when the container does not open; damaged records are
+/// counted in the report, not returned. [`Error::Arg`] for more reads in
+/// flight than [`crate::MAX_IO_THREADS`] (a reader thread each) or a read
+/// of more than [`MAX_VERIFY_READ`] bytes; [`Error::Io`] when the OS
+/// refuses a reader thread.
 pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> Result<VerifyReport> {
+    if opts.queue_depth > crate::MAX_IO_THREADS {
+        return Err(Error::Arg(format!(
+            "queue_depth {}: at most {} reads in flight (a reader thread each)",
+            opts.queue_depth,
+            crate::MAX_IO_THREADS
+        )));
+    }
     let c = Container::open(path)?;
     let mut rep = VerifyReport { direct_io: true, ..Default::default() };
     let mut trunk = crate::weights::TrunkReader::new(&c)?;
@@ -74,6 +86,13 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
     let pool = ReaderPool::try_new(opts.queue_depth.max(1))?;
     let t0 = Instant::now();
     let per = opts.records_per_read.max(1);
+    if per.saturating_mul(lay.rec_bytes) > MAX_VERIFY_READ {
+        return Err(Error::Arg(format!(
+            "records_per_read {per}: {per} records of {} bytes exceed one read's {} MiB",
+            lay.rec_bytes,
+            MAX_VERIFY_READ >> 20
+        )));
+    }
     for bank in c.banks.iter().flatten() {
         let f = Arc::new(DirectFile::open(&bank.path, opts.direct_io)?);
         rep.direct_io &= f.is_direct();
@@ -82,7 +101,7 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
         let drain_one = |pending: &mut std::collections::VecDeque<(usize, usize, waste_io::Ticket)>,
                          rep: &mut VerifyReport|
          -> Result<()> {
-            let (first, n, t) = pending.pop_front().expect("pending read");
+            let Some((first, n, t)) = pending.pop_front() else { return Ok(()) };
             let (buf, r) = t.wait();
             r.map_err(Error::Io)?;
             for k in 0..n {

@@ -71,6 +71,22 @@ fn pristine_anchor_verifies() {
     assert_eq!(rep.tensors, m["trunk"].as_array().unwrap().len() as u64);
 }
 
+/// A caller's thread count and read size are bounded: more reads in flight
+/// than reader threads allowed, or a read above `MAX_VERIFY_READ`, is an
+/// argument error naming the option; the bounds themselves still verify.
+#[test]
+fn verify_bounds_reads_in_flight_and_read_size() {
+    use waste_model::{VerifyOptions, MAX_IO_THREADS, MAX_VERIFY_READ};
+    let run = |o: VerifyOptions| waste_model::verify(&anchor(), o, &|_, _| {});
+    let d = VerifyOptions::default();
+    let e = run(VerifyOptions { queue_depth: MAX_IO_THREADS + 1, ..d }).unwrap_err();
+    assert!(matches!(e, waste_model::Error::Arg(ref m) if m.contains("queue_depth")), "{e}");
+    let e = run(VerifyOptions { records_per_read: MAX_VERIFY_READ / REC + 1, ..d }).unwrap_err();
+    assert!(matches!(e, waste_model::Error::Arg(ref m) if m.contains("records_per_read")), "{e}");
+    let rep = run(VerifyOptions { queue_depth: MAX_IO_THREADS, records_per_read: MAX_VERIFY_READ / REC, ..d }).unwrap();
+    assert!(rep.problems.is_empty() && rep.records == 24, "{:?}", rep.problems);
+}
+
 #[test]
 fn flipped_payload_byte_is_a_checksum_mismatch_naming_the_expert() {
     let d = copy("payload");

@@ -393,7 +393,12 @@ fn user_initiated_qos() {
 }
 
 #[cfg(test)]
+#[path = "../../tests-support/refusing_spawn.rs"]
+mod refusing_spawn;
+
+#[cfg(test)]
 mod tests {
+    use super::refusing_spawn::refusing_spawn;
     use super::*;
     use waste_format::Fmt;
 
@@ -402,17 +407,7 @@ mod tests {
     #[test]
     fn a_refused_thread_is_an_error_and_the_started_ones_stop() {
         let exited = Arc::new(AtomicUsize::new(0));
-        let e = exited.clone();
-        let r = Pool::start(5, Level::Scalar, |i, inner| {
-            if i == 3 {
-                return Err(std::io::Error::new(std::io::ErrorKind::WouldBlock, "no more threads"));
-            }
-            let e = e.clone();
-            Ok(std::thread::spawn(move || {
-                worker(&inner);
-                e.fetch_add(1, Ordering::SeqCst);
-            }))
-        });
+        let r = Pool::start(5, Level::Scalar, refusing_spawn(3, exited.clone(), |i: &Arc<Inner>| worker(i)));
         assert!(r.is_err(), "a refused thread was not reported");
         assert_eq!(exited.load(Ordering::SeqCst), 2, "the two started workers were not stopped");
     }
