@@ -15,12 +15,15 @@ use crate::scalar::LANES;
 use core::arch::x86_64::*;
 use waste_format::Fmt;
 
-/// Rows per pass of [`rows_dot`]: one, so a matvec reads its matrix as one
-/// sequential stream that the hardware prefetcher follows. Several rows per
-/// pass (sharing the input's loads) read as many short streams, one row
-/// each, and ran at about half the memory speed on the Q8G LM head
-/// (docs/LEARNED.md, "Matvec streams").
-const ROWS: usize = 1;
+/// Rows per pass of [`rows_dot`]: two, taken from the two halves of the
+/// call's rows (row `i` with row `half + i`), so the pass reads two
+/// sequential streams that each run on into their next row, as the
+/// hardware prefetcher follows them, and keeps two independent FMA chains.
+/// Adjacent rows per pass read as many short interleaved streams and ran at
+/// about half the memory speed on the Q8G LM head; one row per pass ran
+/// 18–40 % slower than two halves' from DRAM (docs/LEARNED.md, "Matvec
+/// streams" and "Two streams per pass").
+const ROWS: usize = 2;
 /// Rows per pass of [`rows_dot_q4`]: Q4G is compute-bound on one row's
 /// chain, so four rows share the input, and the next group is prefetched
 /// in address order ([`PREFETCH_GROUPS`]).
@@ -135,17 +138,17 @@ unsafe fn load32<const FMT: u8>(rb: *const u8, c: usize, scale: f32, tab: __m512
     }
 }
 
-/// `out[k] = W[r0 + k] · x` for `k < N`: each 32-column block of `x` is
-/// loaded once for the N rows.
+/// `out[k] = W[rs[k]] · x` for `k < N`: each 32-column block of `x` is
+/// loaded once for the N rows, and each row's stream is prefetched ahead.
 ///
 /// # Safety
-/// `m` checked, `x.len() == m.cols`, rows `r0..r0+N` exist, fused layout
-/// (ungrouped or `group % 32 == 0`).
+/// `m` checked, `x.len() == m.cols`, every row of `rs` exists, fused
+/// layout (ungrouped or `group % 32 == 0`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn rows_dot<const N: usize, const FMT: u8>(m: &MatRef<'_>, r0: usize, x: &[f32], out: &mut [f32]) {
+unsafe fn rows_dot<const N: usize, const FMT: u8>(m: &MatRef<'_>, rs: [usize; N], x: &[f32], out: &mut [f32]) {
     let rbs = m.row_bytes();
     let g = m.groups();
-    let rows: [&[u8]; N] = core::array::from_fn(|k| &m.data[(r0 + k) * rbs..(r0 + k + 1) * rbs]);
+    let rows: [&[u8]; N] = core::array::from_fn(|k| &m.data[rs[k] * rbs..(rs[k] + 1) * rbs]);
     let mut acc = [[_mm512_setzero_ps(); 2]; N];
     let full = m.cols / LANES * LANES;
     let steps = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
@@ -160,23 +163,22 @@ unsafe fn rows_dot<const N: usize, const FMT: u8>(m: &MatRef<'_>, r0: usize, x: 
         let gend = (c + gstep).min(full);
         if grouped {
             for k in 0..N {
-                scale[k] = f16(m.scales[(r0 + k) * g + c / m.group]);
+                scale[k] = f16(m.scales[rs[k] * g + c / m.group]);
                 if FMT == Q4G {
                     tab[k] = q4_table(scale[k]);
                 }
             }
         }
         while c < gend {
-            if N == 1 {
-                // one row is one long stream: fetch ahead of it (not for
-                // several rows, whose interleaved streams the Q4G kernel
-                // prefetches by group)
-                let (off, len) = match FMT {
-                    F32 => (4 * c, 128),
-                    F16 | BF16 => (2 * c, 64),
-                    _ => (c, 32),
-                };
-                super::prefetch_ahead(rows[0].as_ptr(), off, len);
+            // each row is one long stream that goes on into its next row:
+            // fetch ahead of it
+            let (off, len) = match FMT {
+                F32 => (4 * c, 128),
+                F16 | BF16 => (2 * c, 64),
+                _ => (c, 32),
+            };
+            for row in rows {
+                super::prefetch_ahead(row.as_ptr(), off, len);
             }
             // SAFETY: c + 32 <= cols = x.len().
             let (xl, xh) = unsafe { (_mm512_loadu_ps(x.as_ptr().add(c)), _mm512_loadu_ps(x.as_ptr().add(c + 16))) };
@@ -191,8 +193,8 @@ unsafe fn rows_dot<const N: usize, const FMT: u8>(m: &MatRef<'_>, r0: usize, x: 
     }
     for k in 0..N {
         let [lo, hi] = acc[k];
-        // SAFETY: features enabled on this function; row r0 + k exists.
-        let (lo, hi) = unsafe { tail_fma(m, r0 + k, full, x, lo, hi) };
+        // SAFETY: features enabled on this function; row rs[k] exists.
+        let (lo, hi) = unsafe { tail_fma(m, rs[k], full, x, lo, hi) };
         out[k] = reduce(lo, hi);
     }
 }
@@ -324,18 +326,26 @@ unsafe fn matvec_q4(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32]) {
     });
 }
 
+/// Rows `row0..row0 + y.len()` in [`ROWS`] streams: pass `i` computes
+/// row `row0 + k · part + i` for each stream `k` (`part = y.len() / ROWS`),
+/// then the rows past `ROWS · part` one at a time.
+///
+/// # Safety
+/// As [`rows_dot`] for rows `row0..row0 + y.len()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn matvec_fmt<const FMT: u8>(m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32]) {
-    let mut i = 0;
-    while i + ROWS <= y.len() {
-        // SAFETY: forwarded contract; rows row0+i..row0+i+ROWS exist.
-        unsafe { rows_dot::<ROWS, FMT>(m, row0 + i, x, &mut y[i..i + ROWS]) };
-        i += ROWS;
+    let part = y.len() / ROWS;
+    for i in 0..part {
+        let mut o = [0f32; ROWS];
+        // SAFETY: forwarded contract; k · part + i < y.len() for every stream k.
+        unsafe { rows_dot::<ROWS, FMT>(m, core::array::from_fn(|k| row0 + k * part + i), x, &mut o) };
+        for (k, v) in o.into_iter().enumerate() {
+            y[k * part + i] = v;
+        }
     }
-    while i < y.len() {
+    for i in ROWS * part..y.len() {
         // SAFETY: as above, one row.
-        unsafe { rows_dot::<1, FMT>(m, row0 + i, x, &mut y[i..i + 1]) };
-        i += 1;
+        unsafe { rows_dot::<1, FMT>(m, [row0 + i], x, &mut y[i..i + 1]) };
     }
 }
 
