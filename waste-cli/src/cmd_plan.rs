@@ -239,7 +239,15 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let mem_ms = if mem_n > 0.0 { touched / (mem_n * 1e9) * 1e3 } else { 0.0 };
     let roofline_ms = disk_ms.max(mem_ms);
     let ms_per_token = 1e3 * dec_s / n;
-    let roofline_share = if ms_per_token > 0.0 { roofline_ms / ms_per_token } else { 0.0 };
+    let share = |ms: f64| if ms_per_token > 0.0 { ms / ms_per_token } else { 0.0 };
+    let roofline_share = share(roofline_ms);
+    // the cores' bound: the token's matrix work at in-cache kernel speed
+    let cb = model.compute_bound()?;
+    let used = (hit + miss) as f64 / n;
+    let compute_ms = cb.ms_per_token(used);
+    let (bound, attainable_ms) = [("disk", disk_ms), ("memory", mem_ms), ("compute", compute_ms)]
+        .into_iter()
+        .fold(("memory", mem_ms), |b, c| if c.1 > b.1 { c } else { b });
     // the prefill's own roofline: what it read (misses and prefetches), and
     // what it touched — the trunk once a chunk, each chunk's distinct
     // experts once (the engine's unit of reuse), the state once a chunk
@@ -282,8 +290,15 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "lookahead": model.options().lookahead, "readahead": model.options().readahead, "preloaded": model.preloaded(),
         "policy": model.options().policy.name(), "temperature": a.temp, "kda_chunked": model.options().kda_chunked,
     });
-    if let (Some(o), Some(p)) = (v.as_object_mut(), prefill.as_object()) {
-        o.extend(p.clone());
+    let cores = json!({
+        "roofline_compute_ms_per_token": compute_ms, "roofline_compute_expert_ms_per_token": cb.expert_ms_per_token(used),
+        "roofline_bound": bound,
+        "attainable_ms_per_token": attainable_ms, "attainable_share": share(attainable_ms),
+    });
+    if let Some(o) = v.as_object_mut() {
+        for part in [&prefill, &cores] {
+            o.extend(part.as_object().into_iter().flatten().map(|(k, x)| (k.clone(), x.clone())));
+        }
     }
     if a.json {
         print_json(&v)?;
@@ -300,6 +315,12 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
             mem_n,
             open_s,
             model.simd().name()
+        );
+        outln!(
+            "cores: {:.1} ms/token at in-cache kernel speed | bound: {bound}, {:.1} ms ({:.0}% reached)",
+            compute_ms,
+            attainable_ms,
+            100.0 * share(attainable_ms)
         );
         outln!(
             "prefill: {} tokens in {:.2} s ({:.2} tok/s, {:.1} ms/token, {:.0}% of its roofline: disk {:.1} ms for {:.1} MB read, memory {:.1} ms){}; cache {} slots, budget {} bytes",

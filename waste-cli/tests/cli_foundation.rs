@@ -149,6 +149,21 @@ fn bench_json_roofline_and_split_are_consistent() {
         + f("prefill_io_wait_ms_per_token");
     assert!(p_split > 0.0 && p_split <= p_ms * 1.0001, "prefill split {p_split} ms against {p_ms} ms per token");
     assert!(f("memory_gbps") > 0.0 && f("memory_gbps_1_thread") > 0.0);
+    // the cores' bound: the anchor's matrices and experts at in-cache
+    // speed, part of what the token measured; the attainable time is the
+    // largest of disk, memory and cores, named by `roofline_bound`
+    let (cores, cores_x) = (f("roofline_compute_ms_per_token"), f("roofline_compute_expert_ms_per_token"));
+    assert!(cores > cores_x && cores_x > 0.0, "{out}");
+    let attain = f("attainable_ms_per_token");
+    assert_eq!(attain, disk.max(mem).max(cores));
+    let named = match v["roofline_bound"].as_str() {
+        Some("disk") => disk,
+        Some("memory") => mem,
+        Some("compute") => cores,
+        other => panic!("roofline_bound {other:?}: {out}"),
+    };
+    assert_eq!(named, attain, "{out}");
+    assert!((f("attainable_share") - attain / ms).abs() <= 1e-9 * attain.max(1.0) / ms, "{out}");
     assert!(v["prefaulted_bytes"].is_u64() && f("prefaulted_bytes") <= f("budget_bytes"), "{out}");
     assert!(v["simd"].is_string() && v["kda_chunked"].is_boolean());
     // the prompt again, three times by default: a median of real timings

@@ -46,6 +46,7 @@ pub fn build_info() -> BuildInfo {
     }
 }
 
+mod compute;
 mod generate;
 mod model;
 mod plan;
@@ -55,6 +56,7 @@ mod state;
 mod vision;
 mod weights;
 
+pub use compute::ComputeBound;
 pub use generate::{
     Control, Finish, GenerateParams, Generation, TokenConstraint, TokenEvent, MARK_CLOSE, MARK_OPEN, NO_TOKEN,
 };

@@ -485,7 +485,7 @@ impl Model {
         self.store.stats()
     }
     /// Every resident trunk matrix (not the vectors, codebooks or embedding).
-    fn trunk_matrices(&self) -> Vec<&Matrix> {
+    pub(crate) fn trunk_matrices(&self) -> Vec<&Matrix> {
         let mut m: Vec<&Matrix> = Vec::new();
         for l in &self.layers {
             match &l.attn {

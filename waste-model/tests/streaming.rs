@@ -393,3 +393,21 @@ fn reserving_the_grammar_tables_takes_them_from_the_cache() {
     assert!(b < a, "{b} slots with the grammar reserved, {a} without");
     assert!((a - b) * plan.record_bytes <= grammar + 2 * plan.record_bytes);
 }
+
+/// The cores' bound `bench` reports: every trunk format and one MoE layer
+/// probed on the model's own weights (VQ3R and Q4G experts), positive and
+/// finite; the expert probe pins one record through the cache and leaves
+/// every answer as it was.
+#[test]
+fn the_compute_bound_probes_the_trunk_and_one_moe_layer() {
+    for name in ["tiny.waste", "tiny-q4g.waste"] {
+        let m = Model::open(fixture(name), ModelOptions { ctx: CTX, ..Default::default() }).unwrap();
+        let before = m.session().eval(&[1, 2, 3]).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let b = m.compute_bound().unwrap();
+        assert!(b.trunk_ms.is_finite() && b.trunk_ms > 0.0, "{name}: {b:?}");
+        assert!(b.moe_layer_ms.is_finite() && b.moe_layer_ms > 0.0, "{name}: {b:?}");
+        assert_eq!(b.top_k, m.config().top_k);
+        let after = m.session().eval(&[1, 2, 3]).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(before, after, "{name}");
+    }
+}
