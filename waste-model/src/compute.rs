@@ -26,7 +26,7 @@ const PROBE_ROW_BYTES: usize = 256 << 10;
 /// Each timed pass of a probe runs for about this long.
 const PASS_SECONDS: f64 = 0.02;
 /// Passes per probe; the fastest counts (the others met interruptions).
-const PASSES: usize = 5;
+const PASSES: usize = 10;
 /// Most calls in one pass (a probe of a tiny model's microsecond calls
 /// stays bounded).
 const MAX_CALLS: usize = 100_000;
