@@ -83,14 +83,14 @@ fn time_calls(mut f: impl FnMut()) -> (f64, usize) {
             t.elapsed().as_secs_f64()
         })
         .fold(f64::INFINITY, f64::min);
-    (best, calls)
+    (best.max(1e-9), calls)
 }
 
 impl Model {
     /// The cores' bound on one token (see [`ComputeBound`]): each trunk
     /// format's matvec and one MoE layer's experts, timed with their data in
-    /// cache on the model's threads. Takes a few tenths of a second; the
-    /// cache's prefault is held meanwhile. Run it after the work being
+    /// cache on the model's threads. Takes about a second (ten passes of
+    /// ≈ 20 ms per probe); the cache's prefault is held meanwhile. Run it after the work being
     /// judged: the expert probe pins one record of the first MoE layer,
     /// reading it into the cache if it is not there (which may evict
     /// another).
@@ -108,7 +108,7 @@ impl Model {
         let mats = self.trunk_matrices();
         let mut weights: Vec<(Fmt, f64)> = Vec::new();
         for m in &mats {
-            let w = (m.rows * m.cols) as f64;
+            let w = m.rows as f64 * m.cols as f64;
             match weights.iter_mut().find(|e| e.0 == m.fmt) {
                 Some(e) => e.1 += w,
                 None => weights.push((m.fmt, w)),
@@ -117,8 +117,9 @@ impl Model {
         let rates: Vec<(Fmt, f64)> = weights
             .iter()
             .filter_map(|&(f, _)| {
-                let largest = mats.iter().filter(|m| m.fmt == f).max_by_key(|m| m.rows * m.cols)?;
-                Some((f, self.matvec_rate(largest)))
+                let largest = mats.iter().filter(|m| m.fmt == f).max_by_key(|m| m.rows.saturating_mul(m.cols))?;
+                // a format of empty matrices has no work to time
+                (largest.rows > 0 && largest.cols > 0).then(|| (f, self.matvec_rate(largest)))
             })
             .collect();
         let top_k = self.config().top_k;
@@ -126,8 +127,9 @@ impl Model {
         Ok(ComputeBound { trunk_ms: trunk_ms(&weights, &rates), moe_layer_ms, top_k })
     }
 
-    /// Weights a second of `m`'s matvec on every thread at once, each over
-    /// its own L2-sized run of rows, at the model's SIMD level.
+    /// Weights a second of `m`'s matvec (at least one row and column) on
+    /// every thread at once, each over its own L2-sized run of rows, at the
+    /// model's SIMD level.
     fn matvec_rate(&self, m: &Matrix) -> f64 {
         let threads = self.pool.threads();
         let row_bytes = m.view().row_bytes().max(1);
@@ -144,7 +146,7 @@ impl Model {
                 m.view().matvec_rows(level, &x, row0, y);
             })
         });
-        (threads * rows * m.cols * calls) as f64 / secs
+        (threads * rows) as f64 * m.cols as f64 * calls as f64 / secs
     }
 
     /// ms of one MoE layer's routed experts for one token, run as decode
