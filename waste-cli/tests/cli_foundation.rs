@@ -150,8 +150,8 @@ fn bench_json_roofline_and_split_are_consistent() {
     assert!(p_split > 0.0 && p_split <= p_ms * 1.0001, "prefill split {p_split} ms against {p_ms} ms per token");
     assert!(f("memory_gbps") > 0.0 && f("memory_gbps_1_thread") > 0.0);
     // the cores' bound: the anchor's matrices and experts at in-cache
-    // speed, part of what the token measured; the attainable time is the
-    // largest of disk, memory and cores, named by `roofline_bound`
+    // speed (the experts a part of it); the attainable time is the largest
+    // of disk, memory and cores, named by `roofline_bound`
     let (cores, cores_x) = (f("roofline_compute_ms_per_token"), f("roofline_compute_expert_ms_per_token"));
     assert!(cores > cores_x && cores_x > 0.0, "{out}");
     let attain = f("attainable_ms_per_token");
