@@ -477,9 +477,6 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
     Ok(rep)
 }
 
-/// The source's tensors no read touched, less those left out knowingly:
-/// the vision tower when it is not converted, `lm_head` when the embedding
-/// is tied, and layers past `num_hidden_layers` (multi-token prediction).
 /// `f(i)` for every `i` of `items` on `jobs` threads (item `j`, `j + jobs`,
 /// … on thread `j`), the results in item order. A thread the OS refuses or
 /// a job that panics is an error ([`Error::Encoder`]): a result is never
@@ -505,6 +502,9 @@ fn in_parallel<T: Send>(items: std::ops::Range<usize>, jobs: usize, f: impl Fn(u
     })
 }
 
+/// The source's tensors no read touched, less those left out knowingly:
+/// the vision tower when it is not converted, `lm_head` when the embedding
+/// is tied, and layers past `num_hidden_layers` (multi-token prediction).
 fn unused_tensors(src: &Source, cfg: &waste_format::ModelConfig, with_vision: bool) -> Vec<String> {
     let beyond_layers = |n: &str| {
         n.split("layers.")

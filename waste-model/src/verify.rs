@@ -71,6 +71,18 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
         )));
     }
     let c = Container::open(path)?;
+    // the read size is refused before any reading (the trunk's checks read
+    // the whole trunk)
+    if let Some((_, lay)) = &c.experts {
+        let per = opts.records_per_read.max(1);
+        if per.saturating_mul(lay.rec_bytes) > MAX_VERIFY_READ {
+            return Err(Error::Arg(format!(
+                "records_per_read {per}: {per} records of {} bytes exceed one read's {} MiB",
+                lay.rec_bytes,
+                MAX_VERIFY_READ >> 20
+            )));
+        }
+    }
     let mut rep = VerifyReport { direct_io: true, ..Default::default() };
     let mut trunk = crate::weights::TrunkReader::new(&c)?;
     let mut names: Vec<&String> = c.tensors.keys().collect();
@@ -86,13 +98,6 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
     let pool = ReaderPool::try_new(opts.queue_depth.max(1))?;
     let t0 = Instant::now();
     let per = opts.records_per_read.max(1);
-    if per.saturating_mul(lay.rec_bytes) > MAX_VERIFY_READ {
-        return Err(Error::Arg(format!(
-            "records_per_read {per}: {per} records of {} bytes exceed one read's {} MiB",
-            lay.rec_bytes,
-            MAX_VERIFY_READ >> 20
-        )));
-    }
     for bank in c.banks.iter().flatten() {
         let f = Arc::new(DirectFile::open(&bank.path, opts.direct_io)?);
         rep.direct_io &= f.is_direct();
