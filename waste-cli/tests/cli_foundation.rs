@@ -114,6 +114,16 @@ fn plan_and_the_engine_agree_on_cache_slots() {
     assert!(seen.len() >= 3, "{seen:?}");
 }
 
+/// The figure `v[key]` names: disk, memory or compute of `[disk, memory, compute]`.
+fn named_bound(v: &Value, key: &str, [disk, mem, cores]: [f64; 3]) -> f64 {
+    match v[key].as_str() {
+        Some("disk") => disk,
+        Some("memory") => mem,
+        Some("compute") => cores,
+        other => panic!("{key} {other:?}: {v}"),
+    }
+}
+
 /// `bench --json` carries the roofline and the split the speed work is
 /// judged by (issue 12's keys, a contract for scripts), and they agree
 /// with each other: the roofline is the slower of its disk and memory
@@ -156,14 +166,19 @@ fn bench_json_roofline_and_split_are_consistent() {
     assert!(cores > cores_x && cores_x > 0.0, "{out}");
     let attain = f("attainable_ms_per_token");
     assert_eq!(attain, disk.max(mem).max(cores));
-    let named = match v["roofline_bound"].as_str() {
-        Some("disk") => disk,
-        Some("memory") => mem,
-        Some("compute") => cores,
-        other => panic!("roofline_bound {other:?}: {out}"),
-    };
-    assert_eq!(named, attain, "{out}");
+    assert_eq!(named_bound(&v, "roofline_bound", [disk, mem, cores]), attain, "{out}");
     assert!((f("attainable_share") - attain / ms).abs() <= 1e-9 * attain.max(1.0) / ms, "{out}");
+    // the prefill's cores' bound, by the same rule against its own disk and
+    // memory figures; the anchor's experts run token by token or batched,
+    // so an expert run served at least one token
+    let (p_cores, p_cores_x) =
+        (f("prefill_roofline_compute_ms_per_token"), f("prefill_roofline_compute_expert_ms_per_token"));
+    assert!(p_cores > p_cores_x && p_cores_x > 0.0, "{out}");
+    assert!(f("prefill_tokens_per_expert_run") >= 1.0, "{out}");
+    let p_attain = f("prefill_attainable_ms_per_token");
+    assert_eq!(p_attain, p_disk.max(p_mem).max(p_cores));
+    assert_eq!(named_bound(&v, "prefill_roofline_bound", [p_disk, p_mem, p_cores]), p_attain, "{out}");
+    assert!((f("prefill_attainable_share") - p_attain / p_ms).abs() <= 1e-9 * p_attain.max(1.0) / p_ms, "{out}");
     assert!(v["prefaulted_bytes"].is_u64() && f("prefaulted_bytes") <= f("budget_bytes"), "{out}");
     assert!(v["simd"].is_string() && v["kda_chunked"].is_boolean());
     // the prompt again, three times by default: a median of real timings

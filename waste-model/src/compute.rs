@@ -12,6 +12,11 @@
 //! runs them (tables, then `top_k` experts across the lanes) on one resident
 //! record. What is left out — the attention recurrences, norms, routing, the
 //! pool's synchronisation — makes it a lower bound on a token's time.
+//!
+//! A prefill token has its own ([`Model::prefill_compute_bound`]): the
+//! same probes with the matmat kernels at the chunk's width, the last layer
+//! and the head shared by the prompt, and the experts as the prefill ran
+//! them.
 
 use crate::model::Model;
 use crate::weights::Ffn;
@@ -57,6 +62,32 @@ impl ComputeBound {
     }
 }
 
+/// The prefill whose cores' bound [`Model::prefill_compute_bound`] takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefillShape {
+    /// Prompt tokens.
+    pub tokens: usize,
+    /// Most tokens a chunk evaluates together ([`crate::Session::chunk_len`]).
+    pub chunk: usize,
+    /// Tokens each run of a batching expert kernel served on average
+    /// (expert uses / [`crate::Stats::expert_runs`]; 1 when tokens run one
+    /// by one).
+    pub users: f64,
+}
+
+/// Weights per format of `mats`.
+fn weights_by_fmt(mats: &[&Matrix]) -> Vec<(Fmt, f64)> {
+    let mut weights: Vec<(Fmt, f64)> = Vec::new();
+    for m in mats {
+        let w = m.rows as f64 * m.cols as f64;
+        match weights.iter_mut().find(|e| e.0 == m.fmt) {
+            Some(e) => e.1 += w,
+            None => weights.push((m.fmt, w)),
+        }
+    }
+    weights
+}
+
 /// ms to run every matrix of `weights` (per format, in weights) at `rates`
 /// (per format, weights a second); a format without a rate counts nothing.
 fn trunk_ms(weights: &[(Fmt, f64)], rates: &[(Fmt, f64)]) -> f64 {
@@ -64,6 +95,29 @@ fn trunk_ms(weights: &[(Fmt, f64)], rates: &[(Fmt, f64)]) -> f64 {
         .iter()
         .filter_map(|(f, w)| rates.iter().find(|r| r.0 == *f).filter(|r| r.1 > 0.0).map(|r| w / r.1 * 1e3))
         .sum()
+}
+
+/// ms a prefill token needs at least for its trunk matrices: `body` (the
+/// layers before the last, every token, as chunks of matmats: `per_token`
+/// rates in weight-token products a second) and `once` (the last layer and
+/// the head, for the prompt's last token only: `once_rates`, shared by its
+/// `tokens`).
+fn prefill_trunk_ms(
+    body: &[(Fmt, f64)],
+    rates: &[(Fmt, f64)],
+    once: &[(Fmt, f64)],
+    once_rates: &[(Fmt, f64)],
+    tokens: usize,
+) -> f64 {
+    trunk_ms(body, rates) + trunk_ms(once, once_rates) / tokens.max(1) as f64
+}
+
+/// Tokens a probe of a batching kernel runs at once: `users` rounded down
+/// (fewer tokens a run never cost more per run, so the bound stays a lower
+/// one), at least 1, at most `most`.
+fn probe_users(users: f64, most: usize) -> usize {
+    let u = if users.is_finite() { users.floor().max(1.0) } else { 1.0 };
+    (u.min(most.max(1) as f64)) as usize
 }
 
 /// Seconds of the fastest of [`PASSES`] passes of `calls` calls of `f`,
@@ -104,55 +158,139 @@ impl Model {
         r
     }
 
+    /// The cores' bound on one token of a prefill of `p.tokens` tokens, in
+    /// the same terms as [`Model::compute_bound`] (per token). The layers
+    /// before the last run every matrix for every token as chunks of up to
+    /// `p.chunk` inputs (the matmat kernels, timed at that width); the last
+    /// layer's matrices and the head count once for the prompt (the engine
+    /// runs them for the last token; the last layer's attention-state
+    /// projections take every token, so counting them once keeps this a
+    /// lower bound). The routed experts run as prefill runs them: a kernel
+    /// that batches serves `p.users` tokens a run (rounded down), the others
+    /// (VQ) run token by token as decode does. Takes about as long as
+    /// [`Model::compute_bound`], with the same pin and prefault hold.
+    ///
+    /// # Errors
+    /// A failed read of the probe's record.
+    pub fn prefill_compute_bound(&self, p: PrefillShape) -> Result<ComputeBound> {
+        self.store.pause_prefault(true);
+        let r = self.measure_prefill_compute(p);
+        self.store.pause_prefault(false);
+        r
+    }
+
     fn measure_compute(&self) -> Result<ComputeBound> {
         let mats = self.trunk_matrices();
-        let mut weights: Vec<(Fmt, f64)> = Vec::new();
-        for m in &mats {
-            let w = m.rows as f64 * m.cols as f64;
-            match weights.iter_mut().find(|e| e.0 == m.fmt) {
-                Some(e) => e.1 += w,
-                None => weights.push((m.fmt, w)),
-            }
-        }
-        let rates: Vec<(Fmt, f64)> = weights
-            .iter()
-            .filter_map(|&(f, _)| {
-                let largest = mats.iter().filter(|m| m.fmt == f).max_by_key(|m| m.rows.saturating_mul(m.cols))?;
-                // a format of empty matrices has no work to time
-                (largest.rows > 0 && largest.cols > 0).then(|| (f, self.matvec_rate(largest)))
-            })
-            .collect();
+        let weights = weights_by_fmt(&mats);
+        let rates = self.rates(&weights, &mats, 1);
         let top_k = self.config().top_k;
         let moe_layer_ms = self.moe_layer_ms()?;
         Ok(ComputeBound { trunk_ms: trunk_ms(&weights, &rates), moe_layer_ms, top_k })
     }
 
-    /// Weights a second of `m`'s matvec (at least one row and column) on
+    fn measure_prefill_compute(&self, p: PrefillShape) -> Result<ComputeBound> {
+        let nt = p.chunk.clamp(1, p.tokens.max(1));
+        let last = self.layers.len().saturating_sub(1);
+        let body: Vec<&Matrix> = (0..last).flat_map(|l| self.layer_matrices(l)).collect();
+        let mut once: Vec<&Matrix> = if self.layers.is_empty() { Vec::new() } else { self.layer_matrices(last) };
+        once.push(&self.lm_head);
+        let (wb, wo) = (weights_by_fmt(&body), weights_by_fmt(&once));
+        let (rb, ro) = (self.rates(&wb, &body, nt), self.rates(&wo, &once, 1));
+        let trunk = prefill_trunk_ms(&wb, &rb, &wo, &ro, p.tokens);
+        let c = self.config();
+        let moe_layer_ms = match &self.kernel {
+            Some(k) if k.batches() && nt > 1 => {
+                let u = probe_users(p.users, k.batch.min(nt));
+                c.top_k as f64 * self.moe_batch_ms(u)? / u as f64
+            }
+            _ => self.moe_layer_ms()?,
+        };
+        Ok(ComputeBound { trunk_ms: trunk, moe_layer_ms, top_k: c.top_k })
+    }
+
+    /// Each format's rate (weight-input products a second) over `nt`
+    /// inputs, probed on that format's largest matrix in `mats`.
+    fn rates(&self, weights: &[(Fmt, f64)], mats: &[&Matrix], nt: usize) -> Vec<(Fmt, f64)> {
+        weights
+            .iter()
+            .filter_map(|&(f, _)| {
+                let largest = mats.iter().filter(|m| m.fmt == f).max_by_key(|m| m.rows.saturating_mul(m.cols))?;
+                // a format of empty matrices has no work to time
+                (largest.rows > 0 && largest.cols > 0).then(|| (f, self.product_rate(largest, nt)))
+            })
+            .collect()
+    }
+
+    /// Weight-input products a second of `m` (at least one row and column)
+    /// over `nt` inputs — its matvec for one, its matmat for more — on
     /// every thread at once, each over its own L2-sized run of rows, at the
     /// model's SIMD level.
-    fn matvec_rate(&self, m: &Matrix) -> f64 {
+    fn product_rate(&self, m: &Matrix, nt: usize) -> f64 {
         let threads = self.pool.threads();
         let row_bytes = m.view().row_bytes().max(1);
         let rows = (PROBE_ROW_BYTES / row_bytes).clamp(1, (m.rows / threads).max(1));
-        let x: Vec<f32> = (0..m.cols).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect();
-        let mut ys = vec![0f32; threads * rows];
+        let nt = nt.max(1);
+        let xs: Vec<f32> = (0..nt * m.cols).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect();
+        let mut ys = vec![0f32; threads * rows * nt];
         let level = self.pool.level();
         let ys = SyncSlice::new(&mut ys);
         let (secs, calls) = time_calls(|| {
             self.pool.run(threads, &|t| {
-                // SAFETY: task t alone writes outputs [t·rows, (t+1)·rows).
-                let y = unsafe { ys.range(t * rows, (t + 1) * rows) };
                 let row0 = (t * rows).min(m.rows - rows);
-                m.view().matvec_rows(level, &x, row0, y);
+                if nt == 1 {
+                    // SAFETY: task t alone writes outputs [t·rows, (t+1)·rows).
+                    let y = unsafe { ys.range(t * rows, (t + 1) * rows) };
+                    m.view().matvec_rows(level, &xs, row0, y);
+                } else {
+                    // SAFETY: task t alone writes [t·rows·nt, (t+1)·rows·nt):
+                    // input j's rows at t·rows·nt + j·rows, inside `ys`.
+                    unsafe { m.view().matmat_rows(level, &xs, nt, row0, rows, ys.ptr_at(t * rows * nt), rows) };
+                }
             })
         });
-        (threads * rows) as f64 * m.cols as f64 * calls as f64 / secs
+        (threads * rows * nt) as f64 * m.cols as f64 * calls as f64 / secs
     }
 
     /// ms of one MoE layer's routed experts for one token, run as decode
     /// runs them (tables, then `top_k` experts across the lanes), every job
     /// on expert 0 of the first MoE layer (pinned in the cache throughout).
     fn moe_layer_ms(&self) -> Result<f64> {
+        let c = self.config();
+        let (k, lat) = (c.top_k, c.expert_width());
+        self.with_probe_record(|kernel, books, rec| {
+            let mut sc = kernel.scratch(waste_moe::lanes_for(self.pool.threads(), k));
+            let x: Vec<f32> = (0..lat).map(|i| ((i % 13) as f32 - 6.0) * 0.02).collect();
+            let mut outs = vec![0f32; k * lat];
+            let slots: Vec<usize> = (0..k).collect();
+            let fetch = |_: usize| Ok::<_, std::convert::Infallible>(rec);
+            time_calls(|| {
+                kernel.prepare(&self.pool, books, &x, &mut sc);
+                let Ok(()) = kernel.forward_fetched(&self.pool, books, &slots, &fetch, &x, &mut sc, &mut outs);
+            })
+        })
+    }
+
+    /// ms of one run of a batching expert kernel over `users` tokens, as
+    /// prefill runs it (`forward_batch`, rows across the pool), on expert 0
+    /// of the first MoE layer.
+    fn moe_batch_ms(&self, users: usize) -> Result<f64> {
+        let lat = self.config().expert_width();
+        self.with_probe_record(|kernel, _, rec| {
+            let mut sc = kernel.scratch(1);
+            for (i, v) in sc.batch_in[..users * lat].iter_mut().enumerate() {
+                *v = ((i % 13) as f32 - 6.0) * 0.02;
+            }
+            time_calls(|| kernel.forward_batch(&self.pool, rec, users, &mut sc))
+        })
+    }
+
+    /// ms a call of `probe(kernel, books, record)` takes, from its
+    /// (seconds, calls), with expert 0 of the first MoE layer pinned in the
+    /// cache throughout; 0 for a model without routed experts.
+    fn with_probe_record(
+        &self,
+        probe: impl FnOnce(&waste_moe::ExpertKernel, &waste_moe::LayerBooks, &[u8]) -> (f64, usize),
+    ) -> Result<f64> {
         let Some(kernel) = &self.kernel else { return Ok(0.0) };
         let Some((l, books)) = self.layers.iter().enumerate().find_map(|(l, layer)| match &layer.ffn {
             Ffn::Moe(w) => Some((l, &w.books)),
@@ -160,19 +298,9 @@ impl Model {
         }) else {
             return Ok(0.0);
         };
-        let c = self.config();
-        let (k, lat) = (c.top_k, c.expert_width());
         let pinned = self.store.acquire(l as u32, &[0], &[])?;
         let rec = pinned.wait(0)?;
-        let mut sc = kernel.scratch(waste_moe::lanes_for(self.pool.threads(), k));
-        let x: Vec<f32> = (0..lat).map(|i| ((i % 13) as f32 - 6.0) * 0.02).collect();
-        let mut outs = vec![0f32; k * lat];
-        let slots: Vec<usize> = (0..k).collect();
-        let fetch = |_: usize| Ok::<_, std::convert::Infallible>(rec);
-        let (secs, calls) = time_calls(|| {
-            kernel.prepare(&self.pool, books, &x, &mut sc);
-            let Ok(()) = kernel.forward_fetched(&self.pool, books, &slots, &fetch, &x, &mut sc, &mut outs);
-        });
+        let (secs, calls) = probe(kernel, books, rec);
         pinned.release()?;
         Ok(secs / calls as f64 * 1e3)
     }
@@ -189,6 +317,30 @@ mod tests {
         // 100 ms + 50 ms; a format with no usable rate adds nothing
         assert!((trunk_ms(&w, &r) - 150.0).abs() < 1e-9);
         assert_eq!(trunk_ms(&w, &[]), 0.0);
+    }
+
+    #[test]
+    fn a_prefill_token_pays_the_body_and_a_share_of_the_last_layer_and_head() {
+        let body = [(Fmt::Q4G, 8e9)];
+        let once = [(Fmt::Q4G, 1e9), (Fmt::Q8G, 2e9)];
+        // the body at its matmat rate every token: 8e9 / 4e10 = 200 ms;
+        // the last layer and head once for 8 tokens: (50 + 200) / 8 ms
+        let (mm, mv) = ([(Fmt::Q4G, 4e10)], [(Fmt::Q4G, 2e10), (Fmt::Q8G, 1e10)]);
+        assert!((prefill_trunk_ms(&body, &mm, &once, &mv, 8) - (200.0 + 250.0 / 8.0)).abs() < 1e-9);
+        // one token pays all of it; 0 tokens count as one, not a division by 0
+        assert!((prefill_trunk_ms(&body, &mm, &once, &mv, 1) - 450.0).abs() < 1e-9);
+        assert_eq!(prefill_trunk_ms(&body, &mm, &once, &mv, 0), prefill_trunk_ms(&body, &mm, &once, &mv, 1));
+    }
+
+    #[test]
+    fn the_batched_probe_serves_the_measured_users_rounded_down_within_the_batch() {
+        assert_eq!(probe_users(2.9, 16), 2);
+        assert_eq!(probe_users(1.0, 16), 1);
+        assert_eq!(probe_users(0.3, 16), 1);
+        assert_eq!(probe_users(40.0, 16), 16);
+        assert_eq!(probe_users(f64::NAN, 16), 1);
+        assert_eq!(probe_users(f64::INFINITY, 8), 1);
+        assert_eq!(probe_users(5.0, 0), 1);
     }
 
     #[test]

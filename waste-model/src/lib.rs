@@ -56,7 +56,7 @@ mod state;
 mod vision;
 mod weights;
 
-pub use compute::ComputeBound;
+pub use compute::{ComputeBound, PrefillShape};
 pub use generate::{
     Control, Finish, GenerateParams, Generation, TokenConstraint, TokenEvent, MARK_CLOSE, MARK_OPEN, NO_TOKEN,
 };

@@ -486,39 +486,45 @@ impl Model {
     }
     /// Every resident trunk matrix (not the vectors, codebooks or embedding).
     pub(crate) fn trunk_matrices(&self) -> Vec<&Matrix> {
+        let mut m: Vec<&Matrix> = (0..self.layers.len()).flat_map(|l| self.layer_matrices(l)).collect();
+        m.push(&self.lm_head);
+        m
+    }
+
+    /// Layer `l`'s resident matrices: its attention projections, then its
+    /// dense FFN, or its router, shared expert and latent projections.
+    pub(crate) fn layer_matrices(&self, l: usize) -> Vec<&Matrix> {
         let mut m: Vec<&Matrix> = Vec::new();
-        for l in &self.layers {
-            match &l.attn {
-                Attn::Kda(w) => {
-                    m.extend([&w.q, &w.k, &w.v, &w.f_a, &w.f_b, &w.b, &w.o]);
-                    match &w.gate {
-                        waste_attn::KdaGate::LowRank { a, b } => m.extend([a, b]),
-                        waste_attn::KdaGate::Full(g) => m.push(g),
-                    }
-                }
-                Attn::Mla(w) => {
-                    match &w.q {
-                        waste_attn::MlaQuery::Plain(q) => m.push(q),
-                        waste_attn::MlaQuery::Lora { a, b, .. } => m.extend([a, b]),
-                    }
-                    m.extend([&w.kv_a, &w.kv_b, &w.o]);
-                    m.extend(w.g.as_ref());
+        let l = &self.layers[l];
+        match &l.attn {
+            Attn::Kda(w) => {
+                m.extend([&w.q, &w.k, &w.v, &w.f_a, &w.f_b, &w.b, &w.o]);
+                match &w.gate {
+                    waste_attn::KdaGate::LowRank { a, b } => m.extend([a, b]),
+                    waste_attn::KdaGate::Full(g) => m.push(g),
                 }
             }
-            match &l.ffn {
-                Ffn::Dense(d) => m.extend([&d.gate, &d.up, &d.down]),
-                Ffn::Moe(w) => {
-                    m.push(&w.gate);
-                    if let Some(s) = &w.shared {
-                        m.extend([&s.gate, &s.up, &s.down]);
-                    }
-                    if let Some(lt) = &w.latent {
-                        m.extend([&lt.down, &lt.up]);
-                    }
+            Attn::Mla(w) => {
+                match &w.q {
+                    waste_attn::MlaQuery::Plain(q) => m.push(q),
+                    waste_attn::MlaQuery::Lora { a, b, .. } => m.extend([a, b]),
+                }
+                m.extend([&w.kv_a, &w.kv_b, &w.o]);
+                m.extend(w.g.as_ref());
+            }
+        }
+        match &l.ffn {
+            Ffn::Dense(d) => m.extend([&d.gate, &d.up, &d.down]),
+            Ffn::Moe(w) => {
+                m.push(&w.gate);
+                if let Some(s) = &w.shared {
+                    m.extend([&s.gate, &s.up, &s.down]);
+                }
+                if let Some(lt) = &w.latent {
+                    m.extend([&lt.down, &lt.up]);
                 }
             }
         }
-        m.push(&self.lm_head);
         m
     }
 

@@ -32,6 +32,11 @@ pub struct Stats {
     pub attn_seconds: f64,
     /// Seconds computing routed experts.
     pub expert_seconds: f64,
+    /// Runs of the expert kernel: one per token and expert when tokens run
+    /// one by one, one per distinct expert of a prefill chunk when the
+    /// kernel batches the chunk's tokens (so uses / runs is the tokens an
+    /// expert's weights served at a time).
+    pub expert_runs: u64,
 }
 
 /// What happened between two readings of the counters: `after - before`.
@@ -48,6 +53,7 @@ impl std::ops::Sub for Stats {
             trunk_seconds: self.trunk_seconds - b.trunk_seconds,
             attn_seconds: self.attn_seconds - b.attn_seconds,
             expert_seconds: self.expert_seconds - b.expert_seconds,
+            expert_runs: self.expert_runs - b.expert_runs,
         }
     }
 }
@@ -692,6 +698,7 @@ impl<'m> Session<'m> {
                 }
             }
         }
+        self.stats.expert_runs += if batched { distinct.len() } else { nt * k } as u64;
         let per_token = if batched { 0 } else { nt };
         for t in 0..per_token {
             let x = match &w.latent {

@@ -6,7 +6,7 @@
 //! is skipped.
 
 use std::path::{Path, PathBuf};
-use waste_model::{Error, Model, ModelOptions, Policy};
+use waste_model::{Error, Model, ModelOptions, Policy, PrefillShape};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures").join(name)
@@ -407,7 +407,46 @@ fn the_compute_bound_probes_the_trunk_and_one_moe_layer() {
         assert!(b.trunk_ms.is_finite() && b.trunk_ms > 0.0, "{name}: {b:?}");
         assert!(b.moe_layer_ms.is_finite() && b.moe_layer_ms > 0.0, "{name}: {b:?}");
         assert_eq!(b.top_k, m.config().top_k);
+        // a prefill's: per token, every part probed; one token is all body
+        // and no share, so it is bounded like decode's own probes
+        for users in [1.0, 3.0] {
+            let p = m.prefill_compute_bound(PrefillShape { tokens: 8, chunk: 4, users }).unwrap();
+            assert!(p.trunk_ms.is_finite() && p.trunk_ms > 0.0, "{name}: {p:?}");
+            assert!(p.moe_layer_ms.is_finite() && p.moe_layer_ms > 0.0, "{name}: {p:?}");
+            assert_eq!(p.top_k, m.config().top_k);
+        }
         let after = m.session().eval(&[1, 2, 3]).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(before, after, "{name}");
+    }
+}
+
+/// `Stats::expert_runs`: token by token (every decode step, every VQ
+/// prefill) one run per expert use; a Q4G prefill chunk runs each distinct
+/// expert once for its tokens, so its runs are the chunk's distinct experts.
+#[test]
+fn expert_runs_count_one_per_use_or_one_per_distinct_expert_of_a_chunk() {
+    for (name, batches) in [("tiny.waste", false), ("tiny-q4g.waste", true)] {
+        let m = Model::open(fixture(name), ModelOptions { ctx: CTX, ..Default::default() }).unwrap();
+        let mut s = m.session();
+        let prompt = [1u32, 2, 3, 4, 5, 6];
+        s.eval(&prompt).unwrap();
+        let p = s.stats();
+        let uses = p.experts_hit + p.experts_missed;
+        assert!(uses > 0, "{name}: {p:?}");
+        if batches {
+            // every MoE layer but the last took all 6 tokens in one chunk
+            // (the last layer only the last token): at least top_k distinct
+            // experts a layer, and 6 tokens × top_k 2 uses among 8 experts
+            // must meet, so fewer runs than uses
+            assert!(s.chunk_len() >= prompt.len() && m.config().experts < prompt.len() * m.config().top_k);
+            let k = m.config().top_k as u64;
+            let layers = m.config().n_moe_layers() as u64;
+            assert!(p.expert_runs >= k * layers && p.expert_runs < uses, "{name}: {p:?}");
+        } else {
+            assert_eq!(p.expert_runs, uses, "{name}: {p:?}");
+        }
+        s.eval(&[7]).unwrap();
+        let d = s.stats() - p;
+        assert_eq!(d.expert_runs, d.experts_hit + d.experts_missed, "{name}: a decode step runs each use");
     }
 }
