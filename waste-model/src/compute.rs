@@ -98,9 +98,9 @@ fn trunk_ms(weights: &[(Fmt, f64)], rates: &[(Fmt, f64)]) -> f64 {
 }
 
 /// ms a prefill token needs at least for its trunk matrices: `body` (the
-/// layers before the last, every token, as chunks of matmats: `per_token`
-/// rates in weight-token products a second) and `once` (the last layer and
-/// the head, for the prompt's last token only: `once_rates`, shared by its
+/// layers before the last, every token, as chunks of matmats at `rates`,
+/// weight-token products a second) and `once` (the last layer and the
+/// head, for the prompt's last token only, at `once_rates`, shared by its
 /// `tokens`).
 fn prefill_trunk_ms(
     body: &[(Fmt, f64)],
@@ -112,12 +112,16 @@ fn prefill_trunk_ms(
     trunk_ms(body, rates) + trunk_ms(once, once_rates) / tokens.max(1) as f64
 }
 
-/// Tokens a probe of a batching kernel runs at once: `users` rounded down
-/// (fewer tokens a run never cost more per run, so the bound stays a lower
-/// one), at least 1, at most `most`.
-fn probe_users(users: f64, most: usize) -> usize {
-    let u = if users.is_finite() { users.floor().max(1.0) } else { 1.0 };
-    (u.min(most.max(1) as f64)) as usize
+/// The whole token counts around `users` (at least 1, at most `most`; not
+/// finite counts as 1) and `users`' place between them: a batching run's
+/// time grows by about a step per token, so `R` runs of `U` uses cost
+/// `R · t(U / R)` however the tokens spread over the runs, `t` interpolated
+/// between its two probes.
+fn users_around(users: f64, most: usize) -> (usize, usize, f64) {
+    let most = most.max(1) as f64;
+    let u = if users.is_finite() { users.clamp(1.0, most) } else { 1.0 };
+    let (lo, hi) = (u.floor(), u.ceil());
+    (lo as usize, hi as usize, u - lo)
 }
 
 /// Seconds of the fastest of [`PASSES`] passes of `calls` calls of `f`,
@@ -166,8 +170,9 @@ impl Model {
     /// runs them for the last token; the last layer's attention-state
     /// projections take every token, so counting them once keeps this a
     /// lower bound). The routed experts run as prefill runs them: a kernel
-    /// that batches serves `p.users` tokens a run (rounded down), the others
-    /// (VQ) run token by token as decode does. Takes about as long as
+    /// that batches serves `p.users` tokens a run (its run time probed at
+    /// the whole counts around it and interpolated), the others (VQ) run
+    /// token by token as decode does. Takes about as long as
     /// [`Model::compute_bound`], with the same pin and prefault hold.
     ///
     /// # Errors
@@ -200,8 +205,11 @@ impl Model {
         let c = self.config();
         let moe_layer_ms = match &self.kernel {
             Some(k) if k.batches() && nt > 1 => {
-                let u = probe_users(p.users, k.batch.min(nt));
-                c.top_k as f64 * self.moe_batch_ms(u)? / u as f64
+                let (lo, hi, frac) = users_around(p.users, k.batch.min(nt));
+                let t_lo = self.moe_batch_ms(lo)?;
+                let t = if hi > lo { t_lo + frac * (self.moe_batch_ms(hi)? - t_lo) } else { t_lo };
+                // top_k uses a token and layer, `users` of them a run
+                c.top_k as f64 * t / (lo as f64 + frac)
             }
             _ => self.moe_layer_ms()?,
         };
@@ -333,14 +341,15 @@ mod tests {
     }
 
     #[test]
-    fn the_batched_probe_serves_the_measured_users_rounded_down_within_the_batch() {
-        assert_eq!(probe_users(2.9, 16), 2);
-        assert_eq!(probe_users(1.0, 16), 1);
-        assert_eq!(probe_users(0.3, 16), 1);
-        assert_eq!(probe_users(40.0, 16), 16);
-        assert_eq!(probe_users(f64::NAN, 16), 1);
-        assert_eq!(probe_users(f64::INFINITY, 8), 1);
-        assert_eq!(probe_users(5.0, 0), 1);
+    fn the_batched_probe_brackets_the_measured_users_within_the_batch() {
+        assert_eq!(users_around(2.25, 16), (2, 3, 0.25));
+        assert_eq!(users_around(1.0, 16), (1, 1, 0.0));
+        // fewer than one token a run cannot be: one
+        assert_eq!(users_around(0.3, 16), (1, 1, 0.0));
+        assert_eq!(users_around(40.0, 16), (16, 16, 0.0));
+        assert_eq!(users_around(f64::NAN, 16), (1, 1, 0.0));
+        assert_eq!(users_around(f64::INFINITY, 8), (1, 1, 0.0));
+        assert_eq!(users_around(5.0, 0), (1, 1, 0.0));
     }
 
     #[test]
