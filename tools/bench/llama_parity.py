@@ -285,5 +285,9 @@ for f, v in last.items():
           f"attention {v.get('prefill_attention_ms_per_token', float('nan')):.1f}, "
           f"trunk {v.get('prefill_trunk_ms_per_token', float('nan')):.1f}, "
           f"I/O wait {v.get('prefill_io_wait_ms_per_token', float('nan')):.1f}, "
-          f"prefill roofline share {v.get('prefill_roofline_share', float('nan')):.2f}")
+          f"prefill roofline share {v.get('prefill_roofline_share', float('nan')):.2f}; "
+          f"cores' bound ms/token: decode {v.get('roofline_compute_ms_per_token', float('nan')):.1f} "
+          f"(attainable share {v.get('attainable_share', float('nan')):.2f}), "
+          f"prefill {v.get('prefill_roofline_compute_ms_per_token', float('nan')):.1f} "
+          f"(attainable share {v.get('prefill_attainable_share', float('nan')):.2f})")
 print(f"\nGGUF {os.path.getsize(gguf_q4) / 1e9:.2f} GB")
