@@ -253,15 +253,20 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let ms_per_token = 1e3 * dec_s / n;
     let share = |ms: f64| if ms_per_token > 0.0 { ms / ms_per_token } else { 0.0 };
     let roofline_share = share(roofline_ms);
-    // the cores' bound: the token's matrix work at in-cache kernel speed
-    let cb = model.compute_bound()?;
+    // the cores' bounds: the token's matrix work at in-cache kernel speed,
+    // and a prefill token's (its matrices as chunks, its experts as it ran
+    // them: a batching kernel's runs served uses / runs tokens each)
+    let p_len = prompt.len() as f64;
+    let p_uses = (st0.experts_hit + st0.experts_missed) as f64;
+    let users = if st0.expert_runs > 0 { p_uses / st0.expert_runs as f64 } else { 1.0 };
+    let shape = waste_model::PrefillShape { tokens: prompt.len(), chunk: s.chunk_len(), users };
+    let (cb, pcb) = model.compute_bounds(shape)?;
     let used = (hit + miss) as f64 / n;
     let compute_ms = cb.ms_per_token(used);
     let (bound, attainable_ms) = bound_of(disk_ms, mem_ms, compute_ms);
     // the prefill's own roofline: what it read (misses and prefetches), and
     // what it touched — the trunk once a chunk, each chunk's distinct
     // experts once (the engine's unit of reuse), the state once a chunk
-    let p_len = prompt.len() as f64;
     let p_bytes = st0.bytes_read + st0.prefetch_issued * plan.record_bytes;
     let chunks = prompt.len().div_ceil(s.chunk_len().max(1)) as f64;
     let p_touched = chunks * (plan.trunk_bytes + plan.state_bytes) as f64
@@ -271,12 +276,6 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let p_roof_ms = p_disk_ms.max(p_mem_ms);
     let p_ms = 1e3 * prefill_s / p_len;
     let p_share = if p_ms > 0.0 { p_roof_ms / p_ms } else { 0.0 };
-    // the prefill's cores' bound: its matrices as chunks, its experts as it
-    // ran them (a batching kernel's runs served uses / runs tokens each)
-    let p_uses = (st0.experts_hit + st0.experts_missed) as f64;
-    let users = if st0.expert_runs > 0 { p_uses / st0.expert_runs as f64 } else { 1.0 };
-    let shape = waste_model::PrefillShape { tokens: prompt.len(), chunk: s.chunk_len(), users };
-    let pcb = model.prefill_compute_bound(shape)?;
     let p_compute_ms = pcb.ms_per_token(p_uses / p_len);
     let (p_bound, p_attain_ms) = bound_of(p_disk_ms, p_mem_ms, p_compute_ms);
     let p_attain_share = if p_ms > 0.0 { p_attain_ms / p_ms } else { 0.0 };

@@ -13,7 +13,7 @@
 //! record. What is left out — the attention recurrences, norms, routing, the
 //! pool's synchronisation — makes it a lower bound on a token's time.
 //!
-//! A prefill token has its own ([`Model::prefill_compute_bound`]): the
+//! A prefill token has its own ([`Model::compute_bounds`]): the
 //! same probes with the matmat kernels at the chunk's width, the last layer
 //! and the head shared by the prompt, and the experts as the prefill ran
 //! them.
@@ -62,7 +62,7 @@ impl ComputeBound {
     }
 }
 
-/// The prefill whose cores' bound [`Model::prefill_compute_bound`] takes.
+/// The prefill whose cores' bound [`Model::compute_bounds`] takes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PrefillShape {
     /// Prompt tokens.
@@ -157,63 +157,65 @@ impl Model {
     /// A failed read of the probe's record.
     pub fn compute_bound(&self) -> Result<ComputeBound> {
         self.store.pause_prefault(true);
-        let r = self.measure_compute();
+        let r = self.measure_compute().map(|(d, _)| d);
         self.store.pause_prefault(false);
         r
     }
 
-    /// The cores' bound on one token of a prefill of `p.tokens` tokens, in
-    /// the same terms as [`Model::compute_bound`] (per token). The layers
-    /// before the last run every matrix for every token as chunks of up to
-    /// `p.chunk` inputs (the matmat kernels, timed at that width); the last
-    /// layer's matrices and the head count once for the prompt (the engine
-    /// runs them for the last token; the last layer's attention-state
-    /// projections take every token, so counting them once keeps this a
-    /// lower bound). The routed experts run as prefill runs them: a kernel
-    /// that batches serves `p.users` tokens a run (its run time probed at
-    /// the whole counts around it and interpolated), the others (VQ) run
-    /// token by token as decode does. Takes about as long as
-    /// [`Model::compute_bound`], with the same pin and prefault hold.
+    /// The cores' bounds on a decode token and on a token of a prefill of
+    /// `p.tokens` tokens (both per token, in the terms of
+    /// [`Model::compute_bound`]), from one set of probes: the prefill reuses
+    /// decode's matvec rates and token-by-token expert probe. For the
+    /// prefill, the layers before the last run every matrix for every token
+    /// as chunks of up to `p.chunk` inputs (the matmat kernels, timed at
+    /// that width); the last layer's matrices and the head count once for
+    /// the prompt (the engine runs them for the last token; the last layer's
+    /// attention-state projections take every token, so counting them once
+    /// keeps this a lower bound). The routed experts run as prefill runs
+    /// them: a kernel that batches serves `p.users` tokens a run (its run
+    /// time probed at the whole counts around it and interpolated), the
+    /// others (VQ) run token by token as decode does. Same pin and
+    /// prefault hold as [`Model::compute_bound`].
     ///
     /// # Errors
     /// A failed read of the probe's record.
-    pub fn prefill_compute_bound(&self, p: PrefillShape) -> Result<ComputeBound> {
+    pub fn compute_bounds(&self, p: PrefillShape) -> Result<(ComputeBound, ComputeBound)> {
         self.store.pause_prefault(true);
-        let r = self.measure_prefill_compute(p);
+        let r = self.measure_compute().and_then(|(d, mv)| Ok((d, self.measure_prefill_compute(p, &d, &mv)?)));
         self.store.pause_prefault(false);
         r
     }
 
-    fn measure_compute(&self) -> Result<ComputeBound> {
+    /// Decode's bound and the matvec rates per format it was built from.
+    fn measure_compute(&self) -> Result<(ComputeBound, Vec<(Fmt, f64)>)> {
         let mats = self.trunk_matrices();
         let weights = weights_by_fmt(&mats);
         let rates = self.rates(&weights, &mats, 1);
         let top_k = self.config().top_k;
         let moe_layer_ms = self.moe_layer_ms()?;
-        Ok(ComputeBound { trunk_ms: trunk_ms(&weights, &rates), moe_layer_ms, top_k })
+        Ok((ComputeBound { trunk_ms: trunk_ms(&weights, &rates), moe_layer_ms, top_k }, rates))
     }
 
-    fn measure_prefill_compute(&self, p: PrefillShape) -> Result<ComputeBound> {
+    /// The prefill's bound, with decode's bound `d` and matvec rates `mv`.
+    fn measure_prefill_compute(&self, p: PrefillShape, d: &ComputeBound, mv: &[(Fmt, f64)]) -> Result<ComputeBound> {
         let nt = p.chunk.clamp(1, p.tokens.max(1));
         let last = self.layers.len().saturating_sub(1);
         let body: Vec<&Matrix> = (0..last).flat_map(|l| self.layer_matrices(l)).collect();
         let mut once: Vec<&Matrix> = if self.layers.is_empty() { Vec::new() } else { self.layer_matrices(last) };
         once.push(&self.lm_head);
-        let (wb, wo) = (weights_by_fmt(&body), weights_by_fmt(&once));
-        let (rb, ro) = (self.rates(&wb, &body, nt), self.rates(&wo, &once, 1));
-        let trunk = prefill_trunk_ms(&wb, &rb, &wo, &ro, p.tokens);
-        let c = self.config();
+        let wb = weights_by_fmt(&body);
+        let trunk = prefill_trunk_ms(&wb, &self.rates(&wb, &body, nt), &weights_by_fmt(&once), mv, p.tokens);
         let moe_layer_ms = match &self.kernel {
             Some(k) if k.batches() && nt > 1 => {
                 let (lo, hi, frac) = users_around(p.users, k.batch.min(nt));
                 let t_lo = self.moe_batch_ms(lo)?;
                 let t = if hi > lo { t_lo + frac * (self.moe_batch_ms(hi)? - t_lo) } else { t_lo };
                 // top_k uses a token and layer, `users` of them a run
-                c.top_k as f64 * t / (lo as f64 + frac)
+                d.top_k as f64 * t / (lo as f64 + frac)
             }
-            _ => self.moe_layer_ms()?,
+            _ => d.moe_layer_ms,
         };
-        Ok(ComputeBound { trunk_ms: trunk, moe_layer_ms, top_k: c.top_k })
+        Ok(ComputeBound { trunk_ms: trunk, moe_layer_ms, top_k: d.top_k })
     }
 
     /// Each format's rate (weight-input products a second) over `nt`

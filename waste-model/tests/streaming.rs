@@ -407,13 +407,18 @@ fn the_compute_bound_probes_the_trunk_and_one_moe_layer() {
         assert!(b.trunk_ms.is_finite() && b.trunk_ms > 0.0, "{name}: {b:?}");
         assert!(b.moe_layer_ms.is_finite() && b.moe_layer_ms > 0.0, "{name}: {b:?}");
         assert_eq!(b.top_k, m.config().top_k);
-        // a prefill's: per token, every part probed; one token is all body
-        // and no share, so it is bounded like decode's own probes
+        // decode's again and a prefill's, from one set of probes (per
+        // token, every part probed); VQ experts run token by token in a
+        // prefill too, so its expert probe is decode's
         for users in [1.0, 2.5] {
-            let p = m.prefill_compute_bound(PrefillShape { tokens: 8, chunk: 4, users }).unwrap();
+            let (d, p) = m.compute_bounds(PrefillShape { tokens: 8, chunk: 4, users }).unwrap();
+            assert!(d.trunk_ms > 0.0 && d.moe_layer_ms > 0.0 && d.top_k == b.top_k, "{name}: {d:?}");
             assert!(p.trunk_ms.is_finite() && p.trunk_ms > 0.0, "{name}: {p:?}");
             assert!(p.moe_layer_ms.is_finite() && p.moe_layer_ms > 0.0, "{name}: {p:?}");
             assert_eq!(p.top_k, m.config().top_k);
+            if name == "tiny.waste" {
+                assert_eq!(p.moe_layer_ms, d.moe_layer_ms, "{name}");
+            }
         }
         let after = m.session().eval(&[1, 2, 3]).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(before, after, "{name}");
