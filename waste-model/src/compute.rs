@@ -204,7 +204,9 @@ impl Model {
         let mut once: Vec<&Matrix> = if self.layers.is_empty() { Vec::new() } else { self.layer_matrices(last) };
         once.push(&self.lm_head);
         let wb = weights_by_fmt(&body);
-        let trunk = prefill_trunk_ms(&wb, &self.rates(&wb, &body, nt), &weights_by_fmt(&once), mv, p.tokens);
+        // chunks of one token run the matvecs decode's rates already timed
+        let rb = if nt > 1 { self.rates(&wb, &body, nt) } else { mv.to_vec() };
+        let trunk = prefill_trunk_ms(&wb, &rb, &weights_by_fmt(&once), mv, p.tokens);
         let moe_layer_ms = match &self.kernel {
             Some(k) if k.batches() && nt > 1 => {
                 let (lo, hi, frac) = users_around(p.users, k.batch.min(nt));

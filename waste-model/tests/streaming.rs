@@ -420,6 +420,13 @@ fn the_compute_bound_probes_the_trunk_and_one_moe_layer() {
                 assert_eq!(p.moe_layer_ms, d.moe_layer_ms, "{name}");
             }
         }
+        // chunks of one token: every format's experts run token by token
+        let (d, p) = m.compute_bounds(PrefillShape { tokens: 8, chunk: 1, users: 1.0 }).unwrap();
+        assert_eq!(p.moe_layer_ms, d.moe_layer_ms, "{name}");
+        assert!(
+            p.trunk_ms > 0.0 && p.trunk_ms <= d.trunk_ms,
+            "{name}: one token a chunk pays decode's matvecs, less the shared last layer and head: {p:?} {d:?}"
+        );
         let after = m.session().eval(&[1, 2, 3]).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(before, after, "{name}");
     }
