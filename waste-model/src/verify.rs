@@ -73,8 +73,8 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
     let c = Container::open(path)?;
     // the read size is refused before any reading (the trunk's checks read
     // the whole trunk)
+    let per = opts.records_per_read.max(1);
     if let Some((_, lay)) = &c.experts {
-        let per = opts.records_per_read.max(1);
         if per.saturating_mul(lay.rec_bytes) > MAX_VERIFY_READ {
             return Err(Error::Arg(format!(
                 "records_per_read {per}: {per} records of {} bytes exceed one read's {} MiB",
@@ -97,7 +97,6 @@ pub fn verify(path: &Path, opts: VerifyOptions, progress: &dyn Fn(u64, u64)) -> 
     let total: u64 = c.banks.iter().flatten().map(|b| b.experts as u64 * lay.rec_bytes as u64).sum();
     let pool = ReaderPool::try_new(opts.queue_depth.max(1))?;
     let t0 = Instant::now();
-    let per = opts.records_per_read.max(1);
     for bank in c.banks.iter().flatten() {
         let f = Arc::new(DirectFile::open(&bank.path, opts.direct_io)?);
         rep.direct_io &= f.is_direct();

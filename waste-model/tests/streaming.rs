@@ -420,6 +420,9 @@ fn the_compute_bound_probes_the_trunk_and_one_moe_layer() {
                 assert_eq!(p.moe_layer_ms, d.moe_layer_ms, "{name}");
             }
         }
+        // a caller's sizes past the engine's do not size the probe
+        let (_, p) = m.compute_bounds(PrefillShape { tokens: usize::MAX, chunk: usize::MAX, users: f64::MAX }).unwrap();
+        assert!(p.trunk_ms.is_finite() && p.moe_layer_ms.is_finite() && p.moe_layer_ms > 0.0, "{name}: {p:?}");
         // chunks of one token: every format's experts run token by token
         let (d, p) = m.compute_bounds(PrefillShape { tokens: 8, chunk: 1, users: 1.0 }).unwrap();
         assert_eq!(p.moe_layer_ms, d.moe_layer_ms, "{name}");
