@@ -2,6 +2,7 @@
 
     python tools/bench/llama_parity.py --llama-src DIR --waste target/release/waste --work /tmp/parity
            [--layers 3] [--tokens 16] [--runs 3] [--threads 2] [--experts vq3r,q4g]
+           [--heads q8,q4] [--llama-heads q6_k,q8_0,q4_k]
 
 Builds, once, in WORK (about 30 GB at the peak; the intermediate files are
 deleted as soon as they are used):
@@ -18,7 +19,13 @@ deleted as soon as they are used):
   slice.waste         `waste convert --experts vq3r --trunk q4`
   slice-q4g.waste     `waste convert --experts q4g --trunk q4` (4-bit groups:
                       the expert format for models that fit in RAM)
-Then alternates RUNS runs of each engine, everything resident (llama.cpp
+  ...-head-q4.waste   the same with `--head q4` for each HEADS entry q4
+  slice-q4km-head-T.gguf  Q4_K_M with the output tensor at T (llama-quantize's
+                      --output-tensor-type) for each LLAMA_HEADS entry besides
+                      q6_k, Q4_K_M's own: the head is most of a token's bytes
+                      on this slice, so these compare the engines at equal
+                      head precision
+Then (RUNS 0: stop here) alternates RUNS runs of each engine, everything resident (llama.cpp
 loads the whole file; WASTE-rs preloads every expert from a usage hotlist
 naming them all), THREADS
 threads, prompt ids 1..8, greedy: llama.cpp through llama-cpp-python
@@ -54,14 +61,32 @@ ap.add_argument("--tokens", type=int, default=16)
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--experts", default="vq3r,q4g", help="WASTE-rs expert formats to convert and run (comma-separated)")
+ap.add_argument("--heads", default="q8", help="WASTE-rs head formats (`waste convert --head`): q8 (the default), q4; comma-separated")
+ap.add_argument("--llama-heads", default="q6_k",
+                help="llama.cpp output-tensor types beside Q4_K_M's own q6_k: q8_0, q4_k (llama-quantize's "
+                     "--output-tensor-type); comma-separated")
 ap.add_argument("--only-slice", action="store_true", help="build the HF slice and the WASTE containers, then stop")
 a = ap.parse_args()
 os.makedirs(a.work, exist_ok=True)
 hf = os.path.join(a.work, "hf")
-gguf_q4 = os.path.join(a.work, "slice-q4km.gguf")
-FORMATS = [f.strip().lower() for f in a.experts.split(",") if f.strip()]
-# vq3r keeps the name earlier runs of this script gave it
-containers = {f: os.path.join(a.work, "slice.waste" if f == "vq3r" else f"slice-{f}.waste") for f in FORMATS}
+
+
+def names(s):
+    return [f.strip().lower() for f in s.split(",") if f.strip()]
+
+
+FORMATS = names(a.experts)
+HEADS = names(a.heads)
+LLAMA_HEADS = {"q6_k": 14, "q8_0": 8, "q4_k": 12}
+for h in names(a.llama_heads):
+    if h not in LLAMA_HEADS:
+        sys.exit(f"--llama-heads {h}: expected one of {', '.join(LLAMA_HEADS)}")
+# Q4_K_M's own head (q6_k) keeps the name earlier runs of this script gave it
+ggufs = {h: os.path.join(a.work, "slice-q4km.gguf" if h == "q6_k" else f"slice-q4km-head-{h}.gguf")
+         for h in names(a.llama_heads)}
+# vq3r with the default head keeps the name earlier runs of this script gave it
+containers = {(f, h): os.path.join(a.work, ("slice" if f == "vq3r" else f"slice-{f}") + ("" if h == "q8" else f"-head-{h}")
+                                   + ".waste") for f in FORMATS for h in HEADS}
 PROMPT = list(range(1, 9))
 
 
@@ -169,19 +194,24 @@ def make_gguf():
     convert_hf_to_gguf.main()
     import llama_cpp
 
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-    p.nthread = a.threads
-    rc = llama_cpp.llama_model_quantize(bf16.encode(), gguf_q4.encode(), p)
-    if rc != 0:
-        sys.exit(f"llama_model_quantize failed: {rc}")
+    for h, path in ggufs.items():
+        if os.path.exists(path):
+            continue
+        p = llama_cpp.llama_model_quantize_default_params()
+        p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+        p.nthread = a.threads
+        if h != "q6_k":
+            p.output_tensor_type = LLAMA_HEADS[h]
+        rc = llama_cpp.llama_model_quantize(bf16.encode(), path.encode(), p)
+        if rc != 0:
+            sys.exit(f"llama_model_quantize failed: {rc}")
     os.remove(bf16)
 
 
-def run_llama():
+def run_llama(gguf):
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=gguf_q4, n_ctx=64, n_batch=64, n_threads=a.threads, n_threads_batch=a.threads,
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=64, n_batch=64, n_threads=a.threads, n_threads_batch=a.threads,
                           verbose=False, use_mmap=False)
     import numpy as np
 
@@ -232,40 +262,47 @@ def converted(c):
     return os.path.exists(os.path.join(c, "manifest.json"))
 
 
-have_all = all(converted(c) for c in containers.values()) and os.path.exists(gguf_q4)
+have_all = all(converted(c) for c in containers.values()) and all(os.path.exists(g) for g in ggufs.values())
 if not os.path.exists(os.path.join(hf, "config.json")) and not have_all:
     # the HF slice is only an intermediate: the converted files suffice
     make_slice()
-for f, c in containers.items():
+for (f, h), c in containers.items():
     if not converted(c):
-        subprocess.run([a.waste, "convert", "--src", hf, "--out", c, "--experts", f, "--trunk", "q4", "-q"], check=True)
+        subprocess.run([a.waste, "convert", "--src", hf, "--out", c, "--experts", f, "--trunk", "q4", "--head", h, "-q"],
+                       check=True)
 if a.only_slice:
     sys.exit(0)
-if not os.path.exists(gguf_q4):
+if not all(os.path.exists(g) for g in ggufs.values()):
     release_config()
     make_gguf()
-
-LLAMA = "llama.cpp Q4_K_M"
-
-
-def waste_name(f):
-    return f"WASTE-rs {f.upper()} experts + Q4G trunk"
+if a.runs == 0:
+    sys.exit(0)  # everything built; nothing timed
 
 
-res = {LLAMA: ([], [], [])}
-res.update({waste_name(f): ([], [], []) for f in FORMATS})
+def llama_name(h):
+    return "llama.cpp Q4_K_M" + ("" if h == "q6_k" else f", {h.upper()} head")
+
+
+def waste_name(f, h):
+    return f"WASTE-rs {f.upper()} experts + Q4G trunk" + ("" if h == "q8" else f", {h.upper()}G head")
+
+
+res = {llama_name(h): ([], [], []) for h in ggufs}
+res.update({waste_name(f, h): ([], [], []) for (f, h) in containers})
 last = {}
 for r in range(a.runs):
-    p, d, w = run_llama()
-    for xs, x in zip(res[LLAMA], (p, d, w)):
-        xs.append(x)
-    line = f"run {r + 1}: llama.cpp {d:.1f} / {p:.1f} / {w:.1f}"
-    for f, c in containers.items():
-        p, d, w, last[f] = run_waste(c)
-        for xs, x in zip(res[waste_name(f)], (p, d, w)):
+    line = f"run {r + 1}:"
+    for h, g in ggufs.items():
+        p, d, w = run_llama(g)
+        for xs, x in zip(res[llama_name(h)], (p, d, w)):
             xs.append(x)
-        line += f", {f} {d:.1f} / {p:.1f} / {w:.1f}"
-    log(line + " ms per token (decode / first prefill / prefill again)")
+        line += f" llama.cpp {h} head {d:.1f} / {p:.1f} / {w:.1f},"
+    for (f, h), c in containers.items():
+        p, d, w, last[(f, h)] = run_waste(c)
+        for xs, x in zip(res[waste_name(f, h)], (p, d, w)):
+            xs.append(x)
+        line += f" {f} {h} head {d:.1f} / {p:.1f} / {w:.1f},"
+    log(line.rstrip(",") + " ms per token (decode / first prefill / prefill again)")
 
 
 def fmt(xs):
@@ -277,8 +314,8 @@ print(f"| engine ({a.layers}-layer 48B slice, {a.threads} threads, {a.runs} alte
 print("|---|---|---|---|")
 for k, (p, d, w) in res.items():
     print(f"| {k} | {fmt(d)} | {fmt(p)} | {fmt(w)} |")
-for f, v in last.items():
-    print(f"\nWASTE-rs {f} (last run): roofline share {v['roofline_share']:.2f}, simd {v['simd']}, hit rate {v['hit_rate']:.3f}, "
+for (f, h), v in last.items():
+    print(f"\n{waste_name(f, h)} (last run): roofline share {v['roofline_share']:.2f}, simd {v['simd']}, hit rate {v['hit_rate']:.3f}, "
           f"split ms/token: experts {v['expert_ms_per_token']:.1f}, attention {v['attention_ms_per_token']:.1f}, "
           f"trunk {v['trunk_ms_per_token']:.1f}, I/O wait {v['io_wait_ms_per_token']:.1f}; "
           f"prefill split ms/token: experts {v.get('prefill_expert_ms_per_token', float('nan')):.1f}, "
@@ -290,4 +327,5 @@ for f, v in last.items():
           f"(attainable share {v.get('attainable_share', float('nan')):.2f}), "
           f"prefill {v.get('prefill_roofline_compute_ms_per_token', float('nan')):.1f} "
           f"(attainable share {v.get('prefill_attainable_share', float('nan')):.2f})")
-print(f"\nGGUF {os.path.getsize(gguf_q4) / 1e9:.2f} GB")
+for h, g in ggufs.items():
+    print(f"\nGGUF {llama_name(h)}: {os.path.getsize(g) / 1e9:.2f} GB")

@@ -8,7 +8,7 @@ use serde_json::json;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use waste_convert::{convert as run_convert, ConvertOptions, Progress, TrunkMode, VisionMode};
+use waste_convert::{convert as run_convert, ConvertOptions, HeadMode, Progress, TrunkMode, VisionMode};
 
 #[derive(Args)]
 pub struct ConvertArgs {
@@ -24,6 +24,11 @@ pub struct ConvertArgs {
     /// Trunk format: q4, q8, f16, f32.
     #[arg(long, default_value = "q4")]
     trunk: String,
+    /// The output head's format: q8 (8-bit groups, as the q4 and q8 trunks
+    /// store it) or q4 (4-bit groups: half the bytes, the largest matrix a
+    /// token reads, for a little accuracy). Unset, it follows --trunk.
+    #[arg(long)]
+    head: Option<String>,
     /// K3's vision tower (when the source has one): q8 (default; the C WASTE
     /// reads it) or f16 (this engine only).
     #[arg(long, default_value = "q8", conflicts_with = "no_vision")]
@@ -61,6 +66,10 @@ pub fn convert(a: ConvertArgs) -> Result<ExitCode> {
         .with_context(|| format!("--experts {:?}: expected vq3r, vq4p, vq2r, q4g, f16 or bf16", a.experts))?;
     let trunk =
         TrunkMode::parse(&a.trunk).with_context(|| format!("--trunk {:?}: expected q4, q8, f16 or f32", a.trunk))?;
+    let head = match &a.head {
+        None => None,
+        Some(h) => Some(HeadMode::parse(h).with_context(|| format!("--head {h:?}: expected q8 or q4"))?),
+    };
     let vision = if a.no_vision {
         VisionMode::Off
     } else {
@@ -83,6 +92,7 @@ pub fn convert(a: ConvertArgs) -> Result<ExitCode> {
     let o = ConvertOptions {
         experts,
         trunk,
+        head,
         layers,
         jobs,
         seed: a.seed,

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{anchor, copy_anchor, damage_layer2, start, waste};
+use common::{anchor, copy_anchor, damage_layer2, fixtures, start, waste};
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 
@@ -308,4 +308,25 @@ fn errors_say_their_cause_once_and_a_bad_usage_file_is_named() {
     let (code, _, err) = waste(&["eval", a.to_str().unwrap(), "--ids", "1", "--usage", "/nonexistent-usage"], "");
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("warning: usage file /nonexistent-usage: not read"), "{err}");
+}
+
+/// `convert --head`: q4 stores the head as Q4G (and says so in `info
+/// --json`'s tensor list); a format it does not know is a one-line error
+/// naming the choices, before anything is written.
+#[test]
+fn convert_head_takes_q8_or_q4_and_refuses_the_rest() {
+    let src = fixtures().join("hf-tiny");
+    let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("head-q4-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let (s, o) = (src.to_str().unwrap(), out.to_str().unwrap());
+    let (code, _, err) = waste(&["convert", "--src", s, "--out", o, "--experts", "f16", "--head", "q6", "-q"], "");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--head \"q6\": expected q8 or q4") && err.trim().lines().count() == 1, "{err}");
+    assert!(!out.exists() && !waste_convert::staging_dir(&out).exists());
+    let (code, _, err) = waste(&["convert", "--src", s, "--out", o, "--experts", "f16", "--head", "q4", "-q"], "");
+    assert_eq!(code, 0, "{err}");
+    let c = waste_model::format::Container::open(&out).unwrap();
+    assert_eq!(c.tensors["lm_head.weight"].fmt, waste_model::format::Fmt::Q4G);
+    assert_eq!(c.tensors["model.embed_tokens.weight"].fmt, waste_model::format::Fmt::Q8G);
+    std::fs::remove_dir_all(&out).ok();
 }

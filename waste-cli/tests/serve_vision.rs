@@ -6,14 +6,10 @@
 mod common;
 
 use base64::Engine;
-use common::{post_chat as post, start_with, waste};
+use common::{fixtures, post_chat as post, start_with, waste};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures")
-}
 
 /// The vision fixture converted once (F16 experts, F32 trunk, Q8G tower).
 fn container() -> &'static Path {

@@ -44,6 +44,29 @@ impl TrunkMode {
     }
 }
 
+/// How the output head (`lm_head`, or the embedding table when the head is
+/// tied to it) is stored, when not as the trunk mode says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadMode {
+    /// 8-bit groups (what the trunk modes Q4 and Q8 give the head).
+    Q8,
+    /// 4-bit groups: half the bytes of Q8G. The head is most of a token's
+    /// reads on a model whose experts are few or cached, so this is the
+    /// speed-for-accuracy trade llama.cpp's `--output-tensor-type` offers.
+    Q4,
+}
+
+impl HeadMode {
+    /// Parse `q8 | q4`.
+    pub fn parse(s: &str) -> Option<HeadMode> {
+        match s {
+            "q8" => Some(HeadMode::Q8),
+            "q4" => Some(HeadMode::Q4),
+            _ => None,
+        }
+    }
+}
+
 /// Conversion options.
 #[derive(Clone, Debug)]
 pub struct ConvertOptions {
@@ -51,6 +74,9 @@ pub struct ConvertOptions {
     pub experts: ExpertFmt,
     /// Trunk format.
     pub trunk: TrunkMode,
+    /// The head's format; `None` leaves it to the trunk mode (Q8G for Q4 and
+    /// Q8, F16 or F32 for those modes).
+    pub head: Option<HeadMode>,
     /// Convert only the MoE banks of layers `A..=B` in this run.
     pub layers: Option<(usize, usize)>,
     /// Encoder threads.
@@ -104,6 +130,7 @@ impl Default for ConvertOptions {
         ConvertOptions {
             experts: ExpertFmt::Vq3r,
             trunk: TrunkMode::Q4,
+            head: None,
             layers: None,
             jobs: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             seed: 0,
@@ -170,7 +197,7 @@ fn kind_names() -> [&'static str; 3] {
 fn fingerprint(src_dir: &Path, src: &Source, o: &ConvertOptions) -> serde_json::Value {
     let canon = src_dir.canonicalize().unwrap_or_else(|_| src_dir.to_path_buf());
     let config_crc = crc32fast::hash(serde_json::to_string(&src.config).unwrap_or_default().as_bytes());
-    serde_json::json!({
+    let mut fp = serde_json::json!({
         "source": canon.to_string_lossy(),
         "source_config_crc32": config_crc,
         "source_tensors": src.names().count(),
@@ -180,7 +207,12 @@ fn fingerprint(src_dir: &Path, src: &Source, o: &ConvertOptions) -> serde_json::
         "cb_sample": o.cb_sample,
         "kmeans_iters": o.kmeans_iters,
         "vision": format!("{:?}", o.vision).to_lowercase(),
-    })
+    });
+    // only when set: a staging folder from before `--head` existed resumes
+    if let Some(h) = o.head {
+        fp["head"] = format!("{h:?}").to_lowercase().into();
+    }
+    fp
 }
 
 /// `a` as an absolute, symlink-free path even when it does not exist yet
@@ -313,7 +345,11 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
                     || n < 65_536
                     || ["norm", "bias", "A_log", "dt_bias", "conv1d", "_res_proj"].iter().any(|k| req.name.contains(k));
                 let ends = req.name.contains("embed_tokens") || req.name == "lm_head.weight";
+                // the head: lm_head, or the embedding table it is tied to
+                let head = req.name == "lm_head.weight" || (cfg.tie_embeddings && req.name.contains("embed_tokens"));
                 let fmt = match o.trunk {
+                    _ if head && o.head == Some(HeadMode::Q4) => Fmt::Q4G,
+                    _ if head && o.head == Some(HeadMode::Q8) => Fmt::Q8G,
                     TrunkMode::F32 => Fmt::F32,
                     TrunkMode::F16 => Fmt::F16,
                     _ if small && !ends => Fmt::F32,

@@ -22,7 +22,7 @@ mod source;
 mod vision;
 
 pub use convert::{
-    convert, verify_against_source, ConvertOptions, Progress, Report, TrunkMode, MAX_JOBS, MAX_KMEANS_ITERS,
+    convert, verify_against_source, ConvertOptions, HeadMode, Progress, Report, TrunkMode, MAX_JOBS, MAX_KMEANS_ITERS,
 };
 pub use source::{
     decode_mxfp4, e2m1, e8m0, parse_header, read_bounded, read_json, Source, TensorLoc, MAX_HEADER_BYTES,

@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 use std::path::Path;
-use waste_convert::{convert, verify_against_source, ConvertOptions, TrunkMode};
+use waste_convert::{convert, verify_against_source, ConvertOptions, HeadMode, TrunkMode};
 use waste_format::ExpertFmt;
 use waste_model::{Model, ModelOptions};
 
@@ -85,6 +85,57 @@ fn f16_experts_f32_trunk_match_transformers() {
     // measured worst 8.20e-6
     let worst = agrees_with(&out, &fixtures().join("hf-tiny/reference.json"), 1.6e-5);
     eprintln!("hf-tiny vs transformers: worst relative error {worst:.2e}");
+    std::fs::remove_dir_all(&out).ok();
+}
+
+/// `--head q4` stores the head, and nothing else, as Q4G: every other
+/// tensor keeps the exact container's format, and the logits move from
+/// transformers' by a 4-bit head's error: a hundred times the exact
+/// container's bound at least (so the head was quantized) and at most twice
+/// the measured worst, 0.156 of the largest logit (the largest of every
+/// position's and word's errors; a uniform 4-bit quantizer leaves ≈ 0.1 of
+/// the weights' size as noise), so it is the head's weights, rounded, and
+/// not garbage.
+#[test]
+fn a_q4_head_changes_only_the_head() {
+    let src = fixtures().join("hf-tiny");
+    let exact = convert_exact("hf-tiny", "head-exact");
+    let out = tmp("head-q4");
+    let o = ConvertOptions {
+        experts: ExpertFmt::F16,
+        trunk: TrunkMode::F32,
+        head: Some(HeadMode::Q4),
+        jobs: 2,
+        ..Default::default()
+    };
+    assert!(convert(&src, &out, &o, &|_| {}).unwrap().complete);
+    let (a, b) = (waste_format::Container::open(&exact).unwrap(), waste_format::Container::open(&out).unwrap());
+    assert_eq!(a.tensor_order, b.tensor_order);
+    let mut changed = vec![];
+    for n in &a.tensor_order {
+        if a.tensors[n].fmt != b.tensors[n].fmt {
+            changed.push((n.as_str(), a.tensors[n].fmt, b.tensors[n].fmt));
+        }
+    }
+    assert_eq!(changed, [("lm_head.weight", waste_format::Fmt::F32, waste_format::Fmt::Q4G)]);
+    let f: Value = serde_json::from_slice(&std::fs::read(src.join("reference.json")).unwrap()).unwrap();
+    let ids: Vec<u32> = f["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let worst = |c: &Path| {
+        let m = Model::open(c, ModelOptions { ctx: 96, threads: 2, ..Default::default() }).unwrap();
+        let mut s = m.session();
+        let mut worst = 0f32;
+        for (p, &t) in ids.iter().enumerate() {
+            let got = s.eval(&[t]).unwrap();
+            let want = f["logits"][p].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32);
+            let ma = got.iter().zip(want.clone()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            worst = worst.max(ma / want.fold(0f32, |a, b| a.max(b.abs())));
+        }
+        worst
+    };
+    let (e, q) = (worst(&exact), worst(&out));
+    eprintln!("hf-tiny vs transformers, worst relative error: exact head {e:.2e}, Q4G head {q:.2e}");
+    assert!(e < 1.6e-5 && q > 1.6e-3 && q < 0.32, "exact head {e:.2e}, Q4G head {q:.2e}");
+    std::fs::remove_dir_all(&exact).ok();
     std::fs::remove_dir_all(&out).ok();
 }
 
@@ -237,11 +288,12 @@ fn a_resume_with_other_options_is_refused_naming_the_difference() {
     let o = ConvertOptions { experts: ExpertFmt::Vq4p, trunk: TrunkMode::Q8, jobs: 1, ..Default::default() };
     let out = tmp("mismatch");
     convert(&src, &out, &ConvertOptions { stop_after_banks: Some(1), ..o.clone() }, &|_| {}).unwrap_err();
-    let other = ConvertOptions { trunk: TrunkMode::F32, seed: 7, ..o.clone() };
+    let other = ConvertOptions { trunk: TrunkMode::F32, seed: 7, head: Some(HeadMode::Q4), ..o.clone() };
     let e = convert(&src, &out, &other, &|_| {}).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, waste_convert::Error::ResumeMismatch { .. }), "{msg}");
     assert!(msg.contains("trunk") && msg.contains("q8") && msg.contains("f32") && msg.contains("seed"), "{msg}");
+    assert!(msg.contains(r#"head null (now "q4")"#), "{msg}");
     assert!(!out.exists());
     // --force starts over with the new options: a clean F32-trunk container
     let rep = convert(&src, &out, &ConvertOptions { force: true, ..other.clone() }, &|_| {}).unwrap();

@@ -13,6 +13,11 @@ pub fn anchor() -> PathBuf {
     p
 }
 
+/// The oracle fixtures (Hugging Face-style sources and reference outputs).
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures")
+}
+
 /// A writable copy of the anchor in a temp dir named for this process and `tag`.
 pub fn copy_anchor(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("waste-hard-{}-{tag}", std::process::id()));
