@@ -163,6 +163,78 @@ mod x86 {
         }
     }
 
+    /// The same block with each row's 16 bytes broadcast to the four
+    /// 128-bit lanes by the load (no shuffle) and two variable shifts
+    /// (`vpsrlvd` by 8 · lane/4, and 4 more) putting a nibble in each
+    /// 32-bit lane's low bits, in a permuted lane order.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    unsafe fn q4g_block_bcast(n: u64, w: &[u8; 4096], x: &[f32; 4096]) {
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        let lo: [u32; 16] = core::array::from_fn(|d| 8 * (d as u32 / 4));
+        let hi: [u32; 16] = core::array::from_fn(|d| 8 * (d as u32 / 4) + 4);
+        for i in 0..n {
+            let p = wp.wrapping_add((i as usize & 31) * 64);
+            let q = xp.wrapping_add((i as usize & 31) * 32);
+            // SAFETY: p + 64 <= w.len(), q + 32 <= x.len(); registers otherwise.
+            unsafe {
+                asm!(
+                    "vmovdqu32 zmm16, [{lo}]", "vmovdqu32 zmm17, [{hi}]",
+                    "vmovups zmm2, [{q}]", "vmovups zmm3, [{q} + 64]",
+                    "vbroadcasti32x4 zmm18, [{p}]", "vpsrlvd zmm4, zmm18, zmm16", "vpsrlvd zmm5, zmm18, zmm17", "vpermps zmm4, zmm4, zmm6", "vpermps zmm5, zmm5, zmm6",
+                    "vfmadd231ps zmm8, zmm4, zmm2", "vfmadd231ps zmm9, zmm5, zmm3",
+                    "vbroadcasti32x4 zmm18, [{p} + 16]", "vpsrlvd zmm4, zmm18, zmm16", "vpsrlvd zmm5, zmm18, zmm17", "vpermps zmm4, zmm4, zmm7", "vpermps zmm5, zmm5, zmm7",
+                    "vfmadd231ps zmm10, zmm4, zmm2", "vfmadd231ps zmm11, zmm5, zmm3",
+                    "vbroadcasti32x4 zmm18, [{p} + 32]", "vpsrlvd zmm4, zmm18, zmm16", "vpsrlvd zmm5, zmm18, zmm17", "vpermps zmm4, zmm4, zmm6", "vpermps zmm5, zmm5, zmm6",
+                    "vfmadd231ps zmm12, zmm4, zmm2", "vfmadd231ps zmm13, zmm5, zmm3",
+                    "vbroadcasti32x4 zmm18, [{p} + 48]", "vpsrlvd zmm4, zmm18, zmm16", "vpsrlvd zmm5, zmm18, zmm17", "vpermps zmm4, zmm4, zmm7", "vpermps zmm5, zmm5, zmm7",
+                    "vfmadd231ps zmm14, zmm4, zmm2", "vfmadd231ps zmm15, zmm5, zmm3",
+                    p = in(reg) p, q = in(reg) q, lo = in(reg) lo.as_ptr(), hi = in(reg) hi.as_ptr(),
+                    out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _,
+                    out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                    out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+                    out("zmm16") _, out("zmm17") _, out("zmm18") _,
+                    options(nostack, readonly)
+                );
+            }
+        }
+    }
+
+    /// The same block with the low nibbles from the table (one `vpermps`)
+    /// and the high ones converted (`vpsubd` of the bias, `vcvtdq2ps`,
+    /// `vmulps` by the scale): the weights are the same floats, `(q − 8) ·
+    /// s`, with one op moved off the shuffle pipe onto the others.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    unsafe fn q4g_block_mixed(n: u64, w: &[u8; 4096], x: &[f32; 4096]) {
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        let eight = [8u32; 16];
+        let scale = [0.25f32; 16];
+        for i in 0..n {
+            let p = wp.wrapping_add((i as usize & 31) * 64);
+            let q = xp.wrapping_add((i as usize & 31) * 32);
+            // SAFETY: p + 64 <= w.len(), q + 32 <= x.len(); registers otherwise.
+            unsafe {
+                asm!(
+                    "vmovdqu32 zmm16, [{e}]", "vmovups zmm17, [{s}]",
+                    "vmovups zmm2, [{q}]", "vmovups zmm3, [{q} + 64]",
+                    "vpmovzxbd zmm4, [{p}]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm6", "vpsubd zmm5, zmm5, zmm16", "vcvtdq2ps zmm5, zmm5", "vmulps zmm5, zmm5, zmm17",
+                    "vfmadd231ps zmm8, zmm4, zmm2", "vfmadd231ps zmm9, zmm5, zmm3",
+                    "vpmovzxbd zmm4, [{p} + 16]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm7", "vpsubd zmm5, zmm5, zmm16", "vcvtdq2ps zmm5, zmm5", "vmulps zmm5, zmm5, zmm17",
+                    "vfmadd231ps zmm10, zmm4, zmm2", "vfmadd231ps zmm11, zmm5, zmm3",
+                    "vpmovzxbd zmm4, [{p} + 32]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm6", "vpsubd zmm5, zmm5, zmm16", "vcvtdq2ps zmm5, zmm5", "vmulps zmm5, zmm5, zmm17",
+                    "vfmadd231ps zmm12, zmm4, zmm2", "vfmadd231ps zmm13, zmm5, zmm3",
+                    "vpmovzxbd zmm4, [{p} + 48]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm7", "vpsubd zmm5, zmm5, zmm16", "vcvtdq2ps zmm5, zmm5", "vmulps zmm5, zmm5, zmm17",
+                    "vfmadd231ps zmm14, zmm4, zmm2", "vfmadd231ps zmm15, zmm5, zmm3",
+                    p = in(reg) p, q = in(reg) q, e = in(reg) eight.as_ptr(), s = in(reg) scale.as_ptr(),
+                    out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _,
+                    out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                    out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+                    out("zmm16") _, out("zmm17") _,
+                    options(nostack, readonly)
+                );
+            }
+        }
+    }
+
     pub fn main() {
         if !(is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
@@ -179,6 +251,9 @@ mod x86 {
             throughput!("vpermps", "vpermps"),
             throughput!("vpunpcklbw", "vpunpcklbw"),
             throughput!("vpaddd", "vpaddd"),
+            throughput!("vpsrlvd", "vpsrlvd"),
+            throughput!("vpsubd", "vpsubd"),
+            throughput!("vmulps", "vmulps"),
             throughput!("vaddps", "vaddps"),
             throughput!("vfmadd231ps", "vfmadd231ps"),
         ] {
@@ -206,6 +281,22 @@ mod x86 {
         let c = s * ghz * 1e9;
         println!(
             "Q4G block (4 rows x 32 columns): {c:.1} cycles -> at most {:.1} GB/s of weights per core ({:.1} weights per cycle)",
+            64.0 * ghz / c,
+            128.0 / c
+        );
+        // SAFETY: as above.
+        let s = per_iter(20_000_000, |n| unsafe { q4g_block_bcast(n, &w, &x) });
+        let c = s * ghz * 1e9;
+        println!(
+            "Q4G block, broadcast loads and variable shifts: {c:.1} cycles -> at most {:.1} GB/s of weights per core ({:.1} weights per cycle)",
+            64.0 * ghz / c,
+            128.0 / c
+        );
+        // SAFETY: as above.
+        let s = per_iter(20_000_000, |n| unsafe { q4g_block_mixed(n, &w, &x) });
+        let c = s * ghz * 1e9;
+        println!(
+            "Q4G block, low nibbles by table, high ones converted: {c:.1} cycles -> at most {:.1} GB/s of weights per core ({:.1} weights per cycle)",
             64.0 * ghz / c,
             128.0 / c
         );
