@@ -35,7 +35,7 @@ pub struct EngineArgs {
     /// Read experts through the page cache.
     #[arg(long)]
     pub no_direct_io: bool,
-    /// Do not ask for 2 MiB huge pages for the cache.
+    /// Do not ask for 2 MiB huge pages for the cache and the trunk.
     #[arg(long)]
     pub no_huge_pages: bool,
     /// Do not fault the cache's memory in ahead of use (pages then arrive

@@ -35,7 +35,9 @@ pub struct ModelOptions {
     pub readahead: bool,
     /// Experts of the next layer to prefetch from a router lookahead (0 = off).
     pub lookahead: usize,
-    /// Ask for 2 MiB huge pages for the cache arena.
+    /// Ask for 2 MiB huge pages for the cache arena and the trunk's
+    /// matrices (each streamed once a token: 4 KiB pages cost a TLB walk
+    /// every 4 KiB).
     pub huge_pages: bool,
     /// Fault the cache arena in ahead of use on an idle-priority thread
     /// (started once the trunk is loaded), so the OS's zeroing of fresh pages stays
@@ -208,7 +210,7 @@ impl Model {
             Some(l) => l,
             None => waste_quant::level(),
         };
-        let mut r = TrunkReader::new(&container)?;
+        let mut r = TrunkReader::new(&container)?.with_huge_pages(opts.huge_pages);
         let layers = load_layers(&container, &mut r, progress)?;
         let out_res = load_output_res(&container, &mut r)?;
         let final_norm = r.vector("model.norm.weight")?;

@@ -13,6 +13,8 @@ pub struct TrunkReader<'c> {
     file: DirectFile,
     /// Bytes of resident tensors loaded so far.
     pub loaded: u64,
+    /// Back each tensor with 2 MiB pages where the OS allows it.
+    huge_pages: bool,
 }
 
 impl<'c> TrunkReader<'c> {
@@ -39,11 +41,27 @@ impl<'c> TrunkReader<'c> {
             }
             at = at.max(b);
         }
-        Ok(TrunkReader { c, file, loaded: 0 })
+        Ok(TrunkReader { c, file, loaded: 0, huge_pages: false })
+    }
+
+    /// Ask for 2 MiB pages behind the tensors read from here on (the
+    /// engine's `huge_pages` option): a matvec streams each matrix once a
+    /// token, and in 4 KiB pages that is a TLB walk every 4 KiB.
+    pub fn with_huge_pages(self, on: bool) -> Self {
+        TrunkReader { huge_pages: on, ..self }
     }
 
     fn read(&self, off: u64, len: u64) -> Result<Vec<u8>> {
-        let mut v = vec![0u8; len as usize];
+        let len = usize::try_from(len).map_err(|_| waste_format::Error::tensor("trunk read", "exceeds memory"))?;
+        // advised before the first write, so the pages arrive huge; zeroed
+        // here, then read over (measured against letting a zeroed
+        // allocation's pages arrive within the read: the first prefill
+        // after the open ran faster this way — docs/LEARNED.md)
+        let mut v = Vec::with_capacity(len);
+        if self.huge_pages {
+            waste_io::advise_huge_pages(v.spare_capacity_mut());
+        }
+        v.resize(len, 0);
         self.file.read_exact_at(&mut v, off)?;
         Ok(v)
     }
@@ -357,4 +375,57 @@ pub fn load_output_res(c: &Container, r: &mut TrunkReader<'_>) -> Result<Option<
         return Ok(None);
     }
     Ok(Some(product(&r.vector("model.output_attn_res_norm.weight")?, &r.vector("model.output_attn_res_proj.weight")?)))
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use crate::{Model, ModelOptions};
+
+    /// The flags of the mapping holding `addr` (`VmFlags` in /proc/self/smaps).
+    fn vm_flags(addr: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ').filter(|(r, _)| r.contains('-') && !r.ends_with(':')) {
+                let (a, b) = range.split_once('-').unwrap();
+                let (a, b) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16));
+                inside = matches!((a, b), (Ok(a), Ok(b)) if (a..b).contains(&addr));
+            } else if inside && line.starts_with("VmFlags:") {
+                return line.to_string();
+            }
+        }
+        panic!("no mapping holds {addr:#x}")
+    }
+
+    /// With `huge_pages` the trunk's matrices sit in memory advised for 2
+    /// MiB pages (the mapping's `hg` flag: the advice itself, whether or
+    /// not the OS found huge pages free). The synthetic model's head is
+    /// 65 536 × 128 Q8G, 8 MiB. (Without the option nothing is asked, but
+    /// the allocator may hand out a range another open advised earlier in
+    /// this process, so that case is not asserted.)
+    #[test]
+    fn the_trunk_is_advised_for_huge_pages_when_asked() {
+        if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
+            eprintln!("skipped: this kernel has no transparent huge pages");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("waste-trunk-huge-{}", std::process::id()));
+        let mut config = waste_synth::shape_config("tiny").unwrap();
+        config["vocab_size"] = 65_536.into();
+        let o = waste_synth::SynthOptions {
+            config,
+            layers: None,
+            experts: waste_format::ExpertFmt::Vq3r,
+            seed: 3,
+            manifest_only: false,
+            skewed: false,
+            jobs: 2,
+        };
+        waste_synth::synth(&dir, &o, &|_, _| {}).unwrap();
+        let m = Model::open(&dir, ModelOptions { huge_pages: true, ctx: 16, ..Default::default() }).unwrap();
+        assert_eq!(m.lm_head.data.len(), 8 << 20);
+        let flags = vm_flags(m.lm_head.data.as_ptr() as usize + (4 << 20));
+        assert!(flags.split_whitespace().any(|f| f == "hg"), "{flags}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }
