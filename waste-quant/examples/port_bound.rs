@@ -6,7 +6,9 @@
 //! 4 rows) as the compiler emits them, with their data in L1 — so the cycles
 //! they take are the core's limit, not memory's. From those, the most
 //! index (VQ3R) or weight (Q4G) bytes one core can consume per second,
-//! to set beside `waste bench`'s memory bandwidth (docs/LEARNED.md).
+//! to set beside `waste bench`'s memory bandwidth (docs/LEARNED.md); and
+//! two alternatives to the Q4G loop that give the same weights, both
+//! measured slower (twenty-seventh session).
 //!
 //! `cargo run --release -p waste-quant --example port_bound`
 //! (x86_64 with AVX-512 F/BW/VBMI; elsewhere it says so and exits).
@@ -276,30 +278,21 @@ mod x86 {
         );
         let w = Box::new([0x5Au8; 4096]);
         let x = Box::new([0.5f32; 4096]);
-        // SAFETY: as above.
-        let s = per_iter(20_000_000, |n| unsafe { q4g_block(n, &w, &x) });
-        let c = s * ghz * 1e9;
-        println!(
-            "Q4G block (4 rows x 32 columns): {c:.1} cycles -> at most {:.1} GB/s of weights per core ({:.1} weights per cycle)",
-            64.0 * ghz / c,
-            128.0 / c
-        );
-        // SAFETY: as above.
-        let s = per_iter(20_000_000, |n| unsafe { q4g_block_bcast(n, &w, &x) });
-        let c = s * ghz * 1e9;
-        println!(
-            "Q4G block, broadcast loads and variable shifts: {c:.1} cycles -> at most {:.1} GB/s of weights per core ({:.1} weights per cycle)",
-            64.0 * ghz / c,
-            128.0 / c
-        );
-        // SAFETY: as above.
-        let s = per_iter(20_000_000, |n| unsafe { q4g_block_mixed(n, &w, &x) });
-        let c = s * ghz * 1e9;
-        println!(
-            "Q4G block, low nibbles by table, high ones converted: {c:.1} cycles -> at most {:.1} GB/s of weights per core ({:.1} weights per cycle)",
-            64.0 * ghz / c,
-            128.0 / c
-        );
+        type Block = unsafe fn(u64, &[u8; 4096], &[f32; 4096]);
+        let blocks: [(&str, Block); 3] = [
+            ("Q4G block (4 rows x 32 columns)", q4g_block),
+            ("Q4G block, broadcast loads and variable shifts (slower)", q4g_block_bcast),
+            ("Q4G block, low nibbles by table, high ones converted (slower)", q4g_block_mixed),
+        ];
+        for (name, f) in blocks {
+            // SAFETY: as above.
+            let c = per_iter(20_000_000, |n| unsafe { f(n, &w, &x) }) * ghz * 1e9;
+            println!(
+                "{name}: {c:.1} cycles -> at most {:.1} GB/s of weights per core ({:.1} weights per cycle)",
+                64.0 * ghz / c,
+                128.0 / c
+            );
+        }
     }
 }
 
