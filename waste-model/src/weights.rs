@@ -53,15 +53,18 @@ impl<'c> TrunkReader<'c> {
 
     fn read(&self, off: u64, len: u64) -> Result<Vec<u8>> {
         let len = usize::try_from(len).map_err(|_| waste_format::Error::tensor("trunk read", "exceeds memory"))?;
-        // advised before the first write, so the pages arrive huge; zeroed
-        // here, then read over (measured against letting a zeroed
-        // allocation's pages arrive within the read: the first prefill
-        // after the open ran faster this way — docs/LEARNED.md)
-        let mut v = Vec::with_capacity(len);
-        if self.huge_pages {
+        let mut v = if self.huge_pages {
+            // advised before the first write, so the pages arrive huge;
+            // zeroed here, then read over (measured against letting a
+            // zeroed allocation's pages arrive within the read: the first
+            // prefill after the open ran faster this way — docs/LEARNED.md)
+            let mut v = Vec::with_capacity(len);
             waste_io::advise_huge_pages(v.spare_capacity_mut());
-        }
-        v.resize(len, 0);
+            v.resize(len, 0);
+            v
+        } else {
+            vec![0u8; len]
+        };
         self.file.read_exact_at(&mut v, off)?;
         Ok(v)
     }
