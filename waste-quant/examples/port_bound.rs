@@ -133,109 +133,120 @@ mod x86 {
         }
     }
 
-    /// One 32-column block of 4 Q4G rows in `avx512::rows_dot_q4`: per row,
-    /// 16 bytes zero-extended to 32-bit lanes, one shift, two table
-    /// permutes and two fused multiply-adds (the inputs' halves loaded once
-    /// for the 4 rows).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    unsafe fn q4g_block(n: u64, w: &[u8; 4096], x: &[f32; 4096]) {
-        let (wp, xp) = (w.as_ptr(), x.as_ptr());
-        for i in 0..n {
-            let p = wp.wrapping_add((i as usize & 31) * 64);
-            let q = xp.wrapping_add((i as usize & 31) * 32);
-            // SAFETY: p + 64 <= w.len(), q + 32 <= x.len(); registers otherwise.
-            unsafe {
-                asm!(
-                    "vmovups zmm2, [{q}]", "vmovups zmm3, [{q} + 64]",
-                    "vpmovzxbd zmm4, [{p}]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm6", "vpermps zmm5, zmm5, zmm6",
-                    "vfmadd231ps zmm8, zmm4, zmm2", "vfmadd231ps zmm9, zmm5, zmm3",
-                    "vpmovzxbd zmm4, [{p} + 16]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm7", "vpermps zmm5, zmm5, zmm7",
-                    "vfmadd231ps zmm10, zmm4, zmm2", "vfmadd231ps zmm11, zmm5, zmm3",
-                    "vpmovzxbd zmm4, [{p} + 32]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm6", "vpermps zmm5, zmm5, zmm6",
-                    "vfmadd231ps zmm12, zmm4, zmm2", "vfmadd231ps zmm13, zmm5, zmm3",
-                    "vpmovzxbd zmm4, [{p} + 48]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm7", "vpermps zmm5, zmm5, zmm7",
-                    "vfmadd231ps zmm14, zmm4, zmm2", "vfmadd231ps zmm15, zmm5, zmm3",
-                    p = in(reg) p, q = in(reg) q,
-                    out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _,
-                    out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
-                    out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
-                    options(nostack, readonly)
-                );
-            }
-        }
+    /// A Q4G row's instructions in the kernel's form: 16 bytes
+    /// zero-extended to 32-bit lanes, one shift, two table permutes and two
+    /// fused multiply-adds (`$t` the table, `$a`/`$b` the sums).
+    #[rustfmt::skip]
+    macro_rules! row_kernel {
+        ($off:literal, $t:literal, $a:literal, $b:literal) => {
+            concat!(
+                "vpmovzxbd zmm4, [{p}", $off, "]\n",
+                "vpsrld zmm5, zmm4, 4\n",
+                "vpermps zmm4, zmm4, ", $t, "\n",
+                "vpermps zmm5, zmm5, ", $t, "\n",
+                "vfmadd231ps ", $a, ", zmm4, zmm2\n",
+                "vfmadd231ps ", $b, ", zmm5, zmm3\n"
+            )
+        };
     }
 
-    /// The same block with each row's 16 bytes broadcast to the four
-    /// 128-bit lanes by the load (no shuffle) and two variable shifts
-    /// (`vpsrlvd` by 8 · lane/4, and 4 more) putting a nibble in each
-    /// 32-bit lane's low bits, in a permuted lane order.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    unsafe fn q4g_block_bcast(n: u64, w: &[u8; 4096], x: &[f32; 4096]) {
-        let (wp, xp) = (w.as_ptr(), x.as_ptr());
-        let lo: [u32; 16] = core::array::from_fn(|d| 8 * (d as u32 / 4));
-        let hi: [u32; 16] = core::array::from_fn(|d| 8 * (d as u32 / 4) + 4);
-        for i in 0..n {
-            let p = wp.wrapping_add((i as usize & 31) * 64);
-            let q = xp.wrapping_add((i as usize & 31) * 32);
-            // SAFETY: p + 64 <= w.len(), q + 32 <= x.len(); registers otherwise.
-            unsafe {
-                asm!(
-                    "vmovdqu32 zmm16, [{lo}]", "vmovdqu32 zmm17, [{hi}]",
-                    "vmovups zmm2, [{q}]", "vmovups zmm3, [{q} + 64]",
-                    "vbroadcasti32x4 zmm18, [{p}]", "vpsrlvd zmm4, zmm18, zmm16", "vpsrlvd zmm5, zmm18, zmm17", "vpermps zmm4, zmm4, zmm6", "vpermps zmm5, zmm5, zmm6",
-                    "vfmadd231ps zmm8, zmm4, zmm2", "vfmadd231ps zmm9, zmm5, zmm3",
-                    "vbroadcasti32x4 zmm18, [{p} + 16]", "vpsrlvd zmm4, zmm18, zmm16", "vpsrlvd zmm5, zmm18, zmm17", "vpermps zmm4, zmm4, zmm7", "vpermps zmm5, zmm5, zmm7",
-                    "vfmadd231ps zmm10, zmm4, zmm2", "vfmadd231ps zmm11, zmm5, zmm3",
-                    "vbroadcasti32x4 zmm18, [{p} + 32]", "vpsrlvd zmm4, zmm18, zmm16", "vpsrlvd zmm5, zmm18, zmm17", "vpermps zmm4, zmm4, zmm6", "vpermps zmm5, zmm5, zmm6",
-                    "vfmadd231ps zmm12, zmm4, zmm2", "vfmadd231ps zmm13, zmm5, zmm3",
-                    "vbroadcasti32x4 zmm18, [{p} + 48]", "vpsrlvd zmm4, zmm18, zmm16", "vpsrlvd zmm5, zmm18, zmm17", "vpermps zmm4, zmm4, zmm7", "vpermps zmm5, zmm5, zmm7",
-                    "vfmadd231ps zmm14, zmm4, zmm2", "vfmadd231ps zmm15, zmm5, zmm3",
-                    p = in(reg) p, q = in(reg) q, lo = in(reg) lo.as_ptr(), hi = in(reg) hi.as_ptr(),
-                    out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _,
-                    out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
-                    out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
-                    out("zmm16") _, out("zmm17") _, out("zmm18") _,
-                    options(nostack, readonly)
-                );
-            }
-        }
+    /// The row with its 16 bytes broadcast to the four 128-bit lanes by the
+    /// load (no shuffle) and two variable shifts (`vpsrlvd` by 8 · lane/4,
+    /// and 4 more, in zmm16/zmm17) putting a nibble in each 32-bit lane's
+    /// low bits, in a permuted lane order.
+    #[rustfmt::skip]
+    macro_rules! row_bcast {
+        ($off:literal, $t:literal, $a:literal, $b:literal) => {
+            concat!(
+                "vbroadcasti32x4 zmm18, [{p}", $off, "]\n",
+                "vpsrlvd zmm4, zmm18, zmm16\n",
+                "vpsrlvd zmm5, zmm18, zmm17\n",
+                "vpermps zmm4, zmm4, ", $t, "\n",
+                "vpermps zmm5, zmm5, ", $t, "\n",
+                "vfmadd231ps ", $a, ", zmm4, zmm2\n",
+                "vfmadd231ps ", $b, ", zmm5, zmm3\n"
+            )
+        };
     }
 
-    /// The same block with the low nibbles from the table (one `vpermps`)
-    /// and the high ones converted (`vpsubd` of the bias, `vcvtdq2ps`,
-    /// `vmulps` by the scale): the weights are the same floats, `(q − 8) ·
-    /// s`, with one op moved off the shuffle pipe onto the others.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    unsafe fn q4g_block_mixed(n: u64, w: &[u8; 4096], x: &[f32; 4096]) {
-        let (wp, xp) = (w.as_ptr(), x.as_ptr());
-        let eight = [8u32; 16];
-        let scale = [0.25f32; 16];
-        for i in 0..n {
-            let p = wp.wrapping_add((i as usize & 31) * 64);
-            let q = xp.wrapping_add((i as usize & 31) * 32);
-            // SAFETY: p + 64 <= w.len(), q + 32 <= x.len(); registers otherwise.
-            unsafe {
-                asm!(
-                    "vmovdqu32 zmm16, [{e}]", "vmovups zmm17, [{s}]",
-                    "vmovups zmm2, [{q}]", "vmovups zmm3, [{q} + 64]",
-                    "vpmovzxbd zmm4, [{p}]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm6", "vpsubd zmm5, zmm5, zmm16", "vcvtdq2ps zmm5, zmm5", "vmulps zmm5, zmm5, zmm17",
-                    "vfmadd231ps zmm8, zmm4, zmm2", "vfmadd231ps zmm9, zmm5, zmm3",
-                    "vpmovzxbd zmm4, [{p} + 16]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm7", "vpsubd zmm5, zmm5, zmm16", "vcvtdq2ps zmm5, zmm5", "vmulps zmm5, zmm5, zmm17",
-                    "vfmadd231ps zmm10, zmm4, zmm2", "vfmadd231ps zmm11, zmm5, zmm3",
-                    "vpmovzxbd zmm4, [{p} + 32]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm6", "vpsubd zmm5, zmm5, zmm16", "vcvtdq2ps zmm5, zmm5", "vmulps zmm5, zmm5, zmm17",
-                    "vfmadd231ps zmm12, zmm4, zmm2", "vfmadd231ps zmm13, zmm5, zmm3",
-                    "vpmovzxbd zmm4, [{p} + 48]", "vpsrld zmm5, zmm4, 4", "vpermps zmm4, zmm4, zmm7", "vpsubd zmm5, zmm5, zmm16", "vcvtdq2ps zmm5, zmm5", "vmulps zmm5, zmm5, zmm17",
-                    "vfmadd231ps zmm14, zmm4, zmm2", "vfmadd231ps zmm15, zmm5, zmm3",
-                    p = in(reg) p, q = in(reg) q, e = in(reg) eight.as_ptr(), s = in(reg) scale.as_ptr(),
-                    out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _,
-                    out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
-                    out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
-                    out("zmm16") _, out("zmm17") _,
-                    options(nostack, readonly)
-                );
-            }
-        }
+    /// The row with the low nibbles from the table (one `vpermps`) and the
+    /// high ones converted (`vpsubd` of the bias in zmm16, `vcvtdq2ps`,
+    /// `vmulps` by the scale in zmm17): the same floats, `(q − 8) · s`, one
+    /// operation moved off the shuffle pipe onto the others.
+    #[rustfmt::skip]
+    macro_rules! row_mixed {
+        ($off:literal, $t:literal, $a:literal, $b:literal) => {
+            concat!(
+                "vpmovzxbd zmm4, [{p}", $off, "]\n",
+                "vpsrld zmm5, zmm4, 4\n",
+                "vpermps zmm4, zmm4, ", $t, "\n",
+                "vpsubd zmm5, zmm5, zmm16\n",
+                "vcvtdq2ps zmm5, zmm5\n",
+                "vmulps zmm5, zmm5, zmm17\n",
+                "vfmadd231ps ", $a, ", zmm4, zmm2\n",
+                "vfmadd231ps ", $b, ", zmm5, zmm3\n"
+            )
+        };
     }
+
+    /// One 32-column block of 4 Q4G rows, each row as `$row` emits it (the
+    /// inputs' halves loaded once for the 4 rows; tables in zmm6/zmm7); the
+    /// `$k0`/`$k1` vectors are loaded into zmm16/zmm17 first, for the rows
+    /// that need constants.
+    macro_rules! q4g_block {
+        ($(#[$doc:meta])* $name:ident, $row:ident, $k0:expr, $k1:expr) => {
+            $(#[$doc])*
+            #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+            unsafe fn $name(n: u64, w: &[u8; 4096], x: &[f32; 4096]) {
+                let (wp, xp) = (w.as_ptr(), x.as_ptr());
+                let (k0, k1): ([u32; 16], [u32; 16]) = ($k0, $k1);
+                for i in 0..n {
+                    let p = wp.wrapping_add((i as usize & 31) * 64);
+                    let q = xp.wrapping_add((i as usize & 31) * 32);
+                    // SAFETY: p + 64 <= w.len(), q + 32 <= x.len(); k0, k1 hold
+                    // 64 bytes each; registers otherwise.
+                    unsafe {
+                        asm!(
+                            "vmovdqu32 zmm16, [{k0}]", "vmovdqu32 zmm17, [{k1}]",
+                            "vmovups zmm2, [{q}]", "vmovups zmm3, [{q} + 64]",
+                            $row!("", "zmm6", "zmm8", "zmm9"),
+                            $row!(" + 16", "zmm7", "zmm10", "zmm11"),
+                            $row!(" + 32", "zmm6", "zmm12", "zmm13"),
+                            $row!(" + 48", "zmm7", "zmm14", "zmm15"),
+                            p = in(reg) p, q = in(reg) q, k0 = in(reg) k0.as_ptr(), k1 = in(reg) k1.as_ptr(),
+                            out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _,
+                            out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                            out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+                            out("zmm16") _, out("zmm17") _, out("zmm18") _,
+                            options(nostack, readonly)
+                        );
+                    }
+                }
+            }
+        };
+    }
+
+    q4g_block!(
+        /// `avx512::rows_dot_q4`'s loop (the two constant loads unused).
+        q4g_block_kernel,
+        row_kernel,
+        [0; 16],
+        [0; 16]
+    );
+    q4g_block!(
+        /// Broadcast loads and variable shifts by 8 · lane/4 and 4 more.
+        q4g_block_bcast,
+        row_bcast,
+        core::array::from_fn(|d| 8 * (d as u32 / 4)),
+        core::array::from_fn(|d| 8 * (d as u32 / 4) + 4)
+    );
+    q4g_block!(
+        /// High nibbles converted: the bias 8, the scale 0.25.
+        q4g_block_mixed,
+        row_mixed,
+        [8; 16],
+        [0.25f32.to_bits(); 16]
+    );
 
     pub fn main() {
         if !(is_x86_feature_detected!("avx512f")
@@ -280,7 +291,7 @@ mod x86 {
         let x = Box::new([0.5f32; 4096]);
         type Block = unsafe fn(u64, &[u8; 4096], &[f32; 4096]);
         let blocks: [(&str, Block); 3] = [
-            ("Q4G block (4 rows x 32 columns)", q4g_block),
+            ("Q4G block (4 rows x 32 columns)", q4g_block_kernel),
             ("Q4G block, broadcast loads and variable shifts (slower)", q4g_block_bcast),
             ("Q4G block, low nibbles by table, high ones converted (slower)", q4g_block_mixed),
         ];
