@@ -5,6 +5,7 @@
 #    `waste eval --ids 1` (open + one token), "bench": <waste bench --json>}
 # Usage: tools/bench/ab.sh A_BIN B_BIN MODEL "1.3G 2.9G 6.1G" RUNS [N]
 # Nothing else may run meanwhile (a build beside a benchmark skews it).
+# Table of the output: python3 tools/bench/ab_table.py FILE
 set -euo pipefail
 A=$1 B=$2 MODEL=$3 BUDGETS=$4 RUNS=$5 N=${6:-16}
 for budget in $BUDGETS; do
