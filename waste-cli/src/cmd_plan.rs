@@ -293,6 +293,8 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "prefill_roofline_bound": p_bound, "prefill_tokens_per_expert_run": users,
         "prefill_attainable_ms_per_token": p_attain_ms, "prefill_attainable_share": p_attain_share,
     });
+    // what the OS gave of the huge pages asked for (the trunk, the cache), after the runs
+    let huge_bytes = waste_io::huge_page_bytes();
     let mut v = json!({
         "open_seconds": open_s, "prefill_ms_per_token": p_ms,
         "roofline_ms_per_token": roofline_ms, "roofline_share": roofline_share,
@@ -307,7 +309,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "attention_ms_per_token": 1e3 * d.attn_seconds / n,
         "trunk_ms_per_token": 1e3 * d.trunk_seconds / n,
         "budget_bytes": model.budget(), "cache_slots": model.cache_slots(), "huge_pages": model.huge_pages(),
-        "prefaulted_bytes": model.prefaulted_bytes(),
+        "huge_page_bytes": huge_bytes, "prefaulted_bytes": model.prefaulted_bytes(),
         "threads": model.threads(), "io_threads": model.options().io_threads, "simd": model.simd().name(),
         "lookahead": model.options().lookahead, "readahead": model.options().readahead, "preloaded": model.preloaded(),
         "policy": model.options().policy.name(), "temperature": a.temp, "kda_chunked": model.options().kda_chunked,
@@ -325,7 +327,8 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     if a.json {
         print_json(&v)?;
     } else {
-        outln!("decode: {:.2} tok/s, {:.1} ms/token | hit rate {:.1}% | {:.1} MB read/token | direct I/O {} | huge pages {}", steps as f64 / dec_s, ms_per_token, 100.0 * hit_rate, bytes as f64 / n / 1e6, model.direct_io(), model.huge_pages());
+        let huge = huge_bytes.map_or(String::new(), |b| format!(" ({:.0} MB in them)", b as f64 / 1e6));
+        outln!("decode: {:.2} tok/s, {:.1} ms/token | hit rate {:.1}% | {:.1} MB read/token | direct I/O {} | huge pages {}{huge}", steps as f64 / dec_s, ms_per_token, 100.0 * hit_rate, bytes as f64 / n / 1e6, model.direct_io(), model.huge_pages());
         outln!(
             "roofline: {:.1} ms/token ({:.0}% reached) = max(disk {:.1} ms at {}, memory {:.1} ms: {:.0} MB touched at {:.1} GB/s) | open {:.2} s | SIMD {}",
             roofline_ms,

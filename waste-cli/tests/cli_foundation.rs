@@ -180,6 +180,14 @@ fn bench_json_roofline_and_split_are_consistent() {
     assert_eq!(named_bound(&v, "prefill_roofline_bound", [p_disk, p_mem, p_cores]), p_attain, "{out}");
     assert!((f("prefill_attainable_share") - p_attain / p_ms).abs() <= 1e-9 * p_attain.max(1.0) / p_ms, "{out}");
     assert!(v["prefaulted_bytes"].is_u64() && f("prefaulted_bytes") <= f("budget_bytes"), "{out}");
+    // the huge pages the OS granted: whole 2 MiB pages, inside the budget
+    // (Linux; no figure where there is no smaps_rollup)
+    if std::path::Path::new("/proc/self/smaps_rollup").exists() {
+        let h = v["huge_page_bytes"].as_u64().unwrap_or_else(|| panic!("{out}"));
+        assert!(h.is_multiple_of(2 << 20) && h <= v["budget_bytes"].as_u64().unwrap(), "{out}");
+    } else {
+        assert!(v["huge_page_bytes"].is_null(), "{out}");
+    }
     assert!(v["simd"].is_string() && v["kda_chunked"].is_boolean());
     // the prompt again, three times by default: a median of real timings
     assert_eq!(v["prefill_warm_runs"].as_u64(), Some(3), "{out}");

@@ -144,6 +144,29 @@ pub fn advise_huge_pages<T>(buf: &mut [T]) -> bool {
     }
 }
 
+/// Bytes of this process's anonymous memory the OS backs with huge pages
+/// now (`AnonHugePages` of `/proc/self/smaps_rollup`): what the advice of
+/// [`advise_huge_pages`] and the huge [`AlignedBuf`]s actually obtained —
+/// the OS may fall back to 4 KiB pages, and a VM may make the huge ones
+/// slow to arrive (docs/ENGINE.md, "Memory"). `None` off Linux, or when
+/// the file is missing or unreadable.
+pub fn huge_page_bytes() -> Option<u64> {
+    if !cfg!(target_os = "linux") {
+        return None;
+    }
+    std::fs::read_to_string("/proc/self/smaps_rollup").ok().as_deref().and_then(parse_anon_huge)
+}
+
+/// The `AnonHugePages:` line of an smaps file, in bytes (`None` without
+/// one, when it is not `N kB`, or on overflow).
+fn parse_anon_huge(smaps: &str) -> Option<u64> {
+    let rest = smaps.lines().find_map(|l| l.strip_prefix("AnonHugePages:"))?;
+    let mut words = rest.split_whitespace();
+    let kb = words.next()?.parse::<u64>().ok()?;
+    (words.next() == Some("kB") && words.next().is_none()).then_some(())?;
+    kb.checked_mul(1024)
+}
+
 #[cfg(target_os = "linux")]
 fn advise_huge(ptr: NonNull<u8>, len: usize) -> bool {
     // SAFETY: madvise on memory we own; MADV_HUGEPAGE only changes backing policy.
@@ -209,6 +232,52 @@ mod tests {
         let mut v: Vec<u8> = Vec::with_capacity(6 << 20);
         assert_eq!(advise_huge_pages(v.spare_capacity_mut()), thp);
     }
+    /// The `AnonHugePages` line in bytes, from smaps_rollup's own format;
+    /// anything else is no figure.
+    #[test]
+    fn anon_huge_pages_are_read_from_their_line() {
+        let rollup = "55d0c0a00000-7ffd2b5f2000 ---p 00000000 00:00 0                          [rollup]\n\
+                      Rss:             2408448 kB\nAnonymous:       2391040 kB\nAnonHugePages:   2244608 kB\n\
+                      ShmemPmdMapped:        0 kB\n";
+        assert_eq!(parse_anon_huge(rollup), Some(2244608 * 1024));
+        assert_eq!(parse_anon_huge("AnonHugePages:        0 kB"), Some(0));
+        for bad in [
+            "Rss: 1 kB",
+            "AnonHugePages: 12",
+            "AnonHugePages: 12 MB",
+            "AnonHugePages: x kB",
+            "AnonHugePages: 18446744073709551615 kB",
+        ] {
+            assert_eq!(parse_anon_huge(bad), None, "{bad}");
+        }
+    }
+
+    /// On Linux the figure exists, and grows by whole huge pages when an
+    /// advised buffer is touched and the OS grants them (said when not:
+    /// THP off, or no free 2 MiB block).
+    #[test]
+    fn huge_page_bytes_grow_by_whole_pages() {
+        let Some(before) = huge_page_bytes() else {
+            assert!(!cfg!(target_os = "linux") || !std::path::Path::new("/proc/self/smaps_rollup").exists());
+            println!("skipped: no smaps_rollup here");
+            return;
+        };
+        assert!(before.is_multiple_of(4096));
+        let mut v: Vec<u8> = Vec::with_capacity(8 << 20);
+        let advised = advise_huge_pages(v.spare_capacity_mut());
+        v.resize(8 << 20, 1);
+        let after = huge_page_bytes().unwrap();
+        if advised && after > before {
+            assert!(
+                after - before >= crate::HUGE_PAGE as u64 && (after - before).is_multiple_of(crate::HUGE_PAGE as u64),
+                "{before} -> {after}"
+            );
+        } else {
+            println!("skipped: no huge page granted ({before} -> {after} bytes, advice taken: {advised})");
+        }
+        std::hint::black_box(&v);
+    }
+
     #[test]
     fn aligned_and_zeroed() {
         for len in [1, 4095, 4096, 10_000, LAZY_MIN - 1, LAZY_MIN, 3 << 20, (5 << 20) + 17] {

@@ -25,7 +25,7 @@ mod pool;
 mod prefault;
 mod probe;
 
-pub use buf::{advise_huge_pages, AlignedBuf};
+pub use buf::{advise_huge_pages, huge_page_bytes, AlignedBuf};
 pub use file::DirectFile;
 pub use pool::{Priority, ReaderPool, Ticket};
 pub use prefault::Prefault;
