@@ -189,7 +189,12 @@ fn fuzz(seconds: u64) -> Result<()> {
             cmd.current_dir(root.join("fuzz")).env("WASTE_RENDER_HELPER", &helper).args(["+nightly", "fuzz", "run", t]);
             match seeded(t) {
                 Some((dir, max_len)) => {
-                    cmd.arg(format!("corpus/{t}")).arg(dir).args(["--", &format!("-max_len={max_len}")])
+                    // libFuzzer refuses a named corpus directory that does not
+                    // exist (cargo-fuzz makes its own only when none is named):
+                    // a fresh clone has none
+                    let corpus = root.join("fuzz/corpus").join(t);
+                    std::fs::create_dir_all(&corpus).with_context(|| format!("create {}", corpus.display()))?;
+                    cmd.arg(corpus).arg(dir).args(["--", &format!("-max_len={max_len}")])
                 }
                 None => cmd.arg("--"),
             };
