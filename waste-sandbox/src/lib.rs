@@ -119,6 +119,9 @@ impl Drop for RequestFile {
 /// for the child, so the pid is still the child's (at worst a zombie).
 struct Watchdog {
     state: std::sync::Arc<(std::sync::Mutex<(bool, bool)>, std::sync::Condvar)>,
+    /// Joined by `finish`, so no watchdog outlives its rendering (a fuzzer's
+    /// leak check saw a detached one's thread-local registration).
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Watchdog {
@@ -141,17 +144,25 @@ impl Watchdog {
             }
         };
         // no thread, no deadline: the CPU limit still bounds a busy child
-        let _ = std::thread::Builder::new().name("waste-render-watchdog".into()).spawn(watch);
-        Watchdog { state }
+        let thread = std::thread::Builder::new().name("waste-render-watchdog".into()).spawn(watch).ok();
+        Watchdog { state, thread }
     }
 
-    /// Stop watching (before waiting for the child); whether it was killed.
-    fn finish(&self) -> bool {
-        let (m, cv) = &*self.state;
-        let mut g = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        g.0 = true;
-        cv.notify_all();
-        g.1
+    /// Stop watching (before waiting for the child) and wait for the
+    /// watchdog to end; whether it killed the child.
+    fn finish(mut self) -> bool {
+        let killed = {
+            let (m, cv) = &*self.state;
+            let mut g = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            g.0 = true;
+            cv.notify_all();
+            g.1
+        };
+        // the lock released: the watchdog wakes, sees `done` and returns
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        killed
     }
 }
 
