@@ -319,6 +319,8 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "roofline_bound": bound,
         "attainable_ms_per_token": attainable_ms, "attainable_share": share(attainable_ms),
     });
+    // what sums the experts here (the AVX2 VQ row kernel by the open's probe)
+    v["expert_kernel"] = json!(model.expert_kernel());
     if let Some(o) = v.as_object_mut() {
         for part in [&prefill, &cores] {
             o.extend(part.as_object().into_iter().flatten().map(|(k, x)| (k.clone(), x.clone())));
@@ -330,7 +332,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         let huge = huge_bytes.map_or(String::new(), |b| format!(" ({:.0} MB in them)", b as f64 / 1e6));
         outln!("decode: {:.2} tok/s, {:.1} ms/token | hit rate {:.1}% | {:.1} MB read/token | direct I/O {} | huge pages {}{huge}", steps as f64 / dec_s, ms_per_token, 100.0 * hit_rate, bytes as f64 / n / 1e6, model.direct_io(), model.huge_pages());
         outln!(
-            "roofline: {:.1} ms/token ({:.0}% reached) = max(disk {:.1} ms at {}, memory {:.1} ms: {:.0} MB touched at {:.1} GB/s) | open {:.2} s | SIMD {}",
+            "roofline: {:.1} ms/token ({:.0}% reached) = max(disk {:.1} ms at {}, memory {:.1} ms: {:.0} MB touched at {:.1} GB/s) | open {:.2} s | SIMD {}{}",
             roofline_ms,
             100.0 * roofline_share,
             disk_ms,
@@ -339,7 +341,8 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
             touched / 1e6,
             mem_n,
             open_s,
-            model.simd().name()
+            model.simd().name(),
+            model.expert_kernel().map_or(String::new(), |k| format!(", experts {k}"))
         );
         outln!(
             "cores: {:.1} ms/token at in-cache kernel speed | bound: {bound}, {:.1} ms ({:.0}% reached)",

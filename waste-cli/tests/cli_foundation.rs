@@ -1,5 +1,8 @@
 //! The `waste` binary on the C WASTE's anchor container and on synthetic ones.
 
+#[path = "../../waste-quant/tests/support/skip.rs"]
+mod skip;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -189,6 +192,9 @@ fn bench_json_roofline_and_split_are_consistent() {
         assert!(v["huge_page_bytes"].is_null(), "{out}");
     }
     assert!(v["simd"].is_string() && v["kda_chunked"].is_boolean());
+    // the anchor's VQ3R experts and the kernel that sums their rows here
+    let ek = v["expert_kernel"].as_str().unwrap_or_else(|| panic!("{out}"));
+    assert!(ek.starts_with("vq3r ") && ek.len() > 5, "{out}");
     // the prompt again, three times by default: a median of real timings
     assert_eq!(v["prefill_warm_runs"].as_u64(), Some(3), "{out}");
     assert!(f("prefill_warm_ms_per_token") > 0.0, "{out}");
@@ -206,4 +212,43 @@ fn bench_prefill_repeats_zero_and_past_the_bound() {
     // a count past the bound is an error naming it, before anything runs
     let (code, _, err) = waste(&["bench", a.to_str().unwrap(), "--prefill-repeats", "18446744073709551615"]);
     assert!(code != 0 && err.contains("--prefill-repeats") && err.contains("at most 1000"), "{err}");
+}
+
+/// `WASTE_VQ_ROWS` overrides the probe's choice of the AVX2 VQ row kernel
+/// (the gathers or scalar loads), `bench --json` names what runs, and the
+/// logits do not change with the form or the level.
+#[test]
+fn expert_kernel_is_named_and_every_form_gives_the_same_logits() {
+    let a = anchor();
+    let run = |simd: &str, rows: &str, args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_waste"))
+            .args(args)
+            .env("WASTE_SIMD", simd)
+            .env("WASTE_VQ_ROWS", rows)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()
+    };
+    let ids = ["eval", a.to_str().unwrap(), "--ids", "1,2,3,4,5", "--logits", "--json"];
+    let want = run("scalar", "loads", &ids)["logits"].clone();
+    assert!(want.as_array().is_some_and(|l| !l.is_empty()), "{want}");
+    let bench = ["bench", a.to_str().unwrap(), "-n", "1", "--prefill-repeats", "0", "--json"];
+    assert_eq!(run("scalar", "vector", &bench)["expert_kernel"], "vq3r scalar-loads");
+    if !cfg!(target_arch = "x86_64") || !waste_has_avx2() {
+        // AVX2 is a required level on x86_64 (as in waste-quant's suites)
+        skip::report_skip("expert kernel forms at AVX2 (no AVX2 here)", cfg!(target_arch = "x86_64"));
+        return;
+    }
+    for (rows, name) in [("vector", "vq3r avx2-gather"), ("loads", "vq3r scalar-loads")] {
+        assert_eq!(run("avx2", rows, &bench)["expert_kernel"], name, "WASTE_VQ_ROWS={rows}");
+        assert_eq!(run("avx2", rows, &ids)["logits"], want, "WASTE_VQ_ROWS={rows}");
+    }
+}
+
+/// Whether the CPU has the AVX2 level (as `waste version --json` reports).
+fn waste_has_avx2() -> bool {
+    let (_, out, _) = waste(&["version", "--json"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v["simd_available"].as_array().is_some_and(|l| l.iter().any(|x| x == "avx2"))
 }

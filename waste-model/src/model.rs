@@ -290,6 +290,9 @@ impl Model {
             vision,
         };
         m.preload_usage()?;
+        // the AVX2 VQ row kernel's probe (about a millisecond), here rather
+        // than inside the first token
+        let _ = m.expert_kernel();
         Ok(m)
     }
 
@@ -598,6 +601,12 @@ impl Model {
     /// SIMD level of the kernels.
     pub fn simd(&self) -> Level {
         self.pool.level()
+    }
+    /// What computes the routed experts on this CPU (format and kernel,
+    /// [`ExpertKernel::kernel_name`]; the AVX2 VQ row kernel is chosen by a
+    /// probe at the open); `None` without routed experts.
+    pub fn expert_kernel(&self) -> Option<String> {
+        self.kernel.as_ref().map(|k| k.kernel_name(self.simd()))
     }
     /// A new session (its own state, position 0).
     pub fn session(&self) -> crate::Session<'_> {

@@ -233,6 +233,21 @@ impl ExpertKernel {
     fn vq(&self, rows: usize, cols: usize) -> VqLayout {
         VqLayout::for_expert(&self.lay.quant, rows, cols)
     }
+
+    /// What computes these experts at `level` on this CPU, as reports name
+    /// it: the format and, for VQ, the row kernel
+    /// ([`waste_quant::vq::rows_kernel_name`]: `vq3r avx2-gather`, `vq3r
+    /// scalar-loads`, …); for the other formats the level's matvec (`q4g
+    /// avx2`). For VQ at AVX2 this makes the row kernel's one-time probe.
+    pub fn kernel_name(&self, level: Level) -> String {
+        let fmt = self.lay.quant.fmt;
+        let name = fmt.name().to_ascii_lowercase();
+        if fmt.is_vq() {
+            format!("{name} {}", waste_quant::vq::rows_kernel_name(level, &self.vq(self.lay.m, self.lay.lat)))
+        } else {
+            format!("{name} {}", level.name())
+        }
+    }
     /// Lengths of the gate (= up) and down tables in floats and of their
     /// byte planes in bytes (planes wherever the layout fits them, used or
     /// not: the same bytes on every machine).

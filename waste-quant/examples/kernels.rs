@@ -15,6 +15,7 @@ use waste_quant::vq::{
     build_planes, build_table, build_table_planes, matvec_rows, matvec_rows_planes, planes_len, set_plane_lookup,
     uses_planes, PlaneLookup, VqBook, VqLayout,
 };
+use waste_quant::vq_loads::{set_rows_kernel, IndexFamily, RowsKernel};
 use waste_quant::{f32_to_f16, Level, Matrix};
 
 fn rng(seed: u64) -> impl FnMut() -> u64 {
@@ -54,6 +55,9 @@ fn random_trunk(fmt: Fmt, rows: usize, cols: usize, r: &mut impl FnMut() -> u64)
 fn main() {
     let reps: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(15);
     let mut r = rng(1);
+    if std::env::args().nth(2).as_deref() == Some("rows") {
+        return vq_row_forms(reps, &mut r);
+    }
     pool_and_head(reps, &mut r);
     mla_absorbed(reps, &mut r);
     vq4p(reps, &mut r);
@@ -337,6 +341,56 @@ fn vq4p(reps: usize, r: &mut impl FnMut() -> u64) {
             hi * 1e3 / 64.0,
             2.0 * 64.0 * lookups / med / 1e9
         );
+    }
+}
+
+/// The VQ row sums alone on one 48B expert matrix (1024×2304, 64-row
+/// blocks: VQ3R, VQ2R, VQ4P) at the scalar and AVX2 levels, each AVX2 row
+/// form ([`RowsKernel`]: gathers or scalar loads) and the probe's choice;
+/// every (format, level, form) runs once a round, `reps` rounds alternated.
+/// `kernels REPS rows`.
+fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
+    for f in [IndexFamily::Bytes, IndexFamily::Packed6] {
+        println!("probe {f:?}: {:?}", waste_quant::vq_loads::probe(f));
+    }
+    for (name, stages, packed6) in [("vq3r", 3, false), ("vq2r", 2, false), ("vq4p", 4, true)] {
+        let lay = VqLayout { rows: 1024, nvec: 2304 / 8, stages, block: 64, packed6 };
+        let books = vq_books(stages, lay.table_entries());
+        let br: Vec<&VqBook> = books.iter().collect();
+        let idx: Vec<u8> = (0..lay.index_bytes()).map(|_| r() as u8).collect();
+        let (scales, x) = vq_scales_input(lay.rows, lay.nvec);
+        let mut t = vec![0f32; lay.table_len()];
+        build_table(Level::Scalar, &br, &lay, &x, &mut t);
+        let mut y = vec![0f32; lay.rows];
+        let mut runs: Vec<(Level, RowsKernel, Vec<f64>)> = Vec::new();
+        for lv in [Level::Scalar, Level::Avx2].into_iter().filter(|l| l.supported()) {
+            for k in RowsKernel::ALL {
+                runs.push((lv, k, Vec::new()));
+            }
+        }
+        for _ in 0..reps.max(1) {
+            for (lv, k, ts) in runs.iter_mut() {
+                set_rows_kernel(*k);
+                let t0 = Instant::now();
+                matvec_rows(*lv, &lay, &idx, &scales, &t, 0, &mut y);
+                ts.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        for (lv, k, ts) in runs.iter_mut() {
+            ts.sort_by(f64::total_cmp);
+            let med = ts[ts.len() / 2];
+            println!(
+                "{name} rows {}x{} {:>6} {:>6}: {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
+                lay.rows,
+                lay.nvec * 8,
+                lv.name(),
+                k.name(),
+                med * 1e3,
+                ts[0] * 1e3,
+                ts[ts.len() - 1] * 1e3,
+                (lay.rows * lay.nvec * lay.stages) as f64 / med / 1e9
+            );
+        }
     }
 }
 

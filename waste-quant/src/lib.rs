@@ -33,6 +33,7 @@ mod matrix;
 mod rng;
 pub mod scalar;
 pub mod vq;
+pub mod vq_loads;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 

@@ -5,6 +5,8 @@
 //! `e`; a row's output is `σ_r · Σ_v Σ_s T[v][s][idx(r,v,s)]`.
 
 use crate::level::Level;
+#[cfg(target_arch = "x86_64")]
+use crate::vq_loads::{rows_kernel, IndexFamily, RowsKernel};
 use waste_format::half::f16_to_f32;
 
 /// One codebook in f32: `entries × dim`, plus its transpose for SIMD table builds.
@@ -419,7 +421,11 @@ pub fn matvec_rows_planes(
         done = n64;
     }
     #[cfg(target_arch = "x86_64")]
-    if level.avx2_kernels() && packed4_in_blocks_of(lay, 8) && (r0 + done).is_multiple_of(8) {
+    if level.avx2_kernels()
+        && packed4_in_blocks_of(lay, 8)
+        && (r0 + done).is_multiple_of(8)
+        && rows_kernel(IndexFamily::Packed6) == RowsKernel::Vector
+    {
         let n8 = done + (y.len() - done) / 8 * 8;
         // SAFETY: features checked; sizes asserted above.
         unsafe { crate::x86_64::avx2::vq4p_rows8(lay, idx, table, r0 + done, &mut y[done..n8]) };
@@ -441,7 +447,13 @@ pub fn matvec_rows_planes(
         done = n16;
     }
     #[cfg(target_arch = "x86_64")]
-    if level.avx2_kernels() && lay.block > 0 && lay.block.is_multiple_of(8) && (r0 + done).is_multiple_of(8) {
+    if level.avx2_kernels()
+        && lay.block > 0
+        && lay.block.is_multiple_of(8)
+        && (r0 + done).is_multiple_of(8)
+        && !lay.packed6
+        && rows_kernel(IndexFamily::Bytes) == RowsKernel::Vector
+    {
         let n8 = done + (y.len() - done) / 8 * 8;
         // SAFETY: features checked; sizes asserted above.
         unsafe { crate::x86_64::avx2::vq_rows8(lay, idx, table, r0 + done, &mut y[done..n8]) };
@@ -460,22 +472,60 @@ pub fn matvec_rows_planes(
         done = n4;
     }
     let _ = (level, planes);
-    for (i, yo) in y[..done].iter_mut().enumerate() {
+    // the rest (every row at the scalar level; VQ3R/VQ2R at AVX2 where
+    // scalar loads beat the gathers): plain loads, the same order
+    crate::vq_loads::rows(lay, idx, table, r0 + done, &mut y[done..]);
+    for (i, yo) in y.iter_mut().enumerate() {
         *yo *= scale(r0 + i);
     }
-    let te = lay.table_entries();
-    let mut ix = [0usize; 8];
-    for (i, yo) in y.iter_mut().enumerate().skip(done) {
-        let r = r0 + i;
-        let mut acc = 0f32;
-        for v in 0..lay.nvec {
-            lay.indices(idx, r, v, &mut ix);
-            for s in 0..lay.stages {
-                acc += table[(v * lay.stages + s) * te + ix[s]];
-            }
+}
+
+/// The kernel that sums this layout's rows at `level` on this CPU (the
+/// rows of whole 64-row groups from row 0, as an expert's matvec takes
+/// them): `avx512-planes`, `avx512-vq4p-registers`, `avx512-gather`,
+/// `avx2-gather`, `avx2-permute`, `neon-vq4p-tbl`, `neon-lanes` or
+/// `scalar-loads` ([`crate::vq_loads::rows`]). Which AVX2 form runs is
+/// measured once per process ([`crate::vq_loads::rows_kernel`]).
+pub fn rows_kernel_name(level: Level, lay: &VqLayout) -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let vbmi = level == Level::Avx512 && Level::Avx512.supported() && crate::x86_64::avx512::has_vbmi();
+        if uses_planes(level, lay) {
+            return "avx512-planes";
         }
-        *yo = acc * scale(r);
+        if uses_vq4p_rows64(level, lay) {
+            return "avx512-vq4p-registers";
+        }
+        if level.avx2_kernels()
+            && packed4_in_blocks_of(lay, 8)
+            && rows_kernel(IndexFamily::Packed6) == RowsKernel::Vector
+        {
+            return "avx2-permute";
+        }
+        let bpv_fits = lay.bpv() <= 4 && (!lay.packed6 || lay.bpv() == 3);
+        if vbmi && lay.block > 0 && lay.block.is_multiple_of(16) && bpv_fits {
+            return "avx512-gather";
+        }
+        if level.avx2_kernels()
+            && lay.block > 0
+            && lay.block.is_multiple_of(8)
+            && !lay.packed6
+            && rows_kernel(IndexFamily::Bytes) == RowsKernel::Vector
+        {
+            return "avx2-gather";
+        }
     }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if level.neon_kernels() && packed4_in_blocks_of(lay, 16) {
+            return "neon-vq4p-tbl";
+        }
+        if level.neon_kernels() && lay.block > 0 && lay.block.is_multiple_of(4) {
+            return "neon-lanes";
+        }
+    }
+    let _ = (level, lay);
+    "scalar-loads"
 }
 
 /// Dequantize one row (reference / converter use): `W[r, :]`.

@@ -12,6 +12,7 @@ use waste_quant::vq::{
     build_planes, build_table, build_table_planes, dequant_row, matvec_rows, matvec_rows_planes, planes_cover,
     planes_len, set_plane_lookup, PlaneLookup, VqBook, VqLayout,
 };
+use waste_quant::vq_loads::{set_rows_kernel, RowsKernel};
 use waste_quant::{f32_to_f16, Level, Matrix};
 
 /// Relative bound of an f32 dot product against f64 for these sizes.
@@ -187,13 +188,23 @@ proptest! {
             let mut t = vec![0f32; lay.table_len()];
             build_table(lv, &br, &lay, &x, &mut t);
             prop_assert_eq!(t.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), t0.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
-            // split rows unevenly to exercise row ranges
-            let mut got = vec![0f32; rows];
-            let cut = (rows / 2) / 8 * 8;
-            let (a, b) = got.split_at_mut(cut);
-            matvec_rows(lv, &lay, &idx, &scales, &t, 0, a);
-            matvec_rows(lv, &lay, &idx, &scales, &t, cut, b);
-            prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "level {:?}", lv);
+            // split rows unevenly to exercise row ranges; both AVX2 row
+            // forms (the one this CPU uses is chosen by a probe)
+            for k in RowsKernel::ALL {
+                set_rows_kernel(k);
+                let mut got = vec![0f32; rows];
+                let cut = (rows / 2) / 8 * 8;
+                let (a, b) = got.split_at_mut(cut);
+                matvec_rows(lv, &lay, &idx, &scales, &t, 0, a);
+                matvec_rows(lv, &lay, &idx, &scales, &t, cut, b);
+                prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "level {:?}, rows {:?}", lv, k);
+                // a start inside an 8-row group (the scalar loads' single rows)
+                if rows > 3 {
+                    let mut part = vec![0f32; rows - 3];
+                    matvec_rows(lv, &lay, &idx, &scales, &t, 3, &mut part);
+                    prop_assert_eq!(part.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want[3..].iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "level {:?}, rows {:?} from 3", lv, k);
+                }
+            }
             // the byte-plane lookups (AVX-512 VBMI), split at a 64-row boundary
             let mut planes = vec![0u8; planes_len(&lay)];
             build_planes(lv, &lay, &t, &mut planes);
