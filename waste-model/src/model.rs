@@ -290,9 +290,6 @@ impl Model {
             vision,
         };
         m.preload_usage()?;
-        // the AVX2 VQ row kernel's probe (about a millisecond), here rather
-        // than inside the first token
-        let _ = m.expert_kernel();
         Ok(m)
     }
 
@@ -603,8 +600,8 @@ impl Model {
         self.pool.level()
     }
     /// What computes the routed experts on this CPU (format and kernel,
-    /// [`ExpertKernel::kernel_name`]; the AVX2 VQ row kernel is chosen by a
-    /// probe at the open); `None` without routed experts.
+    /// [`ExpertKernel::kernel_name`]; the AVX2 VQ row form is chosen by
+    /// timing both on the first expert matvecs); `None` without routed experts.
     pub fn expert_kernel(&self) -> Option<String> {
         self.kernel.as_ref().map(|k| k.kernel_name(self.simd()))
     }

@@ -238,7 +238,7 @@ impl ExpertKernel {
     /// it: the format and, for VQ, the row kernel
     /// ([`waste_quant::vq::rows_kernel_name`]: `vq3r avx2-gather`, `vq3r
     /// scalar-loads`, …); for the other formats the level's matvec (`q4g
-    /// avx2`). For VQ at AVX2 this makes the row kernel's one-time probe.
+    /// avx2`).
     pub fn kernel_name(&self, level: Level) -> String {
         let fmt = self.lay.quant.fmt;
         let name = fmt.name().to_ascii_lowercase();

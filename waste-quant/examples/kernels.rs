@@ -15,7 +15,7 @@ use waste_quant::vq::{
     build_planes, build_table, build_table_planes, matvec_rows, matvec_rows_planes, planes_len, set_plane_lookup,
     uses_planes, PlaneLookup, VqBook, VqLayout,
 };
-use waste_quant::vq_loads::{set_rows_kernel, IndexFamily, RowsKernel};
+use waste_quant::vq_loads::{set_rows_kernel, RowsKernel};
 use waste_quant::{f32_to_f16, Level, Matrix};
 
 fn rng(seed: u64) -> impl FnMut() -> u64 {
@@ -55,6 +55,7 @@ fn random_trunk(fmt: Fmt, rows: usize, cols: usize, r: &mut impl FnMut() -> u64)
 fn main() {
     let reps: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(15);
     let mut r = rng(1);
+    // `kernels REPS rows [memory]`: the row forms alone, indices from L2 or memory
     if std::env::args().nth(2).as_deref() == Some("rows") {
         return vq_row_forms(reps, &mut r);
     }
@@ -346,13 +347,11 @@ fn vq4p(reps: usize, r: &mut impl FnMut() -> u64) {
 
 /// The VQ row sums alone on one 48B expert matrix (1024×2304, 64-row
 /// blocks: VQ3R, VQ2R, VQ4P) at the scalar and AVX2 levels, each AVX2 row
-/// form ([`RowsKernel`]: gathers or scalar loads) and the probe's choice;
+/// form ([`RowsKernel`]: gathers or permutes, or scalar loads);
 /// every (format, level, form) runs once a round, `reps` rounds alternated.
 /// `kernels REPS rows`.
 fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
-    for f in [IndexFamily::Bytes, IndexFamily::Packed6] {
-        println!("probe {f:?}: {:?}", waste_quant::vq_loads::probe(f));
-    }
+    let from_mem = std::env::args().nth(3).as_deref() == Some("memory");
     for (name, stages, packed6) in [("vq3r", 3, false), ("vq2r", 2, false), ("vq4p", 4, true)] {
         let lay = VqLayout { rows: 1024, nvec: 2304 / 8, stages, block: 64, packed6 };
         let books = vq_books(stages, lay.table_entries());
@@ -362,6 +361,9 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
         let mut t = vec![0f32; lay.table_len()];
         build_table(Level::Scalar, &br, &lay, &x, &mut t);
         let mut y = vec![0f32; lay.rows];
+        // 64 index sets read in turn (56 MB for VQ3R): from memory, as decode reads experts
+        let sets: Vec<Vec<u8>> = (0..64).map(|_| (0..lay.index_bytes()).map(|_| r() as u8).collect()).collect();
+        let mut which = 0;
         let mut runs: Vec<(Level, RowsKernel, Vec<f64>)> = Vec::new();
         for lv in [Level::Scalar, Level::Avx2].into_iter().filter(|l| l.supported()) {
             for k in RowsKernel::ALL {
@@ -371,8 +373,14 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
         for _ in 0..reps.max(1) {
             for (lv, k, ts) in runs.iter_mut() {
                 set_rows_kernel(*k);
+                let ix = if from_mem {
+                    which = (which + 1) % sets.len();
+                    &sets[which]
+                } else {
+                    &idx
+                };
                 let t0 = Instant::now();
-                matvec_rows(*lv, &lay, &idx, &scales, &t, 0, &mut y);
+                matvec_rows(*lv, &lay, ix, &scales, &t, 0, &mut y);
                 ts.push(t0.elapsed().as_secs_f64());
             }
         }
@@ -380,11 +388,12 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
             ts.sort_by(f64::total_cmp);
             let med = ts[ts.len() / 2];
             println!(
-                "{name} rows {}x{} {:>6} {:>6}: {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
+                "{name} rows {}x{} {:>6} {:>6}{}: {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
                 lay.rows,
                 lay.nvec * 8,
                 lv.name(),
                 k.name(),
+                if from_mem { ", indices from memory" } else { "" },
                 med * 1e3,
                 ts[0] * 1e3,
                 ts[ts.len() - 1] * 1e3,

@@ -25,6 +25,32 @@
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+/// A scalar function whose body uses `mul_add`, compiled twice: as written,
+/// and with the FMA target feature for x86_64 CPUs that have it (chosen at
+/// each call). x86_64's baseline has no FMA, so there `mul_add` is a libm
+/// call per product; with the feature it is the instruction. The same
+/// fused operations in the same order either way: the same bits.
+macro_rules! fma_scalar {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "fma")]
+            unsafe fn with_fma($($arg: $ty),*) {
+                body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has FMA.
+                return unsafe { with_fma($($arg),*) };
+            }
+            body($($arg),*)
+        }
+    };
+}
+
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
 mod group;

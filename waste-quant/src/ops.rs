@@ -171,11 +171,32 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
-/// `y += a · x`.
-#[inline]
-pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    for (yi, &xi) in y.iter_mut().zip(x) {
-        *yi = a.mul_add(xi, *yi);
+fma_scalar! {
+    /// `y += a · x`.
+    pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        for (yi, &xi) in y.iter_mut().zip(x) {
+            *yi = a.mul_add(xi, *yi);
+        }
+    }
+}
+
+fma_scalar! {
+    /// The scalar form of [`decay_project`].
+    fn decay_project_scalar(e: f32, k: f32, row: &mut [f32], u: &mut [f32]) {
+        for (sv, uj) in row.iter_mut().zip(u.iter_mut()) {
+            *sv *= e;
+            *uj = k.mul_add(*sv, *uj);
+        }
+    }
+}
+
+fma_scalar! {
+    /// The scalar form of [`update_read`].
+    fn update_read_scalar(k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f32]) {
+        for ((sv, &dj), oj) in row.iter_mut().zip(d).zip(o.iter_mut()) {
+            *sv = k.mul_add(dj, *sv);
+            *oj = q.mul_add(*sv, *oj);
+        }
     }
 }
 
@@ -225,10 +246,7 @@ pub fn decay_project(level: crate::Level, e: f32, k: f32, row: &mut [f32], u: &m
         done = crate::aarch64::neon::decay_project(e, k, row, u);
     }
     let _ = level;
-    for (sv, uj) in row[done..].iter_mut().zip(u[done..].iter_mut()) {
-        *sv *= e;
-        *uj = k.mul_add(*sv, *uj);
-    }
+    decay_project_scalar(e, k, &mut row[done..], &mut u[done..]);
 }
 
 /// `row[j] = fma(k, d[j], row[j]); o[j] = fma(q, row[j], o[j])` — the
@@ -250,10 +268,7 @@ pub fn update_read(level: crate::Level, k: f32, d: &[f32], row: &mut [f32], q: f
         done = crate::aarch64::neon::update_read(k, d, row, q, o);
     }
     let _ = level;
-    for ((sv, &dj), oj) in row[done..].iter_mut().zip(&d[done..]).zip(o[done..].iter_mut()) {
-        *sv = k.mul_add(dj, *sv);
-        *oj = q.mul_add(*sv, *oj);
-    }
+    update_read_scalar(k, &d[done..], &mut row[done..], q, &mut o[done..]);
 }
 
 /// [`crate::scalar::dot`] at a SIMD level (the F32 matvec of one row: the

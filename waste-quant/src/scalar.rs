@@ -10,12 +10,13 @@
 /// Canonical number of accumulator lanes.
 pub const LANES: usize = 32;
 
-/// Accumulate `w · x` into the 32 lanes (`w.len() == x.len()`, a multiple of 32).
-#[inline]
-pub fn dot_acc(acc: &mut [f32; LANES], w: &[f32], x: &[f32]) {
-    for (wc, xc) in w.chunks_exact(LANES).zip(x.chunks_exact(LANES)) {
-        for i in 0..LANES {
-            acc[i] = wc[i].mul_add(xc[i], acc[i]);
+fma_scalar! {
+    /// Accumulate `w · x` into the 32 lanes (`w.len() == x.len()`, a multiple of 32).
+    pub fn dot_acc(acc: &mut [f32; LANES], w: &[f32], x: &[f32]) {
+        for (wc, xc) in w.chunks_exact(LANES).zip(x.chunks_exact(LANES)) {
+            for i in 0..LANES {
+                acc[i] = wc[i].mul_add(xc[i], acc[i]);
+            }
         }
     }
 }

@@ -6,7 +6,7 @@
 
 use crate::level::Level;
 #[cfg(target_arch = "x86_64")]
-use crate::vq_loads::{rows_kernel, IndexFamily, RowsKernel};
+use crate::vq_loads::{most_used, next_form, record, IndexFamily, RowsKernel};
 use waste_format::half::f16_to_f32;
 
 /// One codebook in f32: `entries × dim`, plus its transpose for SIMD table builds.
@@ -167,15 +167,24 @@ pub fn build_table(level: Level, books: &[&VqBook], lay: &VqLayout, x: &[f32], t
                 done = crate::aarch64::neon::table_entries(b, xv, t);
             }
             let _ = level;
-            for e in done..b.entries {
-                let c = &b.cb[e * dim..(e + 1) * dim];
-                let mut acc = xv[0] * c[0];
-                for d in 1..dim {
-                    acc = xv[d].mul_add(c[d], acc);
-                }
-                t[e] = acc;
-            }
+            table_rest(b, xv, t, done);
             t[b.entries..].fill(f32::NAN);
+        }
+    }
+}
+
+fma_scalar! {
+    /// Table entries `done..` of one (position, stage) in the canonical order
+    /// (`x0·c0`, then `fma(x_d, c_d, ·)`): every entry at the scalar level.
+    fn table_rest(b: &VqBook, xv: &[f32], t: &mut [f32], done: usize) {
+        let dim = b.dim;
+        for e in done..b.entries {
+            let c = &b.cb[e * dim..(e + 1) * dim];
+            let mut acc = xv[0] * c[0];
+            for d in 1..dim {
+                acc = xv[d].mul_add(c[d], acc);
+            }
+            t[e] = acc;
         }
     }
 }
@@ -420,11 +429,20 @@ pub fn matvec_rows_planes(
         unsafe { crate::x86_64::avx512::vq4p_rows64(lay, idx, table, r0 + done, &mut y[done..n64]) };
         done = n64;
     }
+    // the AVX2 level's row form for this layout's index family (the trial
+    // of vq_loads::next_form times the call until the form is chosen)
+    #[cfg(target_arch = "x86_64")]
+    let (form, timed) = if avx2_rows(level, lay) {
+        let (k, timed) = next_form(IndexFamily::of(lay));
+        (Some(k), timed.then(std::time::Instant::now))
+    } else {
+        (None, None)
+    };
     #[cfg(target_arch = "x86_64")]
     if level.avx2_kernels()
         && packed4_in_blocks_of(lay, 8)
         && (r0 + done).is_multiple_of(8)
-        && rows_kernel(IndexFamily::Packed6) == RowsKernel::Vector
+        && form == Some(RowsKernel::Vector)
     {
         let n8 = done + (y.len() - done) / 8 * 8;
         // SAFETY: features checked; sizes asserted above.
@@ -452,7 +470,7 @@ pub fn matvec_rows_planes(
         && lay.block.is_multiple_of(8)
         && (r0 + done).is_multiple_of(8)
         && !lay.packed6
-        && rows_kernel(IndexFamily::Bytes) == RowsKernel::Vector
+        && form == Some(RowsKernel::Vector)
     {
         let n8 = done + (y.len() - done) / 8 * 8;
         // SAFETY: features checked; sizes asserted above.
@@ -475,6 +493,10 @@ pub fn matvec_rows_planes(
     // the rest (every row at the scalar level; VQ3R/VQ2R at AVX2 where
     // scalar loads beat the gathers): plain loads, the same order
     crate::vq_loads::rows(lay, idx, table, r0 + done, &mut y[done..]);
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(k), Some(t0)) = (form, timed) {
+        record(IndexFamily::of(lay), k, t0.elapsed().as_secs_f64(), y.len() * lay.nvec * lay.stages);
+    }
     for (i, yo) in y.iter_mut().enumerate() {
         *yo *= scale(r0 + i);
     }
@@ -485,7 +507,9 @@ pub fn matvec_rows_planes(
 /// them): `avx512-planes`, `avx512-vq4p-registers`, `avx512-gather`,
 /// `avx2-gather`, `avx2-permute`, `neon-vq4p-tbl`, `neon-lanes` or
 /// `scalar-loads` ([`crate::vq_loads::rows`]). Which AVX2 form runs is
-/// measured once per process ([`crate::vq_loads::rows_kernel`]).
+/// measured on the process's own calls ([`crate::vq_loads::next_form`]):
+/// the name is the form that ran most of them so far
+/// ([`crate::vq_loads::most_used`]).
 pub fn rows_kernel_name(level: Level, lay: &VqLayout) -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
@@ -496,22 +520,15 @@ pub fn rows_kernel_name(level: Level, lay: &VqLayout) -> &'static str {
         if uses_vq4p_rows64(level, lay) {
             return "avx512-vq4p-registers";
         }
-        if level.avx2_kernels()
-            && packed4_in_blocks_of(lay, 8)
-            && rows_kernel(IndexFamily::Packed6) == RowsKernel::Vector
-        {
+        let avx2_vector = avx2_rows(level, lay) && most_used(IndexFamily::of(lay)) == RowsKernel::Vector;
+        if avx2_vector && packed4_in_blocks_of(lay, 8) {
             return "avx2-permute";
         }
         let bpv_fits = lay.bpv() <= 4 && (!lay.packed6 || lay.bpv() == 3);
         if vbmi && lay.block > 0 && lay.block.is_multiple_of(16) && bpv_fits {
             return "avx512-gather";
         }
-        if level.avx2_kernels()
-            && lay.block > 0
-            && lay.block.is_multiple_of(8)
-            && !lay.packed6
-            && rows_kernel(IndexFamily::Bytes) == RowsKernel::Vector
-        {
+        if avx2_vector && !lay.packed6 {
             return "avx2-gather";
         }
     }
@@ -526,6 +543,15 @@ pub fn rows_kernel_name(level: Level, lay: &VqLayout) -> &'static str {
     }
     let _ = (level, lay);
     "scalar-loads"
+}
+
+/// Whether the AVX2 row forms ([`crate::vq_loads::RowsKernel`]) sum this
+/// layout's rows at `level`: AVX2, or AVX-512 without VBMI (with it, its
+/// own kernels take them); index blocks of a multiple of 8 rows.
+#[cfg(target_arch = "x86_64")]
+fn avx2_rows(level: Level, lay: &VqLayout) -> bool {
+    let vbmi = level == Level::Avx512 && Level::Avx512.supported() && crate::x86_64::avx512::has_vbmi();
+    level.avx2_kernels() && !vbmi && lay.block > 0 && lay.block.is_multiple_of(8)
 }
 
 /// Dequantize one row (reference / converter use): `W[r, :]`.

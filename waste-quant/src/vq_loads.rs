@@ -10,9 +10,9 @@
 //! SIMD kernel. It is the `scalar` level's VQ kernel, and the AVX2 level's
 //! where 8-lane gathers are slower than scalar loads (AMD Zen 2/3 execute
 //! `vgatherdps` as many micro-ops; Intel cores since Haswell faster) —
-//! decided per machine by [`rows_kernel`]'s probe, not by vendor names.
+//! decided per machine by measuring both on the process's own first calls
+//! ([`next_form`]), not by vendor names.
 
-use crate::level::Level;
 use crate::vq::VqLayout;
 
 /// Rows summed together: eight independent add chains.
@@ -132,7 +132,7 @@ fn rows_any(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut [f32])
 
 /// How the AVX2 level sums the rows of one VQ index family: its vector
 /// kernel or [`rows`]. Both give the same bits; which is faster depends on
-/// the core (gather and shuffle units), so it is measured ([`probe`]).
+/// the core (gather and shuffle units), so it is measured ([`next_form`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowsKernel {
     /// The family's AVX2 vector kernel: for byte indices (VQ3R, VQ2R) one
@@ -190,107 +190,195 @@ impl IndexFamily {
     }
 }
 
-/// Per family: 0 not yet chosen, 1 + the [`RowsKernel`] in use otherwise.
-static ROWS_KERNEL: [core::sync::atomic::AtomicU8; 2] =
-    [core::sync::atomic::AtomicU8::new(0), core::sync::atomic::AtomicU8::new(0)];
+/// Per family: 0 not fixed, 1 + the [`RowsKernel`] fixed by
+/// `WASTE_VQ_ROWS` or [`set_rows_kernel`] otherwise.
+static FIXED: [AtomicU8; 2] = [AtomicU8::new(0), AtomicU8::new(0)];
 
-/// The AVX2 level's VQ row kernel for a family, chosen once per process:
-/// `WASTE_VQ_ROWS=vector|loads` if set (both families), else [`probe`]'s
-/// measurement on this CPU (about a millisecond, at the first call —
-/// `Model::open` makes it), unless [`set_rows_kernel`] chose first. Without
-/// AVX2 it is [`RowsKernel::Loads`], the only form there.
+/// Per family: the form the measurements favour now (1 + [`RowsKernel`]).
+static CURRENT: [AtomicU8; 2] = [AtomicU8::new(1), AtomicU8::new(1)];
+
+/// Per family: calls so far (every [`EXPLORE`]-th runs the other form).
+static CALLS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Per family and form: the calls that ran it.
+static USED: [[AtomicU64; 2]; 2] = [[AtomicU64::new(0), AtomicU64::new(0)], [AtomicU64::new(0), AtomicU64::new(0)]];
+
+/// Per family and form: the last [`WINDOW`] seconds per lookup.
+static SAMPLES: [Mutex<Windows>; 2] = [Mutex::new(Windows::new()), Mutex::new(Windows::new())];
+
+/// Samples per form a choice looks at (their median).
+pub const WINDOW: usize = 32;
+
+/// One phase of [`PHASE`] calls in this many runs the form not in use, so
+/// its figure stays current (at most 1/16 of the difference is spent on it).
+pub const EXPLORE: u64 = 16;
+
+/// Consecutive calls of one form: the compute threads run experts side by
+/// side, and a form measured while the other thread runs the other form
+/// is not what either gives when both run it (one exploring call beside
+/// the gathers measured the loads slower on the Intel Xeon where decode
+/// runs faster with them on both threads).
+pub const PHASE: u64 = 8;
+
+/// Samples each form needs before the medians decide; until then the
+/// calls alternate the forms in phases of 8.
+const START: usize = 8;
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Mutex;
+
+/// Each form's last [`WINDOW`] samples (a ring).
+struct Windows {
+    ring: [[f64; WINDOW]; 2],
+    len: [usize; 2],
+    next: [usize; 2],
+}
+
+impl Windows {
+    const fn new() -> Windows {
+        Windows { ring: [[0.0; WINDOW]; 2], len: [0; 2], next: [0; 2] }
+    }
+    fn push(&mut self, k: RowsKernel, v: f64) {
+        let i = k as usize;
+        self.ring[i][self.next[i]] = v;
+        self.next[i] = (self.next[i] + 1) % WINDOW;
+        self.len[i] = (self.len[i] + 1).min(WINDOW);
+    }
+    fn median(&self, k: RowsKernel) -> f64 {
+        let i = k as usize;
+        let mut v = self.ring[i][..self.len[i]].to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::INFINITY)
+    }
+}
+
+fn form(v: u8) -> Option<RowsKernel> {
+    match v {
+        1 => Some(RowsKernel::Vector),
+        2 => Some(RowsKernel::Loads),
+        _ => None,
+    }
+}
+
+fn other(k: RowsKernel) -> RowsKernel {
+    match k {
+        RowsKernel::Vector => RowsKernel::Loads,
+        RowsKernel::Loads => RowsKernel::Vector,
+    }
+}
+
+/// The form fixed for a family by `WASTE_VQ_ROWS` (`vector` or `loads`,
+/// both families) or [`set_rows_kernel`]; `None` when it is measured.
+pub fn fixed_form(f: IndexFamily) -> Option<RowsKernel> {
+    if let Some(k) = form(FIXED[f as usize].load(Relaxed)) {
+        return Some(k);
+    }
+    let env = std::env::var("WASTE_VQ_ROWS").ok().as_deref().and_then(RowsKernel::parse)?;
+    // a concurrent set_rows_kernel wins
+    let _ = FIXED[f as usize].compare_exchange(0, 1 + env as u8, Relaxed, Relaxed);
+    form(FIXED[f as usize].load(Relaxed))
+}
+
+/// The form a family's AVX2 row sums use now: the fixed one, else the one
+/// the measurements favour ([`next_form`]).
 pub fn rows_kernel(f: IndexFamily) -> RowsKernel {
-    use core::sync::atomic::Ordering::Relaxed;
-    match ROWS_KERNEL[f as usize].load(Relaxed) {
-        1 => RowsKernel::Vector,
-        2 => RowsKernel::Loads,
-        _ => {
-            let k = std::env::var("WASTE_VQ_ROWS")
-                .ok()
-                .as_deref()
-                .and_then(RowsKernel::parse)
-                .unwrap_or_else(|| probe(f).choice);
-            // a concurrent set_rows_kernel wins over detection
-            let _ = ROWS_KERNEL[f as usize].compare_exchange(0, 1 + k as u8, Relaxed, Relaxed);
-            rows_kernel(f)
-        }
+    fixed_form(f).or_else(|| form(CURRENT[f as usize].load(Relaxed))).unwrap_or(RowsKernel::Vector)
+}
+
+/// The form an AVX2 VQ row sum of family `f` uses for this call, and
+/// whether the caller times it ([`record`]). Unless a form is fixed
+/// ([`fixed_form`]), every call is timed and the form follows the
+/// measurements on the process's own work (its matrices, the cache
+/// arena's memory, the threads side by side, whatever else runs): the
+/// calls alternate the forms in phases of [`PHASE`] calls until each has 8
+/// samples; then the form with the lower median time per lookup over its
+/// last [`WINDOW`] calls runs, and one phase in [`EXPLORE`] runs the other
+/// to keep its figure current. Both forms give the same bits, so no result
+/// depends on which ran.
+///
+/// Choices made once were tried first and chose wrong on an Intel Xeon
+/// where decode runs 10–16 % faster with the loads: a probe at the open (on
+/// its own matrices, in L1/L2 or flushed to memory) and a trial of the
+/// first 96 calls (while the cache's prefault zeroed pages on the other
+/// vCPU) both chose the gathers (docs/LEARNED.md, "VQ rows without
+/// gathers").
+pub fn next_form(f: IndexFamily) -> (RowsKernel, bool) {
+    let (k, timed) = choose(f);
+    USED[f as usize][k as usize].fetch_add(1, Relaxed);
+    (k, timed)
+}
+
+/// The form that ran most of this process's AVX2 row sums of family `f`
+/// (the fixed one where a form is fixed; the one in use before any ran) —
+/// what reports name: the form in use at a given moment follows the work
+/// of that moment (a benchmark's in-cache probe of one thread favours the
+/// gathers where decode favours the loads).
+pub fn most_used(f: IndexFamily) -> RowsKernel {
+    if let Some(k) = fixed_form(f) {
+        return k;
+    }
+    let [v, l] = [&USED[f as usize][0], &USED[f as usize][1]].map(|a| a.load(Relaxed));
+    match v.cmp(&l) {
+        std::cmp::Ordering::Greater => RowsKernel::Vector,
+        std::cmp::Ordering::Less => RowsKernel::Loads,
+        std::cmp::Ordering::Equal => rows_kernel(f),
     }
 }
 
-/// Chooses the row kernel of both families for the whole process — for
-/// benchmarks and tests comparing the forms; results do not change (the
-/// same bits).
-pub fn set_rows_kernel(k: RowsKernel) {
-    for a in &ROWS_KERNEL {
-        a.store(1 + k as u8, core::sync::atomic::Ordering::Relaxed);
+fn choose(f: IndexFamily) -> (RowsKernel, bool) {
+    if let Some(k) = fixed_form(f) {
+        return (k, false);
     }
-}
-
-/// What [`probe`] measured.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ProbeResult {
-    /// The faster form ([`RowsKernel::Loads`] where AVX2 is missing).
-    pub choice: RowsKernel,
-    /// Best time of the vector kernel, seconds (`None` without AVX2).
-    pub vector_seconds: Option<f64>,
-    /// Best time of the loads, seconds.
-    pub loads_seconds: f64,
-}
-
-/// Times both row kernels of a family on an expert-shaped matrix (512 rows
-/// × 512 columns in 64-row index blocks: 98 K lookups a run for VQ3R, 131 K
-/// for VQ4P), the table from L1/L2, alternating them 9 times, and picks
-/// the lower best time. About 0.5–2 ms.
-pub fn probe(f: IndexFamily) -> ProbeResult {
-    let (stages, packed6) = match f {
-        IndexFamily::Bytes => (3, false),
-        IndexFamily::Packed6 => (4, true),
+    let n = CALLS[f as usize].fetch_add(1, Relaxed);
+    let started = {
+        let w = SAMPLES[f as usize].lock().unwrap_or_else(|e| e.into_inner());
+        w.len.iter().all(|&l| l >= START)
     };
-    let lay = VqLayout { rows: 512, nvec: 64, stages, block: 64, packed6 };
-    let mut rng = crate::SplitMix64::new(0x005e_ed0f_9a7e);
-    let idx: Vec<u8> = (0..lay.index_bytes()).map(|_| rng.next_u64() as u8).collect();
-    let table: Vec<f32> = (0..lay.table_len()).map(|i| (i % 97) as f32 * 0.01).collect();
-    let mut y = vec![0f32; lay.rows];
-    let timed = |f: &mut dyn FnMut(&mut [f32]), y: &mut [f32], best: &mut f64| {
-        let t0 = std::time::Instant::now();
-        f(y);
-        *best = best.min(t0.elapsed().as_secs_f64());
-    };
-    let mut loads = |y: &mut [f32]| rows(&lay, &idx, &table, 0, y);
-    let mut vector = vector_rows(&lay, &idx, &table);
-    let (mut tl, mut tv) = (f64::INFINITY, f64::INFINITY);
-    for _ in 0..9 {
-        timed(&mut loads, &mut y, &mut tl);
-        if let Some(g) = vector.as_mut() {
-            timed(g, &mut y, &mut tv);
-        }
+    let phase = n / PHASE;
+    if !started {
+        return (if phase.is_multiple_of(2) { RowsKernel::Vector } else { RowsKernel::Loads }, true);
     }
-    let vector_seconds = vector.is_some().then_some(tv);
-    let choice = match vector_seconds {
-        Some(v) if v < tl => RowsKernel::Vector,
-        _ => RowsKernel::Loads,
-    };
-    ProbeResult { choice, vector_seconds, loads_seconds: tl }
+    let cur = rows_kernel(f);
+    (if phase % EXPLORE == EXPLORE - 1 { other(cur) } else { cur }, true)
 }
 
-/// The family's AVX2 vector kernel as a closure over one matrix, where the
-/// CPU has AVX2.
-#[allow(clippy::type_complexity)]
-fn vector_rows<'a>(lay: &'a VqLayout, idx: &'a [u8], table: &'a [f32]) -> Option<Box<dyn FnMut(&mut [f32]) + 'a>> {
-    #[cfg(target_arch = "x86_64")]
-    if Level::Avx2.supported() {
-        use crate::x86_64::avx2;
-        // SAFETY (both): AVX2 checked; the probe's layouts (64-row blocks,
-        // 512 rows) meet the kernels' multiples of 8, and the slices are
-        // the layout's sizes.
-        return Some(if lay.packed6 {
-            Box::new(move |y: &mut [f32]| unsafe { avx2::vq4p_rows8(lay, idx, table, 0, y) })
+/// Records a timed call of [`next_form`]: `seconds` for `lookups` table
+/// lookups with form `k`; the family's current form becomes the one with
+/// the lower median.
+pub fn record(f: IndexFamily, k: RowsKernel, seconds: f64, lookups: usize) {
+    if lookups == 0 || !seconds.is_finite() {
+        return;
+    }
+    let mut w = SAMPLES[f as usize].lock().unwrap_or_else(|e| e.into_inner());
+    w.push(k, seconds / lookups as f64);
+    if w.len.iter().all(|&l| l >= START) {
+        let best = if w.median(RowsKernel::Vector) <= w.median(RowsKernel::Loads) {
+            RowsKernel::Vector
         } else {
-            Box::new(move |y: &mut [f32]| unsafe { avx2::vq_rows8(lay, idx, table, 0, y) })
-        });
+            RowsKernel::Loads
+        };
+        CURRENT[f as usize].store(1 + best as u8, Relaxed);
     }
-    let _ = (lay, idx, table);
-    None
+}
+
+/// Fixes the row form of both families for the whole process — for
+/// benchmarks and tests comparing them; results do not change (the same
+/// bits).
+pub fn set_rows_kernel(k: RowsKernel) {
+    for a in &FIXED {
+        a.store(1 + k as u8, Relaxed);
+    }
+}
+
+/// Forgets the fixed form and every measurement of both families (tests).
+pub fn reset_rows_kernel() {
+    for f in 0..2 {
+        FIXED[f].store(0, Relaxed);
+        CURRENT[f].store(1, Relaxed);
+        CALLS[f].store(0, Relaxed);
+        USED[f].iter().for_each(|a| a.store(0, Relaxed));
+        *SAMPLES[f].lock().unwrap_or_else(|e| e.into_inner()) = Windows::new();
+    }
 }
 
 #[cfg(test)]
@@ -347,16 +435,46 @@ mod tests {
         assert_eq!(RowsKernel::parse("gather"), None);
     }
 
-    /// The probe names a form that exists here and times it, per family.
+    /// The measured choice: phases of both forms at the start, then the
+    /// faster one with one phase in EXPLORE of the other; when the other
+    /// becomes faster (conditions change), the choice follows. (The only
+    /// test that touches the process-wide choice in this binary.)
     #[test]
-    fn probe_measures_both_where_avx2_exists() {
-        for f in [IndexFamily::Bytes, IndexFamily::Packed6] {
-            let p = probe(f);
-            assert!(p.loads_seconds.is_finite() && p.loads_seconds > 0.0);
-            assert_eq!(p.vector_seconds.is_some(), cfg!(target_arch = "x86_64") && Level::Avx2.supported());
-            if p.vector_seconds.is_none() {
-                assert_eq!(p.choice, RowsKernel::Loads);
-            }
+    fn the_measured_form_follows_the_faster() {
+        if std::env::var_os("WASTE_VQ_ROWS").is_some() {
+            return;
         }
+        reset_rows_kernel();
+        let f = IndexFamily::Bytes;
+        let run = |calls: usize, faster: RowsKernel| {
+            let mut seen = [0usize; 2];
+            for _ in 0..calls {
+                let (k, timed) = next_form(f);
+                assert!(timed);
+                seen[k as usize] += 1;
+                // the faster form takes 1 s per 1000 lookups, the other 2 s
+                record(f, k, if k == faster { 1.0 } else { 2.0 }, 1000);
+            }
+            seen
+        };
+        // the start: both forms alternate until each has its samples
+        let seen = run(2 * START, RowsKernel::Loads);
+        assert_eq!(seen, [START, START]);
+        assert_eq!(rows_kernel(f), RowsKernel::Loads);
+        // then mostly the faster, the other for one phase in EXPLORE
+        let seen = run((EXPLORE * PHASE) as usize * 4, RowsKernel::Loads);
+        assert_eq!(seen[RowsKernel::Vector as usize], 4 * PHASE as usize, "{seen:?}");
+        assert_eq!(most_used(f), RowsKernel::Loads);
+        // the vector form becomes the faster: within a window of its samples
+        // and a window of the loads', the choice moves over and stays
+        run((EXPLORE * PHASE) as usize * WINDOW.div_ceil(PHASE as usize), RowsKernel::Vector);
+        assert_eq!(rows_kernel(f), RowsKernel::Vector);
+        let seen = run((EXPLORE * PHASE) as usize * 4, RowsKernel::Vector);
+        assert_eq!(seen[RowsKernel::Loads as usize], 4 * PHASE as usize, "{seen:?}");
+        // the other family was not touched; a fixed form is never timed
+        assert_eq!(CALLS[IndexFamily::Packed6 as usize].load(Relaxed), 0);
+        set_rows_kernel(RowsKernel::Loads);
+        assert_eq!(next_form(f), (RowsKernel::Loads, false));
+        reset_rows_kernel();
     }
 }
