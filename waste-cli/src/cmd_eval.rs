@@ -65,6 +65,10 @@ pub struct EngineArgs {
     /// Load the vision tower (set by commands given images).
     #[arg(skip)]
     pub vision: bool,
+    /// A tower that cannot load leaves the model text-only (chat and serve
+    /// without images given: images are an extra there).
+    #[arg(skip)]
+    pub vision_optional: bool,
 }
 
 /// An image file read for the prompt: its bytes and header size.
@@ -148,6 +152,7 @@ impl EngineArgs {
             usable_ram: None,
             grammar,
             vision: self.vision,
+            vision_optional: self.vision_optional,
         };
         let bar = crate::progress::count_bar("loading", false);
         let m = Model::open_with_progress(model, opts, &|done, total| {
@@ -186,7 +191,8 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
 pub struct EvalArgs {
     /// Container directory.
     model: PathBuf,
-    /// Prompt text (needs the container's tokenizer).
+    /// Prompt text, encoded raw as the C WASTE's `eval` does (no chat
+    /// template; each --image's media block before it); `-` reads stdin.
     prompt: Option<String>,
     /// Prompt as token ids, comma-separated.
     #[arg(long)]
@@ -197,8 +203,9 @@ pub struct EvalArgs {
     /// Include the full logit vector (with --json).
     #[arg(long)]
     logits: bool,
-    /// An image for the prompt's next `<|media_pad|>` placeholder
-    /// (repeatable, in order; K3 containers with a vision tower).
+    /// An image (repeatable, in order; K3 containers with a vision tower):
+    /// with a text prompt its media block goes before the text; with --ids,
+    /// it fills the next `<|media_pad|>` id.
     #[arg(long = "image", value_name = "FILE")]
     images: Vec<PathBuf>,
     /// Machine-readable output.
@@ -208,20 +215,45 @@ pub struct EvalArgs {
     engine: EngineArgs,
 }
 
-fn prompt_ids(ids: &Option<String>, prompt: &Option<String>) -> Result<Vec<u32>> {
+/// The prompt `eval` takes, as the C WASTE's `eval` does: token ids, or
+/// text (the argument, `-` for stdin) encoded raw — no chat template, no
+/// BOS — with one media block per `--image` before it, in order
+/// (`<|media_begin|>image WxH<|media_content|><|media_pad|><|media_end|>`
+/// as markup, W×H of the file), the text as plain text.
+enum EvalPrompt {
+    Ids(Vec<u32>),
+    Text(String),
+}
+
+fn eval_prompt(ids: &Option<String>, prompt: &Option<String>) -> Result<EvalPrompt> {
     match (ids, prompt) {
-        (Some(i), None) => parse_ids(i),
-        (None, Some(_)) => bail!("text prompts need the tokenizer, which this build does not have yet: pass --ids"),
+        (Some(i), None) => Ok(EvalPrompt::Ids(parse_ids(i)?)),
         (Some(_), Some(_)) => bail!("give either --ids or a prompt, not both"),
-        (None, None) => bail!("no prompt: pass --ids 1,2,3"),
+        (None, _) => match read_prompt(prompt, &None)? {
+            Some(t) => Ok(EvalPrompt::Text(t)),
+            None => bail!("no prompt: give it as an argument, on stdin (-), or as --ids 1,2,3"),
+        },
     }
 }
 
 pub fn eval(mut a: EvalArgs) -> Result<ExitCode> {
-    let ids = prompt_ids(&a.ids, &a.prompt)?;
+    let prompt = eval_prompt(&a.ids, &a.prompt)?;
     a.engine.vision = !a.images.is_empty();
     let model = a.engine.open(&a.model)?;
     let images = read_images(&model, &a.images)?;
+    let ids = match prompt {
+        EvalPrompt::Ids(ids) => ids,
+        EvalPrompt::Text(t) => {
+            let tok =
+                model.tokenizer().context("a text prompt needs the container's tokenizer (it has none): pass --ids")?;
+            let mut ids = Vec::new();
+            for i in &images {
+                ids.extend(tok.encode_markup(&waste_model::tokenizer::image_markup(i.width, i.height)));
+            }
+            ids.extend(tok.encode_plain(&t));
+            ids
+        }
+    };
     let mut s = model.session();
     queue_images(&mut s, &ids, &images)?;
     let logits = s.eval(&ids)?.to_vec();

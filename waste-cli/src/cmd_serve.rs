@@ -90,6 +90,8 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
     }
     // images: the tower is loaded when the container has one, unless --no-images
     a.engine.vision = !a.no_images && a.model.join("vision.json").is_file();
+    // a tower that cannot load takes only the images down, not the text model
+    a.engine.vision_optional = true;
     // a server may get constrained requests: their tables are in its budget
     let model = a.engine.open_for(&a.model, true)?;
     let api_key = a.api_key.clone().or_else(|| std::env::var("WASTE_API_KEY").ok()).filter(|k| !k.is_empty());

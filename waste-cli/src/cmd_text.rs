@@ -40,6 +40,8 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
     }
     // the tower is loaded when the container has one (for /image), unless --no-images
     a.engine.vision = !a.images.is_empty() || (!a.no_images && a.model.join("vision.json").is_file());
+    // with no image given, a tower that cannot load leaves the chat text-only
+    a.engine.vision_optional = a.images.is_empty();
     let model = a.engine.open(&a.model)?;
     let mut pending = read_images(&model, &a.images)?;
     let chat = crate::answer::Chat::new(&model, crate::answer::effort(a.think.as_deref())?, None);
@@ -94,7 +96,10 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
                         eprintln!("[image {arg}: {}x{}, for the next message]", f[0].width, f[0].height);
                         pending.append(&mut f);
                     }
-                    Ok(_) => eprintln!("error: this model has no vision tower loaded (images need K3's tower)"),
+                    Ok(_) => match model.vision_error() {
+                        Some(e) => eprintln!("error: images are off: the vision tower could not load ({e})"),
+                        None => eprintln!("error: this model has no vision tower loaded (images need K3's tower)"),
+                    },
                     Err(e) => eprintln!("error: {}", crate::describe(&e)),
                 },
                 "stats" => {

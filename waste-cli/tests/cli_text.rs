@@ -2,6 +2,8 @@
 //! argument and from stdin, tokenize/detokenize, and a chat saved after two
 //! turns and reloaded in a new process continuing with exactly the same text.
 
+#[path = "../../tests-support/c_vision.rs"]
+mod c_vision;
 mod common;
 
 use common::{anchor, waste};
@@ -130,4 +132,57 @@ fn run_json_schema_is_enforced_and_thinking_goes_to_stderr() {
     assert_eq!(plain_out.trim_end_matches('\n'), r["text"].as_str().unwrap());
     let (code, _, err) = waste(&["run", m, "hello", "--think", "huge"], "");
     assert_eq!(code, 2, "{err}");
+}
+
+/// `chat` on a K3 container written by the C converter whose tower cannot
+/// load (here: its vision.json names a width the tensors do not have) runs
+/// text and says why images are off; an image in the chat is refused with
+/// that reason, and `run --image` (images asked for) fails naming the tensor.
+#[test]
+fn chat_opens_a_container_whose_tower_cannot_load() {
+    let src = c_vision::c_vision_dir(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("waste-broken-tower-{}", std::process::id()));
+    let m = c_vision::broken_tower_copy(env!("CARGO_MANIFEST_DIR"), &dir.join("k3.waste"));
+    let (ms, png) = (m.to_str().unwrap(), src.join("img_w84_h56.png"));
+    let (code, out, err) = waste(&["chat", ms, "-n", "4"], &format!("hello\n/image {}\nhi again\n", png.display()));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("images are off") && err.contains("the tower needs"), "{err}");
+    let image_line = err.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("no /image error: {err}"));
+    assert!(image_line.contains("could not load") && image_line.contains("the tower needs"), "{image_line}");
+    assert!(!out.trim().is_empty(), "no text generated: {err}");
+    let (code, _, err) = waste(&["run", ms, "hi", "-n", "2", "--image", png.to_str().unwrap()], "");
+    assert_ne!(code, 0);
+    assert!(err.contains("vision_tower.") && err.contains("the tower needs"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `eval MODEL "text" --image F…` as the C WASTE's CLI: the media blocks
+/// before the text, no template; on the C converter's container its logits
+/// are the C engine's (testdata/c-k3-vision), and `-` reads the text from stdin.
+#[test]
+fn eval_takes_text_and_images_as_the_c_cli() {
+    let dir = c_vision::c_vision_dir(env!("CARGO_MANIFEST_DIR"));
+    let m = dir.join("k3-vision-tiny.waste");
+    let (a, b) = (dir.join("img_w84_h56.png"), dir.join("img_w50_h33.png"));
+    let args = [m.to_str().unwrap(), "--image", a.to_str().unwrap(), "--image", b.to_str().unwrap()];
+    let (code, out, err) = waste(&[&["eval"][..], &args, &["Describe: ", "--logits", "--json"]].concat(), "");
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let c: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("c-eval-both.json")).unwrap()).unwrap();
+    assert_eq!(v["positions"], c["prompt_tokens"]);
+    let logits = v["logits"].as_array().unwrap();
+    for e in c["top"].as_array().unwrap() {
+        let (id, want) = (e["id"].as_u64().unwrap() as usize, e["logit"].as_f64().unwrap());
+        let got = logits[id].as_f64().unwrap();
+        assert!((got - want).abs() <= 2e-3, "id {id}: {got} against the C engine's {want}");
+    }
+    assert_eq!(v["argmax"], c["top"][0]["id"]);
+    // the text from stdin: the same
+    let (code, out2, err) = waste(&[&["eval"][..], &args, &["-", "--logits", "--json"]].concat(), "Describe: ");
+    assert_eq!(code, 0, "{err}");
+    let v2: serde_json::Value = serde_json::from_str(&out2).unwrap();
+    assert_eq!(v2["logits"], v["logits"]);
+    // ids and text together are refused
+    let (code, _, err) = waste(&["eval", m.to_str().unwrap(), "hi", "--ids", "1,2"], "");
+    assert!(code != 0 && err.contains("not both"), "{err}");
 }

@@ -3,6 +3,8 @@
 //! image positions counted in `usage.prompt_tokens`, remote URLs refused,
 //! prefix reuse that tells two images apart, and the CLI's `--image`.
 
+#[path = "../../tests-support/c_vision.rs"]
+mod c_vision;
 mod common;
 
 use base64::Engine;
@@ -280,4 +282,25 @@ fn the_cli_takes_images() {
     assert_ne!(code, 0);
     assert!(err.contains("image") && !err.contains("panicked"), "{err}");
     let _ = std::fs::remove_file(bad);
+}
+
+/// `serve` on a K3 container written by the C converter whose tower cannot
+/// load (its vision.json names a width the tensors do not have): the server
+/// starts, text requests are answered, and an image is a 400 that says why.
+#[test]
+fn a_tower_that_cannot_load_leaves_the_server_text_only() {
+    let src = c_vision::c_vision_dir(env!("CARGO_MANIFEST_DIR"));
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("waste-broken-tower-{}", std::process::id()));
+    let m = c_vision::broken_tower_copy(env!("CARGO_MANIFEST_DIR"), &tmp);
+    let s = start_with(&m, &["--ctx", "512"]);
+    let (code, r) = ask(&s.addr, json!([{"role": "user", "content": "hello"}]));
+    assert_eq!(code, 200, "{r}");
+    assert!(r["usage"]["completion_tokens"].as_i64().unwrap() > 0, "{r}");
+    let img = std::fs::read(src.join("img_w84_h56.png")).unwrap();
+    let (code, r) = ask(&s.addr, json!([user_with_image(&data_url(&img), "what is this?")]));
+    assert_eq!(code, 400, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("could not load") && msg.contains("the tower needs"), "{r}");
+    drop(s);
+    std::fs::remove_dir_all(&m).ok();
 }

@@ -69,6 +69,12 @@ pub struct ModelOptions {
     /// Load K3's vision tower (images in prompts); its bytes are counted in
     /// the plan and come out of the expert cache's share of the budget.
     pub vision: bool,
+    /// With [`ModelOptions::vision`]: a tower that cannot load (a malformed
+    /// `vision.json`, a tensor of a shape no reader takes) leaves the model
+    /// text-only instead of failing the open; the reason is among
+    /// [`Model::warnings`] and in the error an image then gets. For a chat
+    /// or a server, where images are an extra.
+    pub vision_optional: bool,
 }
 
 /// Compute threads at most this many per core (more only adds switching).
@@ -98,6 +104,7 @@ impl Default for ModelOptions {
             usable_ram: None,
             grammar: false,
             vision: false,
+            vision_optional: false,
         }
     }
 }
@@ -125,6 +132,8 @@ pub struct Model {
     warnings: Vec<String>,
     preloaded: usize,
     pub(crate) vision: Option<crate::vision::Vision>,
+    /// Why the tower asked for did not load ([`ModelOptions::vision_optional`]).
+    pub(crate) vision_error: Option<String>,
 }
 
 impl Model {
@@ -171,11 +180,23 @@ impl Model {
             .with_chat_template(template.as_ref())
             .with_threads(threads);
         let plan = if opts.grammar { plan.with_grammar(container.config.vocab) } else { plan };
+        // why images are off although asked for (ModelOptions::vision_optional)
+        let mut vision_error: Option<String> = None;
         let vcfg = match opts.vision {
             false => None,
-            true => Some(crate::vision::config(&container)?.ok_or_else(|| {
-                Error::Unsupported("images: this container has no vision tower (no vision.json)".into())
-            })?),
+            true => match crate::vision::config(&container) {
+                Ok(Some(v)) => Some(v),
+                Ok(None) => {
+                    return Err(Error::Unsupported(
+                        "images: this container has no vision tower (no vision.json)".into(),
+                    ))
+                }
+                Err(e) if opts.vision_optional => {
+                    vision_error = Some(e.to_string());
+                    None
+                }
+                Err(e) => return Err(e),
+            },
         };
         let plan = if vcfg.is_some() { plan.with_vision() } else { plan };
         let usable = opts.usable_ram.unwrap_or_else(waste_cache::usable_ram);
@@ -219,10 +240,18 @@ impl Model {
         } else {
             r.matrix("lm_head.weight")?
         };
-        let vision = match &vcfg {
-            Some(v) => Some(crate::vision::load(v, &mut r)?),
+        let vision = match vcfg.as_ref().map(|v| crate::vision::load(v, &mut r)) {
+            Some(Ok(t)) => Some(t),
+            Some(Err(e)) if opts.vision_optional => {
+                vision_error = Some(e.to_string());
+                None
+            }
+            Some(Err(e)) => return Err(e),
             None => None,
         };
+        if let Some(e) = &vision_error {
+            warnings.push(format!("images are off: the vision tower could not load ({e}); text works"));
+        }
         let embed = Embedding::new(&container)?;
         let mut files = Vec::with_capacity(container.config.layers);
         for b in &container.banks {
@@ -288,6 +317,7 @@ impl Model {
             warnings: resolved.warning.into_iter().chain(warnings).collect(),
             preloaded: 0,
             vision,
+            vision_error,
         };
         m.preload_usage()?;
         Ok(m)

@@ -97,7 +97,9 @@ pub(crate) fn weight_bytes(c: &Container, v: &VisionConfig) -> u64 {
     v.tensors()
         .iter()
         .map(|(name, rows, cols)| match c.tensors.get(name) {
-            Some(t) if *rows > 1 && !name.contains("pos_emb") => t.payload_len + t.scale_len,
+            Some(t) if *rows > 1 && !name.contains("pos_emb") => {
+                waste_vision::conv_patch_bytes(&t.shape, t.fmt.is_grouped()).unwrap_or(t.payload_len + t.scale_len)
+            }
             _ => 4 * (*rows * *cols) as u64,
         })
         .sum()
@@ -127,9 +129,17 @@ impl Model {
         self.vision.as_ref().map(|v| v.tower.config())
     }
 
+    /// Why the vision tower asked for did not load, when the model opened
+    /// text-only because of it ([`crate::ModelOptions::vision_optional`]).
+    pub fn vision_error(&self) -> Option<&str> {
+        self.vision_error.as_deref()
+    }
+
     fn vision_or_err(&self) -> Result<&Vision> {
         self.vision.as_ref().ok_or_else(|| {
-            Error::Unsupported(if self.plan().vision_weight_bytes > 0 {
+            Error::Unsupported(if let Some(e) = &self.vision_error {
+                format!("images: the vision tower could not load ({e}); this model runs text only")
+            } else if self.plan().vision_weight_bytes > 0 {
                 "images: open the model with images enabled (ModelOptions::vision, --image)".into()
             } else {
                 "images: this model has no vision tower".into()

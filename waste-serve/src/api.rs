@@ -900,10 +900,12 @@ fn prepare_images(
         return Ok((vec![], vec![]));
     }
     if st.model.vision().is_none() {
-        let why = if st.model.plan().vision_weight_bytes > 0 {
-            "images are off on this server (started with --no-images)"
+        let why = if let Some(e) = st.model.vision_error() {
+            format!("images are off on this server: the model's vision tower could not load ({e})")
+        } else if st.model.plan().vision_weight_bytes > 0 {
+            "images are off on this server (started with --no-images)".into()
         } else {
-            "this model has no vision tower"
+            "this model has no vision tower".into()
         };
         return Err(bad(why, &refs[0].param));
     }

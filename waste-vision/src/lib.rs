@@ -27,7 +27,7 @@ pub use image::{
     from_rgb8, grid, max_preprocess_bytes, preprocess, preprocess_bytes, probe, Grid, ImageInfo, Pixels, MAX_ASPECT,
     MAX_DECODE_ALLOC, MAX_FILE_BYTES, MAX_PIXELS,
 };
-pub use tower::{gelu_erf, gelu_tanh, Loader, Tower};
+pub use tower::{conv_patch_bytes, gelu_erf, gelu_tanh, Loader, Tower};
 
 /// Errors of the vision crate; each names what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -7,7 +7,7 @@
 //! every SIMD level and thread count. Elementwise work (norms, RoPE,
 //! softmax, GELU) is per element or per row, the same on every split.
 
-use crate::config::{VisionConfig, MAX_PATCHES_LIMIT, PATCH_VALUES, PROJ_EPS, TOWER_EPS};
+use crate::config::{VisionConfig, MAX_PATCHES_LIMIT, PATCH, PATCH_VALUES, PROJ_EPS, TOWER_EPS};
 use crate::image::{taps, Pixels};
 use crate::{Error, Result};
 use waste_quant::ops::{erf, rmsnorm, rmsnorm_inplace, softmax, tanh};
@@ -45,6 +45,40 @@ fn matrix(load: &mut Loader<'_>, name: &str, rows: usize, cols: usize) -> Result
         return Err(Error::Weights(format!("{name}: shape {}x{}, the tower needs {rows}x{cols}", m.rows, m.cols)));
     }
     Ok(m)
+}
+
+/// The patch embedding `[hidden, 3·14·14]`: stored flattened, as this
+/// project's converter writes it, or as the release's conv weight `[hidden,
+/// 3, 14, 14]`, as the C WASTE's converter writes it — which a container's
+/// reader folds to `[hidden·3·14, 14]` (every dimension but the last as
+/// rows). Both hold the same values in the same order (channel, y, x), so an
+/// ungrouped format keeps its bytes and only the shape changes; a grouped
+/// one (its scale groups run along the stored last dimension) is
+/// dequantized to F32 — exact, and what [`conv_patch_bytes`] plans for.
+fn patch_matrix(load: &mut Loader<'_>, name: &str, d: usize) -> Result<Matrix> {
+    let m = load(name)?;
+    if (m.rows, m.cols) == (d, PATCH_VALUES) {
+        return Ok(m);
+    }
+    if Some(m.rows) != d.checked_mul(3 * PATCH) || m.cols != PATCH {
+        return Err(Error::Weights(format!(
+            "{name}: shape {}x{}, the tower needs {d}x{PATCH_VALUES} or the conv [{d}, 3, {PATCH}, {PATCH}]",
+            m.rows, m.cols
+        )));
+    }
+    let (fmt, data) = if m.fmt.is_grouped() {
+        (waste_format::Fmt::F32, m.to_f32().iter().flat_map(|v| v.to_le_bytes()).collect())
+    } else {
+        (m.fmt, m.data)
+    };
+    Matrix::from_stored(fmt, d, PATCH_VALUES, 0, data, &[]).map_err(|e| Error::Weights(format!("{name}: {e}")))
+}
+
+/// Bytes the patch embedding takes once loaded when it is stored as the
+/// conv `[hidden, 3, 14, 14]` in a grouped format ([`patch_matrix`] makes it
+/// F32); `None` when it loads as stored.
+pub fn conv_patch_bytes(stored_shape: &[usize], grouped: bool) -> Option<u64> {
+    (grouped && stored_shape.len() == 4).then(|| 4 * stored_shape.iter().map(|&x| x as u64).product::<u64>())
 }
 
 fn vector(load: &mut Loader<'_>, name: &str, n: usize) -> Result<Vec<f32>> {
@@ -89,7 +123,7 @@ impl Tower {
     /// The loader's errors, and [`Error::Weights`] naming a tensor whose shape is wrong.
     pub fn load(cfg: &VisionConfig, load: &mut Loader<'_>) -> Result<Tower> {
         let (d, q, i) = (cfg.hidden, cfg.qkv_hidden, cfg.intermediate);
-        let patch = matrix(load, "vision_tower.patch_embed.proj.weight", d, PATCH_VALUES)?;
+        let patch = patch_matrix(load, "vision_tower.patch_embed.proj.weight", d)?;
         let pos = vector(load, "vision_tower.patch_embed.pos_emb.weight", cfg.pos_h * cfg.pos_w * d)?;
         let mut blocks = Vec::with_capacity(cfg.layers);
         for b in 0..cfg.layers {
