@@ -177,10 +177,21 @@ impl EngineArgs {
     }
 }
 
+/// Token ids as every command takes them: separated by commas, whitespace
+/// or both (`1,2,3`, `1 2 3` as `tokenize` prints them, `1, 2, 3`). An
+/// empty item between two commas (`1,,2`) is refused, not skipped.
 pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
-    let ids: Result<Vec<u32>, _> =
-        s.split(',').map(|t| t.trim()).filter(|t| !t.is_empty()).map(|t| t.parse::<u32>()).collect();
-    let ids = ids.with_context(|| format!("--ids {s:?}: expected comma-separated token ids"))?;
+    let what = || format!("--ids {s:?}: expected token ids separated by commas or spaces");
+    let mut ids = Vec::new();
+    for item in s.split(',') {
+        let words: Vec<&str> = item.split_whitespace().collect();
+        if words.is_empty() && s.contains(',') {
+            bail!("{}: an empty item between commas", what());
+        }
+        for w in words {
+            ids.push(w.parse::<u32>().with_context(|| format!("{}: {w:?} is not a token id", what()))?);
+        }
+    }
     if ids.is_empty() {
         bail!("--ids is empty");
     }
@@ -194,7 +205,7 @@ pub struct EvalArgs {
     /// Prompt text, encoded raw as the C WASTE's `eval` does (no chat
     /// template; each --image's media block before it); `-` reads stdin.
     prompt: Option<String>,
-    /// Prompt as token ids, comma-separated.
+    /// Prompt as token ids, separated by commas or spaces (as `tokenize` prints them).
     #[arg(long)]
     ids: Option<String>,
     /// How many top tokens to show.
@@ -331,7 +342,7 @@ pub struct RunArgs {
     /// Read the prompt from a file.
     #[arg(long)]
     file: Option<PathBuf>,
-    /// Prompt as token ids, comma-separated (no template).
+    /// Prompt as token ids, separated by commas or spaces (no template).
     #[arg(long)]
     ids: Option<String>,
     /// System message (chat template only: not with --raw or --ids).
@@ -437,6 +448,9 @@ pub fn status_line(tokens: usize, secs: f64, st: &waste_model::Stats) {
 
 pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     use std::io::Write;
+    if a.ids.is_some() && (a.prompt.is_some() || a.file.is_some()) {
+        bail!("give either --ids or a prompt, not both");
+    }
     let text = if a.ids.is_none() { read_prompt(&a.prompt, &a.file)? } else { None };
     let schema = match &a.json_schema {
         Some(f) => Some(

@@ -266,7 +266,7 @@ pub fn detokenize(a: DetokenizeArgs) -> Result<ExitCode> {
     let (model, ids) = split_positionals(&a.args, a.tiktoken.is_some(), &a.ids)?;
     let t = load_tokenizer(&model, &a.tiktoken, &a.pattern)?;
     let raw = read_prompt(&ids, &None)?.context("no ids: give them as an argument (1,2,3), or - for stdin")?;
-    let ids = parse_ids(&raw.replace(|c: char| c.is_whitespace(), ","))?;
+    let ids = parse_ids(&raw)?;
     // an unknown id decodes to nothing: say so instead of printing less text
     if let Some(bad) = ids.iter().find(|&&i| !t.has_id(i)) {
         bail!("token id {bad} is not in the tokenizer's vocabulary ({} ids)", t.vocab_len());

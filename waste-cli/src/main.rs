@@ -81,9 +81,7 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if e.use_stderr() => {
-            // one clear line (clap's first), not a page of usage
-            let msg = e.to_string();
-            eprintln!("{} (see --help)", msg.lines().next().unwrap_or("bad arguments").trim_end());
+            eprintln!("{}", usage_error(&e.to_string()));
             return ExitCode::from(2);
         }
         Err(e) => {
@@ -119,6 +117,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A clap error as shown: everything it says before its usage block (the
+/// missing arguments by name, "a similar argument exists", the possible
+/// values), then a pointer to `--help` instead of the usage page.
+fn usage_error(msg: &str) -> String {
+    let said: Vec<&str> = msg
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:"))
+        .filter(|l| !l.starts_with("For more information"))
+        .map(str::trim_end)
+        .collect();
+    let said = said.join("\n");
+    let said = said.trim();
+    format!("{}\n(see --help)", if said.is_empty() { "error: bad arguments" } else { said })
 }
 
 /// An error and its causes on one line, outermost first, each cause said

@@ -186,3 +186,33 @@ fn eval_takes_text_and_images_as_the_c_cli() {
     let (code, _, err) = waste(&["eval", m.to_str().unwrap(), "hi", "--ids", "1,2"], "");
     assert!(code != 0 && err.contains("not both"), "{err}");
 }
+
+/// One id format everywhere: what `tokenize` prints (spaces) is what `run`
+/// and `eval` take, as are commas; an empty item (`1,,2`) is refused; `run`
+/// refuses a prompt beside `--ids` instead of dropping it.
+#[test]
+fn token_ids_in_one_format_everywhere() {
+    let a = anchor();
+    let m = a.to_str().unwrap();
+    let (code, out, err) = waste(&["tokenize", m, "the weather in Paris"], "");
+    assert_eq!(code, 0, "{err}");
+    let spaced = out.trim().to_string();
+    assert!(spaced.contains(' ') && !spaced.contains(','), "{spaced}");
+    let commas = spaced.split_whitespace().collect::<Vec<_>>().join(",");
+    let eval = |ids: &str| {
+        let (code, out, err) = waste(&["eval", m, "--ids", ids, "--top", "3", "--json"], "");
+        assert_eq!(code, 0, "{ids:?}: {err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["top"].clone()
+    };
+    assert_eq!(eval(&spaced), eval(&commas));
+    assert_eq!(eval(&commas.replace(',', ", ")), eval(&commas));
+    for bad in ["1,,2", "1,2,", "1,x"] {
+        let (code, _, err) = waste(&["eval", m, "--ids", bad], "");
+        assert!(code != 0 && err.contains("--ids"), "{bad}: {err}");
+    }
+    let (code, _, err) = waste(&["run", m, "hello", "--ids", &commas, "-n", "1"], "");
+    assert!(code != 0 && err.contains("not both"), "{err}");
+    let (code, out, err) = waste(&["detokenize", m, &spaced], "");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim_end(), "the weather in Paris");
+}
