@@ -10,13 +10,17 @@ use waste_model::tokenizer::Message;
 use waste_model::{GenerateParams, Model};
 
 /// `--think` levels.
+/// The levels `--think=LEVEL` takes: the server's `reasoning_effort` ones.
+pub const LEVELS: [&str; 5] = ["none", "low", "medium", "high", "max"];
+
 pub fn effort(level: Option<&str>) -> Result<Option<Effort>> {
     Ok(match level {
-        None => None,
+        None | Some("none") => None,
         Some("low") => Some(Effort::Low),
+        Some("medium") => Some(Effort::Medium),
         Some("high") => Some(Effort::High),
         Some("max") | Some("") => Some(Effort::Max),
-        Some(o) => bail!("--think takes low, high or max, not {o:?}"),
+        Some(o) => bail!("--think takes {}, not {o:?}", LEVELS.join(", ")),
     })
 }
 

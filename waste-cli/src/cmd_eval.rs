@@ -351,9 +351,11 @@ pub struct RunArgs {
     /// No chat template: the prompt is plain text.
     #[arg(long)]
     raw: bool,
-    /// Think first (K3's tagged format): low, high or max (the default);
-    /// the reasoning goes to stderr. Not with --raw or --ids (no template).
-    #[arg(long, num_args = 0..=1, default_missing_value = "max", value_name = "LEVEL", value_parser = ["low", "high", "max"], conflicts_with_all = ["raw", "ids"])]
+    /// Think first (K3's tagged format): `--think` for max, `--think=LEVEL`
+    /// for none, low, medium, high or max (the server's reasoning_effort
+    /// levels; only with `=`, so a prompt after it is never read as the
+    /// level); the reasoning goes to stderr. Not with --raw or --ids.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "max", value_name = "LEVEL", value_parser = crate::answer::LEVELS, conflicts_with_all = ["raw", "ids"])]
     think: Option<String>,
     /// Answer in JSON matching this JSON schema file (constrained decoding).
     #[arg(long, value_name = "FILE")]

@@ -17,9 +17,10 @@ pub struct ChatArgs {
     /// System message.
     #[arg(long)]
     system: Option<String>,
-    /// Think first (K3's tagged format): low, high or max (the default);
-    /// the reasoning is shown dimmed on stderr.
-    #[arg(long, num_args = 0..=1, default_missing_value = "max", value_name = "LEVEL", value_parser = ["low", "high", "max"])]
+    /// Think first (K3's tagged format): `--think` for max, `--think=LEVEL`
+    /// for none, low, medium, high or max; the reasoning is shown dimmed on
+    /// stderr.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "max", value_name = "LEVEL", value_parser = crate::answer::LEVELS)]
     think: Option<String>,
     /// An image for the first message (repeatable); later ones with `/image FILE`.
     #[arg(long = "image", value_name = "FILE")]

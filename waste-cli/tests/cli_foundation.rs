@@ -85,7 +85,7 @@ fn bad_arguments_say_what_is_wrong_without_the_usage_page() {
     assert!(err.contains("<MODEL>"), "{err}");
     let err = usage_error_of(&["run", "m", "x", "--temperature", "0.5"]);
     assert!(err.contains("'--temp'"), "the similar argument: {err}");
-    let err = usage_error_of(&["run", "m", "x", "--think", "foo"]);
+    let err = usage_error_of(&["run", "m", "x", "--think=foo"]);
     assert!(err.contains("possible values") && err.contains("high"), "{err}");
     assert!(!err.contains("For more information"), "{err}");
     // a value that looks like an option is a missing value

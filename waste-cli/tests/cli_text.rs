@@ -130,8 +130,22 @@ fn run_json_schema_is_enforced_and_thinking_goes_to_stderr() {
     let (_, plain_out, plain_err) = waste(&["run", m, "hello", "--think", "-n", "12", "-q"], "");
     assert!(plain_err.contains(r["reasoning"].as_str().unwrap()), "{plain_err:?}");
     assert_eq!(plain_out.trim_end_matches('\n'), r["text"].as_str().unwrap());
-    let (code, _, err) = waste(&["run", m, "hello", "--think", "huge"], "");
+    let (code, _, err) = waste(&["run", m, "hello", "--think=huge"], "");
     assert_eq!(code, 2, "{err}");
+    assert!(err.contains("none, low, medium, high, max"), "{err}");
+    // a prompt after a bare --think is the prompt, not the level
+    let (code, out2, err) = waste(&["run", m, "--think", "hello", "-n", "12", "--json"], "");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out2).unwrap()["reasoning"], r["reasoning"]);
+    // the server's levels: medium thinks, none is the answer without thinking
+    let (code, _, err) = waste(&["run", m, "hello", "--think=medium", "-n", "4"], "");
+    assert_eq!(code, 0, "{err}");
+    let json = |args: &[&str]| serde_json::from_str::<serde_json::Value>(&waste(args, "").1).unwrap();
+    let (none, off) = (
+        json(&["run", m, "hello", "--think=none", "-n", "6", "--json"]),
+        json(&["run", m, "hello", "-n", "6", "--json"]),
+    );
+    assert_eq!((&none["prompt_ids"], &none["tokens"]), (&off["prompt_ids"], &off["tokens"]));
 }
 
 /// `chat` on a K3 container written by the C converter whose tower cannot
