@@ -14,8 +14,8 @@ pub struct EngineArgs {
     /// RAM budget, e.g. 8G, 1.5G, 512M (0 = pick automatically).
     #[arg(long, default_value = "0", value_parser = parse_budget)]
     pub budget: u64,
-    /// Context bound in tokens.
-    #[arg(long, default_value_t = 4096)]
+    /// Context bound in tokens (`-c`, `--ctx-size` as llama.cpp names it).
+    #[arg(long, short = 'c', visible_alias = "ctx-size", default_value_t = 4096)]
     pub ctx: usize,
     /// Compute threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
@@ -291,11 +291,11 @@ pub fn eval(mut a: EvalArgs) -> Result<ExitCode> {
 /// Sampling and stopping options.
 #[derive(Args, Clone, Debug)]
 pub struct SampleArgs {
-    /// Tokens to generate.
-    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    /// Tokens to generate (`--n-predict` as llama.cpp names it).
+    #[arg(short = 'n', long = "max-tokens", visible_alias = "n-predict", default_value_t = 128)]
     pub n: usize,
     /// Temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, visible_alias = "temperature", default_value_t = 0.0)]
     pub temp: f32,
     /// Nucleus sampling mass.
     #[arg(long, default_value_t = 1.0)]
@@ -306,15 +306,27 @@ pub struct SampleArgs {
     /// Drop tokens below min-p × p(best).
     #[arg(long, default_value_t = 0.0)]
     pub min_p: f32,
-    /// Seed (same seed, same output).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Seed (same seed, same output); unset, a fresh one each run (sampled
+    /// runs differ; `--json` prints the one used, to repeat a run).
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Stop string (repeatable); never printed.
     #[arg(long = "stop")]
     pub stop: Vec<String>,
 }
 
 impl SampleArgs {
+    /// The seed given, or one drawn once for this process (std's randomly
+    /// keyed hasher, the process's own randomness) and kept, so every use
+    /// agrees.
+    pub fn seed(&self) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        static FRESH: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        self.seed.unwrap_or_else(|| {
+            *FRESH.get_or_init(|| std::collections::hash_map::RandomState::new().build_hasher().finish())
+        })
+    }
+
     pub fn params(&self) -> waste_model::GenerateParams {
         waste_model::GenerateParams {
             sampling: waste_model::SamplingParams {
@@ -322,7 +334,7 @@ impl SampleArgs {
                 top_k: self.top_k,
                 top_p: self.top_p,
                 min_p: self.min_p,
-                seed: self.seed,
+                seed: self.seed(),
             },
             max_tokens: self.n,
             stop_tokens: vec![],
@@ -515,7 +527,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     a.engine.finish(&model, &a.model, st.tokens)?;
     if a.json {
         print_json(
-            &json!({"prompt_ids": ids, "tokens": g.tokens, "text": printer.answer, "reasoning": printer.reasoning, "finish_reason": g.finish.reason(),
+            &json!({"prompt_ids": ids, "tokens": g.tokens, "text": printer.answer, "reasoning": printer.reasoning, "finish_reason": g.finish.reason(), "seed": a.sample.seed(),
             "context_full": g.finish == waste_model::Finish::ContextFull, "seconds": secs,
             "experts_hit": st.experts_hit, "experts_missed": st.experts_missed, "bytes_read": st.bytes_read,
             "direct_io": model.direct_io(), "threads": model.threads(), "simd": model.simd().name(),

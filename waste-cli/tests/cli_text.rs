@@ -230,3 +230,29 @@ fn token_ids_in_one_format_everywhere() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim_end(), "the weather in Paris");
 }
+
+/// Unseeded sampled runs differ from run to run (a fresh seed each, printed
+/// with --json) and the printed seed repeats a run; the names a llama.cpp
+/// user types work as aliases (`--temperature`, `--n-predict`, `-c`,
+/// `--ctx-size`).
+#[test]
+fn a_fresh_seed_each_run_printed_to_repeat_it_and_llama_cpp_names() {
+    let a = anchor();
+    let m = a.to_str().unwrap();
+    let json = |args: &[&str]| {
+        let (code, out, err) = waste(args, "");
+        assert_eq!(code, 0, "{args:?}: {err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let base = ["run", m, "hello", "--temp", "1", "-n", "6", "--json"];
+    let (r1, r2) = (json(&base), json(&base));
+    assert_ne!(r1["seed"], r2["seed"], "two unseeded runs drew the same seed");
+    let seed = r1["seed"].as_u64().unwrap().to_string();
+    let again = json(&[&base[..], &["--seed", &seed]].concat());
+    assert_eq!((&again["seed"], &again["tokens"]), (&r1["seed"], &r1["tokens"]));
+    let alias =
+        json(&["run", m, "hello", "--temperature", "1", "--n-predict", "6", "-c", "512", "--seed", &seed, "--json"]);
+    assert_eq!(alias["tokens"], r1["tokens"]);
+    let ctx = json(&["run", m, "hello", "--ctx-size", "512", "-n", "2", "--json"]);
+    assert_eq!(ctx["tokens"].as_array().unwrap().len(), 2);
+}
