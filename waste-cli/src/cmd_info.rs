@@ -1,7 +1,7 @@
 //! `waste info`, `waste verify`, `waste version`.
 
 use crate::{print_json, progress::bytes_bar, EXIT_PROBLEMS};
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
@@ -111,6 +111,14 @@ fn group(n: u64) -> String {
 }
 
 pub fn verify(a: VerifyArgs) -> Result<ExitCode> {
+    // nothing there, a file, a folder without a manifest: an error (exit 1),
+    // not damage found (exit 3)
+    if !a.model.exists() {
+        bail!("{}: nothing there (no such file or folder)", a.model.display());
+    }
+    if !a.model.join("manifest.json").is_file() {
+        waste_model::format::Container::open(&a.model)?;
+    }
     let bar = bytes_bar("verify", a.quiet || a.json);
     let opts = waste_model::VerifyOptions { direct_io: !a.no_direct_io, ..Default::default() };
     let res = waste_model::verify(&a.model, opts, &|d, t| {

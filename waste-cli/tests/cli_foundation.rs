@@ -83,8 +83,8 @@ fn bad_arguments_say_what_is_wrong_without_the_usage_page() {
     assert!(err.contains("<MODEL>"), "the missing argument by name: {err}");
     let err = usage_error_of(&["run"]);
     assert!(err.contains("<MODEL>"), "{err}");
-    let err = usage_error_of(&["run", "m", "x", "--temperature", "0.5"]);
-    assert!(err.contains("'--temp'"), "the similar argument: {err}");
+    let err = usage_error_of(&["run", "m", "x", "--temprature", "0.5"]);
+    assert!(err.contains("similar argument exists: '--temperature'"), "the similar argument: {err}");
     let err = usage_error_of(&["run", "m", "x", "--think=foo"]);
     assert!(err.contains("possible values") && err.contains("high"), "{err}");
     assert!(!err.contains("For more information"), "{err}");
@@ -267,4 +267,32 @@ fn waste_has_avx2() -> bool {
     let (_, out, _) = waste(&["version", "--json"]);
     let v: Value = serde_json::from_str(&out).unwrap();
     v["simd_available"].as_array().is_some_and(|l| l.iter().any(|x| x == "avx2"))
+}
+
+/// Things that are not containers get an error that says what they are and
+/// what to do (a GGUF file, any other file, a Hugging Face folder), and
+/// `verify` on them exits 1 (an error), not 3 (damage found).
+#[test]
+fn not_a_container_says_what_it_is() {
+    let d = std::env::temp_dir().join(format!("waste-not-a-container-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let gguf = d.join("model.gguf");
+    std::fs::write(&gguf, b"GGUF\x03\x00\x00\x00rest").unwrap();
+    let other = d.join("notes.txt");
+    std::fs::write(&other, b"hello").unwrap();
+    let hf = d.join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    std::fs::write(hf.join("config.json"), b"{}").unwrap();
+    for (p, want) in [(&gguf, "a GGUF file"), (&other, "a file, not a WASTE container"), (&hf, "Hugging Face")] {
+        let ps = p.to_str().unwrap();
+        let (code, _, err) = waste(&["info", ps]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(want) && err.contains("waste convert"), "{err}");
+        let (code, _, err) = waste(&["verify", ps]);
+        assert_eq!(code, 1, "verify {ps}: {err}");
+    }
+    let (code, _, err) = waste(&["verify", d.join("missing").to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("nothing there"), "{err}");
+    std::fs::remove_dir_all(&d).ok();
 }

@@ -89,6 +89,9 @@ impl Container {
     /// [`Error::Io`] for an unreadable or non-regular `manifest.json`, and every validation error of [`Container::from_manifest`].
     pub fn open(dir: impl AsRef<Path>) -> Result<Container> {
         let dir = dir.as_ref().to_path_buf();
+        if dir.is_file() {
+            return Err(Error::io(&dir, std::io::Error::new(std::io::ErrorKind::InvalidInput, not_a_container(&dir))));
+        }
         let mpath = dir.join("manifest.json");
         let mlen = file_len(&mpath).map_err(|e| match e {
             // a checkpoint given where a container belongs: say so
@@ -291,6 +294,23 @@ impl Container {
             None => "no experts".into(),
         };
         format!("{ex}; trunk {}", trunk.join(" "))
+    }
+}
+
+/// What a file given where a container (a folder) belongs is, and what to
+/// do instead: GGUF (llama.cpp's format) and safetensors files are named by
+/// their first bytes.
+fn not_a_container(path: &Path) -> String {
+    let mut head = [0u8; 8];
+    let n = std::fs::File::open(path).and_then(|mut f| std::io::Read::read(&mut f, &mut head)).unwrap_or(0);
+    let convert = "convert the model's Hugging Face folder (config.json, *.safetensors) with \
+                   `waste convert --src HF_DIR --out MODEL.waste`";
+    if n >= 4 && &head[..4] == b"GGUF" {
+        format!("a GGUF file (llama.cpp's format), not a WASTE container (a folder with manifest.json): {convert}")
+    } else if n == 8 && u64::from_le_bytes(head) < 100 << 20 && path.extension().is_some_and(|e| e == "safetensors") {
+        format!("a safetensors file, not a WASTE container (a folder with manifest.json): {convert}")
+    } else {
+        format!("a file, not a WASTE container (a folder with manifest.json); to use a model from elsewhere, {convert}")
     }
 }
 
