@@ -448,13 +448,18 @@ pub fn read_prompt(arg: &Option<String>, file: &Option<PathBuf>) -> Result<Optio
     }
 }
 
-/// Print the status line `[N tokens, s, tok/s | experts H hit / M miss = P%]`.
-pub fn status_line(tokens: usize, secs: f64, st: &waste_model::Stats) {
+/// Print the status line with the prompt's and the generation's rates
+/// apart (as llama.cpp does: prompt processing is many times faster per
+/// token, and one rate for both hides both): `[prompt N tokens, s, tok/s |
+/// generated M tokens, s, tok/s | experts H hit / M miss = P%]`.
+pub fn status_line((p_tokens, p_secs): (usize, f64), (g_tokens, g_secs): (usize, f64), st: &waste_model::Stats) {
     let total = st.experts_hit + st.experts_missed;
     let pct = if total > 0 { 100.0 * st.experts_hit as f64 / total as f64 } else { 0.0 };
+    let rate = |n: usize, s: f64| if s > 0.0 { format!("{:.2} tok/s", n as f64 / s) } else { "-".into() };
     eprintln!(
-        "[{tokens} tokens, {secs:.2} s, {:.2} tok/s | experts {} hit / {} miss = {pct:.0}%]",
-        tokens as f64 / secs.max(1e-9),
+        "[prompt {p_tokens} tokens, {p_secs:.2} s, {} | generated {g_tokens} tokens, {g_secs:.2} s, {} | experts {} hit / {} miss = {pct:.0}%]",
+        rate(p_tokens, p_secs),
+        rate(g_tokens, g_secs),
         st.experts_hit,
         st.experts_missed
     );
@@ -508,6 +513,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     let t0 = std::time::Instant::now();
     queue_images(&mut s, &ids, &images)?;
     prefill_with_bar(&mut s, &ids)?;
+    let prompt_secs = t0.elapsed().as_secs_f64();
     let stream = !a.json;
     let mut out = std::io::stdout().lock();
     let mut io_err = None;
@@ -541,7 +547,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
             eprintln!("[stopped: the context of {} tokens is full]", model.options().ctx);
         }
         if !a.quiet {
-            status_line(g.tokens.len(), secs, &st);
+            status_line((ids.len(), prompt_secs), (g.tokens.len(), secs - prompt_secs), &st);
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -141,7 +141,10 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
         let t0 = std::time::Instant::now();
         let st0 = s.stats();
         let mut printer = chat.printer(true);
+        // the first token comes after the prompt's prefill: the split of the status line
+        let mut first_token: Option<std::time::Instant> = None;
         let turn = s.generate(&ids, &params, |ev| {
+            first_token.get_or_insert_with(std::time::Instant::now);
             let _ = printer.push(&ev.piece, &mut out, true);
             waste_model::Control::Continue
         });
@@ -173,7 +176,10 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
         if g.finish == waste_model::Finish::ContextFull {
             eprintln!("[stopped: the context is full]");
         }
-        status_line(g.tokens.len(), t0.elapsed().as_secs_f64(), &d);
+        let end = std::time::Instant::now();
+        let first_at = first_token.unwrap_or(end);
+        let prompt = (ids.len(), (first_at - t0).as_secs_f64());
+        status_line(prompt, (g.tokens.len().saturating_sub(1), (end - first_at).as_secs_f64()), &d);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -43,6 +43,11 @@ fn run_reads_argument_or_stdin_and_prints_json() {
     assert_eq!(code, 0);
     let v2: serde_json::Value = serde_json::from_str(&out2).unwrap();
     assert_eq!(v["tokens"], v2["tokens"]);
+    // the status line gives the prompt's rate and the generation's apart
+    let (code, _, err) = waste(&["run", m, "the weather in Paris", "-n", "6"], "");
+    assert_eq!(code, 0, "{err}");
+    let line = err.lines().find(|l| l.starts_with("[prompt ")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains(" tok/s | generated 6 tokens, ") && line.contains("| experts "), "{line}");
     // the issue-3 id interface still works
     let (code, out, _) = waste(&["run", m, "--ids", "305", "-n", "9", "--temp", "0", "--json"], "");
     assert_eq!(code, 0);
