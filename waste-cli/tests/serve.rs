@@ -190,8 +190,17 @@ fn api_key_is_required_when_set() {
     assert_eq!(st, 200);
     let (st, _) = http(&s.addr, "GET", "/health", &[], b"");
     assert_eq!(st, 200, "health needs no auth");
-    let (st, _) = http(&s.addr, "GET", "/v1/models", &[], b"");
+    let (st, b) = http(&s.addr, "GET", "/v1/models", &[], b"");
     assert_eq!(st, 401);
+    // which it is: none sent, not a bearer key, or a wrong one
+    let msg = |b: &str| {
+        serde_json::from_str::<serde_json::Value>(b).unwrap()["error"]["message"].as_str().unwrap().to_string()
+    };
+    assert!(msg(&b).starts_with("missing API key") && msg(&b).contains("Bearer"), "{b}");
+    let (_, b) = http(&s.addr, "GET", "/v1/models", &[("Authorization", "Basic abc")], b"");
+    assert!(msg(&b).starts_with("missing API key"), "{b}");
+    let (_, b) = http(&s.addr, "GET", "/v1/models", &[("Authorization", "Bearer wrong")], b"");
+    assert_eq!(msg(&b), "invalid API key");
 }
 
 #[test]
@@ -422,4 +431,40 @@ fn an_engine_failure_is_a_500_and_the_server_goes_on() {
     assert_eq!(st, 200, "{body}");
     drop(srv);
     std::fs::remove_dir_all(&d).ok();
+}
+
+/// One log line a request on stderr when its response is done: method,
+/// path, status, the completion's id and tokens, the time; streamed or
+/// not; successful health checks are not logged.
+#[test]
+fn each_request_is_logged_once_with_its_tokens() {
+    let log = std::env::temp_dir().join(format!("waste-serve-log-{}", std::process::id()));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_waste"))
+        .args(["serve", common::anchor().to_str().unwrap(), "--port", "0", "--ctx", "512"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().rsplit("http://").next().unwrap().to_string();
+    let body = |stream: bool| {
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": stream}).to_string()
+    };
+    assert_eq!(http(&addr, "GET", "/health", &[], b"").0, 200);
+    assert_eq!(http(&addr, "POST", "/v1/chat/completions", &[], body(false).as_bytes()).0, 200);
+    assert_eq!(http(&addr, "POST", "/v1/chat/completions", &[], body(true).as_bytes()).0, 200);
+    assert_eq!(http(&addr, "GET", "/v1/nope", &[], b"").0, 404);
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    std::fs::remove_file(&log).ok();
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("waste serve: ")).collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    for l in &lines[..2] {
+        assert!(l.contains("POST /v1/chat/completions 200, chatcmpl-") && l.contains(" + 3 completion tokens"), "{l}");
+        assert!(l.ends_with(" ms"), "{l}");
+    }
+    assert!(lines[2].contains("GET /v1/nope 404"), "{text}");
+    assert!(!text.contains("/health"), "{text}");
 }

@@ -205,9 +205,63 @@ fn host_name(h: &str) -> &str {
     }
 }
 
+/// What a request's log line says beyond its method, path, status and
+/// time: the completion handlers fill it when they finish (id, tokens,
+/// finish reason).
+#[derive(Clone, Default)]
+pub(crate) struct LogNote(Arc<Mutex<Option<String>>>);
+
+impl LogNote {
+    fn set(&self, note: String) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(note);
+    }
+}
+
+/// Logs the request's line when its response is done.
+struct LogOnDrop {
+    opts: Arc<AppState>,
+    line: String,
+    note: LogNote,
+    t0: std::time::Instant,
+}
+
+impl Drop for LogOnDrop {
+    fn drop(&mut self) {
+        let note = self.note.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let note = note.map_or(String::new(), |n| format!(", {n}"));
+        self.opts.opts.log(&format!("{}{note}, {} ms", self.line, self.t0.elapsed().as_millis()));
+    }
+}
+
+/// One log line a request (`POST /v1/chat/completions 200, chatcmpl-7: 12
+/// prompt + 8 completion tokens, stop, 153 ms`), written when its response
+/// is fully sent — a stream's last chunk, or the client leaving. Successful
+/// `/health` checks are not logged (a monitor polls it).
+async fn log_requests(
+    State(st): State<Arc<AppState>>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if st.opts.log.is_none() {
+        return next.run(req).await;
+    }
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let note = LogNote::default();
+    req.extensions_mut().insert(note.clone());
+    let t0 = std::time::Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if path == "/health" && status.is_success() {
+        return resp;
+    }
+    let guard = LogOnDrop { opts: st, line: format!("{method} {path} {}", status.as_u16()), note, t0 };
+    resp.map(|b| Body::new(crate::Guarded { inner: b, _guard: guard }))
+}
+
 /// The router.
 pub fn router(state: Arc<AppState>) -> Router {
     let guard = axum::middleware::from_fn_with_state(state.clone(), guard);
+    let log = axum::middleware::from_fn_with_state(state.clone(), log_requests);
     Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
@@ -218,6 +272,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             err(StatusCode::NOT_FOUND, "unknown route", "invalid_request_error", None, Some("not_found"))
         })
         .layer(guard)
+        .layer(log)
         .with_state(state)
 }
 
@@ -308,13 +363,18 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 
 fn authorize(st: &AppState, h: &HeaderMap) -> Result<(), Response> {
     let Some(key) = &st.opts.api_key else { return Ok(()) };
-    let given =
-        h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    let header = h.get("authorization");
+    let given = header.and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
     if ct_eq(given.as_bytes(), key.as_bytes()) {
-        Ok(())
-    } else {
-        Err(err(StatusCode::UNAUTHORIZED, "invalid API key", "invalid_request_error", None, Some("invalid_api_key")))
+        return Ok(());
     }
+    // say which: none sent (a client not configured) or a wrong one
+    let msg = match header {
+        None => "missing API key: this server needs `Authorization: Bearer KEY`",
+        Some(_) if given.is_empty() => "missing API key: the Authorization header is not `Bearer KEY`",
+        Some(_) => "invalid API key",
+    };
+    Err(err(StatusCode::UNAUTHORIZED, msg, "invalid_request_error", None, Some("invalid_api_key")))
 }
 
 /// Request memory held by a request until its prompt is queued (see
@@ -963,7 +1023,12 @@ fn prepare_images(
     Ok((images, held))
 }
 
-async fn chat(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Response {
+async fn chat(
+    State(st): State<Arc<AppState>>,
+    h: HeaderMap,
+    note: Option<axum::Extension<LogNote>>,
+    body: Body,
+) -> Response {
     let (v, reserved, len) = match prologue(&st, &h, body).await {
         Ok(v) => v,
         Err(r) => return r,
@@ -986,12 +1051,17 @@ async fn chat(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Resp
     })
     .await;
     match prepared {
-        Ok((prompt, plan, c)) => run(st, prompt, c, Some(plan)).await,
+        Ok((prompt, plan, c)) => run(st, prompt, c, Some(plan), note.map(|n| n.0).unwrap_or_default()).await,
         Err(r) => r,
     }
 }
 
-async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) -> Response {
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    h: HeaderMap,
+    note: Option<axum::Extension<LogNote>>,
+    body: Body,
+) -> Response {
     let (v, reserved, _) = match prologue(&st, &h, body).await {
         Ok(v) => v,
         Err(r) => return r,
@@ -1028,12 +1098,12 @@ async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Body) 
     })
     .await;
     match prepared {
-        Ok((prompt, c)) => run(st, prompt, c, None).await,
+        Ok((prompt, c)) => run(st, prompt, c, None, note.map(|n| n.0).unwrap_or_default()).await,
         Err(r) => r,
     }
 }
 
-async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPlan>) -> Response {
+async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPlan>, note: LogNote) -> Response {
     let chat = plan.is_some();
     let n = st.next_id.fetch_add(1, Ordering::Relaxed);
     let id = format!("{}-{n}", if chat { "chatcmpl" } else { "cmpl" });
@@ -1064,6 +1134,9 @@ async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPl
                     }
                 }
                 Event::Done { finish, prompt_tokens, completion_tokens, reused_tokens, stats, direct_io } => {
+                    note.set(format!(
+                        "{id}: {prompt_tokens} prompt + {completion_tokens} completion tokens ({reused_tokens} reused), {finish}"
+                    ));
                     let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
                     let lp = if c.logprobs { json!({"content": lps}) } else { Value::Null };
                     let choice = if chat {
@@ -1116,6 +1189,9 @@ async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPl
                     }
                 }
                 Event::Done { finish, prompt_tokens, completion_tokens, reused_tokens, stats, direct_io } => {
+                    note.set(format!(
+                        "{id}: {prompt_tokens} prompt + {completion_tokens} completion tokens ({reused_tokens} reused), {finish}"
+                    ));
                     let mut last = chunk(json!({}), json!(asm.finish_reason(finish)), Value::Null);
                     last["waste"] = waste_stats(&stats, direct_io, reused_tokens);
                     if !yield_(last) {

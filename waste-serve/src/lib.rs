@@ -161,6 +161,31 @@ fn raise_open_file_limit() {
     }
 }
 
+/// A response body that holds a guard until it is done (dropped after its
+/// last frame, or when the client leaves): the guard's `Drop` does what
+/// must follow the whole response (connection activity, the request log).
+pub(crate) struct Guarded<G> {
+    pub(crate) inner: axum::body::Body,
+    pub(crate) _guard: G,
+}
+
+impl<G: Unpin> hyper::body::Body for Guarded<G> {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 mod conn {
     //! Per-connection activity: requests in flight and the time the last
     //! one ended, so an idle keep-alive connection can be closed.
@@ -206,29 +231,6 @@ mod conn {
         }
     }
 
-    /// A body that holds an [`InFlight`] until it is done.
-    struct Tracked {
-        inner: Body,
-        _guard: InFlight,
-    }
-
-    impl hyper::body::Body for Tracked {
-        type Data = axum::body::Bytes;
-        type Error = axum::Error;
-        fn poll_frame(
-            mut self: std::pin::Pin<&mut Self>,
-            cx: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-            std::pin::Pin::new(&mut self.inner).poll_frame(cx)
-        }
-        fn is_end_stream(&self) -> bool {
-            self.inner.is_end_stream()
-        }
-        fn size_hint(&self) -> hyper::body::SizeHint {
-            self.inner.size_hint()
-        }
-    }
-
     /// The app as a hyper service whose requests count as activity until
     /// their responses are fully sent.
     pub fn tracked(
@@ -248,7 +250,7 @@ mod conn {
             async move {
                 use tower::ServiceExt;
                 let resp = app.oneshot(req.map(Body::new)).await?;
-                Ok(resp.map(|b| Body::new(Tracked { inner: b, _guard: guard })))
+                Ok(resp.map(|b| Body::new(crate::Guarded { inner: b, _guard: guard })))
             }
         })
     }
