@@ -34,6 +34,9 @@ pub struct ChatArgs {
     engine: EngineArgs,
 }
 
+/// What the chat REPL's commands are (`/help`, and after a wrong one).
+const CHAT_COMMANDS: &str = "commands: /reset, /save FILE, /load FILE, /image FILE, /stats, /help, /quit (Ctrl-D)";
+
 /// The chat REPL: state is kept across turns; `/reset`, `/save F`, `/load F`, `/stats`, Ctrl-D.
 pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
     if a.no_images && !a.images.is_empty() {
@@ -69,7 +72,8 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
             bail!("a line of more than {} MiB on stdin", max >> 20);
         }
         let line = line.trim_end_matches(['\n', '\r']);
-        if line.is_empty() {
+        // nothing to say: a line of spaces is not a turn
+        if line.trim().is_empty() {
             continue;
         }
         if let Some(cmd) = line.strip_prefix('/') {
@@ -109,7 +113,9 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
                     eprintln!("[position {} / {} | experts {} hit / {} miss | {} bytes read | cache {} slots, {} evictions | direct I/O {}]", s.position(), model.options().ctx, st.experts_hit, st.experts_missed, st.bytes_read, model.cache_slots(), cs.evictions, model.direct_io());
                 }
                 "quit" | "exit" => break,
-                _ => eprintln!("commands: /reset, /save FILE, /load FILE, /image FILE, /stats, /quit (Ctrl-D)"),
+                "save" | "load" | "image" => eprintln!("error: /{c} needs a file: /{c} FILE"),
+                "help" | "?" => eprintln!("{CHAT_COMMANDS}"),
+                _ => eprintln!("error: no command /{c}; {CHAT_COMMANDS}"),
             }
             continue;
         }

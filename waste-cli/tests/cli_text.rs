@@ -261,3 +261,21 @@ fn a_fresh_seed_each_run_printed_to_repeat_it_and_llama_cpp_names() {
     let ctx = json(&["run", m, "hello", "--ctx-size", "512", "-n", "2", "--json"]);
     assert_eq!(ctx["tokens"].as_array().unwrap().len(), 2);
 }
+
+/// The chat REPL says what was wrong with a command (an unknown one, a
+/// missing file), sends no turn for a line of spaces, and a file that is not
+/// a state is named without an internal label.
+#[test]
+fn chat_commands_say_what_was_wrong() {
+    let a = anchor();
+    let bad = std::env::temp_dir().join(format!("waste-not-a-state-{}", std::process::id()));
+    std::fs::write(&bad, b"not a state").unwrap();
+    let input = format!("/foo\n/save\n   \n/load {}\n", bad.display());
+    let (code, out, err) = waste(&["chat", a.to_str().unwrap(), "-n", "2"], &input);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("error: no command /foo; commands: /reset"), "{err}");
+    assert!(err.contains("error: /save needs a file: /save FILE"), "{err}");
+    assert!(!err.contains("[prompt ") && out.trim().is_empty(), "a line of spaces was sent: {err}");
+    assert!(err.contains("not a WASTE state file") && !err.contains("manifest key"), "{err}");
+    std::fs::remove_file(&bad).ok();
+}

@@ -12,8 +12,10 @@ pub const STATE_MAGIC: u32 = 0x4154_5357;
 /// State file version.
 pub const STATE_VERSION: u32 = 1;
 
+/// A state file that cannot be used: `PATH: what is wrong` (it read as a
+/// manifest key's error before, an internal label in a user's message).
 fn bad(path: &Path, msg: String) -> Error {
-    Error::Format(FErr::manifest(format!("state file {}", path.display()), msg))
+    Error::Format(FErr::io(path, std::io::Error::new(std::io::ErrorKind::InvalidData, msg)))
 }
 
 struct Reader<'a> {
