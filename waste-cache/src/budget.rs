@@ -195,7 +195,8 @@ pub struct Budget {
     pub budget: u64,
     /// Bytes for the expert cache.
     pub cache_bytes: u64,
-    /// Set when the rule fell back to the floor.
+    /// Set when the rule fell back to the floor, or an explicit budget
+    /// exceeds usable RAM.
     pub warning: Option<String>,
 }
 
@@ -230,7 +231,15 @@ pub fn resolve(f: &Floor, requested: u64, usable: u64) -> Result<Budget, BelowFl
     } else {
         requested
     };
-    Ok(Budget { budget, cache_bytes: budget - f.fixed, warning: None })
+    // more than this machine can give: the cache never holds more than the
+    // container, but a cache that grows past usable RAM would swap or be killed
+    let warning = (requested > usable).then(|| {
+        format!(
+            "budget {requested} bytes exceeds usable RAM of {usable} bytes ({:.1} GiB): the expert cache may outgrow memory",
+            usable as f64 / (1u64 << 30) as f64
+        )
+    });
+    Ok(Budget { budget, cache_bytes: budget - f.fixed, warning })
 }
 
 /// Parse a size like `8G`, `1.5G`, `512M`, `4096` (binary units: K = 1024).

@@ -112,6 +112,19 @@ pub fn queue_images(s: &mut waste_model::Session<'_>, ids: &[u32], images: &[Ima
     Ok(())
 }
 
+/// A size in bytes as every size flag takes it: `4M`, `1.5G`, `512K`, or a
+/// plain number of bytes.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    waste_model::parse_size(s)
+        .ok_or_else(|| format!("{s:?} is not a size (examples: 4M, 1.5G, 512K; a plain number counts whole bytes)"))
+}
+
+/// [`parse_bytes`] for a size held in memory (`usize`).
+pub fn parse_bytes_usize(s: &str) -> Result<usize, String> {
+    let b = parse_bytes(s)?;
+    usize::try_from(b).map_err(|_| format!("{s:?}: more bytes than this machine can address"))
+}
+
 pub fn parse_budget(s: &str) -> Result<u64, String> {
     waste_model::parse_size(s).ok_or_else(|| {
         format!("{s:?} is not a size (examples: 8G, 1.5G, 512M; a plain number counts whole bytes; 0 = automatic)")

@@ -196,14 +196,14 @@ pub fn version(a: VersionArgs) -> Result<ExitCode> {
 pub struct DiskbenchArgs {
     /// A large file on the disk to measure (e.g. an expert bank).
     file: PathBuf,
-    /// Bytes per read (rounded up to 4 KiB; at most 1 GiB across the reads in flight).
-    #[arg(long, default_value_t = 1 << 20)]
+    /// Bytes per read, e.g. 1M (rounded up to 4 KiB; at most 1 GiB across the reads in flight).
+    #[arg(long, default_value = "1M", value_parser = crate::cmd_eval::parse_bytes_usize)]
     record_size: usize,
     /// Reads in flight (one reader thread each, 1 to 64).
     #[arg(long, default_value_t = 4)]
     qd: usize,
-    /// Stop after this many bytes.
-    #[arg(long, default_value_t = 4 << 30)]
+    /// Stop after this many bytes, e.g. 4G.
+    #[arg(long, default_value = "4G", value_parser = crate::cmd_eval::parse_bytes)]
     max_bytes: u64,
     /// Use the page cache.
     #[arg(long)]

@@ -25,14 +25,14 @@ pub struct ServeArgs {
     /// Cap on tokens per request.
     #[arg(long, default_value_t = 4096)]
     max_tokens: usize,
-    /// Largest request body in bytes (a larger Content-Length gets 413 at once).
-    #[arg(long, default_value_t = 4 << 20)]
+    /// Largest request body, e.g. 4M (a larger Content-Length gets 413 at once).
+    #[arg(long, default_value = "4M", value_parser = crate::cmd_eval::parse_bytes_usize)]
     body_limit: usize,
     /// Memory all requests being read and prepared may hold together (their
     /// bodies, their parsed JSON as bounded by a scan before parsing, the
     /// text copied out and rendered, images while decoded):
     /// a request waits for room (then 503), one that alone needs more gets 413.
-    #[arg(long, default_value = "256M", value_parser = crate::cmd_eval::parse_budget)]
+    #[arg(long, default_value = "256M", value_parser = crate::cmd_eval::parse_bytes)]
     request_memory: u64,
     /// Seconds a client has to send a request's headers.
     #[arg(long, default_value_t = 10.0)]

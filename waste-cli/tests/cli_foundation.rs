@@ -296,3 +296,26 @@ fn not_a_container_says_what_it_is() {
     assert!(err.contains("nothing there"), "{err}");
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// Every size flag takes the same sizes (`64K`, `4M`, or bytes); a bad one
+/// is refused saying what a size is (not "0 = automatic" where 0 is not
+/// allowed); a budget past usable RAM is taken with a warning that says so.
+#[test]
+fn size_flags_take_units_and_a_budget_past_ram_warns() {
+    let a = anchor();
+    let bank = a.join("experts-L1.bin");
+    let (code, out, err) =
+        waste(&["diskbench", bank.to_str().unwrap(), "--record-size", "64K", "--max-bytes", "1M", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["record_size"], 65536, "{out}");
+    let (code, _, err) = waste(&["serve", a.to_str().unwrap(), "--request-memory", "abc"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("is not a size") && !err.contains("automatic"), "{err}");
+    let (code, _, err) = waste(&["serve", a.to_str().unwrap(), "--body-limit", "1.5Q"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--body-limit") && err.contains("is not a size"), "{err}");
+    let (code, out, err) = waste(&["plan", a.to_str().unwrap(), "--budget", "10T"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(format!("{out}{err}").contains("exceeds usable RAM"), "{out}{err}");
+}
