@@ -37,8 +37,9 @@ pub const PROBE_MAX_BUFFERS: u64 = 1 << 30;
 ///
 /// # Errors
 /// [`crate::Error::Arg`] for `qd` outside `1..=`[`PROBE_MAX_QD`] or `qd`
-/// records over [`PROBE_MAX_BUFFERS`] bytes; [`crate::Error::Io`] when the
-/// file cannot be opened, and any read's error.
+/// records over [`PROBE_MAX_BUFFERS`] bytes, or a file smaller than one
+/// record; [`crate::Error::Io`] when the file cannot be opened, and any
+/// read's error.
 ///
 /// # Panics
 /// When the OS refuses to start a reader thread (at most [`PROBE_MAX_QD`]).
@@ -64,6 +65,14 @@ pub fn probe_bandwidth(
             ))
         })?;
     let f = Arc::new(DirectFile::open(path, direct)?);
+    if f.len() < rec as u64 {
+        // not even one whole record to read (was: a short read at offset 0)
+        return Err(crate::Error::Arg(format!(
+            "{}: {} bytes, smaller than one read of {rec} bytes: measure a larger file (an expert bank), or a smaller --record-size",
+            path.display(),
+            f.len()
+        )));
+    }
     let n_rec = (f.len() / rec as u64).max(1);
     let n = (max_bytes / rec as u64).clamp(1, n_rec);
     let pool = ReaderPool::try_new(qd)?;
@@ -214,6 +223,9 @@ mod tests {
         // in range: the request rounded up to 4 KiB, reported as read
         let r = probe_bandwidth(&p, 1, 2, 1 << 20, false, false).unwrap();
         assert_eq!((r.record, r.qd, r.bytes), (4096, 2, 64 << 10));
+        // a file smaller than one read: said so, not a short read
+        let e = err(1 << 20, 1);
+        assert!(e.contains("smaller than one read of 1048576 bytes") && e.contains("--record-size"), "{e}");
         std::fs::remove_file(&p).ok();
     }
 

@@ -128,6 +128,18 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
+/// Cargo's release directory: under `CARGO_TARGET_DIR` when set (a common
+/// global setting; relative to the workspace as cargo takes it), else the
+/// workspace's `target/`.
+fn release_dir() -> PathBuf {
+    let root = root();
+    let target = match std::env::var_os("CARGO_TARGET_DIR").filter(|v| !v.is_empty()) {
+        Some(d) => root.join(d),
+        None => root.join("target"),
+    };
+    target.join("release")
+}
+
 fn run(cmd: &mut Command) -> Result<()> {
     eprintln!("$ {cmd:?}");
     let t0 = std::time::Instant::now();
@@ -163,7 +175,7 @@ fn fuzz(seconds: u64) -> Result<()> {
         "-p",
         "waste-cli",
     ]))?;
-    let helper = root.join("target/release/waste-render-template");
+    let helper = release_dir().join("waste-render-template");
     let state = state_seed(&root)?;
     // inputs a fuzzer does not find alone from nothing (a PNG; a whole
     // saved state), and their length past libFuzzer's 4 KB default
@@ -218,7 +230,7 @@ fn state_seed(root: &Path) -> Result<PathBuf> {
     std::fs::create_dir(&dir).with_context(|| format!("create {} (a new directory)", dir.display()))?;
     let file = dir.join("anchor.state");
     let saved = (|| -> Result<()> {
-        let mut chat = Command::new(root.join("target/release/waste"))
+        let mut chat = Command::new(release_dir().join("waste"))
             .args(["chat", "../testdata/anchor-tiny/kimi-linear-tiny.waste", "--ctx", "64", "-n", "4"])
             .current_dir(root.join("fuzz"))
             .stdin(std::process::Stdio::piped())
@@ -257,7 +269,7 @@ fn demo() -> Result<()> {
     synth(&dir, &opts, &|_, _| {}).with_context(|| {
         format!("writing the demo model (if {} is an older demo's, remove it and run again)", dir.display())
     })?;
-    let waste = root.join("target/release/waste");
+    let waste = release_dir().join("waste");
     run(Command::new(&waste).arg("info").arg(&dir))?;
     run(Command::new(&waste).arg("verify").arg(&dir).arg("-q"))?;
     // a real generation: chat template, streaming, status line
@@ -374,7 +386,7 @@ fn check(quick: bool) -> Result<()> {
         // the README's main job, end to end on a fresh synthetic model
         let tmp = std::env::temp_dir().join(format!("waste-check-{}", std::process::id()));
         let _gone = RemoveOnDrop(tmp.clone());
-        let waste = root.join("target/release/waste");
+        let waste = release_dir().join("waste");
         run(Command::new(&cargo)
             .current_dir(&root)
             .args(["run", "--quiet", "--release", "-p", "xtask", "--", "synth", "--shape", "tiny", "--out"])
@@ -510,4 +522,25 @@ fn fresh_clone_check() -> Result<()> {
     res?;
     eprintln!("fresh-clone-check: both README commands pass in a clone with nothing beside it");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The built binaries are looked for where cargo put them: under
+    /// `CARGO_TARGET_DIR` when set (absolute, or relative to the workspace),
+    /// else `target/` (demo and check failed with "No such file" under a
+    /// global CARGO_TARGET_DIR). The only test here that sets the variable.
+    #[test]
+    fn release_dir_follows_cargo_target_dir() {
+        let old = std::env::var_os("CARGO_TARGET_DIR");
+        std::env::set_var("CARGO_TARGET_DIR", "/x/t");
+        assert_eq!(super::release_dir(), std::path::PathBuf::from("/x/t/release"));
+        std::env::set_var("CARGO_TARGET_DIR", "rel");
+        assert_eq!(super::release_dir(), super::root().join("rel/release"));
+        std::env::remove_var("CARGO_TARGET_DIR");
+        assert_eq!(super::release_dir(), super::root().join("target/release"));
+        if let Some(o) = old {
+            std::env::set_var("CARGO_TARGET_DIR", o);
+        }
+    }
 }
