@@ -131,6 +131,44 @@ pub fn parse_budget(s: &str) -> Result<u64, String> {
     })
 }
 
+/// The budget a model runs with and what it buys, for the user: `budget
+/// 2.34 GiB (automatic): an expert cache of 640 of 6,656 experts (10 %);
+/// every expert would fit at --budget 18.2G`. Where all cannot fit in usable
+/// RAM, it says so instead of naming a budget the machine lacks.
+pub fn budget_line(model: &Model) -> String {
+    let p = model.plan();
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let how = if model.options().budget == 0 { "automatic" } else { "given" };
+    let (slots, all) = (model.cache_slots() as u64, p.expert_records);
+    let mut line = format!("budget {:.2} GiB ({how})", gib(model.budget()));
+    if all == 0 {
+        return line;
+    }
+    let held = slots.min(all);
+    line += &format!(": an expert cache of {held} of {all} experts ({:.0} %)", 100.0 * held as f64 / all as f64);
+    if held < all {
+        let fixed = p.floor_bytes.saturating_sub(p.min_expert_cache_bytes);
+        let every =
+            fixed.saturating_add(p.cache_arena_bytes(usize::try_from(all).unwrap_or(usize::MAX), model.huge_pages()));
+        let usable = waste_model::usable_ram();
+        if every <= usable {
+            // rounded up, in the unit --budget takes
+            let size = if every < 1 << 30 {
+                format!("{}M", every.div_ceil(1 << 20))
+            } else {
+                format!("{:.1}G", (gib(every) * 10.0).ceil() / 10.0)
+            };
+            line += &format!("; every expert would fit at --budget {size} (fewer reads from disk)");
+        } else {
+            line += &format!(
+                "; a larger --budget (up to this machine's {:.1} GiB of usable RAM) caches more experts",
+                gib(usable)
+            );
+        }
+    }
+    line
+}
+
 impl EngineArgs {
     pub fn open(&self, model: &PathBuf) -> Result<Model> {
         self.open_for(model, false)
@@ -523,6 +561,10 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     let params = if templated { chat.params(a.sample.params()) } else { a.sample.params() };
     let mut printer = chat.printer(templated);
     let mut s = model.session();
+    if !a.quiet {
+        // once the prompt is encoded: a failed template is the only line
+        eprintln!("[{}]", budget_line(&model));
+    }
     let t0 = std::time::Instant::now();
     queue_images(&mut s, &ids, &images)?;
     prefill_with_bar(&mut s, &ids)?;

@@ -94,6 +94,7 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
     a.engine.vision_optional = true;
     // a server may get constrained requests: their tables are in its budget
     let model = a.engine.open_for(&a.model, true)?;
+    eprintln!("waste serve: {}", crate::cmd_eval::budget_line(&model));
     let api_key = a.api_key.clone().or_else(|| std::env::var("WASTE_API_KEY").ok()).filter(|k| !k.is_empty());
     let loopback = a.host == "127.0.0.1" || a.host == "::1" || a.host == "localhost";
     if !loopback && api_key.is_none() {

@@ -47,6 +47,7 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
     // with no image given, a tower that cannot load leaves the chat text-only
     a.engine.vision_optional = a.images.is_empty();
     let model = a.engine.open(&a.model)?;
+    eprintln!("[{}]", crate::cmd_eval::budget_line(&model));
     let mut pending = read_images(&model, &a.images)?;
     let chat = crate::answer::Chat::new(&model, crate::answer::effort(a.think.as_deref())?, None);
     let params = chat.params(a.sample.params());

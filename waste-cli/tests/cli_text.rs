@@ -279,3 +279,28 @@ fn chat_commands_say_what_was_wrong() {
     assert!(err.contains("not a WASTE state file") && !err.contains("manifest key"), "{err}");
     std::fs::remove_file(&bad).ok();
 }
+
+/// `run` says what budget it runs with and what its cache holds; where
+/// not every expert fits it names the budget that would hold them all, and
+/// that budget does.
+#[test]
+fn run_names_its_budget_and_what_a_bigger_one_buys() {
+    let a = anchor();
+    let m = a.to_str().unwrap();
+    let (code, _, err) = waste(&["run", m, "hi", "-n", "1", "--budget", "0"], "");
+    assert_eq!(code, 0, "{err}");
+    let line = err.lines().find(|l| l.starts_with("[budget ")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains("(automatic): an expert cache of "), "{line}");
+    if let Some(rest) = line.split("every expert would fit at --budget ").nth(1) {
+        let b = rest.split(' ').next().unwrap();
+        let (code, _, err) = waste(&["run", m, "hi", "-n", "1", "--budget", b], "");
+        assert_eq!(code, 0, "{err}");
+        let line = err.lines().find(|l| l.starts_with("[budget ")).unwrap_or_else(|| panic!("{err}"));
+        assert!(line.contains("(given)") && line.contains("(100 %)") && !line.contains("would fit"), "{line}");
+    } else {
+        assert!(line.contains("(100 %)"), "{line}");
+    }
+    // -q: nothing but the text
+    let (_, _, err) = waste(&["run", m, "hi", "-n", "1", "-q"], "");
+    assert!(!err.contains("[budget "), "{err}");
+}

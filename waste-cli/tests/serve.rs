@@ -459,7 +459,10 @@ fn each_request_is_logged_once_with_its_tokens() {
     let _ = child.wait();
     let text = std::fs::read_to_string(&log).unwrap();
     std::fs::remove_file(&log).ok();
-    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("waste serve: ")).collect();
+    // the budget it chose, once at the start
+    assert!(text.lines().any(|l| l.starts_with("waste serve: budget ") && l.contains("expert cache of")), "{text}");
+    let lines: Vec<&str> =
+        text.lines().filter(|l| l.starts_with("waste serve: ") && !l.starts_with("waste serve: budget ")).collect();
     assert_eq!(lines.len(), 3, "{text}");
     for l in &lines[..2] {
         assert!(l.contains("POST /v1/chat/completions 200, chatcmpl-") && l.contains(" + 3 completion tokens"), "{l}");
