@@ -5,7 +5,7 @@ use crate::print_json;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use waste_model::tokenizer::{Message, Pattern, Tokenizer};
@@ -52,27 +52,21 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
     let chat = crate::answer::Chat::new(&model, crate::answer::effort(a.think.as_deref())?, None);
     let params = chat.params(a.sample.params());
     let mut s = model.session();
-    let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
     let mut first = true;
-    let interactive = std::io::IsTerminal::is_terminal(&stdin);
+    let mut input = crate::repl::Input::new();
+    // Ctrl-C stops the answer being written, not the process
+    crate::repl::catch_ctrl_c();
     loop {
-        if interactive {
-            write!(out, "> ")?;
-            out.flush()?;
-        }
-        // a line is bounded like any text input (`chat < /dev/zero` grew
-        // without end looking for a newline)
-        let mut line = String::new();
-        let max = crate::cmd_eval::MAX_TEXT_BYTES;
-        let n = std::io::Read::take(stdin.lock(), max + 1).read_line(&mut line)?;
-        if n == 0 {
-            break; // Ctrl-D / end of input
-        }
-        if n as u64 > max {
-            bail!("a line of more than {} MiB on stdin", max >> 20);
-        }
-        let line = line.trim_end_matches(['\n', '\r']);
+        let line = match input.read()? {
+            crate::repl::Line::Text(l) => l,
+            crate::repl::Line::Interrupted => {
+                eprintln!("[Ctrl-C: nothing to stop; Ctrl-D or /quit leaves]");
+                continue;
+            }
+            crate::repl::Line::End => break,
+        };
+        let line = line.as_str();
         // nothing to say: a line of spaces is not a turn
         if line.trim().is_empty() {
             continue;
@@ -150,9 +144,15 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
         let mut printer = chat.printer(true);
         // the first token comes after the prompt's prefill: the split of the status line
         let mut first_token: Option<std::time::Instant> = None;
+        let _ = crate::repl::take_cancel();
+        let mut cancelled = false;
         let turn = s.generate(&ids, &params, |ev| {
             first_token.get_or_insert_with(std::time::Instant::now);
             let _ = printer.push(&ev.piece, &mut out, true);
+            if crate::repl::take_cancel() {
+                cancelled = true;
+                return waste_model::Control::Cancel;
+            }
             waste_model::Control::Continue
         });
         writeln!(out)?;
@@ -182,6 +182,9 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
         let d = s.stats() - st0;
         if g.finish == waste_model::Finish::ContextFull {
             eprintln!("[stopped: the context is full]");
+        }
+        if cancelled {
+            eprintln!("[stopped by Ctrl-C; the conversation is kept]");
         }
         let end = std::time::Instant::now();
         let first_at = first_token.unwrap_or(end);

@@ -19,6 +19,7 @@ mod cmd_plan;
 mod cmd_serve;
 mod cmd_text;
 mod progress;
+mod repl;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

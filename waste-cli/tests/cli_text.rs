@@ -304,3 +304,81 @@ fn run_names_its_budget_and_what_a_bigger_one_buys() {
     let (_, _, err) = waste(&["run", m, "hi", "-n", "1", "-q"], "");
     assert!(!err.contains("[budget "), "{err}");
 }
+
+/// The chat REPL in a terminal (a pty made by util-linux `script`): the up
+/// arrow recalls the last line (history), Ctrl-C stops a running answer
+/// and the conversation goes on, `/save` writes the state, Ctrl-D leaves,
+/// and the lines are kept in the history file of the user's data directory.
+#[test]
+fn chat_in_a_terminal_has_history_ctrl_c_and_save() {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    if std::process::Command::new("script").arg("--version").output().is_err() {
+        println!("SKIP: chat REPL in a terminal (util-linux `script` is not installed)");
+        return;
+    }
+    let home = std::env::temp_dir().join(format!("waste-repl-home-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).unwrap();
+    let state = home.join("s.state");
+    let cmd = format!("{} chat {} -n 100000 --ctx 60000", env!("CARGO_BIN_EXE_waste"), anchor().to_str().unwrap());
+    let mut child = std::process::Command::new("script")
+        .args(["-qfec", &cmd, "/dev/null"])
+        .env("HOME", &home)
+        .env_remove("XDG_DATA_HOME")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let mut stdout = child.stdout.take().unwrap();
+    let s2 = seen.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            s2.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    let text = || String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+    // waits for what the REPL prints (a deadline against a hang, not a speed check)
+    let wait = |what: &str, ok: &dyn Fn(&str) -> bool| {
+        let t0 = std::time::Instant::now();
+        while !ok(&text()) {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(120), "waiting for {what}:\n{}", text());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let mut stdin = child.stdin.take().unwrap();
+    let mut send = |b: &[u8]| {
+        stdin.write_all(b).unwrap();
+        stdin.flush().unwrap();
+    };
+    wait("the prompt", &|t| t.contains("> "));
+    send(b"hello\r");
+    // the answer is being written (100 000 tokens: far from done)
+    let before = text().len();
+    wait("the answer", &|t| t.len() > before + 400);
+    send(b"\x03");
+    wait("the stop", &|t| t.contains("[stopped by Ctrl-C; the conversation is kept]"));
+    send(b"/stats\r");
+    wait("stats", &|t| t.matches("[position ").count() == 1);
+    send(b"\x1b[A\r"); // up arrow: /stats again
+    wait("stats from history", &|t| t.matches("[position ").count() == 2);
+    send(format!("/save {}\r", state.display()).as_bytes());
+    wait("the save", &|t| t.contains("[saved "));
+    send(b"\x04");
+    let st = child.wait().unwrap();
+    reader.join().unwrap();
+    assert!(st.success(), "{}", text());
+    // the conversation survived Ctrl-C: the saved state holds it
+    let n: usize =
+        text().split("[saved ").nth(1).and_then(|r| r.split(' ').next()).and_then(|x| x.parse().ok()).unwrap();
+    assert!(n > 40, "{}", text());
+    let hist = std::fs::read_to_string(home.join(".local/share/waste/chat_history")).unwrap();
+    assert!(hist.contains("hello") && hist.contains("/stats"), "{hist}");
+    std::fs::remove_dir_all(&home).ok();
+}
