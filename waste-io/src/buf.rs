@@ -259,7 +259,7 @@ mod tests {
     fn huge_page_bytes_grow_by_whole_pages() {
         let Some(before) = huge_page_bytes() else {
             assert!(!cfg!(target_os = "linux") || !std::path::Path::new("/proc/self/smaps_rollup").exists());
-            println!("skipped: no smaps_rollup here");
+            crate::skip::report_skip("huge page bytes (no smaps_rollup here)", false);
             return;
         };
         assert!(before.is_multiple_of(4096));
@@ -273,7 +273,9 @@ mod tests {
                 "{before} -> {after}"
             );
         } else {
-            println!("skipped: no huge page granted ({before} -> {after} bytes, advice taken: {advised})");
+            let why =
+                format!("huge page bytes (no huge page granted: {before} -> {after} bytes, advice taken: {advised})");
+            crate::skip::report_skip(&why, false);
         }
         std::hint::black_box(&v);
     }

@@ -24,6 +24,10 @@ mod file;
 mod pool;
 mod prefault;
 mod probe;
+/// Reporting a check this machine cannot run (shared with the SIMD suites).
+#[cfg(test)]
+#[path = "../../waste-quant/tests/support/skip.rs"]
+mod skip;
 
 pub use buf::{advise_huge_pages, huge_page_bytes, AlignedBuf};
 pub use file::DirectFile;

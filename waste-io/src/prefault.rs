@@ -172,7 +172,7 @@ mod tests {
             let p = unsafe { Prefault::start(&b) }.expect("a lazy mapping on Linux");
             let done = p.finish();
             if done == 0 {
-                eprintln!("skipped: this kernel has no MADV_POPULATE_WRITE");
+                crate::skip::report_skip("the cache prefault (this kernel has no MADV_POPULATE_WRITE)", false);
                 return;
             }
             assert_eq!(done, b.capacity());

@@ -381,6 +381,10 @@ pub fn load_output_res(c: &Container, r: &mut TrunkReader<'_>) -> Result<Option<
 }
 
 #[cfg(all(test, target_os = "linux"))]
+#[path = "../../waste-quant/tests/support/skip.rs"]
+mod skip;
+
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use crate::{Model, ModelOptions};
 
@@ -414,7 +418,10 @@ mod tests {
         let mut probe: Vec<u8> = Vec::with_capacity(8 << 20);
         waste_io::advise_huge_pages(probe.spare_capacity_mut());
         if !hg(probe.as_ptr() as usize + (4 << 20)) {
-            eprintln!("skipped: this system does not record MADV_HUGEPAGE (no THP, or an emulator)");
+            super::skip::report_skip(
+                "the trunk in huge pages (this system does not record MADV_HUGEPAGE: no THP, or an emulator)",
+                false,
+            );
             return;
         }
         let dir = std::env::temp_dir().join(format!("waste-trunk-huge-{}", std::process::id()));
