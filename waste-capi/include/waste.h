@@ -29,7 +29,9 @@ typedef enum waste_status {
                               * the context holds, a grammar or an image that cannot be used */
     WASTE_E_UNSUPPORTED = 6, /* not implemented by the engine */
     WASTE_E_CANCELLED = 7,   /* the caller cancelled */
-    WASTE_E_INTERNAL = 8     /* an engine bug (a caught panic) */
+    WASTE_E_INTERNAL = 8,    /* an engine bug (a caught panic) */
+    WASTE_E_INCOMPLETE = 9   /* the session is partly updated after a failed step:
+                              * waste_session_reset or waste_state_load first */
 } waste_status;
 
 typedef enum waste_finish {
@@ -132,6 +134,12 @@ waste_status waste_save_usage(const waste_model *model, const char *path, uint64
 /* Text */
 waste_status waste_tokenize(const waste_model *model, const char *text, int32_t markup, uint32_t *ids, size_t cap, size_t *n);
 waste_status waste_detokenize(const waste_model *model, const uint32_t *ids, size_t n_ids, char *buf, size_t cap, size_t *len);
+/* The messages in the model's chat template, as token ids (BOS first when
+ * the model has one; template text as markup, contents as plain text).
+ * open = 1: end with the assistant's generation prefix, the prompt a
+ * waste_generate answers; open = 0: the messages alone (a finished exchange
+ * to evaluate into a session, or to count its tokens). ids has room for
+ * cap ids; *n is the count needed (WASTE_E_ARG when cap is smaller). */
 waste_status waste_chat_encode(const waste_model *model, const waste_message *messages, size_t n_messages, int32_t open, uint32_t *ids, size_t cap, size_t *n);
 /* A container's chat_template.jinja is code: rendered in this process, a
  * hostile one can exhaust its memory. After this call every rendering runs
@@ -152,8 +160,8 @@ waste_status waste_image_add(waste_session *session, const uint8_t *data, size_t
 /* Sessions. A waste_eval or waste_generate that fails in the computation
  * (an I/O error, a damaged record, non-finite logits) may leave the
  * session's state partly updated: every later eval, generate or
- * waste_state_save then returns WASTE_E_ARG until waste_session_reset or
- * waste_state_load. */
+ * waste_state_save then returns WASTE_E_INCOMPLETE until waste_session_reset
+ * or waste_state_load. */
 waste_status waste_session_new(waste_model *model, waste_session **out);
 void waste_session_free(waste_session *session);
 waste_status waste_session_reset(waste_session *session);

@@ -37,6 +37,8 @@ pub enum waste_status {
     WASTE_E_CANCELLED = 7,
     /// An engine bug (a caught panic).
     WASTE_E_INTERNAL = 8,
+    /// A session partly updated by a failed step: reset or load a state first.
+    WASTE_E_INCOMPLETE = 9,
 }
 use waste_status::*;
 
@@ -268,10 +270,12 @@ fn fail(e: engine::Error) -> Fail {
         | engine::Error::Vision(engine::VisionError::Config(_) | engine::VisionError::Weights(_)) => WASTE_E_FORMAT,
         engine::Error::Budget { .. } | engine::Error::FloorAboveRam { .. } => WASTE_E_BUDGET,
         engine::Error::Oom(_) => WASTE_E_OOM,
+        // a half-updated session the caller must reset (it said WASTE_E_ARG:
+        // nothing wrong with the arguments)
+        engine::Error::Incomplete(_) => WASTE_E_INCOMPLETE,
         // the caller's input (more tokens or text than the context holds, a
-        // grammar, an image); a half-updated session the caller must reset
+        // grammar, an image)
         engine::Error::Arg(_)
-        | engine::Error::Incomplete(_)
         | engine::Error::ContextFull { .. }
         | engine::Error::TextTooLong { .. }
         | engine::Error::Constraint(_)
@@ -1043,7 +1047,7 @@ mod tests {
                 WASTE_E_FORMAT,
             ),
             // a half-updated session: the caller has to reset it (waste.h)
-            (engine::Error::Incomplete("checksum mismatch".into()), WASTE_E_ARG),
+            (engine::Error::Incomplete("checksum mismatch".into()), WASTE_E_INCOMPLETE),
             (engine::Error::Arg("x".into()), WASTE_E_ARG),
             (engine::Error::Oom("x".into()), WASTE_E_OOM),
             (engine::Error::Unsupported("x".into()), WASTE_E_UNSUPPORTED),
