@@ -75,7 +75,7 @@ fn patch_matrix(load: &mut Loader<'_>, name: &str, d: usize) -> Result<Matrix> {
 }
 
 /// Bytes the patch embedding takes once loaded when it is stored as the
-/// conv `[hidden, 3, 14, 14]` in a grouped format ([`patch_matrix`] makes it
+/// conv `[hidden, 3, 14, 14]` in a grouped format ([`Tower::load`] makes it
 /// F32); `None` when it loads as stored.
 pub fn conv_patch_bytes(stored_shape: &[usize], grouped: bool) -> Option<u64> {
     (grouped && stored_shape.len() == 4).then(|| 4 * stored_shape.iter().map(|&x| x as u64).product::<u64>())
