@@ -538,6 +538,22 @@ mod tests {
         assert_eq!(c.activation, Activation::Situ { beta: 4.0, linear_beta: 25.0 });
     }
 
+    /// The router scores with a sigmoid (MODEL.md), and a config naming
+    /// another function is refused at the open naming the key, so the
+    /// router and the trace replay (`waste_moe::route_forced`), which both
+    /// use the sigmoid, always score as the model does.
+    #[test]
+    fn a_router_scoring_function_other_than_sigmoid_is_refused() {
+        let mut v = base();
+        v["moe_router_activation_func"] = json!("sigmoid");
+        assert!(ModelConfig::from_json(&v).is_ok());
+        for other in ["softmax", "Sigmoid", ""] {
+            v["moe_router_activation_func"] = json!(other);
+            let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+            assert!(e.contains("moe_router_activation_func") && e.contains("only \"sigmoid\""), "{other}: {e}");
+        }
+    }
+
     #[test]
     fn rejects_huge_and_bad_values_naming_the_key() {
         let mut v = base();

@@ -599,6 +599,10 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Header bytes the format leaves free (FORMAT.md: flags, informational;
+    /// the two reserved fields).
+    const FREE_HEADER_BYTES: [usize; 11] = [9, 14, 15, 40, 41, 42, 43, 44, 45, 46, 47];
+
     fn arb_header() -> impl Strategy<Value = RecordHeader> {
         (any::<[u32; 12]>(), any::<[u8; 2]>()).prop_map(|(w, b)| RecordHeader {
             magic: w[0],
@@ -627,7 +631,9 @@ mod tests {
 
         /// Mutations of a valid sealed record reach every check past the
         /// length test: header fields, offsets, codebook ids, the CRC. None
-        /// panics; a change anywhere in the payload is always caught.
+        /// panics; a change anywhere in the payload, or in any header byte
+        /// but the informational ones, is always caught; a change in those
+        /// alone is not refused.
         #[test]
         fn mutated_valid_records_never_panic_and_payload_damage_is_caught(
             seed in any::<u64>(),
@@ -651,18 +657,37 @@ mod tests {
             crate::writer::seal_record(&mut rec, 0, 1, &lay, 0);
             prop_assert!(check_record(&rec, 0, 1, &lay, 0, 9, true).is_ok());
             let end = lay.scales_off + lay.scales_len;
-            let mut changed_payload = false;
+            let (mut changed_payload, mut changed_checked_header, mut changed_free) = (false, false, false);
             for &(pos, v) in &edits {
                 let at = if in_header { pos as usize % HEADER_LEN } else { HEADER_LEN + pos as usize % (end - HEADER_LEN) };
-                changed_payload |= !in_header && rec[at] != v;
+                if rec[at] != v {
+                    if !in_header {
+                        changed_payload = true;
+                    } else if FREE_HEADER_BYTES.contains(&at) {
+                        changed_free = true;
+                    } else {
+                        changed_checked_header = true;
+                    }
+                }
                 rec[at] = v;
             }
+            let cut_short = cut.is_some_and(|c| c < rec.len());
             if let Some(c) = cut {
                 rec.truncate(c.min(rec.len()));
             }
             let r = check_record(&rec, 0, 1, &lay, 0, 9, true);
             if changed_payload {
                 prop_assert!(r.is_err(), "a payload change passed the CRC");
+            }
+            // every header byte but the informational ones is checked: by
+            // value (magic, identity, format, lowrank, size, codebook, the
+            // first offset), by order (the sections are packed: any other
+            // offset change breaks it) or by the CRC (its field, and the
+            // scales' offset, which bounds the CRC's range)
+            if changed_checked_header || cut_short {
+                prop_assert!(r.is_err(), "a header change passed: {:?}", edits);
+            } else if changed_free {
+                prop_assert!(r.is_ok(), "an informational byte was refused: {:?}", r);
             }
     }
     }
