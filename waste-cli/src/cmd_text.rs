@@ -55,8 +55,11 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     let mut first = true;
     let mut input = crate::repl::Input::new();
-    // Ctrl-C stops the answer being written, not the process
-    crate::repl::catch_ctrl_c();
+    // in a terminal Ctrl-C stops the answer being written, not the process;
+    // piped input keeps the default (Ctrl-C ends a blocked read there)
+    if input.is_terminal() {
+        crate::repl::catch_ctrl_c();
+    }
     loop {
         let line = match input.read()? {
             crate::repl::Line::Text(l) => l,

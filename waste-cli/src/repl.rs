@@ -49,6 +49,11 @@ impl Input {
         Input { editor: Some((ed, path)) }
     }
 
+    /// Whether the line editor reads (stdin and stdout are a terminal).
+    pub fn is_terminal(&self) -> bool {
+        self.editor.is_some()
+    }
+
     /// The next line.
     ///
     /// # Errors

@@ -273,7 +273,7 @@ pub fn planes_fit(lay: &VqLayout) -> bool {
 pub fn uses_planes(level: Level, lay: &VqLayout) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        level == Level::Avx512 && Level::Avx512.supported() && crate::x86_64::avx512::has_vbmi() && planes_fit(lay)
+        vbmi(level) && planes_fit(lay)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -289,10 +289,7 @@ pub fn uses_planes(level: Level, lay: &VqLayout) -> bool {
 pub fn uses_vq4p_rows64(level: Level, lay: &VqLayout) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        level == Level::Avx512
-            && Level::Avx512.supported()
-            && crate::x86_64::avx512::has_vbmi()
-            && packed4_in_blocks_of(lay, 64)
+        vbmi(level) && packed4_in_blocks_of(lay, 64)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -450,15 +447,7 @@ pub fn matvec_rows_planes(
         done = n8;
     }
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512
-        && Level::Avx512.supported()
-        && crate::x86_64::avx512::has_vbmi()
-        && lay.block > 0
-        && lay.block.is_multiple_of(16)
-        && (r0 + done).is_multiple_of(16)
-        && lay.bpv() <= 4
-        && (!lay.packed6 || lay.bpv() == 3)
-    {
+    if uses_rows16(level, lay) && (r0 + done).is_multiple_of(16) {
         let n16 = done + (y.len() - done) / 16 * 16;
         // SAFETY: features checked; sizes asserted above.
         unsafe { crate::x86_64::avx512::vq_rows16(lay, idx, table, r0 + done, &mut y[done..n16]) };
@@ -513,7 +502,6 @@ pub fn matvec_rows_planes(
 pub fn rows_kernel_name(level: Level, lay: &VqLayout) -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
-        let vbmi = level == Level::Avx512 && Level::Avx512.supported() && crate::x86_64::avx512::has_vbmi();
         if uses_planes(level, lay) {
             return "avx512-planes";
         }
@@ -524,8 +512,7 @@ pub fn rows_kernel_name(level: Level, lay: &VqLayout) -> &'static str {
         if avx2_vector && packed4_in_blocks_of(lay, 8) {
             return "avx2-permute";
         }
-        let bpv_fits = lay.bpv() <= 4 && (!lay.packed6 || lay.bpv() == 3);
-        if vbmi && lay.block > 0 && lay.block.is_multiple_of(16) && bpv_fits {
+        if uses_rows16(level, lay) {
             return "avx512-gather";
         }
         if avx2_vector && !lay.packed6 {
@@ -550,8 +537,21 @@ pub fn rows_kernel_name(level: Level, lay: &VqLayout) -> &'static str {
 /// own kernels take them); index blocks of a multiple of 8 rows.
 #[cfg(target_arch = "x86_64")]
 fn avx2_rows(level: Level, lay: &VqLayout) -> bool {
-    let vbmi = level == Level::Avx512 && Level::Avx512.supported() && crate::x86_64::avx512::has_vbmi();
-    level.avx2_kernels() && !vbmi && lay.block > 0 && lay.block.is_multiple_of(8)
+    level.avx2_kernels() && !vbmi(level) && lay.block > 0 && lay.block.is_multiple_of(8)
+}
+
+/// Whether `level` is AVX-512 with VBMI on this CPU (its own VQ kernels).
+#[cfg(target_arch = "x86_64")]
+fn vbmi(level: Level) -> bool {
+    level == Level::Avx512 && Level::Avx512.supported() && crate::x86_64::avx512::has_vbmi()
+}
+
+/// Whether the AVX-512 16-row gathers can take this layout's rows (VBMI;
+/// index blocks of a multiple of 16; byte indices of up to 4 stages or
+/// VQ4P's 3 packed bytes).
+#[cfg(target_arch = "x86_64")]
+fn uses_rows16(level: Level, lay: &VqLayout) -> bool {
+    vbmi(level) && lay.block > 0 && lay.block.is_multiple_of(16) && lay.bpv() <= 4 && (!lay.packed6 || lay.bpv() == 3)
 }
 
 /// Dequantize one row (reference / converter use): `W[r, :]`.

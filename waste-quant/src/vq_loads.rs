@@ -203,6 +203,10 @@ static CALLS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 /// Per family and form: the calls that ran it.
 static USED: [[AtomicU64; 2]; 2] = [[AtomicU64::new(0), AtomicU64::new(0)], [AtomicU64::new(0), AtomicU64::new(0)]];
 
+/// Per family: whether both forms have their first samples (read without
+/// the lock by every call; set under it by [`record`]).
+static STARTED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+
 /// Per family and form: the last [`WINDOW`] seconds per lookup.
 static SAMPLES: [Mutex<Windows>; 2] = [Mutex::new(Windows::new()), Mutex::new(Windows::new())];
 
@@ -224,7 +228,7 @@ pub const PHASE: u64 = 8;
 /// calls alternate the forms in phases of 8.
 const START: usize = 8;
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Mutex;
 
 /// Each form's last [`WINDOW`] samples (a ring).
@@ -246,9 +250,14 @@ impl Windows {
     }
     fn median(&self, k: RowsKernel) -> f64 {
         let i = k as usize;
-        let mut v = self.ring[i][..self.len[i]].to_vec();
-        v.sort_by(f64::total_cmp);
+        // a copy on the stack: this runs after every timed call
+        let mut v = self.ring[i];
+        let v = &mut v[..self.len[i]];
+        v.sort_unstable_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(f64::INFINITY)
+    }
+    fn started(&self) -> bool {
+        self.len.iter().all(|&l| l >= START)
     }
 }
 
@@ -330,12 +339,8 @@ fn choose(f: IndexFamily) -> (RowsKernel, bool) {
         return (k, false);
     }
     let n = CALLS[f as usize].fetch_add(1, Relaxed);
-    let started = {
-        let w = SAMPLES[f as usize].lock().unwrap_or_else(|e| e.into_inner());
-        w.len.iter().all(|&l| l >= START)
-    };
     let phase = n / PHASE;
-    if !started {
+    if !STARTED[f as usize].load(Relaxed) {
         return (if phase.is_multiple_of(2) { RowsKernel::Vector } else { RowsKernel::Loads }, true);
     }
     let cur = rows_kernel(f);
@@ -351,7 +356,8 @@ pub fn record(f: IndexFamily, k: RowsKernel, seconds: f64, lookups: usize) {
     }
     let mut w = SAMPLES[f as usize].lock().unwrap_or_else(|e| e.into_inner());
     w.push(k, seconds / lookups as f64);
-    if w.len.iter().all(|&l| l >= START) {
+    if w.started() {
+        STARTED[f as usize].store(true, Relaxed);
         let best = if w.median(RowsKernel::Vector) <= w.median(RowsKernel::Loads) {
             RowsKernel::Vector
         } else {
@@ -376,6 +382,7 @@ pub fn reset_rows_kernel() {
         FIXED[f].store(0, Relaxed);
         CURRENT[f].store(1, Relaxed);
         CALLS[f].store(0, Relaxed);
+        STARTED[f].store(false, Relaxed);
         USED[f].iter().for_each(|a| a.store(0, Relaxed));
         *SAMPLES[f].lock().unwrap_or_else(|e| e.into_inner()) = Windows::new();
     }

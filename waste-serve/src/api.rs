@@ -219,7 +219,7 @@ impl LogNote {
 
 /// Logs the request's line when its response is done.
 struct LogOnDrop {
-    opts: Arc<AppState>,
+    st: Arc<AppState>,
     line: String,
     note: LogNote,
     t0: std::time::Instant,
@@ -229,7 +229,7 @@ impl Drop for LogOnDrop {
     fn drop(&mut self) {
         let note = self.note.0.lock().unwrap_or_else(|e| e.into_inner()).take();
         let note = note.map_or(String::new(), |n| format!(", {n}"));
-        self.opts.opts.log(&format!("{}{note}, {} ms", self.line, self.t0.elapsed().as_millis()));
+        self.st.opts.log(&format!("{}{note}, {} ms", self.line, self.t0.elapsed().as_millis()));
     }
 }
 
@@ -254,7 +254,7 @@ async fn log_requests(
     if path == "/health" && status.is_success() {
         return resp;
     }
-    let guard = LogOnDrop { opts: st, line: format!("{method} {path} {}", status.as_u16()), note, t0 };
+    let guard = LogOnDrop { st, line: format!("{method} {path} {}", status.as_u16()), note, t0 };
     resp.map(|b| Body::new(crate::Guarded { inner: b, _guard: guard }))
 }
 
