@@ -321,10 +321,15 @@ fn chat_in_a_terminal_has_history_ctrl_c_and_save() {
     let _ = std::fs::remove_dir_all(&home);
     std::fs::create_dir_all(&home).unwrap();
     let state = home.join("s.state");
-    let cmd = format!("{} chat {} -n 100000 --ctx 60000", env!("CARGO_BIN_EXE_waste"), anchor().to_str().unwrap());
+    // `script` runs the command through $SHELL -c (else /bin/sh); `exec`
+    // makes the chat the terminal's foreground process whatever the shell:
+    // dash stays the parent otherwise, and Ctrl-C's SIGINT to the process
+    // group then ends it with 130 after the chat has gone on (CI ran dash).
+    let cmd = format!("exec {} chat {} -n 100000 --ctx 60000", env!("CARGO_BIN_EXE_waste"), anchor().to_str().unwrap());
     let mut child = std::process::Command::new("script")
         .args(["-qfec", &cmd, "/dev/null"])
         .env("HOME", &home)
+        .env("SHELL", "/bin/sh")
         .env_remove("XDG_DATA_HOME")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -373,7 +378,7 @@ fn chat_in_a_terminal_has_history_ctrl_c_and_save() {
     send(b"\x04");
     let st = child.wait().unwrap();
     reader.join().unwrap();
-    assert!(st.success(), "{}", text());
+    assert!(st.success(), "{st:?}\n{}", text());
     // the conversation survived Ctrl-C: the saved state holds it
     let n: usize =
         text().split("[saved ").nth(1).and_then(|r| r.split(' ').next()).and_then(|x| x.parse().ok()).unwrap();

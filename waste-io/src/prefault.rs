@@ -146,17 +146,8 @@ fn idle_priority() {
 mod tests {
     use super::*;
 
-    /// Pages resident in `[ptr, ptr + len)` (Linux `mincore`).
     #[cfg(target_os = "linux")]
-    fn resident(b: &AlignedBuf) -> usize {
-        let page = 4096;
-        let n = b.capacity() / page;
-        let mut v = vec![0u8; n];
-        // SAFETY: the buffer's own range; `v` holds one byte per page.
-        let r = unsafe { libc::mincore(b.as_ptr() as *mut libc::c_void, b.capacity(), v.as_mut_ptr()) };
-        assert_eq!(r, 0);
-        v.iter().filter(|&&x| x & 1 == 1).count() * page
-    }
+    use crate::buf::tests::resident;
 
     #[test]
     #[cfg(target_os = "linux")]
