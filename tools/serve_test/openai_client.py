@@ -1,9 +1,12 @@
 """Drive `waste serve` with the official openai Python client.
 
-    python tools/serve_test/openai_client.py WASTE_BINARY CONTAINER [VISION_CONTAINER IMAGE.png]
+    python tools/serve_test/openai_client.py WASTE_BINARY CONTAINER [VISION_CONTAINER IMAGE.png] [--k2 K2_CONTAINER]
 
 CONTAINER uses K3's tagged chat format (the C engine's anchor or a synthetic
-model): chat, streaming, thinking, tools, structured output. Prints "N passed, N failed", exits non-zero on any failure.
+model): chat, streaming, thinking, tools, structured output. K2_CONTAINER
+speaks the Kimi K2 family's format (Kimi-Linear's markup): tools forced,
+named, automatic and streamed, with results. Prints "N passed, N failed",
+exits non-zero on any failure.
 """
 import json
 import subprocess
@@ -12,6 +15,11 @@ import sys
 import jsonschema
 import openai
 
+k2_container = None
+if "--k2" in sys.argv:
+    i = sys.argv.index("--k2")
+    k2_container = sys.argv[i + 1]
+    del sys.argv[i:i + 2]
 waste, container = sys.argv[1], sys.argv[2]
 procs = []
 
@@ -129,6 +137,18 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": [
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Forecast for a city.", "parameters": WEATHER}}]
 
 
+def streamed_calls(stream):
+    """The tool calls of a streamed answer, assembled from their deltas: {index: {name, arguments}}."""
+    got = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                e = got.setdefault(d.index, {"name": "", "arguments": ""})
+                e["name"] += d.function.name or ""
+                e["arguments"] += d.function.arguments or ""
+    return got
+
+
 def tool_round_trip():
     ask = [{"role": "user", "content": "What's the weather in Paris for 3 days?"}]
     r = create(messages=ask, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=1, seed=11, max_tokens=300, **NO_THINK)
@@ -139,13 +159,7 @@ def tool_round_trip():
     args = json.loads(calls[0].function.arguments)
     jsonschema.validate(args, WEATHER)
     # the same call, streamed as tool_calls deltas
-    got = {}
-    for chunk in create(messages=ask, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=1, seed=11, max_tokens=300, stream=True, **NO_THINK):
-        for c in chunk.choices:
-            for d in c.delta.tool_calls or []:
-                e = got.setdefault(d.index, {"name": "", "arguments": ""})
-                e["name"] += d.function.name or ""
-                e["arguments"] += d.function.arguments or ""
+    got = streamed_calls(create(messages=ask, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=1, seed=11, max_tokens=300, stream=True, **NO_THINK))
     assert got == {0: {"name": "get_weather", "arguments": calls[0].function.arguments}}, got
     # the tool's result goes back; the model answers (no further call allowed)
     follow = ask + [{"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]},
@@ -238,6 +252,53 @@ if len(sys.argv) > 4:
         # the image's markup and its merged positions are counted in the prompt
         assert with_image.usage.prompt_tokens > without.usage.prompt_tokens + 4, (with_image.usage, without.usage)
     checks.append(("an image as a base64 data: URL", image_chat))
+if k2_container:
+    k2 = start(k2_container, "k2")
+
+    def k2_create(**kw):
+        args = {"model": "k2", "messages": [{"role": "user", "content": "What's the weather in Paris for 3 days?"}], "tools": TOOLS}
+        args.update(kw)
+        return k2.chat.completions.create(**args)
+
+    def k2_forced_streamed_and_answered():
+        r = k2_create(tool_choice="required", parallel_tool_calls=False, temperature=1, seed=5, max_tokens=300)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls", ch
+        calls = ch.message.tool_calls
+        assert len(calls) == 1 and calls[0].function.name == "get_weather" and calls[0].id, calls
+        jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER)
+        assert "<|tool_call" not in (ch.message.content or "")
+        got = streamed_calls(k2_create(tool_choice="required", parallel_tool_calls=False, temperature=1, seed=5, max_tokens=300, stream=True))
+        assert got == {0: {"name": "get_weather", "arguments": calls[0].function.arguments}}, got
+        follow = [{"role": "user", "content": "What's the weather in Paris for 3 days?"},
+                  {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]},
+                  {"role": "tool", "tool_call_id": calls[0].id, "content": json.dumps({"forecast": "sunny"})}]
+        r2 = k2_create(messages=follow, tool_choice="none", max_tokens=8, temperature=0)
+        assert isinstance(r2.choices[0].message.content, str) and not r2.choices[0].message.tool_calls, r2
+        assert r2.model_extra["waste"]["reused_prompt_tokens"] > 0, r2.model_extra["waste"]
+
+    def k2_named_and_parallel():
+        noop = {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}}
+        r = k2_create(tools=TOOLS + [noop], tool_choice={"type": "function", "function": {"name": "noop"}}, temperature=1, seed=2, max_tokens=200)
+        calls = r.choices[0].message.tool_calls
+        assert calls and all(c.function.name == "noop" and json.loads(c.function.arguments) == {} for c in calls), calls
+        r = k2_create(tool_choice="required", temperature=1, seed=8, max_tokens=600)
+        calls = r.choices[0].message.tool_calls
+        assert calls, r
+        for c in calls:
+            jsonschema.validate(json.loads(c.function.arguments), WEATHER)
+
+    def k2_auto():
+        # the model decides; whatever it writes is an answer, and any call it opens is held to the schema
+        for seed in (1, 2, 3):
+            r = k2_create(temperature=1, seed=seed, max_tokens=120)
+            m = r.choices[0].message
+            assert m.content is not None or m.tool_calls, r
+            for c in m.tool_calls or []:
+                jsonschema.validate(json.loads(c.function.arguments), WEATHER)
+
+    checks += [("K2 format: forced call, streamed, answered with its result", k2_forced_streamed_and_answered),
+               ("K2 format: named and parallel calls", k2_named_and_parallel), ("K2 format: tool_choice auto", k2_auto)]
 for n, f in checks:
     check(n, f)
 for p in procs:

@@ -141,6 +141,12 @@ waste_status waste_detokenize(const waste_model *model, const uint32_t *ids, siz
  * to evaluate into a session, or to count its tokens). ids has room for
  * cap ids; *n is the count needed (WASTE_E_ARG when cap is smaller). */
 waste_status waste_chat_encode(const waste_model *model, const waste_message *messages, size_t n_messages, int32_t open, uint32_t *ids, size_t cap, size_t *n);
+/* waste_chat_encode, which renders thinking off, with thinking set: think =
+ * 0 off, 1 low, 2 medium, 3 high, 4 max (K3's tagged format: the prompt
+ * opens the reasoning channel, after a thinking_effort notice; the server's
+ * reasoning_effort levels). A model whose chat format has no thinking mode
+ * takes only 0 (else WASTE_E_ARG, as another value is). */
+waste_status waste_chat_encode_think(const waste_model *model, const waste_message *messages, size_t n_messages, int32_t open, int32_t think, uint32_t *ids, size_t cap, size_t *n);
 /* A container's chat_template.jinja is code: rendered in this process, a
  * hostile one can exhaust its memory. After this call every rendering runs
  * in a child process limited in memory and CPU time: helper is the path of

@@ -602,6 +602,7 @@ pub unsafe extern "C" fn waste_detokenize(
 
 /// Encode a conversation with the model's chat template (BOS first when the
 /// model has one); `open` ends with the assistant's generation prompt.
+/// Thinking is off (K3's format; [`waste_chat_encode_think`] sets it).
 ///
 /// # Safety
 /// `m` is an open model; `messages` has `n_messages` entries of C strings.
@@ -615,8 +616,40 @@ pub unsafe extern "C" fn waste_chat_encode(
     cap: usize,
     n: *mut usize,
 ) -> waste_status {
+    // SAFETY: the same contract
+    unsafe { waste_chat_encode_think(m, messages, n_messages, open, 0, ids, cap, n) }
+}
+
+/// [`waste_chat_encode`] with thinking: `think` 0 = off, 1 = low, 2 =
+/// medium, 3 = high, 4 = max (the server's `reasoning_effort` levels). On
+/// in a model whose chat format has no thinking mode (only K3's tagged
+/// format has one), or another value, is `WASTE_E_ARG`.
+///
+/// # Safety
+/// `m` is an open model; `messages` has `n_messages` entries of C strings.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn waste_chat_encode_think(
+    m: *const waste_model,
+    messages: *const waste_message,
+    n_messages: usize,
+    open: i32,
+    think: i32,
+    ids: *mut u32,
+    cap: usize,
+    n: *mut usize,
+) -> waste_status {
+    use engine::tokenizer::xtml::{ChatMessage, Effort, XtmlOptions};
     guard(|| {
         let inner = model_ref(m)?;
+        let effort = match think {
+            0 => None,
+            1 => Some(Effort::Low),
+            2 => Some(Effort::Medium),
+            3 => Some(Effort::High),
+            4 => Some(Effort::Max),
+            t => return arg(format!("think is 0 (off), 1 (low), 2 (medium), 3 (high) or 4 (max), not {t}")),
+        };
         // SAFETY: per the contract
         let msgs = unsafe { slice(messages, n_messages, "messages")? };
         let mut v = Vec::with_capacity(msgs.len());
@@ -627,7 +660,17 @@ pub unsafe extern "C" fn waste_chat_encode(
             };
             v.push(Message::new(r, c));
         }
-        let out_ids = inner.model.encode_chat(&v, open != 0).map_err(fail)?;
+        let out_ids = match effort {
+            None => inner.model.encode_chat(&v, open != 0).map_err(fail)?,
+            Some(_) if !inner.model.is_xtml() => {
+                return arg("this model's chat format has no thinking mode (K3's tagged format has): think must be 0")
+            }
+            Some(e) => {
+                let cm: Vec<ChatMessage> = v.iter().map(|m| ChatMessage::new(&m.role, &m.content)).collect();
+                let opts = XtmlOptions { thinking: Some(e), ..Default::default() };
+                inner.model.encode_xtml(&cm, &opts, open != 0).map_err(fail)?.ids
+            }
+        };
         // SAFETY: per the contract
         unsafe { fill(&out_ids, ids, cap, n) }
     })

@@ -24,6 +24,11 @@ pub fn effort(level: Option<&str>) -> Result<Option<Effort>> {
     })
 }
 
+/// Plain chat messages as the tagged formats' messages.
+fn chat_messages(msgs: &[Message]) -> Vec<ChatMessage> {
+    msgs.iter().map(|m| ChatMessage { images: m.images.clone(), ..ChatMessage::new(&m.role, &m.content) }).collect()
+}
+
 /// How one model's chat turns are encoded and read back.
 pub struct Chat<'m> {
     model: &'m Model,
@@ -55,15 +60,16 @@ impl<'m> Chat<'m> {
     /// The prompt of a conversation; `follow_up` drops BOS and the notices
     /// that open a conversation (the session already holds them).
     pub fn encode(&self, msgs: &[Message], follow_up: bool) -> Result<Vec<u32>> {
+        if self.model.is_k2() {
+            // the K2 template's default system turn opens a conversation only
+            let e = self.model.encode_k2(&chat_messages(msgs), &[], true)?;
+            return Ok(if follow_up { e.ids[e.head..].to_vec() } else { e.ids });
+        }
         if !self.xtml() {
             let ids = self.model.encode_chat(msgs, true)?;
             return Ok(if follow_up { ids[self.model.bos().map_or(0, |_| 1)..].to_vec() } else { ids });
         }
-        let cm: Vec<ChatMessage> = msgs
-            .iter()
-            .map(|m| ChatMessage { images: m.images.clone(), ..ChatMessage::new(&m.role, &m.content) })
-            .collect();
-        let e = self.model.encode_xtml(&cm, &self.opts, true)?;
+        let e = self.model.encode_xtml(&chat_messages(msgs), &self.opts, true)?;
         Ok(if follow_up { e.ids[e.head..].to_vec() } else { e.ids })
     }
 
@@ -113,6 +119,10 @@ impl<'m> Chat<'m> {
             });
         }
         let (Some(tok), Some(tpl)) = (self.model.tokenizer(), self.model.chat_template()) else { return Ok(vec![]) };
+        if self.model.is_k2() {
+            // a turn ends with `<|im_end|>` (the stop token, not in the state)
+            return Ok(tok.special_id(waste_model::tokenizer::k2::IM_END).into_iter().collect());
+        }
         let msg = tpl.encode(tok, &[Message::new("assistant", "")], false)?;
         let open = tpl.encode(tok, &[], true)?;
         Ok(if msg.starts_with(&open) { msg[open.len()..].to_vec() } else { vec![] })

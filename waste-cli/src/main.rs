@@ -71,6 +71,62 @@ enum Cmd {
 /// Exit status for a run that found problems (vs 1 = error, 2 = usage).
 pub const EXIT_PROBLEMS: u8 = 3;
 
+/// llama.cpp's spellings, which its users type: `-m MODEL` / `--model
+/// MODEL` for the model every subcommand but `convert`, `diskbench`,
+/// `cachesim` and `version` takes first, and `-p TEXT` / `--prompt TEXT`
+/// for the prompt of `run` and `eval` — moved to where the positionals
+/// are (`=VALUE` forms too). Given twice, or beside the positional, clap
+/// sees both and says what is wrong.
+fn llama_aliases(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let sub = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
+    let takes_model = matches!(
+        sub,
+        "run" | "chat" | "eval" | "serve" | "bench" | "info" | "plan" | "verify" | "tokenize" | "detokenize"
+    );
+    if !takes_model {
+        return args;
+    }
+    let takes_prompt = matches!(sub, "run" | "eval");
+    let (mut model, mut prompt, mut rest, mut after) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut it = args.into_iter();
+    let head: Vec<_> = it.by_ref().take(2).collect();
+    while let Some(a) = it.next() {
+        let s = a.to_str().unwrap_or_default().to_string();
+        if s == "--" {
+            after.push(a);
+            after.extend(it.by_ref());
+            break;
+        }
+        let dest = match s.as_str() {
+            "-m" | "--model" => Some(&mut model),
+            "-p" | "--prompt" if takes_prompt => Some(&mut prompt),
+            _ => None,
+        };
+        if let Some(d) = dest {
+            // a flag without its value stays for clap to report
+            match it.next() {
+                Some(v) => d.push(v),
+                None => rest.push(a),
+            }
+            continue;
+        }
+        if let Some(v) = s.strip_prefix("--model=") {
+            model.push(v.into());
+        } else if let Some(v) = s.strip_prefix("--prompt=").filter(|_| takes_prompt) {
+            prompt.push(v.into());
+        } else {
+            rest.push(a);
+        }
+    }
+    // with `-m`, the model then the prompt lead; without, the positional
+    // model is somewhere in `rest` and the prompt goes after it
+    if model.is_empty() {
+        head.into_iter().chain(rest).chain(prompt).chain(after).collect()
+    } else {
+        head.into_iter().chain(model).chain(prompt).chain(rest).chain(after).collect()
+    }
+}
+
 fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == waste_sandbox::SUBCOMMAND) {
         return waste_sandbox::serve_child(std::io::stdin().lock(), std::io::stdout().lock(), std::io::stderr().lock());
@@ -79,7 +135,7 @@ fn main() -> ExitCode {
     // as `waste __render-template` (waste-sandbox); a binary that cannot
     // be found makes each rendering an error, never one in this process
     waste_sandbox::install(std::env::current_exe().unwrap_or_default());
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(llama_aliases(std::env::args_os().collect())) {
         Ok(c) => c,
         Err(e) if e.use_stderr() => {
             eprintln!("{}", usage_error(&e.to_string()));

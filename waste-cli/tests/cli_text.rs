@@ -387,3 +387,64 @@ fn chat_in_a_terminal_has_history_ctrl_c_and_save() {
     assert!(hist.contains("hello") && hist.contains("/stats"), "{hist}");
     std::fs::remove_dir_all(&home).ok();
 }
+
+/// `chat` on a model in the K2 family's format (Kimi-Linear's): the first
+/// turn's prompt is the reference template's (its default system turn, the
+/// user turn, the generation prompt); a follow-up turn adds only its own
+/// turn — the default system turn opens a conversation once.
+#[test]
+fn chat_in_the_k2_format_opens_the_conversation_once() {
+    let d = common::copy_anchor_k2("k2-chat");
+    let m = d.to_str().unwrap();
+    let (code, out, err) = waste(&["chat", m, "-n", "3", "--temp", "0"], "Hi there\nAnd more\n");
+    assert_eq!(code, 0, "{err}");
+    let prompts: Vec<usize> = format!("{out}{err}")
+        .split("[prompt ")
+        .skip(1)
+        .map(|r| r.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(prompts.len(), 2, "{out}{err}");
+    let count = |markup: &str| {
+        let (code, out, err) = waste(&["tokenize", m, "--markup", "--json", "-"], markup);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v.as_array().or_else(|| v["ids"].as_array()).unwrap().len()
+    };
+    let first = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>\n<|im_user|>user<|im_middle|>Hi there<|im_end|><|im_assistant|>assistant<|im_middle|>";
+    assert_eq!(prompts[0], 1 + count(first), "BOS and the first rendering");
+    let next = "<|im_user|>user<|im_middle|>And more<|im_end|><|im_assistant|>assistant<|im_middle|>";
+    assert_eq!(prompts[1], count(next), "the follow-up turn alone");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// llama.cpp's `-m MODEL` and `-p TEXT` (and `--model=`, `--prompt=`) give
+/// what the positionals give, in any order; twice is refused by clap.
+#[test]
+fn model_and_prompt_flags_as_llama_cpp_spells_them() {
+    let a = anchor();
+    let m = a.to_str().unwrap();
+    let base = ["-n", "4", "--temp", "0", "--json"];
+    let run = |args: &[&str]| {
+        let (code, out, err) = waste(args, "");
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["tokens"].clone()
+    };
+    let want = run(&[&["run", m, "Hello there"][..], &base].concat());
+    assert!(want.as_array().is_some_and(|t| !t.is_empty()), "{want}");
+    let model_eq = format!("--model={m}");
+    for args in [
+        vec!["run", "-m", m, "-p", "Hello there"],
+        vec!["run", "-p", "Hello there", "--model", m],
+        vec!["run", m, "-p", "Hello there"],
+        vec!["run", &model_eq, "--prompt=Hello there"],
+    ] {
+        assert_eq!(run(&[&args[..], &base].concat()), want, "{args:?}");
+    }
+    let (code, _, err) = waste(&["run", "-m", m, "-p", "a", "-p", "b"], "");
+    assert_eq!(code, 2, "{err}");
+    // `eval -p` and `info -m` too
+    let (code, out, err) = waste(&["info", "-m", m], "");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("kimi_linear"), "{out}");
+}

@@ -341,7 +341,14 @@ fn call_rules(tools: &[Value], only: Option<&str>, parallel: bool, g: &mut Strin
             alt.push(format!("call_{ti}_{k}"));
         }
     }
-    if alts[0].is_empty() {
+    call_sequence(&alts, only, "at", g)
+}
+
+/// The rule `calls`: the call at position 0, then optionally the one at 1,
+/// and so on (`alts[k]`: the rules a call at position `k` may be, joined in
+/// the rule `{at}_{k}`). An error when no tool can be called.
+fn call_sequence(alts: &[Vec<String>], only: Option<&str>, at: &str, g: &mut String) -> Result<String> {
+    if alts.first().is_none_or(|a| a.is_empty()) {
         return Err(Error::Grammar(match only {
             Some(o) => format!("tool_choice names {o:?}, which is not among the tools"),
             None => "no tools".into(),
@@ -349,8 +356,8 @@ fn call_rules(tools: &[Value], only: Option<&str>, parallel: bool, g: &mut Strin
     }
     let mut seq = String::new();
     for (k, alt) in alts.iter().enumerate().rev() {
-        g.push_str(&format!("at_{k}: {}\n", alt.join(" | ")));
-        seq = if seq.is_empty() { format!("at_{k}") } else { format!("at_{k} ({seq})?") };
+        g.push_str(&format!("{at}_{k}: {}\n", alt.join(" | ")));
+        seq = if seq.is_empty() { format!("{at}_{k}") } else { format!("{at}_{k} ({seq})?") };
     }
     g.push_str(&format!("calls: {seq}\n"));
     Ok("calls".into())
@@ -389,4 +396,69 @@ pub fn tool_section_trigger() -> Vec<u8> {
     t.extend(b"tools");
     t.extend(marker_bytes("<|sep|>"));
     t
+}
+
+/// Rules for the calls of `tools` (all, or only `only`) in the K2 family's
+/// markup (`<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{…}<|tool_call_end|>`,
+/// the arguments held to the tool's schema): one call, or with `parallel`
+/// up to [`MAX_PARALLEL_CALLS`], numbered from `first` as the reference
+/// template numbers a conversation's calls. Returns the rule of the sequence.
+fn k2_call_rules(tools: &[Value], only: Option<&str>, parallel: bool, first: usize, g: &mut String) -> Result<String> {
+    use waste_model::tokenizer::k2::{call_id, ARGUMENT_BEGIN, CALL_BEGIN, CALL_END};
+    let most = if parallel { MAX_PARALLEL_CALLS } else { 1 };
+    let mut alts: Vec<Vec<String>> = vec![Vec::new(); most];
+    for (ti, t) in tools.iter().enumerate() {
+        let (name, params) = function(t)?;
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
+        // arguments are the declared properties only (as K3's calls, which
+        // name each argument): a schema that does not say otherwise gets
+        // `additionalProperties: false` — without it, a key is any string
+        let mut schema = if params.is_object() { params.clone() } else { json!({"type": "object"}) };
+        if let Value::Object(o) = &mut schema {
+            o.entry("additionalProperties").or_insert(Value::Bool(false));
+        }
+        g.push_str(&format!("k2args_{ti}: %json {}\n", compact(&schema)));
+        for (k, alt) in alts.iter_mut().enumerate() {
+            g.push_str(&format!(
+                "k2call_{ti}_{k}: {CALL_BEGIN} {} {ARGUMENT_BEGIN} k2args_{ti} {CALL_END}\n",
+                lit(&call_id(name, first + k))
+            ));
+            alt.push(format!("k2call_{ti}_{k}"));
+        }
+    }
+    call_sequence(&alts, only, "k2at", g)
+}
+
+/// Forced tool calls in the K2 family's format, from the generation prompt
+/// on: a tool-call section of calls of `only` (or of any tool) — one or more
+/// with `parallel`, else exactly one — then the turn's end. `first`: the
+/// calls the conversation made before (the template numbers them all).
+///
+/// # Errors
+/// [`Error`] for a tool without a usable name or schema, or `only` naming no tool.
+pub fn k2_tool_calls_lark(tools: &[Value], only: Option<&str>, parallel: bool, first: usize) -> Result<String> {
+    use waste_model::tokenizer::k2::{SECTION_BEGIN, SECTION_END};
+    let mut g = String::new();
+    let calls = k2_call_rules(tools, only, parallel, first, &mut g)?;
+    Ok(format!("start: {SECTION_BEGIN} {calls} {SECTION_END}\n{g}"))
+}
+
+/// The body of a K2 tool-call section after the model opened it
+/// (`<|tool_calls_section_begin|>`): well-formed calls (one or more with
+/// `parallel`, else one), numbered from `first`, then the section's end.
+///
+/// # Errors
+/// [`Error`] for a tool without a usable name or schema.
+pub fn k2_tool_section_lark(tools: &[Value], parallel: bool, first: usize) -> Result<String> {
+    use waste_model::tokenizer::k2::SECTION_END;
+    let mut g = String::new();
+    let calls = k2_call_rules(tools, None, parallel, first, &mut g)?;
+    Ok(format!("start: {calls} {SECTION_END}\n{g}"))
+}
+
+/// The trigger of [`k2_tool_section_lark`]: `<|tool_calls_section_begin|>`.
+pub fn k2_tool_section_trigger() -> Vec<u8> {
+    marker_bytes(waste_model::tokenizer::k2::SECTION_BEGIN)
 }

@@ -208,3 +208,86 @@ fn a_refused_schema_gets_a_short_message() {
     let e = g.constraint(&json_lark(Some(&serde_json::json!({"type": "bogus"})), false, false)).err().unwrap();
     assert!(e.to_string().contains("Invalid type: bogus"), "{e}");
 }
+
+/// A byte tokenizer with the K2 family's markers (Kimi-Linear's chat format).
+fn k2_tokenizer() -> Tokenizer {
+    use waste_model::tokenizer::k2::*;
+    let dir = std::env::temp_dir().join(format!("waste-grammar-k2tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    waste_synth::write_byte_tokenizer(&dir, 320).unwrap();
+    let names = [
+        "[BOS]",
+        IM_END,
+        IM_USER,
+        IM_ASSISTANT,
+        IM_SYSTEM,
+        IM_MIDDLE,
+        SECTION_BEGIN,
+        SECTION_END,
+        CALL_BEGIN,
+        ARGUMENT_BEGIN,
+        CALL_END,
+    ];
+    let sp: Vec<Value> = names.iter().enumerate().map(|(i, t)| json!({"id": 256 + i, "text": t})).collect();
+    std::fs::write(dir.join("specials.json"), Value::Array(sp).to_string()).unwrap();
+    let t = Tokenizer::from_container_dir(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    t
+}
+
+/// The K2 calls in marked output: (id, name, arguments).
+fn k2_calls_of(text: &str) -> Vec<(String, Value)> {
+    use waste_model::tokenizer::xtml::Part;
+    let mut p = waste_model::tokenizer::k2::OutputParser::new();
+    p.push(text)
+        .into_iter()
+        .filter_map(|x| match x {
+            Part::ToolCall { name, arguments, .. } => Some((name, serde_json::from_str(&arguments).unwrap())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn k2_calls_are_well_formed_numbered_and_lazy_after_the_section_opens() {
+    use waste_grammar::{k2_tool_calls_lark, k2_tool_section_lark, k2_tool_section_trigger};
+    use waste_model::tokenizer::k2::IM_END;
+    let tok = k2_tokenizer();
+    let eos = tok.special_id(IM_END).unwrap();
+    let g = Grammars::new(&tok, 320, eos).unwrap();
+    let check = |name: &str, args: &Value| match name {
+        "get_weather" => {
+            assert!(["Paris", "Tokyo"].contains(&args["city"].as_str().unwrap()), "{args}");
+            assert!((1..=7).contains(&args["days"].as_i64().unwrap()), "{args}");
+        }
+        "note" => assert!(args["text"].as_str().unwrap().chars().count() <= 5),
+        other => panic!("unknown tool {other}"),
+    };
+    for seed in 1..=6u64 {
+        // forced, parallel, after 3 calls earlier in the conversation
+        let mut c = g.constraint(&k2_tool_calls_lark(&tools(), None, true, 3).unwrap()).unwrap();
+        let text = walk(&mut c, &tok, eos, seed, 4000, &[]).expect("finished");
+        let calls = k2_calls_of(&text);
+        assert!(!calls.is_empty(), "{text}");
+        for (k, (name, args)) in calls.iter().enumerate() {
+            // numbered on from the conversation's calls, as the template numbers them
+            assert!(text.contains(&format!("functions.{name}:{}\u{F8F2}", 3 + k)), "{text}");
+            check(name, args);
+        }
+    }
+    // named without parallel calls: exactly one, of it; an unknown name is refused
+    let mut c = g.constraint(&k2_tool_calls_lark(&tools(), Some("note"), false, 0).unwrap()).unwrap();
+    let calls = k2_calls_of(&walk(&mut c, &tok, eos, 9, 400, &[]).unwrap());
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].0, "note");
+    assert!(k2_tool_calls_lark(&tools(), Some("missing"), true, 0).is_err());
+    // auto: free text until the model opens the section, then held
+    let mut c = g.lazy(k2_tool_section_trigger(), &k2_tool_section_lark(&tools(), true, 0).unwrap()).unwrap();
+    let mut free: Vec<u32> = tok.encode_plain("Let me see.");
+    free.push(tok.special_id(waste_model::tokenizer::k2::SECTION_BEGIN).unwrap());
+    let text = walk(&mut c, &tok, eos, 5, 4000, &free).expect("finished");
+    assert!(c.active());
+    let calls = k2_calls_of(&text);
+    assert!(!calls.is_empty(), "{text}");
+    calls.iter().for_each(|(n, a)| check(n, a));
+}

@@ -446,13 +446,41 @@ impl Model {
             _ => return Err(Error::Unsupported("this model's chat template is not K3's tagged format".into())),
         };
         self.check_fits(t, messages.iter().map(|m| m.content.len()).sum())?;
-        let mut e = waste_tokenizer::xtml::encode(t, messages, opts, open).map_err(|e| Error::Arg(e.to_string()))?;
+        let e = waste_tokenizer::xtml::encode(t, messages, opts, open).map_err(|e| Error::Arg(e.to_string()))?;
+        Ok(self.with_bos(e))
+    }
+    /// Whether the chat template is the Kimi K2 family's format (Kimi-Linear's: tools).
+    pub fn is_k2(&self) -> bool {
+        matches!(self.template, Some(waste_tokenizer::ChatTemplate::K2))
+    }
+    /// Encode a conversation in the K2 family's format with `tools` declared
+    /// (BOS first when the config has one), with the token counts of its
+    /// parts (BOS included).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] unless the model uses the K2 format; [`Error::Arg`] for a conversation the format cannot render.
+    pub fn encode_k2(
+        &self,
+        messages: &[waste_tokenizer::xtml::ChatMessage],
+        tools: &[serde_json::Value],
+        open: bool,
+    ) -> Result<waste_tokenizer::xtml::Encoded> {
+        let t = match (&self.tokenizer, self.is_k2()) {
+            (Some(t), true) => t,
+            _ => return Err(Error::Unsupported("this model's chat template is not the K2 format".into())),
+        };
+        self.check_fits(t, messages.iter().map(|m| m.content.len()).sum())?;
+        let e = waste_tokenizer::k2::encode(t, messages, tools, open).map_err(|e| Error::Arg(e.to_string()))?;
+        Ok(self.with_bos(e))
+    }
+    /// BOS put first, the part counts moved past it.
+    fn with_bos(&self, mut e: waste_tokenizer::xtml::Encoded) -> waste_tokenizer::xtml::Encoded {
         if let Some(b) = self.bos() {
             e.ids.insert(0, b);
             e.head += 1;
             e.messages_end += 1;
         }
-        Ok(e)
+        e
     }
     /// Encode raw text as plain tokens (BOS first when the config has one).
     ///

@@ -752,7 +752,7 @@ struct ChatPlan {
     images: Vec<waste_model::PreparedImage>,
     /// Their request memory, held until the job is done with them.
     held: Vec<Reserved>,
-    xtml: bool,
+    markup: chat::Markup,
     thinking: bool,
     keep_calls: bool,
     constraint: Option<waste_grammar::Constraint>,
@@ -845,24 +845,32 @@ fn chat_prompt(st: &AppState, v: &Value, own: u64) -> Result<(Vec<u32>, ChatPlan
         msgs[r.message].images.push(img.size());
     }
     let opts = chat::options(v).map_err(to400)?;
-    let xtml = st.model.is_xtml();
-    let (prompt, boundary) = if xtml {
-        let e = st.model.encode_xtml(&msgs, &opts, true).map_err(|e| encode_err(e, "messages"))?;
-        (e.ids, e.messages_end)
-    } else {
-        if !opts.tools.is_empty() || msgs.iter().any(|m| !m.tool_calls.is_empty() || m.role == "tool") {
-            return Err(bad(
-                "this model's chat template has no tool-call format (tools need K3's tagged format)",
-                "tools",
-            ));
+    let markup = chat::Markup::of(&st.model);
+    let xtml = markup == chat::Markup::Xtml;
+    let (prompt, boundary) = match markup {
+        chat::Markup::Xtml => {
+            let e = st.model.encode_xtml(&msgs, &opts, true).map_err(|e| encode_err(e, "messages"))?;
+            (e.ids, e.messages_end)
         }
-        let plain: Vec<Message> =
-            msgs.iter().map(|m| Message::new(&m.role, &m.content).with_images(&m.images)).collect();
-        let p = st.model.encode_chat(&plain, true).map_err(|e| encode_err(e, "messages"))?;
-        let b = st.model.encode_chat(&plain, false).map_err(|e| encode_err(e, "messages"))?;
-        // a template could render the messages differently when a turn is open
-        let b = if p.starts_with(&b) { b.len() } else { 0 };
-        (p, b)
+        chat::Markup::K2 => {
+            let e = st.model.encode_k2(&msgs, &opts.tools, true).map_err(|e| encode_err(e, "messages"))?;
+            (e.ids, e.messages_end)
+        }
+        chat::Markup::Plain => {
+            if !opts.tools.is_empty() || msgs.iter().any(|m| !m.tool_calls.is_empty() || m.role == "tool") {
+                return Err(bad(
+                    "this model's chat template has no tool-call format (tools need K3's tagged format or the K2 family's)",
+                    "tools",
+                ));
+            }
+            let plain: Vec<Message> =
+                msgs.iter().map(|m| Message::new(&m.role, &m.content).with_images(&m.images)).collect();
+            let p = st.model.encode_chat(&plain, true).map_err(|e| encode_err(e, "messages"))?;
+            let b = st.model.encode_chat(&plain, false).map_err(|e| encode_err(e, "messages"))?;
+            // a template could render the messages differently when a turn is open
+            let b = if p.starts_with(&b) { b.len() } else { 0 };
+            (p, b)
+        }
     };
     let thinking = xtml && opts.thinking.is_some();
     // the cheap checks first: a request the context cannot hold never compiles a grammar;
@@ -875,7 +883,15 @@ fn chat_prompt(st: &AppState, v: &Value, own: u64) -> Result<(Vec<u32>, ChatPlan
         Some(_) => return Err(bad("parallel_tool_calls must be a boolean", "parallel_tool_calls")),
     };
     let grammar_err = |e: waste_grammar::Error, p: &str| bad(public_message(&e.to_string()), p);
-    let constraint = match (&opts.response_format, &opts.tool_choice) {
+    let only = match &opts.tool_choice {
+        ToolChoice::Function(n) => Some(n.as_str()),
+        _ => None,
+    };
+    let forced = matches!(opts.tool_choice, ToolChoice::Required | ToolChoice::Function(_));
+    let auto = opts.tool_choice == ToolChoice::Auto && !opts.tools.is_empty();
+    // the K2 template numbers a conversation's calls: the next is this one
+    let first = msgs.iter().map(|m| m.tool_calls.len()).sum::<usize>();
+    let constraint = match (&opts.response_format, markup) {
         (Some(rf), _) => {
             let schema = match rf {
                 ResponseFormat::JsonSchema(s) => Some(s),
@@ -887,16 +903,17 @@ fn chat_prompt(st: &AppState, v: &Value, own: u64) -> Result<(Vec<u32>, ChatPlan
                     .map_err(|e| grammar_err(e, "response_format"))?,
             )
         }
-        (None, ToolChoice::Required | ToolChoice::Function(_)) if xtml => {
-            let only = match &opts.tool_choice {
-                ToolChoice::Function(n) => Some(n.as_str()),
-                _ => None,
-            };
+        (None, chat::Markup::Xtml) if forced => {
             let lark = waste_grammar::tool_calls_lark(&opts.tools, only, parallel && only.is_none(), thinking)
                 .map_err(|e| grammar_err(e, "tools"))?;
             Some(grammars(st)?.constraint(&lark).map_err(|e| grammar_err(e, "tools"))?)
         }
-        (None, ToolChoice::Auto) if xtml && !opts.tools.is_empty() => {
+        (None, chat::Markup::K2) if forced => {
+            let lark = waste_grammar::k2_tool_calls_lark(&opts.tools, only, parallel && only.is_none(), first)
+                .map_err(|e| grammar_err(e, "tools"))?;
+            Some(grammars(st)?.constraint(&lark).map_err(|e| grammar_err(e, "tools"))?)
+        }
+        (None, chat::Markup::Xtml) if auto => {
             let lark = waste_grammar::tool_section_lark(&opts.tools, parallel).map_err(|e| grammar_err(e, "tools"))?;
             Some(
                 grammars(st)?
@@ -904,10 +921,19 @@ fn chat_prompt(st: &AppState, v: &Value, own: u64) -> Result<(Vec<u32>, ChatPlan
                     .map_err(|e| grammar_err(e, "tools"))?,
             )
         }
+        (None, chat::Markup::K2) if auto => {
+            let lark = waste_grammar::k2_tool_section_lark(&opts.tools, parallel, first)
+                .map_err(|e| grammar_err(e, "tools"))?;
+            Some(
+                grammars(st)?
+                    .lazy(waste_grammar::k2_tool_section_trigger(), &lark)
+                    .map_err(|e| grammar_err(e, "tools"))?,
+            )
+        }
         _ => None,
     };
     let keep_calls = !opts.tools.is_empty() && opts.tool_choice != ToolChoice::None;
-    Ok((prompt, ChatPlan { boundary, xtml, thinking, keep_calls, constraint, images, held }, common))
+    Ok((prompt, ChatPlan { boundary, markup, thinking, keep_calls, constraint, images, held }, common))
 }
 
 /// Seconds a remote image may take to arrive (connect, redirects and body).
@@ -1043,9 +1069,14 @@ async fn chat(
         let rendering = len.saturating_add(waste_model::tokenizer::TEMPLATE_OUTPUT_BYTES as u64);
         let rendering = reserve_now(&st2, rendering, "rendering the messages", held_kib([&parsed]))?;
         let (prompt, plan, mut c) = chat_prompt(&st2, &v, held_kib([&parsed, &rendering]))?;
-        if plan.xtml {
+        let end = match plan.markup {
+            chat::Markup::Xtml => Some(chat::END_OF_MSG),
+            chat::Markup::K2 => Some(waste_model::tokenizer::k2::IM_END),
+            chat::Markup::Plain => None,
+        };
+        if let Some(end) = end {
             c.params.mark_specials = true;
-            c.params.stop_tokens.extend(st2.model.tokenizer().and_then(|t| t.special_id(chat::END_OF_MSG)));
+            c.params.stop_tokens.extend(st2.model.tokenizer().and_then(|t| t.special_id(end)));
         }
         Ok((prompt, plan, c))
     })
@@ -1111,12 +1142,12 @@ async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPl
     let model_id = st.opts.model_id.clone();
     let (mut asm, constraint, boundary, images) = match plan {
         Some(p) => (
-            Assembler::new(p.xtml, p.thinking, p.keep_calls, &n.to_string()),
+            Assembler::new(p.markup, p.thinking, p.keep_calls, &n.to_string()),
             p.constraint,
             p.boundary,
             (p.images, p.held),
         ),
-        None => (Assembler::new(false, false, false, &n.to_string()), None, 0, (vec![], vec![])),
+        None => (Assembler::new(chat::Markup::Plain, false, false, &n.to_string()), None, 0, (vec![], vec![])),
     };
     let (mut rx, cancel) = match submit(&st, prompt, boundary, c.params.clone(), constraint, images) {
         Ok(x) => x,

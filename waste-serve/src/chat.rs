@@ -320,9 +320,38 @@ pub fn options(v: &Value) -> Result<XtmlOptions, Bad> {
     Ok(o)
 }
 
+/// The chat format a model's prompts and answers are written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Markup {
+    /// A template with no tool or thinking markup: the output is the answer.
+    Plain,
+    /// K3's tagged format (tools, thinking, structured output).
+    Xtml,
+    /// The Kimi K2 family's format (Kimi-Linear's: tools).
+    K2,
+}
+
+impl Markup {
+    /// The format of `model`'s chat template.
+    pub fn of(model: &waste_model::Model) -> Markup {
+        if model.is_xtml() {
+            Markup::Xtml
+        } else if model.is_k2() {
+            Markup::K2
+        } else {
+            Markup::Plain
+        }
+    }
+}
+
+enum Parser {
+    Xtml(OutputParser),
+    K2(waste_model::tokenizer::k2::OutputParser),
+}
+
 /// The output of one generation, parsed as it streams.
 pub struct Assembler {
-    parser: Option<OutputParser>,
+    parser: Option<Parser>,
     keep_calls: bool,
     id_base: String,
     /// Answer text.
@@ -334,10 +363,15 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    /// For XTML output (`xtml`, with thinking or not) or plain text.
-    pub fn new(xtml: bool, thinking: bool, keep_calls: bool, id_base: &str) -> Assembler {
+    /// For output in `markup` (thinking: the prompt opened K3's `think`),
+    /// reporting tool calls when `keep_calls`.
+    pub fn new(markup: Markup, thinking: bool, keep_calls: bool, id_base: &str) -> Assembler {
         Assembler {
-            parser: xtml.then(|| OutputParser::new(thinking)),
+            parser: match markup {
+                Markup::Plain => None,
+                Markup::Xtml => Some(Parser::Xtml(OutputParser::new(thinking))),
+                Markup::K2 => Some(Parser::K2(Default::default())),
+            },
             keep_calls,
             id_base: id_base.to_string(),
             content: String::new(),
@@ -348,12 +382,16 @@ impl Assembler {
 
     /// Feed a piece; returns the delta objects it produced (for streaming).
     pub fn push(&mut self, piece: &str) -> Vec<Value> {
-        let Some(p) = self.parser.as_mut() else {
-            self.content.push_str(piece);
-            return if piece.is_empty() { vec![] } else { vec![json!({"content": piece})] };
+        let parts = match self.parser.as_mut() {
+            None => {
+                self.content.push_str(piece);
+                return if piece.is_empty() { vec![] } else { vec![json!({"content": piece})] };
+            }
+            Some(Parser::Xtml(p)) => p.push(piece),
+            Some(Parser::K2(p)) => p.push(piece),
         };
         let mut out = Vec::new();
-        for part in p.push(piece) {
+        for part in parts {
             match part {
                 Part::Reasoning(r) => {
                     self.reasoning.push_str(&r);
@@ -487,7 +525,7 @@ mod tests {
     #[test]
     fn assembler_reports_tool_calls_and_reasoning() {
         let mk = |s: &str| format!("\u{F8F2}{s}\u{F8F3}");
-        let mut a = Assembler::new(true, true, true, "7");
+        let mut a = Assembler::new(Markup::Xtml, true, true, "7");
         let text = format!(
             "hm{}think{}{}call tool=\"f\" index=\"1\"{}{}call{}",
             mk("<|close|>"),
@@ -505,7 +543,7 @@ mod tests {
         assert_eq!(a.message()["content"], Value::Null);
         assert_eq!(a.message()["tool_calls"][0]["id"], "call_7_0");
         // with tool_choice none, calls are not reported
-        let mut b = Assembler::new(true, true, false, "8");
+        let mut b = Assembler::new(Markup::Xtml, true, false, "8");
         b.push(&text);
         assert_eq!(b.finish_reason("stop"), "stop");
         assert!(b.message().get("tool_calls").is_none());

@@ -67,6 +67,9 @@ pub enum ChatTemplate {
     /// Kimi K3's tagged format, rendered natively ([`crate::xtml`]): tools,
     /// thinking and structured output need it.
     Xtml,
+    /// The Kimi K2 family's format (Kimi-Linear's), rendered natively
+    /// ([`crate::k2`]): tools need it.
+    K2,
 }
 
 /// Template instructions one rendering may execute (a 1,000-message
@@ -158,6 +161,17 @@ impl std::io::Write for Capped {
     }
 }
 
+/// Plain messages as the tagged formats' messages (content and images).
+fn tagged(messages: &[Message]) -> Vec<crate::xtml::ChatMessage> {
+    messages
+        .iter()
+        .map(|m| crate::xtml::ChatMessage {
+            images: m.images.clone(),
+            ..crate::xtml::ChatMessage::new(&m.role, &m.content)
+        })
+        .collect()
+}
+
 impl ChatTemplate {
     /// Parse `chat.json`: `{"system": [prefix, suffix], "user": [...], "assistant": [...], "open": "..."}`.
     ///
@@ -195,7 +209,14 @@ impl ChatTemplate {
         let read = |p: &Path| crate::read_text(p, crate::MAX_TEMPLATE_BYTES);
         let j = dir.join("chat_template.jinja");
         if j.exists() {
-            return Ok(ChatTemplate::Jinja(read(&j)?));
+            let src = read(&j)?;
+            // a K2-family template (Kimi-Linear's release ships one) is the
+            // format the native renderer writes as the reference does, with
+            // tools; docs/REFERENCE-DIFFERENCES.md says where it may differ
+            if src.contains(crate::k2::SECTION_BEGIN) && src.contains("tool_declare") && crate::k2::supported(tok) {
+                return Ok(ChatTemplate::K2);
+            }
+            return Ok(ChatTemplate::Jinja(src));
         }
         let c = dir.join("chat.json");
         if c.exists() {
@@ -215,10 +236,14 @@ impl ChatTemplate {
         Ok(Self::default_for(tok))
     }
 
-    /// A default template from the tokenizer's specials (Kimi's `<|im_*|>`
-    /// markup, the K3-style `<|open|>…<|sep|>` markup, or plain text).
+    /// A default template from the tokenizer's specials (the K2 family's
+    /// format when every one of its markers is there, else Kimi's `<|im_*|>`
+    /// turns, the K3-style `<|open|>…<|sep|>` markup, or plain text).
     pub fn default_for(tok: &Tokenizer) -> ChatTemplate {
         let roles = ["system", "user", "assistant", "tool"];
+        if crate::k2::supported(tok) {
+            return ChatTemplate::K2;
+        }
         if tok.special_id("<|im_user|>").is_some() && tok.special_id("<|im_middle|>").is_some() {
             let tag = |r: &str| match r {
                 "user" => "<|im_user|>",
@@ -266,15 +291,9 @@ impl ChatTemplate {
                 Ok(out)
             }
             ChatTemplate::Xtml => {
-                let msgs: Vec<crate::xtml::ChatMessage> = messages
-                    .iter()
-                    .map(|m| crate::xtml::ChatMessage {
-                        images: m.images.clone(),
-                        ..crate::xtml::ChatMessage::new(&m.role, &m.content)
-                    })
-                    .collect();
-                crate::xtml::encode(tok, &msgs, &crate::xtml::XtmlOptions::default(), open).map(|e| e.ids)
+                crate::xtml::encode(tok, &tagged(messages), &crate::xtml::XtmlOptions::default(), open).map(|e| e.ids)
             }
+            ChatTemplate::K2 => crate::k2::encode(tok, &tagged(messages), &[], open).map(|e| e.ids),
             ChatTemplate::Jinja(src) => {
                 let roles: Vec<&str> = messages.iter().map(|m| m.role.as_str()).collect();
                 let rendered = match JINJA_RENDERER.get() {

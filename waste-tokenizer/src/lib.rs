@@ -25,6 +25,7 @@
 mod bpe;
 mod chat;
 mod decode;
+pub mod k2;
 pub mod xtml;
 
 pub use bpe::{Pattern, Tokenizer, PRIVATE_REGEX_ABOVE, REGEX_ALLOWANCE};

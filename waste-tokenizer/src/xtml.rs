@@ -447,13 +447,24 @@ pub struct Encoded {
 /// As [`render`], and [`Error::Template`] when the tokenizer lacks a marker.
 pub fn encode(tok: &Tokenizer, messages: &[ChatMessage], opts: &XtmlOptions, open: bool) -> Result<Encoded> {
     let r = render_parts(messages, opts, open)?;
-    let total = r.segs.len();
+    encode_segments(tok, r.segs, r.head, r.messages_end)
+}
+
+/// Tokenize rendered segments (markers by id, text runs plain), with the
+/// token counts where the segments `head` and `messages_end` begin.
+pub(crate) fn encode_segments(
+    tok: &Tokenizer,
+    segs: Vec<Segment>,
+    head: usize,
+    messages_end: usize,
+) -> Result<Encoded> {
+    let total = segs.len();
     let mut out = Encoded { ids: Vec::new(), head: 0, messages_end: 0 };
-    for (k, s) in r.segs.into_iter().enumerate() {
-        if k == r.head {
+    for (k, s) in segs.into_iter().enumerate() {
+        if k == head {
             out.head = out.ids.len();
         }
-        if k == r.messages_end {
+        if k == messages_end {
             out.messages_end = out.ids.len();
         }
         match s {
@@ -464,10 +475,10 @@ pub fn encode(tok: &Tokenizer, messages: &[ChatMessage], opts: &XtmlOptions, ope
         }
     }
     // a part that ends the rendering ends at the last token
-    if r.head == total {
+    if head == total {
         out.head = out.ids.len();
     }
-    if r.messages_end == total {
+    if messages_end == total {
         out.messages_end = out.ids.len();
     }
     Ok(out)
@@ -553,6 +564,27 @@ pub struct OutputParser {
 const MARK_OPEN: char = '\u{F8F2}';
 const MARK_CLOSE: char = '\u{F8F3}';
 
+/// Take the next run of text from marked output and the marker after it:
+/// `(text, Some(marker))` when a whole marker came; `(text, None)` for all
+/// the text when no marker follows, or for the text before a marker that
+/// has not fully arrived (kept in `raw` for the next piece); `None` once
+/// `raw` is empty.
+pub(crate) fn next_marker(raw: &mut String) -> Option<(String, Option<String>)> {
+    if raw.is_empty() {
+        return None;
+    }
+    let Some(a) = raw.find(MARK_OPEN) else { return Some((std::mem::take(raw), None)) };
+    let Some(b) = raw[a..].find(MARK_CLOSE).map(|b| a + b) else {
+        let t = raw[..a].to_string();
+        raw.drain(..a);
+        return Some((t, None));
+    };
+    let t = raw[..a].to_string();
+    let m = raw[a + MARK_OPEN.len_utf8()..b].to_string();
+    raw.drain(..b + MARK_CLOSE.len_utf8());
+    Some((t, Some(m)))
+}
+
 impl OutputParser {
     /// A parser for output that continues a generation prompt which opened
     /// `think` (`thinking`) or `response`.
@@ -576,23 +608,12 @@ impl OutputParser {
     pub fn push(&mut self, text: &str) -> Vec<Part> {
         self.raw.push_str(text);
         let mut out = Vec::new();
-        loop {
-            let Some(a) = self.raw.find(MARK_OPEN) else {
-                let t = std::mem::take(&mut self.raw);
-                self.text(&t, &mut out);
-                break;
-            };
-            let Some(b) = self.raw[a..].find(MARK_CLOSE).map(|b| a + b) else {
-                let t = self.raw[..a].to_string();
-                self.raw.drain(..a);
-                self.text(&t, &mut out);
-                break;
-            };
-            let t = self.raw[..a].to_string();
-            let m = self.raw[a + MARK_OPEN.len_utf8()..b].to_string();
-            self.raw.drain(..b + MARK_CLOSE.len_utf8());
+        while let Some((t, m)) = next_marker(&mut self.raw) {
             self.text(&t, &mut out);
-            self.marker(&m, &mut out);
+            match m {
+                Some(m) => self.marker(&m, &mut out),
+                None => break,
+            }
         }
         merge_parts(out)
     }

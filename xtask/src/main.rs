@@ -313,13 +313,42 @@ fn openai_client_test(root: &Path, waste: &Path, skips: &mut Vec<String>) -> Res
         .arg(fx.join("hf-k3-vision"))
         .arg("--out")
         .arg(&vision))?;
+    // the anchor's weights speaking the Kimi K2 family's chat format
+    // (Kimi-Linear's): its specials renamed, `<|im_end|>` at the end-of-
+    // sequence id (as waste-cli/tests/common's K2_SPECIALS)
+    let k2 = std::env::temp_dir().join(format!("waste-ci-k2-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&k2);
+    std::fs::create_dir_all(&k2)?;
+    for e in std::fs::read_dir(&anchor)? {
+        let e = e?;
+        std::fs::copy(e.path(), k2.join(e.file_name()))?;
+    }
+    let names = [
+        "[BOS]",
+        "<|im_user|>",
+        "<|im_end|>",
+        "<|im_assistant|>",
+        "<|im_system|>",
+        "<|im_middle|>",
+        "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+    ];
+    let specials: Vec<String> =
+        names.iter().enumerate().map(|(i, t)| format!("{{\"id\": {}, \"text\": \"{t}\"}}", 305 + i)).collect();
+    std::fs::write(k2.join("specials.json"), format!("[{}]", specials.join(", ")))?;
     let r = run(Command::new(&py)
         .arg(root.join("tools/serve_test/openai_client.py"))
         .arg(waste)
         .arg(anchor)
         .arg(&vision)
-        .arg(fx.join("k3-vision/a.png")));
+        .arg(fx.join("k3-vision/a.png"))
+        .arg("--k2")
+        .arg(&k2));
     let _ = std::fs::remove_dir_all(&vision);
+    let _ = std::fs::remove_dir_all(&k2);
     r
 }
 

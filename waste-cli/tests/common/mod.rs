@@ -116,3 +116,30 @@ pub fn post_chat(addr: &str, v: &serde_json::Value) -> (u16, serde_json::Value) 
     let body = out.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
     (status, serde_json::from_str(body).unwrap_or(serde_json::Value::Null))
 }
+
+/// The K2 family's markers (Kimi-Linear's chat format) in place of the
+/// anchor's K3 specials, `<|im_end|>` at the config's end-of-sequence id
+/// (307): the anchor's weights with Kimi-Linear's chat format. The same
+/// names and ids as `xtask`'s copy for the openai client test.
+pub const K2_SPECIALS: [(u32, &str); 11] = [
+    (305, "[BOS]"),
+    (306, "<|im_user|>"),
+    (307, "<|im_end|>"),
+    (308, "<|im_assistant|>"),
+    (309, "<|im_system|>"),
+    (310, "<|im_middle|>"),
+    (311, "<|tool_calls_section_begin|>"),
+    (312, "<|tool_calls_section_end|>"),
+    (313, "<|tool_call_begin|>"),
+    (314, "<|tool_call_argument_begin|>"),
+    (315, "<|tool_call_end|>"),
+];
+
+/// A copy of the anchor speaking the K2 family's chat format ([`K2_SPECIALS`]).
+pub fn copy_anchor_k2(tag: &str) -> PathBuf {
+    let d = copy_anchor(tag);
+    let sp: Vec<serde_json::Value> =
+        K2_SPECIALS.iter().map(|(id, t)| serde_json::json!({"id": id, "text": t})).collect();
+    std::fs::write(d.join("specials.json"), serde_json::to_string_pretty(&sp).unwrap()).unwrap();
+    d
+}
