@@ -36,7 +36,7 @@ same prefill 3 more times on a reset context) and
 each container EXPERTS names. Prints a markdown table of medians and
 ranges (ms per token). The first prefill after a load and the repeated one
 differ on a VM whose cores were idle through an I/O-bound load
-(docs/LEARNED.md, nineteenth session); both are shown.
+(docs/lab/2026-12-03-43-a-first-prefill-after-an-i-o-bound-open.md, nineteenth session); both are shown.
 
 Needs the oracle venv (torch, transformers, numpy) with llama-cpp-python
 installed from the same sdist as DIR (CMAKE_ARGS="-DGGML_NATIVE=ON").

@@ -4,7 +4,7 @@ alternating runs, medians and ranges. Usage:
 
     python3 tools/bench/streaming.py CONTAINER [--runs 3] [--n 12]
 
-Prints a Markdown table (for docs/LEARNED.md)."""
+Prints a Markdown table (for docs/lab/)."""
 import argparse
 import json
 import statistics

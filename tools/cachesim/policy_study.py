@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cache-policy study on a routing trace (docs/LEARNED.md, issue 15).
+"""Cache-policy study on a routing trace (docs/lab/, issue 15).
 
 Usage: policy_study.py [TRACE.jsonl] [EXPERTS_PER_LAYER]
        STUDY=general policy_study.py [...]   (ARC, LIRS, S3-FIFO, W-TinyLFU)

@@ -94,7 +94,7 @@ pub struct KdaState {
 /// time and flushes the other threads' TLBs (an inter-processor interrupt
 /// each, slow on a VM), while the pool's threads contend for the page-table
 /// lock — a process's first prefill spent 15 % of its samples there, and its
-/// attention took 1.7× what it takes since (docs/LEARNED.md, eighteenth
+/// attention took 1.7× what it takes since (docs/lab/2026-12-03-42-matmat-tiles-that-prefetch-where-a-first-prefill-s.md, eighteenth
 /// session). Written here, each page is faulted once, writable, by the
 /// thread making the state.
 ///

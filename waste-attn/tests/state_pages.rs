@@ -1,7 +1,7 @@
 //! A new KDA state's pages are written when it is made, not left to the
 //! allocator's lazily zeroed mapping: the delta rule reads the state before
 //! it writes it, and a lazily zeroed page first read then written faults
-//! twice and flushes the other threads' TLBs (docs/LEARNED.md, eighteenth
+//! twice and flushes the other threads' TLBs (docs/lab/2026-12-03-42-matmat-tiles-that-prefetch-where-a-first-prefill-s.md, eighteenth
 //! session). Its own test binary: resident memory is per process.
 
 #[cfg(target_os = "linux")]

@@ -21,7 +21,7 @@
 //! layer than the last starts a token), so a prefill chunk counts as one
 //! step and several sessions interleaving their layers age the counts
 //! faster; both only shift the estimate, never what is computed. The two
-//! parameters are fixed for every trace and every model (docs/LEARNED.md
+//! parameters are fixed for every trace and every model (docs/lab/
 //! has the measurements that chose them and what lost).
 
 use crate::cache::Key;

@@ -30,7 +30,7 @@ fn lfru_survives_small_caches_and_belady_bounds_all() {
 }
 
 /// `eta` (the default) against LFRU and Belady at 3 %, 6 %, 12.5 % and 25 %
-/// of the 6,656 experts. Measured (docs/LEARNED.md): eta 0.327 / 0.444 /
+/// of the 6,656 experts. Measured (docs/lab/): eta 0.327 / 0.444 /
 /// 0.594 / 0.731, LFRU 0.289 / 0.412 / 0.567 / 0.733, Belady 0.508 / 0.635 /
 /// 0.753 / 0.849. The margins asserted are half the measured gains, so a
 /// policy change that loses them fails.

@@ -5,7 +5,7 @@
 //! when it is first touched. For the expert cache that touch is a direct
 //! read into a fresh slot, so the zeroing lands on the read's latency — on
 //! the measuring VM it ran at 0.5–1.5 GB/s, as slow as the disk (see
-//! docs/LEARNED.md). [`Prefault`] zeroes the pages ahead of use on a
+//! docs/lab/). [`Prefault`] zeroes the pages ahead of use on a
 //! thread of the lowest scheduling class (Linux `SCHED_IDLE`: it runs only
 //! on a core nothing else wants, e.g. while the trunk loads or decode waits
 //! for the disk), with `MADV_POPULATE_WRITE`, which faults pages in without

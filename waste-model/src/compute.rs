@@ -2,7 +2,7 @@
 //! work takes at this machine's kernel speed with the data in cache, on the
 //! model's own threads, SIMD level and weights. Memory and disk give the
 //! roofline a token cannot beat by streaming; this is the one it cannot
-//! beat by computing (docs/LEARNED.md, twenty-fourth session: on a 2-vCPU
+//! beat by computing (docs/lab/2026-12-04-48-what-bounds-an-all-cached-token-on-one-core.md, twenty-fourth session: on a 2-vCPU
 //! AVX-512 VM the VQ3R lookups and the Q4G matvec are bound by the vector
 //! pipes, not by memory).
 //!

@@ -70,7 +70,7 @@ pub struct Plan {
 }
 
 /// Resident bytes of the constrained-decoding tables per vocabulary entry:
-/// measured +87 MiB for o200k's 200,000 entries (docs/LEARNED.md,
+/// measured +87 MiB for o200k's 200,000 entries (docs/lab/2026-11-29-15-constrained-decoding-cost-issue-7.md,
 /// "Constrained decoding cost"), about 456 bytes; 480 with margin.
 pub const GRAMMAR_BYTES_PER_TOKEN: u64 = 480;
 

@@ -57,7 +57,7 @@ impl<'c> TrunkReader<'c> {
             // advised before the first write, so the pages arrive huge;
             // zeroed here, then read over (measured against letting a
             // zeroed allocation's pages arrive within the read: the first
-            // prefill after the open ran faster this way — docs/LEARNED.md)
+            // prefill after the open ran faster this way — docs/lab/)
             let mut v = Vec::with_capacity(len);
             waste_io::advise_huge_pages(v.spare_capacity_mut());
             v.resize(len, 0);

@@ -6,7 +6,7 @@
 //! 4 rows) as the compiler emits them, with their data in L1 — so the cycles
 //! they take are the core's limit, not memory's. From those, the most
 //! index (VQ3R) or weight (Q4G) bytes one core can consume per second,
-//! to set beside `waste bench`'s memory bandwidth (docs/LEARNED.md); and
+//! to set beside `waste bench`'s memory bandwidth (docs/lab/); and
 //! two alternatives to the Q4G loop that give the same weights, both
 //! measured slower (twenty-seventh session).
 //!

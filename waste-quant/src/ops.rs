@@ -81,7 +81,7 @@ pub fn situ(g: f32, u: f32, beta: f32, linear_beta: f32) -> f32 {
 /// `tanhf` is not: glibc's x86_64 and aarch64 versions disagree on many
 /// inputs (as do `expm1f` and `log1pf`; `expf`, `logf`, `sinf`, `cosf`,
 /// `powf` and `sqrtf` agree — checked over 47 million inputs each,
-/// docs/LEARNED.md), which made K3's logits depend on the architecture.
+/// docs/lab/), which made K3's logits depend on the architecture.
 /// Computed in f64 with only +, −, ×, ÷ (Rust never fuses them): `(1 −
 /// e)/(1 + e)` with `e = exp(−2|x|)` from a private f64 `exp`; the f64 error
 /// (~1e-15 relative, even where `1 − e` cancels: |x| ≥ 2⁻¹² there) is far

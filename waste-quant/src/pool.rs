@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 /// How long a worker (for the next call) and the caller (for the workers'
 /// last tasks) poll before sleeping on the condition variable. A decode
 /// token makes hundreds of short pool calls; waking a sleeping thread cost
-/// ~9 µs a call on a 2-vCPU VM, more than a 5 µs task (docs/LEARNED.md,
+/// ~9 µs a call on a 2-vCPU VM, more than a 5 µs task (docs/lab/2026-12-01-30-matvec-streams-the-pool-s-per-call-cost-byte.md,
 /// "The pool's per-call cost"). Polling stops after this, so an idle
 /// process sleeps.
 const SPIN: Duration = Duration::from_micros(100);

@@ -191,7 +191,7 @@ fma_scalar! {
 
 /// How the AVX-512 VBMI byte-plane kernel looks up a 256-entry byte plane
 /// (other kernels ignore it). Both forms give the same bytes (so the same
-/// results); which is faster depends on the CPU's shuffle unit (docs/LEARNED.md, "vpermb", "per CPU").
+/// results); which is faster depends on the CPU's shuffle unit (docs/lab/2026-12-02-40-vpermb-instead-of-vpermt2b-in-the-vq-planes-integer.md, "vpermb", "per CPU").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PlaneLookup {
     /// Two two-register permutes (`vpermt2b`, 128 entries each) and a blend

@@ -309,7 +309,7 @@ pub fn rows_kernel(f: IndexFamily) -> RowsKernel {
 /// where decode runs 10–16 % faster with the loads: a probe at the open (on
 /// its own matrices, in L1/L2 or flushed to memory) and a trial of the
 /// first 96 calls (while the cache's prefault zeroed pages on the other
-/// vCPU) both chose the gathers (docs/LEARNED.md, "VQ rows without
+/// vCPU) both chose the gathers (docs/lab/2026-12-05-54-vq-rows-without-gathers-the-scalar-level-s-fma.md, "VQ rows without
 /// gathers").
 pub fn next_form(f: IndexFamily) -> (RowsKernel, bool) {
     let (k, timed) = choose(f);

@@ -5,7 +5,7 @@
 //! at least four values for any non-empty array and an index table plus an
 //! entry vector for any object: a 4 MiB body of `[[[]]],` repeated held 421
 //! MB once parsed, `{"":0},` 294 MB, `0,` 151 MB (227 MB at the peak), and
-//! parsing it took 0.3–0.7 s (docs/LEARNED.md). The server scans the body
+//! parsing it took 0.3–0.7 s (docs/lab/). The server scans the body
 //! first (one pass, no allocation), reserves what the scan bounds from its
 //! request memory, and only then parses — on the blocking pool.
 

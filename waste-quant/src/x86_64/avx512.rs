@@ -21,7 +21,7 @@ use waste_format::Fmt;
 /// hardware prefetcher follows them, and keeps two independent FMA chains.
 /// Adjacent rows per pass read as many short interleaved streams and ran at
 /// about half the memory speed on the Q8G LM head; one row per pass ran
-/// 18–40 % slower than two halves' from DRAM (docs/LEARNED.md, "Matvec
+/// 18–40 % slower than two halves' from DRAM (docs/lab/2026-12-01-30-matvec-streams-the-pool-s-per-call-cost-byte.md, "Matvec
 /// streams" and "Two streams per pass").
 const ROWS: usize = 2;
 /// Rows per pass of [`rows_dot_q4`]: Q4G is compute-bound on one row's
@@ -34,7 +34,7 @@ const ROWS_Q4: usize = 4;
 /// for a 2304-wide Q4G matrix), too short for the hardware prefetcher to
 /// follow; prefetching the rows after them in address order, at the pace
 /// this group is read, brings the matvec near memory speed (one group
-/// ahead measured best of 1, 2, 4: docs/LEARNED.md, "Matvec streams").
+/// ahead measured best of 1, 2, 4: docs/lab/2026-12-01-30-matvec-streams-the-pool-s-per-call-cost-byte.md, "Matvec streams").
 const PREFETCH_GROUPS: usize = 1;
 
 /// Prefetch the cache lines of `len` bytes at `p` (a hint: never faults,
@@ -377,7 +377,7 @@ const MM_ROWS: usize = 2;
 /// Inputs per tile of [`matmat_rows`]: `MM_ROWS × MM_TOKENS` dots keep
 /// their 32 canonical lanes in two registers each (16), the inputs' blocks
 /// take 8 more, the weights 2 — within AVX-512's 32 registers. Measured
-/// best of 1×8, 2×4, 2×5, 2×6, 3×3, 3×4, 4×2, 4×3 (docs/LEARNED.md).
+/// best of 1×8, 2×4, 2×5, 2×6, 3×3, 3×4, 4×2, 4×3 (docs/lab/).
 const MM_TOKENS: usize = 4;
 
 /// `out[k][t] = W[r0 + k] · xs[t]` for `k < R`, `t < T` (`xs` holds the
@@ -596,7 +596,7 @@ unsafe fn tile_dot_q4<const R: usize, const T: usize>(
     // the next tile's R rows (contiguous, after these), prefetched in
     // address order at the pace these are read: R rows read side by side
     // are R short streams the hardware prefetcher does not follow (as in
-    // rows_dot_q4): 1.1–1.6× on 8–16-input matmats from DRAM (LEARNED)
+    // rows_dot_q4): 1.1–1.6× on 8–16-input matmats from DRAM (docs/lab/)
     let ahead = m.data.as_ptr().wrapping_add((r0 + R) * rbs);
     let mut c = 0;
     while c < full {
@@ -623,7 +623,7 @@ unsafe fn tile_dot_q4<const R: usize, const T: usize>(
 
 /// 16 floats on a cache line: the unit of [`SPLIT_XS`], so the split
 /// inputs start on a 64-byte boundary (a load split across two lines costs
-/// a matmat 7–45 %, docs/LEARNED.md).
+/// a matmat 7–45 %, docs/lab/).
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
 struct Line([f32; 16]);
@@ -877,7 +877,7 @@ pub unsafe fn table_planes(b: &crate::vq::VqBook, x: &[f32], t: &mut [f32], p: &
 }
 
 /// How many vector positions ahead [`vq_rows64`] prefetches each row
-/// group's indices (docs/LEARNED.md).
+/// group's indices (docs/lab/).
 const VQ_PREFETCH_V: usize = 4;
 
 /// VQ row sums by in-register byte lookups instead of gathers: for each
@@ -889,7 +889,7 @@ const VQ_PREFETCH_V: usize = 4;
 /// 64 f32 entries. Each row still adds its entries in the canonical order (vector position, then
 /// stage) into its own sum — bit-identical to the scalar definition. The
 /// gathers' one load per lookup is what capped [`vq_rows16`]
-/// (docs/LEARNED.md).
+/// (docs/lab/).
 ///
 /// Rows `r0..r0+y.len()`, both multiples of 64, blocked layout with `block
 /// % 64 == 0`, 8-bit indices (`bpv == stages`, 1 to 3; 256 entries); `planes`
@@ -917,7 +917,7 @@ pub unsafe fn vq_rows64(lay: &crate::vq::VqLayout, idx: &[u8], planes: &[u8], r0
 /// fixed at compile time: the index extraction is straight-line code with
 /// its permute vectors in registers, and the row groups are walked without
 /// an index computation per group (with both chosen at run time, the
-/// experts' part of an all-cached decode took 1.2× as long: docs/LEARNED.md,
+/// experts' part of an all-cached decode took 1.2× as long: docs/lab/2026-12-04-46-the-stage-count-fixed-at-compile-time-in-the.md,
 /// "The stage count fixed at compile time").
 ///
 /// # Safety

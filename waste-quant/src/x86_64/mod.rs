@@ -7,7 +7,7 @@ pub mod avx512;
 /// this is the next rows'). Intel's server cores stall on a lone sequential
 /// stream: the Q8G LM head ran at 5.4 GB/s on one thread against 8.5 the
 /// bandwidth probe reads, and 3–8 KiB ahead all gave 7.8–9.8
-/// (docs/LEARNED.md, "Prefetch ahead in one-row matvecs").
+/// (docs/lab/, "Prefetch ahead in one-row matvecs").
 const ROW_PREFETCH: usize = 4096;
 
 /// Prefetch, [`ROW_PREFETCH`] bytes ahead, each 64-byte line that starts
