@@ -14,7 +14,6 @@ use waste_format::{
     flatten_text_config, required_tensors, write_atomic, write_manifest, Codebooks, Expect, ExpertFmt, ExpertQuant,
     Fmt, LayerEntry, Manifest, ModelConfig, RecordLayout, TensorEntry, TrunkWriter, FORMAT_VERSION,
 };
-use waste_quant::quantize_groups;
 use waste_quant::vq::{VqBook, VqLayout};
 use waste_quant::vq_encode::{encode_matrix, fit_books, sample_vectors};
 
@@ -567,24 +566,16 @@ fn add_tensor(
     cols: usize,
     v: &[f32],
 ) -> Result<()> {
-    match fmt {
-        Fmt::F32 => tw.add(name, fmt, shape, 0, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(), &[])?,
-        Fmt::F16 => {
-            let h: Vec<u8> = v.iter().flat_map(|x| f32_to_f16(*x).to_le_bytes()).collect();
-            if let Some(i) = waste_format::half::first_non_finite_f16(&h) {
-                return Err(beyond_f16(format!("tensor {name}: element {i} ({})", v[i])));
-            }
-            tw.add(name, fmt, shape, 0, &h, &[])?
+    use waste_quant::formats::{tensor_format, EncodeError};
+    let group = if fmt.is_grouped() { 128 } else { 0 };
+    let (d, s) = (tensor_format(fmt).encode)(v, rows, cols, group).map_err(|e| match e {
+        EncodeError::Value(i) => beyond_f16(format!("tensor {name}: element {i} ({})", v[i])),
+        EncodeError::Scale { row, group } => {
+            beyond_f16(format!("tensor {name}: the scale of row {row}, group {group}"))
         }
-        _ => {
-            let (d, s) = quantize_groups(fmt, rows, cols, 128, v);
-            if let Some(i) = waste_format::half::first_non_finite_f16(&s) {
-                let g = cols.div_ceil(128);
-                return Err(beyond_f16(format!("tensor {name}: the scale of row {}, group {}", i / g, i % g)));
-            }
-            tw.add(name, fmt, &[rows, cols], 128, &d, &s)?
-        }
-    }
+    })?;
+    let shape = if fmt.is_grouped() { vec![rows, cols] } else { shape.to_vec() };
+    tw.add(name, fmt, &shape, group, &d, &s)?;
     Ok(())
 }
 

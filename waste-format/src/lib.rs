@@ -36,8 +36,8 @@ pub use error::{Error, Result};
 pub use fsutil::{read_regular, replace_own, staging_dir, write_atomic};
 pub use manifest::{LayerEntry, Manifest, FORMAT_VERSION, MAX_MANIFEST_BYTES};
 pub use record::{
-    check_record, record_crc, ExpertFmt, ExpertQuant, ExpertQuantEntry, RecordHeader, RecordLayout, HEADER_LEN, PAGE,
-    Q4G_GROUP, RECORD_MAGIC,
+    check_record, record_crc, ExpertFmt, ExpertFormatSpec, ExpertQuant, ExpertQuantEntry, RecordHeader, RecordLayout,
+    EXPERT_FORMATS, HEADER_LEN, PAGE, Q4G_GROUP, RECORD_MAGIC,
 };
 pub use schema::{required_tensors, Expect, Required};
 pub use tensor::{Fmt, TensorEntry, TensorInfo};

@@ -35,27 +35,67 @@ pub enum ExpertFmt {
 /// Columns per scale group of Q4G expert matrices.
 pub const Q4G_GROUP: usize = 128;
 
+/// One expert record format's constants, registered once
+/// ([`EXPERT_FORMATS`]): its names, its record header byte and its
+/// standard scheme. The kernels are waste-moe's (`ExpertKernel`), the
+/// encoders waste-convert's; docs/ADDING-A-FORMAT.md lists every place.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertFormatSpec {
+    /// The format.
+    pub fmt: ExpertFmt,
+    /// `expert_quant.fmt` in the manifest.
+    pub name: &'static str,
+    /// The record header's fmt byte.
+    pub byte: u8,
+    /// Columns per scale group, 0 without scales.
+    pub group: usize,
+    /// The standard scheme (as the C WASTE writes it, for its formats).
+    pub standard: ExpertQuant,
+}
+
+const fn spec(fmt: ExpertFmt, name: &'static str, byte: u8, group: usize, s: [usize; 5]) -> ExpertFormatSpec {
+    let standard = ExpertQuant { fmt, stages: s[0], vec_dim: s[1], entries: s[2], index_block: s[3], index_bits: s[4] };
+    ExpertFormatSpec { fmt, name, byte, group, standard }
+}
+
+/// The registered expert formats, one per `ExpertFmt` variant: VQ3R and
+/// VQ2R with 256-entry books and 8-bit indices, VQ4P with 64 entries and
+/// 6-bit packed indices, all 8-dim vectors blocked by 64 rows; F16/BF16
+/// exact; Q4G in groups of [`Q4G_GROUP`]. (Scheme: stages, vec_dim,
+/// entries, index_block, index_bits.)
+pub const EXPERT_FORMATS: [ExpertFormatSpec; 6] = [
+    spec(ExpertFmt::Vq3r, "VQ3R", 4, 0, [3, 8, 256, 64, 8]),
+    spec(ExpertFmt::Vq2r, "VQ2R", 5, 0, [2, 8, 256, 64, 8]),
+    spec(ExpertFmt::Vq4p, "VQ4P", 8, 0, [4, 8, 64, 64, 6]),
+    spec(ExpertFmt::F16, "F16", 1, 0, [0, 1, 0, 0, 16]),
+    spec(ExpertFmt::Bf16, "BF16", 1, 0, [0, 1, 0, 0, 16]),
+    spec(ExpertFmt::Q4g, "Q4G", 3, Q4G_GROUP, [0, 1, 0, 0, 4]),
+];
+
 impl ExpertFmt {
+    /// Its registration in [`EXPERT_FORMATS`].
+    pub fn spec(self) -> &'static ExpertFormatSpec {
+        &EXPERT_FORMATS[match self {
+            ExpertFmt::Vq3r => 0,
+            ExpertFmt::Vq2r => 1,
+            ExpertFmt::Vq4p => 2,
+            ExpertFmt::F16 => 3,
+            ExpertFmt::Bf16 => 4,
+            ExpertFmt::Q4g => 5,
+        }]
+    }
+    /// The format named `name` in a manifest (`VQ3R`, …), or in any case
+    /// (`vq3r`, as the CLI takes it).
+    pub fn from_name(name: &str) -> Option<ExpertFmt> {
+        EXPERT_FORMATS.iter().find(|f| f.name.eq_ignore_ascii_case(name)).map(|f| f.fmt)
+    }
     /// The record header's fmt byte.
     pub fn byte(self) -> u8 {
-        match self {
-            ExpertFmt::Vq3r => 4,
-            ExpertFmt::Vq2r => 5,
-            ExpertFmt::Vq4p => 8,
-            ExpertFmt::F16 | ExpertFmt::Bf16 => 1,
-            ExpertFmt::Q4g => 3,
-        }
+        self.spec().byte
     }
     /// Name as in the manifest.
     pub fn name(self) -> &'static str {
-        match self {
-            ExpertFmt::Vq3r => "VQ3R",
-            ExpertFmt::Vq2r => "VQ2R",
-            ExpertFmt::Vq4p => "VQ4P",
-            ExpertFmt::F16 => "F16",
-            ExpertFmt::Bf16 => "BF16",
-            ExpertFmt::Q4g => "Q4G",
-        }
+        self.spec().name
     }
     /// Whether this is a codebook (VQ) format.
     pub fn is_vq(self) -> bool {
@@ -63,11 +103,7 @@ impl ExpertFmt {
     }
     /// Columns per scale group (Q4G), else 0.
     pub fn group(self) -> usize {
-        if self == ExpertFmt::Q4g {
-            Q4G_GROUP
-        } else {
-            0
-        }
+        self.spec().group
     }
 }
 
@@ -123,15 +159,11 @@ impl ExpertQuantEntry {
     /// [`Error::Manifest`] for an unknown format or stage/entry/block counts it cannot have.
     pub fn validate(&self) -> Result<ExpertQuant> {
         let k = |f: &str| format!("expert_quant.{f}");
-        let fmt = match self.fmt.as_str() {
-            "VQ3R" => ExpertFmt::Vq3r,
-            "VQ2R" => ExpertFmt::Vq2r,
-            "VQ4P" => ExpertFmt::Vq4p,
-            "F16" => ExpertFmt::F16,
-            "BF16" => ExpertFmt::Bf16,
-            "Q4G" => ExpertFmt::Q4g,
-            other => return Err(Error::manifest(k("fmt"), format!("unknown expert format {other:?}"))),
-        };
+        let fmt = EXPERT_FORMATS
+            .iter()
+            .find(|f| f.name == self.fmt)
+            .map(|f| f.fmt)
+            .ok_or_else(|| Error::manifest(k("fmt"), format!("unknown expert format {:?}", self.fmt)))?;
         let group = self.group.map(|g| g as usize);
         if group.is_some_and(|g| g != fmt.group()) || (fmt == ExpertFmt::Q4g && group.is_none()) {
             let want = if fmt == ExpertFmt::Q4g { format!("{Q4G_GROUP}") } else { "absent".into() };
@@ -141,11 +173,8 @@ impl ExpertQuantEntry {
             return Ok(ExpertQuant::standard(fmt));
         }
         let index_bits = self.index_bits.unwrap_or(8) as usize;
-        let (want_stages, want_bits, max_entries) = match fmt {
-            ExpertFmt::Vq3r => (3, 8, 256),
-            ExpertFmt::Vq2r => (2, 8, 256),
-            _ => (4, 6, 64),
-        };
+        let std = fmt.spec().standard;
+        let (want_stages, want_bits, max_entries) = (std.stages, std.index_bits, std.entries);
         if self.stages as usize != want_stages {
             return Err(Error::manifest(k("stages"), format!("{} but {} has {want_stages}", self.stages, self.fmt)));
         }
@@ -180,27 +209,11 @@ impl ExpertQuant {
     /// VQ2R with 256-entry books, VQ4P with 64 entries and 6-bit packed
     /// indices, all 8-dim vectors blocked by 64 rows; F16/BF16 exact.
     pub fn standard(fmt: ExpertFmt) -> ExpertQuant {
-        match fmt {
-            ExpertFmt::Vq3r => ExpertQuant { fmt, stages: 3, vec_dim: 8, entries: 256, index_block: 64, index_bits: 8 },
-            ExpertFmt::Vq2r => ExpertQuant { fmt, stages: 2, vec_dim: 8, entries: 256, index_block: 64, index_bits: 8 },
-            ExpertFmt::Vq4p => ExpertQuant { fmt, stages: 4, vec_dim: 8, entries: 64, index_block: 64, index_bits: 6 },
-            ExpertFmt::F16 | ExpertFmt::Bf16 => {
-                ExpertQuant { fmt, stages: 0, vec_dim: 1, entries: 0, index_block: 0, index_bits: 16 }
-            }
-            ExpertFmt::Q4g => ExpertQuant { fmt, stages: 0, vec_dim: 1, entries: 0, index_block: 0, index_bits: 4 },
-        }
+        fmt.spec().standard
     }
-    /// Parse `vq3r | vq2r | vq4p | f16 | bf16 | q4g`.
+    /// Parse `vq3r | vq2r | vq4p | f16 | bf16 | q4g` (any case).
     pub fn parse_fmt(s: &str) -> Option<ExpertFmt> {
-        match s.to_ascii_lowercase().as_str() {
-            "vq3r" => Some(ExpertFmt::Vq3r),
-            "vq2r" => Some(ExpertFmt::Vq2r),
-            "vq4p" => Some(ExpertFmt::Vq4p),
-            "f16" => Some(ExpertFmt::F16),
-            "bf16" => Some(ExpertFmt::Bf16),
-            "q4g" => Some(ExpertFmt::Q4g),
-            _ => None,
-        }
+        ExpertFmt::from_name(s)
     }
     /// Bytes of stage indices per (row, vector position).
     pub fn index_bytes_per_vec(&self) -> usize {

@@ -59,6 +59,37 @@ impl Fmt {
     pub fn is_grouped(self) -> bool {
         matches!(self, Fmt::Q8G | Fmt::Q4G)
     }
+    /// Bits a stored weight takes in the payload (the scales apart).
+    pub fn weight_bits(self) -> u64 {
+        match self {
+            Fmt::F32 => 32,
+            Fmt::F16 | Fmt::Bf16 => 16,
+            Fmt::Q8G => 8,
+            Fmt::Q4G => 4,
+        }
+    }
+    /// Columns as stored: padded to whole groups of `group` (grouped
+    /// formats, `group` even and non-zero), else `cols`.
+    pub fn cols_padded(self, cols: u64, group: u64) -> u64 {
+        if self.is_grouped() {
+            cols.div_ceil(group) * group
+        } else {
+            cols
+        }
+    }
+    /// Payload bytes of one row of `cols` columns — the one rule the reader,
+    /// the writer and the kernels use.
+    pub fn row_bytes(self, cols: u64, group: u64) -> u64 {
+        self.cols_padded(cols, group) * self.weight_bits() / 8
+    }
+    /// Scale groups (one f16 each) per row; 0 for formats without scales.
+    pub fn groups_per_row(self, cols: u64, group: u64) -> u64 {
+        if self.is_grouped() {
+            self.cols_padded(cols, group) / group
+        } else {
+            0
+        }
+    }
 }
 
 /// One trunk tensor entry as stored in the manifest.
@@ -149,19 +180,17 @@ impl TensorEntry {
         }
         let cols = *self.shape.last().unwrap_or(&1);
         let rows = numel / cols;
-        let (group, cols_padded, payload_len, scale_len) = match fmt {
-            Fmt::F32 => (0, cols, numel * 4, 0),
-            Fmt::F16 | Fmt::Bf16 => (0, cols, numel * 2, 0),
-            Fmt::Q8G | Fmt::Q4G => {
-                let g = self.group.ok_or_else(|| Error::tensor(name, "grouped format without `group`"))?;
-                if g == 0 || g > 1 << 16 || g % 2 != 0 {
-                    return Err(Error::tensor(name, format!("group {g} invalid (must be even, 2..=65536)")));
-                }
-                let npad = cols.div_ceil(g) * g;
-                let row_bytes = if fmt == Fmt::Q8G { npad } else { npad / 2 };
-                (g, npad, rows * row_bytes, rows * (npad / g) * 2)
+        let group = if fmt.is_grouped() {
+            let g = self.group.ok_or_else(|| Error::tensor(name, "grouped format without `group`"))?;
+            if g == 0 || g > 1 << 16 || g % 2 != 0 {
+                return Err(Error::tensor(name, format!("group {g} invalid (must be even, 2..=65536)")));
             }
+            g
+        } else {
+            0
         };
+        let cols_padded = fmt.cols_padded(cols, group);
+        let (payload_len, scale_len) = (rows * fmt.row_bytes(cols, group), rows * fmt.groups_per_row(cols, group) * 2);
         let total = payload_len + scale_len;
         if self.bytes != total {
             return Err(Error::tensor(

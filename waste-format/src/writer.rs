@@ -97,15 +97,8 @@ impl TrunkWriter {
         let numel: u64 = probe.shape.iter().product();
         let cols = *probe.shape.last().unwrap_or(&1);
         let rows = numel / cols.max(1);
-        let (payload, scales) = match fmt {
-            Fmt::F32 => (numel * 4, 0),
-            Fmt::F16 | Fmt::Bf16 => (numel * 2, 0),
-            Fmt::Q8G | Fmt::Q4G => {
-                let g = group as u64;
-                let np = cols.div_ceil(g) * g;
-                (rows * if fmt == Fmt::Q8G { np } else { np / 2 }, rows * (np / g) * 2)
-            }
-        };
+        let g = if grouped { group as u64 } else { 0 };
+        let (payload, scales) = (rows * fmt.row_bytes(cols, g), rows * fmt.groups_per_row(cols, g) * 2);
         let e = TensorEntry {
             off: self.off,
             scale_off: grouped.then_some(self.off + payload),

@@ -752,7 +752,7 @@ mod tests {
     }
 
     /// Random sealed records of a format a token reads directly (Q4G with
-    /// rows of whole and of padded groups, F16), finite everywhere.
+    /// rows of whole and of padded groups, F16, BF16), finite everywhere.
     fn dense_experts(fmt: ExpertFmt, hidden: usize, m: usize, n: usize, seed: u64) -> (ExpertKernel, Vec<Vec<u8>>) {
         let cfg = ModelConfig::from_json(&serde_json::json!({"hidden_size": hidden, "num_hidden_layers": 1,
             "vocab_size": 4, "num_experts": n, "num_experts_per_token": 1, "moe_intermediate_size": m,
@@ -772,9 +772,10 @@ mod tests {
                 } else {
                     lay.gate_off..lay.scales_off
                 };
+                let half = if fmt == ExpertFmt::Bf16 { waste_quant::f32_to_bf16 } else { f32_to_f16 };
                 for c in r[halves].chunks_exact_mut(2) {
                     let v = ((rng.next_u64() % 2001) as f32 - 1000.0) * 2e-5;
-                    c.copy_from_slice(&f32_to_f16(v).to_le_bytes());
+                    c.copy_from_slice(&half(v).to_le_bytes());
                 }
                 waste_format::seal_record(&mut r, 0, e, &lay, 0);
                 r
@@ -855,6 +856,41 @@ mod tests {
         assert!(scale > 0.0);
         for (g, w) in got.iter().zip(&want) {
             assert!((*g as f64 - w).abs() <= 1e-4 * scale, "{g} vs {w}");
+        }
+    }
+
+    /// Every registered expert format (waste_format::EXPERT_FORMATS): its
+    /// records compute the same bits at every level this CPU has as at the
+    /// scalar level (the definition), finite and not all zero, and the
+    /// kernel names itself at each level (what `bench` reports).
+    #[test]
+    fn every_registered_expert_format_is_the_definition_at_every_level() {
+        for spec in &waste_format::EXPERT_FORMATS {
+            let (kernel, books, recs, h) = if spec.fmt.is_vq() {
+                experts(spec.fmt, 136, 72, 2, 11)
+            } else {
+                let (k, r) = dense_experts(spec.fmt, 200, 72, 2, 11);
+                let h = (0..200).map(|i| ((i * 37 % 101) as f32 - 50.0) * 1e-2).collect();
+                (k, LayerBooks::default(), r, h)
+            };
+            assert_eq!(kernel.lay.quant, ExpertQuant::standard(spec.fmt));
+            let run = |lv: Level| {
+                let pool = Pool::with_level(1, lv);
+                let mut sc = kernel.scratch(1);
+                kernel.prepare(&pool, &books, &h, &mut sc);
+                let mut out = vec![0f32; recs.len() * h.len()];
+                for (r, o) in recs.iter().zip(out.chunks_mut(h.len())) {
+                    kernel.forward(&pool, &books, r, &h, &mut sc, o);
+                }
+                out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            let want = run(Level::Scalar);
+            assert!(want.iter().all(|&b| f32::from_bits(b).is_finite()), "{}", spec.name);
+            assert!(want.iter().any(|&b| b << 1 != 0), "{}: all zero", spec.name);
+            for lv in Level::available() {
+                assert_eq!(run(lv), want, "{} at {lv:?}", spec.name);
+                assert!(!kernel.kernel_name(lv).is_empty());
+            }
         }
     }
 

@@ -53,6 +53,7 @@ macro_rules! fma_scalar {
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
+pub mod formats;
 mod group;
 mod level;
 mod matrix;

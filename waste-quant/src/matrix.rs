@@ -1,9 +1,9 @@
 //! Dense (trunk) matrices in F32 / F16 / BF16 / Q8G / Q4G and their
 //! matrix-vector products.
 
+use crate::formats::Stored;
 use crate::level::Level;
 use crate::scalar::{self, LANES};
-use waste_format::half::{bf16_to_f32, f16_to_f32};
 use waste_format::Fmt;
 
 /// A borrowed matrix `[rows, cols]` in one of the trunk formats.
@@ -37,28 +37,15 @@ impl std::error::Error for ShapeError {}
 impl<'a> MatRef<'a> {
     /// Columns padded to the group (grouped formats), else `cols`.
     pub fn cols_padded(&self) -> usize {
-        if self.fmt.is_grouped() {
-            self.cols.div_ceil(self.group) * self.group
-        } else {
-            self.cols
-        }
+        self.fmt.cols_padded(self.cols as u64, self.group as u64) as usize
     }
     /// Payload bytes per row.
     pub fn row_bytes(&self) -> usize {
-        match self.fmt {
-            Fmt::F32 => self.cols * 4,
-            Fmt::F16 | Fmt::Bf16 => self.cols * 2,
-            Fmt::Q8G => self.cols_padded(),
-            Fmt::Q4G => self.cols_padded() / 2,
-        }
+        self.fmt.row_bytes(self.cols as u64, self.group as u64) as usize
     }
     /// Scale groups per row.
     pub fn groups(&self) -> usize {
-        if self.fmt.is_grouped() {
-            self.cols_padded() / self.group
-        } else {
-            0
-        }
+        self.fmt.groups_per_row(self.cols as u64, self.group as u64) as usize
     }
     /// Build a view, checking every size.
     ///
@@ -86,63 +73,10 @@ impl<'a> MatRef<'a> {
         Ok(m)
     }
 
-    /// Dequantize `len` weights of row `r` starting at column `c0` (exact).
+    /// Dequantize `len` weights of row `r` starting at column `c0` (exact):
+    /// the format's registered definition ([`crate::formats`]).
     pub fn dequant(&self, r: usize, c0: usize, out: &mut [f32]) {
-        let rb = &self.data[r * self.row_bytes()..(r + 1) * self.row_bytes()];
-        match self.fmt {
-            Fmt::F32 => {
-                for (i, o) in out.iter_mut().enumerate() {
-                    let j = (c0 + i) * 4;
-                    *o = f32::from_le_bytes([rb[j], rb[j + 1], rb[j + 2], rb[j + 3]]);
-                }
-            }
-            Fmt::F16 | Fmt::Bf16 => {
-                let cv = if self.fmt == Fmt::F16 { f16_to_f32 } else { bf16_to_f32 };
-                for (i, o) in out.iter_mut().enumerate() {
-                    let j = (c0 + i) * 2;
-                    *o = cv(u16::from_le_bytes([rb[j], rb[j + 1]]));
-                }
-            }
-            // one scale conversion per group, then a plain loop over the
-            // group's weights (vectorizable); each weight is q · scale as before
-            Fmt::Q8G => {
-                let sc = &self.scales[r * self.groups()..];
-                let mut c = c0;
-                for run in out.chunk_by_mut_groups(c0, self.group) {
-                    let scale = f16_to_f32(sc[c / self.group]);
-                    let n = run.len();
-                    for (o, &q) in run.iter_mut().zip(&rb[c..c + n]) {
-                        *o = (q as i8) as f32 * scale;
-                    }
-                    c += run.len();
-                }
-            }
-            Fmt::Q4G => {
-                let sc = &self.scales[r * self.groups()..];
-                let mut c = c0;
-                let w = |nib: u8, scale: f32| (nib as i32 - 8) as f32 * scale;
-                for run in out.chunk_by_mut_groups(c0, self.group) {
-                    let scale = f16_to_f32(sc[c / self.group]);
-                    let n = run.len();
-                    // an odd first column is a high nibble; then whole bytes
-                    // (low, high: a loop the compiler vectorizes); then a low one
-                    let lead = c % 2;
-                    if lead == 1 {
-                        run[0] = w(rb[c / 2] >> 4, scale);
-                    }
-                    let pairs = (n - lead) / 2;
-                    let bytes = &rb[(c + lead) / 2..(c + lead) / 2 + pairs];
-                    for (o, &b) in run[lead..lead + 2 * pairs].chunks_exact_mut(2).zip(bytes) {
-                        o[0] = w(b & 15, scale);
-                        o[1] = w(b >> 4, scale);
-                    }
-                    if lead + 2 * pairs < n {
-                        run[n - 1] = w(rb[(c + n - 1) / 2] & 15, scale);
-                    }
-                    c += n;
-                }
-            }
-        }
+        (crate::formats::tensor_format(self.fmt).dequant)(self, r, c0, out)
     }
 
     /// Dequantize a whole row.
@@ -375,21 +309,20 @@ impl Matrix {
             return bad("scale group", i / v.groups(), i % v.groups(), format!("f16 0x{:04x}", used[i]));
         }
         let data = &self.data[..v.rows * v.row_bytes()];
-        match self.fmt {
-            Fmt::F32 => {
+        match crate::formats::tensor_format(self.fmt).stored {
+            Stored::F32Words => {
                 let words = data.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
                 if let Some((i, w)) = words.enumerate().find(|(_, w)| w & 0x7F80_0000 == 0x7F80_0000) {
                     return bad("column", i / v.cols, i % v.cols, format!("f32 0x{w:08x}"));
                 }
             }
-            Fmt::F16 | Fmt::Bf16 => {
-                let exp = if self.fmt == Fmt::F16 { 0x7C00 } else { 0x7F80 };
+            Stored::Halves(exp) => {
                 let halves = data.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
                 if let Some((i, h)) = halves.enumerate().find(|&(_, h)| half_bad(h, exp)) {
                     return bad("column", i / v.cols, i % v.cols, format!("{} 0x{h:04x}", self.fmt.name()));
                 }
             }
-            Fmt::Q8G | Fmt::Q4G => {}
+            Stored::Codes => {}
         }
         Ok(())
     }
@@ -419,38 +352,6 @@ impl Matrix {
     /// Bytes held in RAM.
     pub fn heap_bytes(&self) -> usize {
         self.data.len() + self.scales.len() * 2
-    }
-}
-
-/// Splitting an output run at scale-group boundaries.
-trait GroupRuns {
-    /// `self` (columns `c0..c0+len`) cut where a new group of `group` columns starts.
-    fn chunk_by_mut_groups(&mut self, c0: usize, group: usize) -> GroupRunsIter<'_>;
-}
-
-struct GroupRunsIter<'a> {
-    rest: &'a mut [f32],
-    c: usize,
-    group: usize,
-}
-
-impl<'a> Iterator for GroupRunsIter<'a> {
-    type Item = &'a mut [f32];
-    fn next(&mut self) -> Option<&'a mut [f32]> {
-        if self.rest.is_empty() {
-            return None;
-        }
-        let n = (self.group - self.c % self.group).min(self.rest.len());
-        let (a, b) = std::mem::take(&mut self.rest).split_at_mut(n);
-        self.rest = b;
-        self.c += n;
-        Some(a)
-    }
-}
-
-impl GroupRuns for [f32] {
-    fn chunk_by_mut_groups(&mut self, c0: usize, group: usize) -> GroupRunsIter<'_> {
-        GroupRunsIter { rest: self, c: c0, group: group.max(1) }
     }
 }
 
