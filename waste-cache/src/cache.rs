@@ -193,7 +193,7 @@ pub struct ExpertCache {
     history: HashMap<Key, u32>,
     free: Vec<usize>,
     clock: u64,
-    rng: waste_quant::SplitMix64,
+    rng: waste_rng::SplitMix64,
     policy: Policy,
     /// The `eta` policy's estimator (set by [`ExpertCache::set_layers`]).
     eta: Option<Eta>,
@@ -235,7 +235,7 @@ impl ExpertCache {
             history: HashMap::new(),
             free: (0..slots).rev().collect(),
             clock: 0,
-            rng: waste_quant::SplitMix64::new(0x9E37_79B9_7F4A_7C15),
+            rng: waste_rng::SplitMix64::new(0x9E37_79B9_7F4A_7C15),
             policy,
             eta: (policy == Policy::Eta).then(|| Eta::new(&[0], 1)),
             pins_held: 0,

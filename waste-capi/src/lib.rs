@@ -910,9 +910,11 @@ pub unsafe extern "C" fn waste_generate_params_init(p: *mut waste_generate_param
 
 fn constraint(inner: &Inner, schema: &str) -> Result<waste_grammar::Constraint, Fail> {
     let schema: serde_json::Value = serde_json::from_str(schema).or_else(|e| arg(format!("json_schema: {e}")))?;
-    let g = inner
-        .grammars
-        .get_or_init(|| waste_grammar::Grammars::for_model(&inner.model, false).map_err(|e| e.to_string()));
+    let g = inner.grammars.get_or_init(|| {
+        let m = &inner.model;
+        waste_grammar::Grammars::for_parts(m.tokenizer(), m.config().vocab, m.constraint_end(false))
+            .map_err(|e| e.to_string())
+    });
     let g = g.as_ref().map_err(|e| (WASTE_E_UNSUPPORTED, e.clone()))?;
     g.constraint(&waste_grammar::json_lark(Some(&schema), false, false)).or_else(|e| arg(format!("json_schema: {e}")))
 }

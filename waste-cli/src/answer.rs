@@ -92,7 +92,8 @@ impl<'m> Chat<'m> {
     pub fn constraint(&self, templated: bool) -> Result<Option<waste_grammar::Constraint>> {
         let Some(rf) = &self.opts.response_format else { return Ok(None) };
         let xtml = templated && self.xtml();
-        let g = waste_grammar::Grammars::for_model(self.model, xtml)?;
+        let m = self.model;
+        let g = waste_grammar::Grammars::for_parts(m.tokenizer(), m.config().vocab, m.constraint_end(xtml))?;
         let schema = match rf {
             ResponseFormat::JsonSchema(s) => Some(s),
             ResponseFormat::JsonObject => None,

@@ -7,8 +7,8 @@
 use serde_json::json;
 use std::time::Instant;
 use waste_grammar::{json_lark, Grammars};
-use waste_model::tokenizer::{Pattern, Tokenizer};
-use waste_model::TokenConstraint;
+use waste_tokenizer::TokenConstraint;
+use waste_tokenizer::{Pattern, Tokenizer};
 
 fn main() {
     let path = std::env::args().nth(1).unwrap_or_else(|| "testdata/tokenizers/o200k_base.tiktoken".into());

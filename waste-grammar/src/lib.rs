@@ -12,7 +12,7 @@ use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
 use std::sync::Arc;
-use waste_model::tokenizer::Tokenizer;
+use waste_tokenizer::Tokenizer;
 
 /// Errors of grammar construction and matching.
 #[derive(Debug, thiserror::Error)]
@@ -98,21 +98,16 @@ impl Grammars {
         Ok(Grammars { factory: Arc::new(factory), env })
     }
 
-    /// For a model: its tokenizer and logit count; a constrained output
-    /// ends with `<|end_of_msg|>` when `end_of_message` (an answer in K3's
-    /// tagged chat format), else with the model's first end token.
+    /// From a model's parts: its tokenizer (a model may have none), its
+    /// logit count and the token that ends a constrained output (the
+    /// engine's `Model::constraint_end`).
     ///
     /// # Errors
-    /// [`Error`] when the model has no tokenizer, or its tables cannot be built.
-    pub fn for_model(model: &waste_model::Model, end_of_message: bool) -> Result<Grammars> {
-        let tok = model.tokenizer().ok_or_else(|| Error::Grammar("this container has no tokenizer".into()))?;
-        let eos = if end_of_message {
-            tok.special_id(waste_model::tokenizer::xtml::END_OF_MSG)
-        } else {
-            model.config().eos.first().copied()
-        };
-        let eos = eos.ok_or_else(|| Error::Grammar("the model has no token to end a constrained output".into()))?;
-        Grammars::new(tok, model.config().vocab, eos)
+    /// [`Error`] without a tokenizer or an end token, or when the tables cannot be built.
+    pub fn for_parts(tok: Option<&Tokenizer>, vocab: usize, end: Option<u32>) -> Result<Grammars> {
+        let tok = tok.ok_or_else(|| Error::Grammar("this container has no tokenizer".into()))?;
+        let end = end.ok_or_else(|| Error::Grammar("the model has no token to end a constrained output".into()))?;
+        Grammars::new(tok, vocab, end)
     }
 
     fn matcher(&self, lark: &str) -> Result<Matcher> {
@@ -177,9 +172,9 @@ impl Constraint {
     }
 }
 
-use waste_model::ConstraintError;
+use waste_tokenizer::ConstraintError;
 
-impl waste_model::TokenConstraint for Constraint {
+impl waste_tokenizer::TokenConstraint for Constraint {
     fn allowed(&mut self, mask: &mut [bool]) -> std::result::Result<bool, ConstraintError> {
         let State::Active(m) = &mut self.state else {
             return Ok(false);
@@ -404,7 +399,7 @@ pub fn tool_section_trigger() -> Vec<u8> {
 /// up to [`MAX_PARALLEL_CALLS`], numbered from `first` as the reference
 /// template numbers a conversation's calls. Returns the rule of the sequence.
 fn k2_call_rules(tools: &[Value], only: Option<&str>, parallel: bool, first: usize, g: &mut String) -> Result<String> {
-    use waste_model::tokenizer::k2::{call_id, ARGUMENT_BEGIN, CALL_BEGIN, CALL_END};
+    use waste_tokenizer::k2::{call_id, ARGUMENT_BEGIN, CALL_BEGIN, CALL_END};
     let most = if parallel { MAX_PARALLEL_CALLS } else { 1 };
     let mut alts: Vec<Vec<String>> = vec![Vec::new(); most];
     for (ti, t) in tools.iter().enumerate() {
@@ -439,7 +434,7 @@ fn k2_call_rules(tools: &[Value], only: Option<&str>, parallel: bool, first: usi
 /// # Errors
 /// [`Error`] for a tool without a usable name or schema, or `only` naming no tool.
 pub fn k2_tool_calls_lark(tools: &[Value], only: Option<&str>, parallel: bool, first: usize) -> Result<String> {
-    use waste_model::tokenizer::k2::{SECTION_BEGIN, SECTION_END};
+    use waste_tokenizer::k2::{SECTION_BEGIN, SECTION_END};
     let mut g = String::new();
     let calls = k2_call_rules(tools, only, parallel, first, &mut g)?;
     Ok(format!("start: {SECTION_BEGIN} {calls} {SECTION_END}\n{g}"))
@@ -452,7 +447,7 @@ pub fn k2_tool_calls_lark(tools: &[Value], only: Option<&str>, parallel: bool, f
 /// # Errors
 /// [`Error`] for a tool without a usable name or schema.
 pub fn k2_tool_section_lark(tools: &[Value], parallel: bool, first: usize) -> Result<String> {
-    use waste_model::tokenizer::k2::SECTION_END;
+    use waste_tokenizer::k2::SECTION_END;
     let mut g = String::new();
     let calls = k2_call_rules(tools, None, parallel, first, &mut g)?;
     Ok(format!("start: {calls} {SECTION_END}\n{g}"))
@@ -460,5 +455,5 @@ pub fn k2_tool_section_lark(tools: &[Value], parallel: bool, first: usize) -> Re
 
 /// The trigger of [`k2_tool_section_lark`]: `<|tool_calls_section_begin|>`.
 pub fn k2_tool_section_trigger() -> Vec<u8> {
-    marker_bytes(waste_model::tokenizer::k2::SECTION_BEGIN)
+    marker_bytes(waste_tokenizer::k2::SECTION_BEGIN)
 }

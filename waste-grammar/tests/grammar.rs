@@ -4,8 +4,8 @@
 
 use serde_json::{json, Value};
 use waste_grammar::{json_lark, tool_calls_lark, tool_section_lark, tool_section_trigger, Grammars};
-use waste_model::tokenizer::{xtml, Tokenizer};
-use waste_model::TokenConstraint;
+use waste_tokenizer::TokenConstraint;
+use waste_tokenizer::{xtml, Tokenizer};
 
 fn tokenizer() -> Tokenizer {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -211,7 +211,7 @@ fn a_refused_schema_gets_a_short_message() {
 
 /// A byte tokenizer with the K2 family's markers (Kimi-Linear's chat format).
 fn k2_tokenizer() -> Tokenizer {
-    use waste_model::tokenizer::k2::*;
+    use waste_tokenizer::k2::*;
     let dir = std::env::temp_dir().join(format!("waste-grammar-k2tok-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     waste_synth::write_byte_tokenizer(&dir, 320).unwrap();
@@ -237,8 +237,8 @@ fn k2_tokenizer() -> Tokenizer {
 
 /// The K2 calls in marked output: (id, name, arguments).
 fn k2_calls_of(text: &str) -> Vec<(String, Value)> {
-    use waste_model::tokenizer::xtml::Part;
-    let mut p = waste_model::tokenizer::k2::OutputParser::new();
+    use waste_tokenizer::xtml::Part;
+    let mut p = waste_tokenizer::k2::OutputParser::new();
     p.push(text)
         .into_iter()
         .filter_map(|x| match x {
@@ -251,7 +251,7 @@ fn k2_calls_of(text: &str) -> Vec<(String, Value)> {
 #[test]
 fn k2_calls_are_well_formed_numbered_and_lazy_after_the_section_opens() {
     use waste_grammar::{k2_tool_calls_lark, k2_tool_section_lark, k2_tool_section_trigger};
-    use waste_model::tokenizer::k2::IM_END;
+    use waste_tokenizer::k2::IM_END;
     let tok = k2_tokenizer();
     let eos = tok.special_id(IM_END).unwrap();
     let g = Grammars::new(&tok, 320, eos).unwrap();
@@ -284,7 +284,7 @@ fn k2_calls_are_well_formed_numbered_and_lazy_after_the_section_opens() {
     // auto: free text until the model opens the section, then held
     let mut c = g.lazy(k2_tool_section_trigger(), &k2_tool_section_lark(&tools(), true, 0).unwrap()).unwrap();
     let mut free: Vec<u32> = tok.encode_plain("Let me see.");
-    free.push(tok.special_id(waste_model::tokenizer::k2::SECTION_BEGIN).unwrap());
+    free.push(tok.special_id(waste_tokenizer::k2::SECTION_BEGIN).unwrap());
     let text = walk(&mut c, &tok, eos, 5, 4000, &free).expect("finished");
     assert!(c.active());
     let calls = k2_calls_of(&text);

@@ -138,10 +138,7 @@ impl std::fmt::Display for NonFiniteAt {
     }
 }
 
-/// A constrained-decoding hook's failure (the grammar engine's message).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ConstraintError(pub String);
+pub use waste_tokenizer::ConstraintError;
 
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

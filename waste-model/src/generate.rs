@@ -34,23 +34,10 @@ pub const MARK_OPEN: char = '\u{F8F2}';
 /// Closes a special token in marked text.
 pub const MARK_CLOSE: char = '\u{F8F3}';
 
-/// Restricts which token may come next (constrained decoding: a JSON schema,
-/// a grammar). [`Session::generate_constrained`] asks before every sample and
-/// reports every token it commits.
-pub trait TokenConstraint {
-    /// Write every entry of `mask` (one per vocabulary id: allowed next or
-    /// not; it holds the previous step's values on entry); return `false`
-    /// when this step is unconstrained (the mask is then ignored).
-    ///
-    /// # Errors
-    /// The grammar engine's failure; generation stops with [`Error::Constraint`].
-    fn allowed(&mut self, mask: &mut [bool]) -> std::result::Result<bool, crate::ConstraintError>;
-    /// The token that was chosen.
-    ///
-    /// # Errors
-    /// As [`TokenConstraint::allowed`].
-    fn commit(&mut self, token: u32) -> std::result::Result<(), crate::ConstraintError>;
-}
+/// Restricts which token may come next: defined beside the tokens
+/// (`waste_tokenizer`), driven here by [`Session::generate_constrained`],
+/// which asks before every sample and reports every token it commits.
+pub use waste_tokenizer::TokenConstraint;
 
 /// Why generation ended.
 #[derive(Clone, Debug, PartialEq, Eq)]

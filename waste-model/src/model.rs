@@ -425,6 +425,16 @@ impl Model {
         }
         Ok(())
     }
+    /// The token that ends a constrained output: `<|end_of_msg|>` when it
+    /// answers in K3's tagged chat format (`end_of_message`), else the
+    /// config's first end token. None when the model has neither.
+    pub fn constraint_end(&self, end_of_message: bool) -> Option<u32> {
+        if end_of_message {
+            self.tokenizer.as_ref().and_then(|t| t.special_id(waste_tokenizer::xtml::END_OF_MSG))
+        } else {
+            self.config().eos.first().copied()
+        }
+    }
     /// Whether the chat template is K3's tagged format (tools, thinking).
     pub fn is_xtml(&self) -> bool {
         matches!(self.template, Some(waste_tokenizer::ChatTemplate::Xtml))

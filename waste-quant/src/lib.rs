@@ -57,7 +57,6 @@ pub mod formats;
 mod group;
 mod level;
 mod matrix;
-mod rng;
 pub mod scalar;
 pub mod vq;
 pub mod vq_loads;
@@ -67,9 +66,9 @@ mod x86_64;
 pub use group::quantize_groups;
 pub use level::{level, Level};
 pub use matrix::{MatRef, Matrix, ShapeError};
-pub use rng::SplitMix64;
 pub use vq::{VqBook, VqLayout};
 pub use waste_format::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use waste_rng::SplitMix64;
 mod pool;
 pub use pool::{MatJob, Pool, SyncSlice};
 

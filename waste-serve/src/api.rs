@@ -762,9 +762,11 @@ struct ChatPlan {
 /// them (about 1 s and 87 MiB for a 200K vocabulary, outside the memory plan:
 /// a server whose clients never constrain never pays it).
 fn grammars(st: &AppState) -> Result<&waste_grammar::Grammars, Response> {
-    let g = st
-        .grammars
-        .get_or_init(|| waste_grammar::Grammars::for_model(&st.model, st.model.is_xtml()).map_err(|e| e.to_string()));
+    let g = st.grammars.get_or_init(|| {
+        let m = &st.model;
+        waste_grammar::Grammars::for_parts(m.tokenizer(), m.config().vocab, m.constraint_end(m.is_xtml()))
+            .map_err(|e| e.to_string())
+    });
     g.as_ref().map_err(|e| {
         err(
             StatusCode::BAD_REQUEST,

@@ -24,6 +24,7 @@
 
 mod bpe;
 mod chat;
+mod constraint;
 mod decode;
 pub mod k2;
 pub mod xtml;
@@ -33,6 +34,7 @@ pub use chat::{
     image_markup, render_jinja, set_jinja_renderer, ChatTemplate, JinjaRenderer, Message, MEDIA_BEGIN, MEDIA_CONTENT,
     MEDIA_END, MEDIA_PAD, TEMPLATE_FUEL, TEMPLATE_OUTPUT_BYTES, TEMPLATE_RECURSION,
 };
+pub use constraint::{ConstraintError, TokenConstraint};
 pub use decode::StreamDecoder;
 
 /// Errors of the tokenizer.

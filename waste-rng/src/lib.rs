@@ -1,7 +1,10 @@
+//! # waste-rng
+//!
 //! The project's one seeded generator: SplitMix64 (Steele, Lea and Flood,
 //! "Fast splittable pseudorandom number generators", OOPSLA 2014) — used by
 //! the VQ encoder, token sampling, the expert cache's victim sampling and
 //! synthetic containers. Not for anything secret.
+#![deny(missing_docs)]
 
 /// SplitMix64: a 64-bit state advanced by the golden-ratio increment, each
 /// output mixed by two multiply-xorshift rounds.
