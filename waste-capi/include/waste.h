@@ -53,6 +53,9 @@ typedef struct waste_options {
     int32_t verify_records; /* 1 = CRC every expert read */
     const char *usage_path; /* usage hotlist to preload, or NULL */
     int32_t images;         /* 1 = load K3's vision tower (images in prompts) */
+    int32_t fast;           /* 1 = the fast numeric mode: 8-bit activations for Q8G/Q4G
+                               products (issue 50's quality contract), 0 = exact;
+                               in what was tail padding, so the size is unchanged */
 } waste_options;
 
 typedef struct waste_plan {

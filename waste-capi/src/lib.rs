@@ -75,6 +75,10 @@ pub struct waste_options {
     pub usage_path: *const c_char,
     /// 1 = load K3's vision tower (images in prompts; its bytes come out of the expert cache).
     pub images: i32,
+    /// 1 = the fast numeric mode (8-bit activations for Q8G/Q4G products;
+    /// issue 50's quality contract), 0 = exact. Sits in what was the
+    /// struct's tail padding: its size is unchanged.
+    pub fast: i32,
 }
 
 /// The memory plan (`waste_plan`).
@@ -407,6 +411,7 @@ pub unsafe extern "C" fn waste_options_init(o: *mut waste_options) {
             verify_records: d.verify_records as i32,
             usage_path: std::ptr::null(),
             images: 0,
+            fast: 0,
         };
     }
 }
@@ -465,6 +470,7 @@ pub unsafe extern "C" fn waste_open(
             o.direct_io = x.direct_io != 0;
             o.verify_records = x.verify_records != 0;
             o.vision = x.images != 0;
+            o.numeric = if x.fast != 0 { engine::Numeric::Fast } else { engine::Numeric::Exact };
             if !x.usage_path.is_null() {
                 // SAFETY: per the contract
                 o.usage = Some(unsafe { text(x.usage_path, "usage_path")? }.into());

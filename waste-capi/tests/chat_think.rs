@@ -55,3 +55,37 @@ fn thinking_is_set_per_level_and_off_by_default() {
         waste_close(m);
     }
 }
+
+/// `waste_options.fast` sits in what was the struct's tail padding (the
+/// size a host compiled against the earlier header allocates is the same)
+/// and selects the fast numeric mode: other logits than exact's.
+#[test]
+fn the_fast_option_keeps_the_options_size_and_changes_the_logits() {
+    #[cfg(target_pointer_width = "64")]
+    assert_eq!(std::mem::size_of::<waste_options>(), 48);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/anchor-tiny/kimi-linear-tiny.waste");
+    let path = CString::new(dir.to_str().unwrap()).unwrap();
+    let logits = |fast: i32| -> Vec<f32> {
+        // SAFETY: every pointer is a live local or what the library returned.
+        unsafe {
+            let mut o = std::mem::zeroed::<waste_options>();
+            waste_options_init(&mut o);
+            assert_eq!(o.fast, 0);
+            o.fast = fast;
+            let mut m = std::ptr::null_mut();
+            assert_eq!(waste_open(path.as_ptr(), &o, &mut m), waste_status::WASTE_OK, "{}", last_error());
+            let mut s = std::ptr::null_mut();
+            assert_eq!(waste_session_new(m, &mut s), waste_status::WASTE_OK);
+            let ids = [305u32, 10, 20, 30];
+            let (mut l, mut n) = (std::ptr::null(), 0usize);
+            assert_eq!(waste_eval(s, ids.as_ptr(), ids.len(), &mut l, &mut n), waste_status::WASTE_OK);
+            let v = std::slice::from_raw_parts(l, n).to_vec();
+            waste_session_free(s);
+            waste_close(m);
+            v
+        }
+    };
+    let (exact, fast) = (logits(0), logits(1));
+    assert_eq!(exact.len(), fast.len());
+    assert_ne!(exact, fast);
+}

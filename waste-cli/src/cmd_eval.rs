@@ -56,6 +56,14 @@ pub struct EngineArgs {
     /// logits then depend on the chunking).
     #[arg(long)]
     pub kda_chunked: bool,
+    /// The fast numeric mode: Q8G / Q4G products with 8-bit activations and
+    /// integer dots (issue 50; its measured quality against the references
+    /// is in docs/FINDINGS.md). Not the references' bits.
+    #[arg(long, conflicts_with = "exact")]
+    pub fast: bool,
+    /// The exact numeric mode (the default): the references' arithmetic.
+    #[arg(long)]
+    pub exact: bool,
     /// Write which experts this run used to the usage hotlist when done.
     #[arg(long)]
     pub learn: bool,
@@ -198,6 +206,7 @@ impl EngineArgs {
             prefault: !self.no_prefault,
             max_chunk: self.chunk,
             kda_chunked: self.kda_chunked,
+            numeric: if self.fast { waste_model::Numeric::Fast } else { waste_model::Numeric::Exact },
             usage: self.usage.clone(),
             force: self.force,
             usable_ram: None,

@@ -314,6 +314,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "lookahead": model.options().lookahead, "readahead": model.options().readahead, "preloaded": model.preloaded(),
         "policy": model.options().policy.name(), "temperature": a.temp, "kda_chunked": model.options().kda_chunked,
     });
+    v["numeric_mode"] = json!(model.numeric().name());
     let cores = json!({
         "roofline_compute_ms_per_token": compute_ms, "roofline_compute_expert_ms_per_token": cb.expert_ms_per_token(used),
         "roofline_bound": bound,

@@ -448,3 +448,32 @@ fn model_and_prompt_flags_as_llama_cpp_spells_them() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("kimi_linear"), "{out}");
 }
+
+/// `--fast` computes in the fast numeric mode (other logits than `exact`'s,
+/// the same top token on the anchor), `bench --json` names the mode, and
+/// `--fast --exact` is refused.
+#[test]
+fn the_numeric_mode_is_chosen_by_flags_and_reported() {
+    let a = anchor();
+    let m = a.to_str().unwrap();
+    let top = |extra: &[&str]| {
+        let (code, out, err) =
+            waste(&[&["eval", m, "--ids", "305,10,20,30", "--json", "--top", "1"][..], extra].concat(), "");
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        (v["top"][0]["id"].as_u64().unwrap(), v["top"][0]["logit"].as_f64().unwrap())
+    };
+    let (exact, fast) = (top(&[]), top(&["--fast"]));
+    assert_eq!(top(&["--exact"]), exact);
+    assert_eq!(exact.0, fast.0, "the top token");
+    assert_ne!(exact.1, fast.1, "the fast mode computed as exact");
+    assert!((exact.1 - fast.1).abs() < 0.05 * exact.1.abs(), "{exact:?} {fast:?}");
+    for (flag, name) in [("--fast", "fast"), ("--exact", "exact")] {
+        let (code, out, err) = waste(&["bench", m, "-n", "1", "--json", "--prefill-repeats", "0", flag], "");
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["numeric_mode"], name, "{out}");
+    }
+    let (code, _, err) = waste(&["run", m, "hi", "--fast", "--exact"], "");
+    assert_eq!(code, 2, "{err}");
+}

@@ -69,6 +69,7 @@ pub use state::{Snapshot, STATE_MAGIC, STATE_VERSION};
 pub use vision::{digest, Grid, Image, ImageInfo, PreparedImage, VisionConfig};
 pub use waste_attn::{attn_res, attn_res_in_place};
 pub use waste_cache::{parse_size, physical_ram, usable_ram, CacheError, CacheStats, Policy};
+pub use waste_quant::fast::Numeric;
 pub use waste_tokenizer as tokenizer;
 /// The vision crate's errors, inside [`Error::Vision`].
 pub use waste_vision::Error as VisionError;

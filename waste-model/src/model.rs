@@ -10,6 +10,7 @@ use waste_cache::{ExpertCache, ExpertStore, Key, Policy, RecordSource};
 use waste_format::{check_record, Bank, Container, RecordLayout, Usage, UsageEntry};
 use waste_io::DirectFile;
 use waste_moe::ExpertKernel;
+use waste_quant::fast::Numeric;
 use waste_quant::{Level, Matrix, Pool};
 
 /// How to open a model.
@@ -55,6 +56,12 @@ pub struct ModelOptions {
     /// bit-identical to it — so with this on, the logits depend on how the
     /// prompt was chunked (the cache size). Off by default.
     pub kda_chunked: bool,
+    /// How the products compute: `Exact` (the references' arithmetic, the
+    /// default) or `Fast` (8-bit activations with integer dots for Q8G /
+    /// Q4G matrices: issue 50's numeric mode, held to its quality contract,
+    /// not to the references' bits; bit-identical across levels, threads
+    /// and placements within the mode).
+    pub numeric: Numeric,
     /// Usage hotlist to preload from (None = the container's `usage.waste` if present).
     pub usage: Option<PathBuf>,
     /// Open even when the floor exceeds usable RAM (the default refuses with
@@ -99,6 +106,7 @@ impl Default for ModelOptions {
             prefault: true,
             max_chunk: crate::plan::CHUNK,
             kda_chunked: false,
+            numeric: Numeric::Exact,
             usage: None,
             force: false,
             usable_ram: None,
@@ -305,8 +313,12 @@ impl Model {
             out_res,
             store,
             kernel,
-            pool: Pool::try_with_level(threads, level)
-                .map_err(|source| waste_io::Error::Thread { what: "compute", source })?,
+            pool: {
+                let mut p = Pool::try_with_level(threads, level)
+                    .map_err(|source| waste_io::Error::Thread { what: "compute", source })?;
+                p.set_numeric(opts.numeric);
+                p
+            },
             opts,
             plan,
             tokenizer,
@@ -666,6 +678,10 @@ impl Model {
     /// SIMD level of the kernels.
     pub fn simd(&self) -> Level {
         self.pool.level()
+    }
+    /// The numeric mode the products compute in.
+    pub fn numeric(&self) -> Numeric {
+        self.pool.numeric()
     }
     /// What computes the routed experts on this CPU (format and kernel,
     /// [`ExpertKernel::kernel_name`]; the AVX2 VQ row form is chosen by

@@ -4,6 +4,7 @@
 //! — its byte-plane lookups also with indices from memory, on one thread
 //! and on two at once (a token's experts, one per thread) — and the same
 //! matrix as VQ4P (its tables in registers, 64 rows or 8 at a time).
+//! The trunk matvec in both numeric modes (`exact`, `fast`).
 //! Prints the median and range of `--reps` runs per kernel and level, with
 //! weights per cycle-free unit (G weights/s) and the bytes' bandwidth.
 //!
@@ -85,16 +86,21 @@ fn main() {
         }
         for lv in Level::available() {
             let (med, lo, hi) = time(reps, || m.view().matvec_rows(lv, &x, 0, &mut y));
-            println!(
-                "trunk {:?} {rows}x{cols} {:>7}: {:.3} ms ({:.3}–{:.3}) {:.2} Gw/s {:.1} GB/s",
-                fmt,
-                lv.name(),
-                med * 1e3,
-                lo * 1e3,
-                hi * 1e3,
-                (rows * cols) as f64 / med / 1e9,
-                bytes / med / 1e9
-            );
+            // the fast numeric mode: the input quantized once, integer dots
+            let qx = waste_quant::fast::quantize(&x, m.view().cols_padded());
+            let (fmed, flo, fhi) = time(reps, || m.view().matvec_rows_fast(lv, &qx, 0, &mut y));
+            for (mode, med, lo, hi) in [("exact", med, lo, hi), ("fast", fmed, flo, fhi)] {
+                println!(
+                    "trunk {:?} {rows}x{cols} {:>7} {mode:>5}: {:.3} ms ({:.3}–{:.3}) {:.2} Gw/s {:.1} GB/s",
+                    fmt,
+                    lv.name(),
+                    med * 1e3,
+                    lo * 1e3,
+                    hi * 1e3,
+                    (rows * cols) as f64 / med / 1e9,
+                    bytes / med / 1e9
+                );
+            }
         }
     }
     let (rows, nvec, stages) = (1024, 2304 / 8, 3);

@@ -32,13 +32,16 @@
 /// fused operations in the same order either way: the same bits.
 macro_rules! fma_scalar {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        fma_scalar! { $(#[$m])* $vis fn $name($($arg: $ty),*) -> () $body }
+    };
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
         $(#[$m])*
-        $vis fn $name($($arg: $ty),*) {
+        $vis fn $name($($arg: $ty),*) -> $ret {
             #[inline(always)]
-            fn body($($arg: $ty),*) $body
+            fn body($($arg: $ty),*) -> $ret $body
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "fma")]
-            unsafe fn with_fma($($arg: $ty),*) {
+            unsafe fn with_fma($($arg: $ty),*) -> $ret {
                 body($($arg),*)
             }
             #[cfg(target_arch = "x86_64")]
@@ -53,6 +56,7 @@ macro_rules! fma_scalar {
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
+pub mod fast;
 pub mod formats;
 mod group;
 mod level;

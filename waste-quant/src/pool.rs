@@ -2,6 +2,7 @@
 //! tasks whose outputs are disjoint (e.g. row ranges of a matvec), so the
 //! result is bit-identical for any thread count.
 
+use crate::fast::{Numeric, QInput};
 use crate::level::{level, Level};
 use crate::matrix::MatRef;
 use parking_lot::{Condvar, Mutex};
@@ -67,6 +68,7 @@ pub struct Pool {
     handles: Vec<JoinHandle<()>>,
     threads: usize,
     level: Level,
+    numeric: Numeric,
     run_lock: Mutex<()>,
 }
 
@@ -114,7 +116,8 @@ impl Pool {
             gen: AtomicU64::new(0),
             done: AtomicUsize::new(0),
         });
-        let mut pool = Pool { inner, handles: Vec::new(), threads, level, run_lock: Mutex::new(()) };
+        let mut pool =
+            Pool { inner, handles: Vec::new(), threads, level, numeric: Numeric::Exact, run_lock: Mutex::new(()) };
         for i in 1..threads {
             // on an error the pool is dropped: its Drop stops the workers started
             let h = spawn(i, pool.inner.clone())?;
@@ -129,6 +132,23 @@ impl Pool {
     /// SIMD level used by this pool's kernels.
     pub fn level(&self) -> Level {
         self.level
+    }
+    /// The numeric mode of this pool's products (`exact` unless set).
+    pub fn numeric(&self) -> Numeric {
+        self.numeric
+    }
+    /// Compute the products in `numeric` from now on: in `fast`, Q8G and
+    /// Q4G matrices take 8-bit activations ([`crate::fast`]); every other
+    /// format computes as in `exact`.
+    pub fn set_numeric(&mut self, numeric: Numeric) {
+        self.numeric = numeric;
+    }
+    /// The inputs of a product quantized for the fast mode, when the pool
+    /// computes `m` in it (None: compute as in `exact`).
+    fn fast_inputs(&self, m: &MatRef<'_>, xs: &[f32], nt: usize) -> Option<Vec<QInput>> {
+        let qmax = self.numeric.qmax().filter(|_| crate::fast::applies(m))?;
+        let cp = m.cols_padded();
+        Some((0..nt).map(|t| crate::fast::quantize_to(&xs[t * m.cols..(t + 1) * m.cols], cp, qmax)).collect())
     }
 
     /// Run `f(0..ntasks)` across the pool; returns when all are done.
@@ -181,8 +201,13 @@ impl Pool {
     pub fn matvec_rows(&self, m: &MatRef<'_>, x: &[f32], row0: usize, y: &mut [f32]) {
         let n = y.len();
         let parts = self.threads.min(n / MIN_ROWS_SPLIT).max(1);
+        let fast = self.fast_inputs(m, x, 1);
+        let rows = |x0: &[f32], r: usize, ys: &mut [f32]| match &fast {
+            Some(q) => m.matvec_rows_fast(self.level, &q[0], r, ys),
+            None => m.matvec_rows(self.level, x0, r, ys),
+        };
         if parts == 1 {
-            m.matvec_rows(self.level, x, row0, y);
+            rows(x, row0, y);
             return;
         }
         let out = SyncSlice::new(y);
@@ -190,7 +215,7 @@ impl Pool {
             let (a, b) = (n * p / parts, n * (p + 1) / parts);
             // SAFETY: parts write disjoint ranges [a, b).
             let ys = unsafe { out.range(a, b) };
-            m.matvec_rows(self.level, x, row0 + a, ys);
+            rows(x, row0 + a, ys);
         });
     }
 
@@ -207,12 +232,18 @@ impl Pool {
             return self.matvec(m, xs, ys);
         }
         let parts = self.threads.min(n / MIN_ROWS_SPLIT).max(1);
+        let fast = self.fast_inputs(m, xs, nt);
         let out = SyncSlice::new(ys);
         self.run(parts, &|p| {
             let (a, b) = (n * p / parts, n * (p + 1) / parts);
-            // SAFETY: part p writes only rows [a, b) of every token's output;
-            // the parts' row ranges are disjoint and in bounds.
-            unsafe { m.matmat_rows(self.level, xs, nt, a, b - a, out.ptr_at(a), n) };
+            match &fast {
+                // SAFETY: part p writes only rows [a, b) of each token's output; disjoint, in bounds.
+                Some(q) => (0..nt)
+                    .for_each(|t| m.matvec_rows_fast(self.level, &q[t], a, unsafe { out.range(t * n + a, t * n + b) })),
+                // SAFETY: part p writes only rows [a, b) of every token's output;
+                // the parts' row ranges are disjoint and in bounds.
+                None => unsafe { m.matmat_rows(self.level, xs, nt, a, b - a, out.ptr_at(a), n) },
+            }
         });
     }
 
@@ -254,6 +285,7 @@ impl Pool {
             (w.saturating_sub(offs[j]).div_ceil(row_work(j).max(1)) as usize).min(views[j].0.rows)
         };
         let level = self.level;
+        let fast: Vec<Option<Vec<QInput>>> = views.iter().map(|&(m, xs, _, nt)| self.fast_inputs(&m, xs, nt)).collect();
         self.run(parts, &|p| {
             let (wa, wb) = (total * p as u64 / parts as u64, total * (p as u64 + 1) / parts as u64);
             for (j, &(m, xs, ref ys, nt)) in views.iter().enumerate() {
@@ -261,7 +293,12 @@ impl Pool {
                 if a >= b || nt == 0 {
                     continue;
                 }
-                if nt == 1 {
+                if let Some(q) = &fast[j] {
+                    for (t, qt) in q.iter().enumerate() {
+                        // SAFETY: rows [a, b) of token t's output: the parts' ranges tile each job.
+                        m.matvec_rows_fast(level, qt, a, unsafe { ys.range(t * m.rows + a, t * m.rows + b) });
+                    }
+                } else if nt == 1 {
                     // SAFETY: the parts' row ranges of each job tile it without overlap.
                     m.matvec_rows(level, xs, a, unsafe { ys.range(a, b) });
                 } else {
@@ -432,6 +469,46 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// In the fast mode every product (matvec, matmat, matmats) gives the
+    /// definition's bits for each token, at any thread count; Q4G takes it,
+    /// F32 stays exact.
+    #[test]
+    fn fast_products_are_the_definition_for_any_thread_count() {
+        let (rows, cols, nt) = (200, 256, 3);
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5).collect();
+        let enc = (crate::formats::tensor_format(Fmt::Q4G).encode)(&w, rows, cols, 128).unwrap();
+        let q = crate::Matrix::from_stored(Fmt::Q4G, rows, cols, 128, enc.0, &enc.1).unwrap();
+        let f = crate::Matrix::from_stored(Fmt::F32, rows, cols, 0, bytemuck::cast_slice(&w).to_vec(), &[]).unwrap();
+        let xs: Vec<f32> = (0..nt * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (qv, fv) = (q.view(), f.view());
+        let (mut want, mut exact_f32) = (Vec::new(), Vec::new());
+        for t in 0..nt {
+            let x = &xs[t * cols..(t + 1) * cols];
+            let qx = crate::fast::quantize(x, cols);
+            want.extend((0..rows).map(|r| crate::fast::row_dot_scalar(&qv, r, &qx)));
+            exact_f32.extend((0..rows).map(|r| fv.row_dot_scalar(r, x)));
+        }
+        for threads in [1, 2, 3] {
+            let mut p = Pool::new(threads);
+            p.set_numeric(Numeric::Fast);
+            let mut y = vec![0f32; rows];
+            p.matvec(&qv, &xs[..cols], &mut y);
+            assert_eq!(bits(&y), bits(&want[..rows]), "matvec, {threads} threads");
+            let mut ys = vec![0f32; nt * rows];
+            p.matmat(&qv, &xs, nt, &mut ys);
+            assert_eq!(bits(&ys), bits(&want), "matmat, {threads} threads");
+            let (mut a, mut b) = (vec![0f32; nt * rows], vec![0f32; nt * rows]);
+            p.matmats(&mut [MatJob { m: &qv, xs: &xs, ys: &mut a }, MatJob { m: &fv, xs: &xs, ys: &mut b }]);
+            assert_eq!(bits(&a), bits(&want), "matmats, {threads} threads");
+            assert_eq!(bits(&b), bits(&exact_f32), "F32 stays exact");
+        }
+        // and the exact mode is not the fast one
+        let mut y = vec![0f32; rows];
+        Pool::new(1).matvec(&qv, &xs[..cols], &mut y);
+        assert_ne!(bits(&y), bits(&want[..rows]));
     }
 
     #[test]

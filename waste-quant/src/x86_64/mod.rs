@@ -1,6 +1,7 @@
 //! x86_64 SIMD kernels (one module per ISA, same functions as `scalar`).
 pub mod avx2;
 pub mod avx512;
+pub mod fast;
 
 /// How far ahead of the weights being read a one-row matvec prefetches,
 /// in bytes of the same stream (rows are contiguous, so past a row's end

@@ -1,0 +1,92 @@
+//! The `fast` numeric mode's quality contract (issue 50), measured against
+//! the reference: a random Kimi-Linear made by transformers (hidden 256, 16
+//! experts top-4, 4 layers), converted with VQ3R experts and a Q4 trunk
+//! (tools/oracle/make_fast_quality.py made the container and transformers'
+//! float32 logits of the checkpoint it came from). Over 72 teacher-forced
+//! positions, `fast`'s mean KL divergence from the reference must be at
+//! most 1.10 × `exact`'s, and its top-1 agreement with the reference no
+//! lower than `exact`'s minus 1 point. The negative control — activations
+//! at 4 bits — must fail the contract.
+
+use std::path::Path;
+use waste_model::{Model, ModelOptions, Numeric};
+
+struct Quality {
+    /// Mean KL(reference ‖ engine) per position, nats.
+    kl: f64,
+    /// Positions whose top token is the reference's, percent.
+    top1: f64,
+    /// The logits, for KL(exact ‖ fast).
+    logits: Vec<Vec<f32>>,
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f64> {
+    let m = l.iter().fold(f64::MIN, |a, &v| a.max(v as f64));
+    let s: f64 = l.iter().map(|&v| (v as f64 - m).exp()).sum();
+    l.iter().map(|&v| v as f64 - m - s.ln()).collect()
+}
+
+/// KL(p ‖ q) from logits.
+fn kl(p: &[f32], q: &[f32]) -> f64 {
+    let (lp, lq) = (log_softmax(p), log_softmax(q));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
+}
+
+fn argmax(l: &[f32]) -> usize {
+    (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b })
+}
+
+fn measure(numeric: Numeric, ids: &[u32], want: &[Vec<f32>]) -> Quality {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures/fast-quality/model.waste");
+    let m = Model::open(&dir, ModelOptions { ctx: 128, numeric, ..Default::default() }).unwrap();
+    assert_eq!(m.numeric(), numeric);
+    let mut s = m.session();
+    let logits: Vec<Vec<f32>> = ids.iter().map(|&t| s.eval(&[t]).unwrap().to_vec()).collect();
+    let n = ids.len() as f64;
+    Quality {
+        kl: logits.iter().zip(want).map(|(g, w)| kl(w, g)).sum::<f64>() / n,
+        top1: 100.0 * logits.iter().zip(want).filter(|(g, w)| argmax(g) == argmax(w)).count() as f64 / n,
+        logits,
+    }
+}
+
+/// Whether `q` meets the contract against `exact`.
+fn meets(q: &Quality, exact: &Quality) -> bool {
+    q.kl <= 1.10 * exact.kl && q.top1 >= exact.top1 - 1.0
+}
+
+#[test]
+fn fast_meets_its_quality_contract_and_4_bit_activations_do_not() {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures/fast-quality/reference.json");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let ids: Vec<u32> = r["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let want: Vec<Vec<f32>> = r["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect())
+        .collect();
+    assert!(ids.len() >= 64, "the contract is measured over at least 64 positions");
+    let exact = measure(Numeric::Exact, &ids, &want);
+    let fast = measure(Numeric::Fast, &ids, &want);
+    let control = measure(Numeric::Control4, &ids, &want);
+    let between: f64 = exact.logits.iter().zip(&fast.logits).map(|(e, f)| kl(e, f)).sum::<f64>() / ids.len() as f64;
+    eprintln!(
+        "over {} positions: exact KL {:.3e} top-1 {:.1} %; fast KL {:.3e} ({:.3}×) top-1 {:.1} %; KL(exact‖fast) {:.3e}; \
+         4-bit control KL {:.3e} ({:.2}×) top-1 {:.1} %",
+        ids.len(),
+        exact.kl,
+        exact.top1,
+        fast.kl,
+        fast.kl / exact.kl,
+        fast.top1,
+        between,
+        control.kl,
+        control.kl / exact.kl,
+        control.top1
+    );
+    // the quantized weights cost something, and fast is not exact
+    assert!(exact.kl > 0.0 && between > 0.0);
+    assert!(meets(&fast, &exact), "fast misses the contract");
+    assert!(!meets(&control, &exact), "the 4-bit control meets the contract: the test cannot tell");
+}

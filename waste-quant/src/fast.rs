@@ -1,0 +1,241 @@
+//! The `fast` numeric mode's trunk products (issue 50): each input vector
+//! quantized to 8 bits in blocks of [`BLOCK`] values with one f32 scale
+//! (llama.cpp's Q8_0), integer dot products against Q8G / Q4G weights.
+//! Other formats, and grouped matrices whose groups are not whole blocks,
+//! compute as in `exact`.
+//!
+//! The definition (every level reproduces it bit for bit, like `exact`'s):
+//!
+//! * **input**: per block `b`, `d_b = max|x| / 127` (f32), `q = round(x / d_b)`
+//!   (half away from zero; 0 when the block is all zero); the padding past
+//!   `cols` is zero. Computed once per input, before the rows are split;
+//! * **row dot**: eight f32 lanes; block `b`'s lane `j` is the exact integer
+//!   sum of `w · q` over its columns `4j..4j+4` (`w` the stored code: the
+//!   Q8G byte, or the Q4G nibble − 8), added as `fma(s_g · d_b, sum, lane)`
+//!   with `s_g` the weight group's f16 scale; blocks in order; the lanes
+//!   reduced by halving (i + 4, + 2, + 1).
+//!
+//! The integer sums are exact at every level; the float steps are the same
+//! operations in the same order, so the mode is bit-identical across
+//! levels, threads and placements.
+
+use crate::level::Level;
+use crate::matrix::MatRef;
+use waste_format::half::f16_to_f32;
+use waste_format::Fmt;
+
+/// Values per activation block (one scale each).
+pub const BLOCK: usize = 32;
+
+/// How the engine computes: the references' arithmetic, or 8-bit
+/// activations with integer dot products where a format allows them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Numeric {
+    /// Exact f32 activations: the definition every oracle test uses.
+    #[default]
+    Exact,
+    /// 8-bit activations in blocks of 32 for Q8G / Q4G products.
+    Fast,
+    /// The same with 4-bit activations: the quality contract's negative
+    /// control (its tests must see it fail the contract), never offered to
+    /// a user.
+    Control4,
+}
+
+impl Numeric {
+    /// `exact`, `fast` (or the control's name).
+    pub fn name(self) -> &'static str {
+        match self {
+            Numeric::Exact => "exact",
+            Numeric::Fast => "fast",
+            Numeric::Control4 => "control-4-bit",
+        }
+    }
+    /// The largest activation code (127 for 8 bits); None in `exact`.
+    pub fn qmax(self) -> Option<f32> {
+        match self {
+            Numeric::Exact => None,
+            Numeric::Fast => Some(127.0),
+            Numeric::Control4 => Some(7.0),
+        }
+    }
+    /// Parse `exact` / `fast`.
+    pub fn parse(s: &str) -> Option<Numeric> {
+        match s {
+            "exact" => Some(Numeric::Exact),
+            "fast" => Some(Numeric::Fast),
+            _ => None,
+        }
+    }
+}
+
+/// An input vector quantized for the fast products.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QInput {
+    /// Codes, `cols_padded` of them (zero past `cols`).
+    pub q: Vec<i8>,
+    /// One scale per block.
+    pub d: Vec<f32>,
+    /// Per block, eight times the sum of each lane's four codes (Q4G's
+    /// `Σ (n − 8)·q = Σ n·q − 8·Σ q`, the second term once per input).
+    pub sum8: Vec<[i32; 8]>,
+}
+
+/// Whether `m` computes differently in the fast mode: Q8G or Q4G with
+/// groups of whole blocks.
+pub fn applies(m: &MatRef<'_>) -> bool {
+    matches!(m.fmt, Fmt::Q8G | Fmt::Q4G) && m.group.is_multiple_of(BLOCK)
+}
+
+/// Quantize `x` (the matrix's `cols` inputs) into blocks over `cols_padded`
+/// (a multiple of [`BLOCK`]), 8 bits.
+pub fn quantize(x: &[f32], cols_padded: usize) -> QInput {
+    quantize_to(x, cols_padded, 127.0)
+}
+
+/// [`quantize`] with codes up to `qmax` (≤ 127).
+pub fn quantize_to(x: &[f32], cols_padded: usize, qmax: f32) -> QInput {
+    let nb = cols_padded / BLOCK;
+    let mut q = vec![0i8; cols_padded];
+    let mut d = vec![0f32; nb];
+    let mut sum8 = vec![[0i32; 8]; nb];
+    for b in 0..nb {
+        let lo = (b * BLOCK).min(x.len());
+        let hi = ((b + 1) * BLOCK).min(x.len());
+        let xs = &x[lo..hi];
+        let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+        if amax == 0.0 {
+            continue;
+        }
+        let db = amax / qmax;
+        d[b] = db;
+        for (o, &v) in q[lo..hi].iter_mut().zip(xs) {
+            *o = (v / db).round().clamp(-qmax, qmax) as i8;
+        }
+        for (j, s) in sum8[b].iter_mut().enumerate() {
+            *s = 8 * q[b * BLOCK + 4 * j..b * BLOCK + 4 * j + 4].iter().map(|&v| v as i32).sum::<i32>();
+        }
+    }
+    QInput { q, d, sum8 }
+}
+
+/// The stored code of column `c` in row bytes `rb`.
+#[inline]
+fn code(fmt: Fmt, rb: &[u8], c: usize) -> i32 {
+    match fmt {
+        Fmt::Q8G => rb[c] as i8 as i32,
+        _ => (if c.is_multiple_of(2) { rb[c / 2] & 15 } else { rb[c / 2] >> 4 }) as i32 - 8,
+    }
+}
+
+/// The canonical halving reduction of the eight lanes.
+#[inline]
+pub(crate) fn reduce8(a: [f32; 8]) -> f32 {
+    let b = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    let c = [b[0] + b[2], b[1] + b[3]];
+    c[0] + c[1]
+}
+
+fma_scalar! {
+    /// The definition: row `r`'s dot with the quantized input.
+    pub fn row_dot_scalar(m: &MatRef<'_>, r: usize, x: &QInput) -> f32 {
+        let rb = &m.data[r * m.row_bytes()..(r + 1) * m.row_bytes()];
+        let sc = &m.scales[r * m.groups()..(r + 1) * m.groups()];
+        let mut acc = [0f32; 8];
+        for (b, &db) in x.d.iter().enumerate() {
+            let d = f16_to_f32(sc[b * BLOCK / m.group]) * db;
+            for (j, a) in acc.iter_mut().enumerate() {
+                let c0 = b * BLOCK + 4 * j;
+                let p: i32 = (c0..c0 + 4).map(|c| code(m.fmt, rb, c) * x.q[c] as i32).sum();
+                *a = d.mul_add(p as f32, *a);
+            }
+        }
+        reduce8(acc)
+    }
+}
+
+impl MatRef<'_> {
+    /// `y[i] = W[row0 + i] · x` in the fast mode (`x` quantized over this
+    /// matrix's `cols_padded`), at a SIMD level: AVX2's integer kernel at
+    /// AVX2 and AVX-512, the definition elsewhere. Bit-identical across levels.
+    ///
+    /// # Panics
+    /// When the matrix is not one [`applies`] takes, `x` does not cover its
+    /// padded width, or the rows are out of range.
+    pub fn matvec_rows_fast(&self, level: Level, x: &QInput, row0: usize, y: &mut [f32]) {
+        assert!(applies(self), "the fast products take Q8G / Q4G in groups of whole blocks");
+        assert_eq!(x.q.len(), self.cols_padded(), "quantized input length");
+        assert!(row0 + y.len() <= self.rows, "matvec rows out of range");
+        #[cfg(target_arch = "x86_64")]
+        if level.avx2_kernels() {
+            // SAFETY: AVX2/FMA/F16C verified; the shape checked by MatRef::new and the asserts.
+            unsafe { crate::x86_64::fast::matvec_rows(self, x, row0, y) };
+            return;
+        }
+        let _ = level;
+        for (i, o) in y.iter_mut().enumerate() {
+            *o = row_dot_scalar(self, row0 + i, x);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Matrix, SplitMix64};
+    use waste_format::Fmt;
+
+    fn random(fmt: Fmt, rows: usize, cols: usize, group: usize, seed: u64) -> (Matrix, Vec<f32>) {
+        let mut r = SplitMix64::new(seed);
+        let w: Vec<f32> = (0..rows * cols).map(|_| r.gauss()).collect();
+        let (data, scales) = (crate::formats::tensor_format(fmt).encode)(&w, rows, cols, group).unwrap();
+        let x = (0..cols).map(|i| if i % 7 == 3 { 0.0 } else { r.gauss() * 3.0 }).collect();
+        (Matrix::from_stored(fmt, rows, cols, group, data, &scales).unwrap(), x)
+    }
+
+    #[test]
+    fn every_level_is_the_definition() {
+        for fmt in [Fmt::Q8G, Fmt::Q4G] {
+            for (rows, cols, group, seed) in [(7, 256, 128, 1), (5, 300, 128, 2), (3, 33, 32, 3), (9, 1024, 64, 4)] {
+                let (m, x) = random(fmt, rows, cols, group, seed);
+                let v = m.view();
+                let qx = quantize(&x, v.cols_padded());
+                let want: Vec<u32> = (0..rows).map(|r| row_dot_scalar(&v, r, &qx).to_bits()).collect();
+                for lv in Level::available() {
+                    let mut y = vec![0f32; rows];
+                    v.matvec_rows_fast(lv, &qx, 0, &mut y);
+                    assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want, "{fmt:?} {cols} at {lv:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_definition_is_close_to_exact_and_not_the_same() {
+        // each product within 8-bit activations' error of the exact dot,
+        // and not exact (the mode does something)
+        let (m, x) = random(Fmt::Q4G, 16, 1024, 128, 9);
+        let v = m.view();
+        let qx = quantize(&x, v.cols_padded());
+        let mut differs = 0;
+        for r in 0..16 {
+            let (f, e) = (row_dot_scalar(&v, r, &qx), v.row_dot_scalar(r, &x));
+            let mut w = vec![0f32; 1024];
+            v.row(r, &mut w);
+            let mag: f32 = w.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+            assert!((f - e).abs() <= 0.01 * mag, "row {r}: fast {f} exact {e} (Σ|w·x| {mag})");
+            differs += (f != e) as usize;
+        }
+        assert!(differs >= 12, "fast equals exact in {} of 16 rows", 16 - differs);
+    }
+
+    #[test]
+    fn quantized_inputs_round_half_away_and_pad_with_zeros() {
+        let x = [127.0f32, -63.5, 0.5, 0.0, -127.0];
+        let q = quantize(&x, 32);
+        assert_eq!(q.d, vec![1.0]);
+        assert_eq!(&q.q[..5], &[127, -64, 1, 0, -127]);
+        assert!(q.q[5..].iter().all(|&v| v == 0));
+        assert_eq!(quantize(&[0.0; 40], 64).d, vec![0.0, 0.0]);
+    }
+}

@@ -1,0 +1,98 @@
+//! AVX2 integer kernels of the fast numeric mode: `crate::fast`'s
+//! definition bit for bit (the integer block sums are exact; the scale
+//! product, the fused add into the block's eight lanes and the halving
+//! reduction are the definition's operations in its order). Run at the
+//! AVX-512 level too.
+
+use crate::fast::{QInput, BLOCK};
+use crate::matrix::MatRef;
+use core::arch::x86_64::*;
+use waste_format::Fmt;
+
+/// The definition's halving reduction of eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn reduce8(a: __m256) -> f32 {
+    let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)))
+}
+
+/// Rows this kernel computes together (each block of the input loaded once for them).
+const ROWS: usize = 4;
+
+/// Lane `j` of the result: the exact sum of `w · q` over the block's
+/// columns `4j..4j+4`, for 32 codes `w` (signed bytes) and 32 inputs `q`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_i8(w: __m256i, q: __m256i) -> __m256i {
+    // |w| (unsigned) times q with w's sign: a product of two signed bytes
+    // in maddubs (unsigned × signed); pairs summed to i16 cannot saturate
+    // (2 · 128 · 127 < 32 768), then fours to i32
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w));
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// Lane `j`: `Σ n·q` over the block's columns `4j..4j+4`, for the 32 Q4G
+/// nibbles `n` of a block (16 bytes, low nibble first), unsigned.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_q4(p: *const u8, q: __m256i) -> __m256i {
+    // SAFETY: the caller guarantees 16 readable bytes at p.
+    let bytes = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    let m = _mm_set1_epi8(15);
+    let (lo, hi) = (_mm_and_si128(bytes, m), _mm_and_si128(_mm_srli_epi16(bytes, 4), m));
+    let nib = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    // unsigned nibble × signed code: pairs ≤ 2 · 15 · 127, no saturation
+    _mm256_madd_epi16(_mm256_maddubs_epi16(nib, q), _mm256_set1_epi16(1))
+}
+
+/// `y[i] = W[row0 + i] · x` in the fast mode.
+///
+/// # Safety
+/// AVX2, FMA and F16C present; `m` one `crate::fast::applies` takes, `x`
+/// quantized over its padded width, rows `row0..row0 + y.len()` in range.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
+    let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
+    let q4 = m.fmt == Fmt::Q4G;
+    let bbytes = if q4 { BLOCK / 2 } else { BLOCK };
+    // the rows' group scales as f32 (F16C gives f16_to_f32's bits)
+    let mut ws = vec![0f32; ROWS * gpr];
+    let mut i = 0;
+    while i < y.len() {
+        let k = (y.len() - i).min(ROWS);
+        for t in 0..k {
+            let r = row0 + i + t;
+            for (o, &h) in ws[t * gpr..(t + 1) * gpr].iter_mut().zip(&m.scales[r * gpr..(r + 1) * gpr]) {
+                *o = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
+            }
+        }
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        for (b, &db) in x.d.iter().enumerate() {
+            // SAFETY: the block's 32 codes lie inside the padded input.
+            let xq = unsafe { _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK) as *const __m256i) };
+            // SAFETY: one [i32; 8] per block.
+            let s8 = unsafe { _mm256_loadu_si256(x.sum8.as_ptr().add(b) as *const __m256i) };
+            for (t, a) in acc[..k].iter_mut().enumerate() {
+                let r = row0 + i + t;
+                let d = ws[t * gpr + b * BLOCK / g] * db;
+                // SAFETY: row r holds the block's bytes (rbs covers the padded width).
+                let rb = unsafe { m.data.as_ptr().add(r * rbs + b * bbytes) };
+                let p = if q4 {
+                    // SAFETY: 16 bytes of the row; AVX2 present (this function's contract).
+                    _mm256_sub_epi32(unsafe { dot_q4(rb, xq) }, s8)
+                } else {
+                    // SAFETY: 32 bytes of the row; AVX2 present.
+                    unsafe { dot_i8(_mm256_loadu_si256(rb as *const __m256i), xq) }
+                };
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), *a);
+            }
+        }
+        for (t, a) in acc[..k].iter().enumerate() {
+            // SAFETY: AVX2 present (this function's contract).
+            y[i + t] = unsafe { reduce8(*a) };
+        }
+        i += k;
+    }
+}
