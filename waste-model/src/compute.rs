@@ -247,15 +247,19 @@ impl Model {
         let nt = nt.max(1);
         let xs: Vec<f32> = (0..nt * m.cols).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect();
         let mut ys = vec![0f32; threads * rows * nt];
-        let level = self.pool.level();
+        let (level, numeric) = (self.pool.level(), self.pool.numeric());
+        // the fast mode computes a chunk as a matvec per input, as the pool does
+        let per_input = numeric != waste_quant::fast::Numeric::Exact && waste_quant::fast::applies(&m.view());
         let ys = SyncSlice::new(&mut ys);
         let (secs, calls) = time_calls(|| {
             self.pool.run(threads, &|t| {
                 let row0 = (t * rows).min(m.rows - rows);
-                if nt == 1 {
-                    // SAFETY: task t alone writes outputs [t·rows, (t+1)·rows).
-                    let y = unsafe { ys.range(t * rows, (t + 1) * rows) };
-                    m.view().matvec_rows(level, &xs, row0, y);
+                if nt == 1 || per_input {
+                    for j in 0..nt {
+                        // SAFETY: task t alone writes [t·rows·nt, (t+1)·rows·nt); input j's rows at + j·rows.
+                        let y = unsafe { ys.range(t * rows * nt + j * rows, t * rows * nt + (j + 1) * rows) };
+                        m.view().matvec_rows_in(level, numeric, &xs[j * m.cols..(j + 1) * m.cols], row0, y);
+                    }
                 } else {
                     // SAFETY: task t alone writes [t·rows·nt, (t+1)·rows·nt):
                     // input j's rows at t·rows·nt + j·rows, inside `ys`.

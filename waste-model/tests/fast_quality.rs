@@ -90,3 +90,35 @@ fn fast_meets_its_quality_contract_and_4_bit_activations_do_not() {
     assert!(meets(&fast, &exact), "fast misses the contract");
     assert!(!meets(&control, &exact), "the 4-bit control meets the contract: the test cannot tell");
 }
+
+/// Within the fast mode, placement never changes a bit: threads, the cache
+/// size and the prefill chunk give the same logits, on the quality fixture
+/// (Q4G trunk, VQ3R experts) and on an oracle fixture with Q4G experts
+/// (whose products the fast mode takes, split across the pool or whole on
+/// one thread).
+#[test]
+fn the_fast_mode_is_bit_identical_across_placements() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures");
+    for dir in [root.join("fast-quality/model.waste"), root.join("tiny-q4g.waste")] {
+        let plan = waste_model::plan(&dir, 128).unwrap();
+        let base = ModelOptions { ctx: 128, numeric: Numeric::Fast, ..Default::default() };
+        let ids: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 250).collect();
+        let run = |o: ModelOptions| -> Vec<u32> {
+            let m = Model::open(&dir, o).unwrap();
+            let mut s = m.session();
+            let mut bits: Vec<u32> = s.eval(&ids).unwrap().iter().map(|v| v.to_bits()).collect();
+            bits.extend(s.eval(&[7]).unwrap().iter().map(|v| v.to_bits()));
+            bits
+        };
+        let want = run(ModelOptions { threads: 1, max_chunk: 1, ..base.clone() });
+        for (name, o) in [
+            ("2 threads", ModelOptions { threads: 2, ..base.clone() }),
+            ("3 threads, chunks of 16", ModelOptions { threads: 3, max_chunk: 16, ..base.clone() }),
+            ("the smallest cache", ModelOptions { budget: plan.floor_bytes, threads: 2, ..base.clone() }),
+        ] {
+            assert_eq!(run(o), want, "{}: {name}", dir.display());
+        }
+        // and the mode does something here
+        assert_ne!(run(ModelOptions { numeric: Numeric::Exact, ..base.clone() }), want, "{}", dir.display());
+    }
+}

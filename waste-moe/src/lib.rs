@@ -377,7 +377,7 @@ impl ExpertKernel {
         out: &mut [f32],
     ) {
         let shared = Shared { t_gate: &sc.t_gate, t_up: &sc.t_up, p_gate: &sc.p_gate, p_up: &sc.p_up };
-        self.run(Some(pool), pool.level(), books, rec, h, &shared, &mut sc.lanes[0], out)
+        self.run(Some(pool), (pool.level(), pool.numeric()), books, rec, h, &shared, &mut sc.lanes[0], out)
     }
 
     /// Several experts at once, each whole on one thread (no synchronisation
@@ -455,7 +455,7 @@ impl ExpertKernel {
                             let s = slots[j];
                             // SAFETY: the slots are distinct (asserted above), so are the outputs.
                             let out = unsafe { os.range(s * lat, (s + 1) * lat) };
-                            self.run(None, pool.level(), books, rec, h, &shared, lane, out);
+                            self.run(None, (pool.level(), pool.numeric()), books, rec, h, &shared, lane, out);
                         }
                         Err(e) => {
                             // no lane claims another job
@@ -477,13 +477,13 @@ impl ExpertKernel {
         Ok(())
     }
 
-    /// One expert with `lane`'s buffers at `lv`, its rows split across
-    /// `pool` (`None`: all on the calling thread).
+    /// One expert with `lane`'s buffers at `lv` in `numeric`, its rows
+    /// split across `pool` (`None`: all on the calling thread).
     #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         pool: Option<&Pool>,
-        lv: Level,
+        (lv, numeric): (Level, waste_quant::fast::Numeric),
         books: &LayerBooks,
         rec: &[u8],
         h: &[f32],
@@ -557,7 +557,7 @@ impl ExpertKernel {
         } else {
             let matvec = |w: &MatRef<'_>, x: &[f32], y: &mut [f32]| match pool {
                 Some(p) => p.matvec(w, x, y),
-                None => w.matvec_rows(lv, x, 0, y),
+                None => w.matvec_rows_in(lv, numeric, x, 0, y),
             };
             with_dense_mats(l, rec, |[gate, up, down]| {
                 matvec(&gate, h, &mut lane.g);

@@ -155,6 +155,17 @@ fma_scalar! {
 }
 
 impl MatRef<'_> {
+    /// `y[i] = W[row0 + i] · x` in `numeric`: the fast products where they
+    /// apply (the input quantized here), else as in `exact` — what a caller
+    /// that computes a product on one thread uses, so it gives what the
+    /// pool gives.
+    pub fn matvec_rows_in(&self, level: Level, numeric: Numeric, x: &[f32], row0: usize, y: &mut [f32]) {
+        match numeric.qmax().filter(|_| applies(self)) {
+            Some(q) => self.matvec_rows_fast(level, &quantize_to(x, self.cols_padded(), q), row0, y),
+            None => self.matvec_rows(level, x, row0, y),
+        }
+    }
+
     /// `y[i] = W[row0 + i] · x` in the fast mode (`x` quantized over this
     /// matrix's `cols_padded`), at a SIMD level: AVX2's integer kernel at
     /// AVX2 and AVX-512, the definition elsewhere. Bit-identical across levels.

@@ -57,8 +57,16 @@ pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]
     let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
     let q4 = m.fmt == Fmt::Q4G;
     let bbytes = if q4 { BLOCK / 2 } else { BLOCK };
-    // the rows' group scales as f32 (F16C gives f16_to_f32's bits)
-    let mut ws = vec![0f32; ROWS * gpr];
+    // the rows' group scales as f32 (F16C gives f16_to_f32's bits): on the
+    // stack for the widths a model has (≤ 256 groups a row), else once a call
+    let mut stack = [0f32; ROWS * 256];
+    let mut heap = Vec::new();
+    let ws: &mut [f32] = if ROWS * gpr <= stack.len() {
+        &mut stack[..ROWS * gpr]
+    } else {
+        heap.resize(ROWS * gpr, 0f32);
+        &mut heap
+    };
     let mut i = 0;
     while i < y.len() {
         let k = (y.len() - i).min(ROWS);
@@ -78,7 +86,11 @@ pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]
                 let r = row0 + i + t;
                 let d = ws[t * gpr + b * BLOCK / g] * db;
                 // SAFETY: row r holds the block's bytes (rbs covers the padded width).
-                let rb = unsafe { m.data.as_ptr().add(r * rbs + b * bbytes) };
+                let row = unsafe { m.data.as_ptr().add(r * rbs) };
+                // a lone sequential stream stalls some cores: fetch ahead, a line
+                // at a time (a hint, never a fault)
+                super::prefetch_ahead(row, b * bbytes, bbytes);
+                let rb = row.wrapping_add(b * bbytes);
                 let p = if q4 {
                     // SAFETY: 16 bytes of the row; AVX2 present (this function's contract).
                     _mm256_sub_epi32(unsafe { dot_q4(rb, xq) }, s8)
