@@ -3,7 +3,7 @@
 
 use crate::Result;
 use std::path::Path;
-use waste_format::{AttnKind, Container, Expect, ModelConfig};
+use waste_format::{AttnKind, Container, Expect};
 
 /// The memory plan of a container at a context size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,37 +92,6 @@ fn f(n: usize) -> u64 {
     4 * n as u64
 }
 
-/// Scratch bytes of one session except the VQ tables (mirrors `Session::new`).
-pub(crate) fn session_scratch(c: &ModelConfig, ctx: usize) -> u64 {
-    let h = c.hidden;
-    let lat = c.expert_width();
-    let has_kda = c.attn_kinds.contains(&AttnKind::Kda);
-    let has_mla = c.n_mla_layers() > 0;
-    let mut b = 0u64;
-    let chunk = CHUNK;
-    if has_kda {
-        b += waste_attn::kda::KdaScratch::bytes(&crate::weights::kda_config(c), chunk) as u64;
-    }
-    if has_mla {
-        b += waste_attn::mla::MlaScratch::bytes(&crate::weights::mla_config(c, ctx), c.q_lora.unwrap_or(0), chunk)
-            as u64;
-    }
-    if c.n_moe_layers() > 0 {
-        // one output per chosen expert (their activations are the expert scratch's)
-        b += f(c.top_k * lat);
-    }
-    let ffn_w = c.intermediate.max(c.moe_intermediate * c.shared_experts);
-    // per chunk token: hidden, FFN input, FFN output, router scores, expert
-    // input and sum, dense/shared FFN activations; then one token's input and the head's input
-    let shared = if c.n_moe_layers() > 0 && c.shared_experts > 0 { chunk * h } else { 0 };
-    b += f(3 * chunk * h + 2 * h + chunk * (c.experts + 2 * lat + 2 * ffn_w) + shared + c.vocab);
-    if let Some(bs) = c.attn_res_block {
-        let nb = c.layers.div_ceil(bs);
-        b += f(chunk * h + chunk * nb * h + h); // prefixes, blocks, a copy for the output aggregation
-    }
-    b
-}
-
 impl Plan {
     /// Plan for an opened (validated) container.
     ///
@@ -180,7 +149,7 @@ impl Plan {
                 AttnKind::Mla => f(ctx * (c.kv_lora + c.qk_rope)),
             };
         }
-        let scratch = session_scratch(c, ctx) + vq_scratch;
+        let scratch = crate::session::scratch_bytes(c, ctx) + vq_scratch;
         let moe = c.n_moe_layers() as u64;
         let k = c.top_k as u64;
         let min_cache = if moe > 0 { aligned_alloc_bytes((2 * k * rec) as usize, true) } else { 0 };

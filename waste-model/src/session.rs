@@ -117,6 +117,92 @@ pub struct Session<'m> {
     panic_at_layer: Option<usize>,
 }
 
+/// The lengths (f32s) of a session's own buffers for a config: what
+/// `Session::new` allocates and what the memory plan counts — one formula
+/// for both ([`scratch_bytes`]).
+pub(crate) struct BufferLens {
+    chunk_hidden: usize,
+    chunk_prefix: usize,
+    chunk_ffn_in: usize,
+    chunk_ffn_out: usize,
+    token_in: usize,
+    head_in: usize,
+    blocks: usize,
+    res_blocks: usize,
+    out_copy: usize,
+    router: usize,
+    lat_in: usize,
+    lat_sum: usize,
+    eouts: usize,
+    ffn_tmp: usize,
+    chunk_shared: usize,
+    logits: usize,
+}
+
+impl BufferLens {
+    pub(crate) fn new(c: &waste_format::ModelConfig) -> BufferLens {
+        let (h, lat) = (c.hidden, c.expert_width());
+        let ffn_w = c.intermediate.max(c.moe_intermediate * c.shared_experts);
+        let nb = c.attn_res_block.map_or(0, |b| c.layers.div_ceil(b));
+        let moe = c.n_moe_layers() > 0;
+        BufferLens {
+            chunk_hidden: CHUNK * h,
+            chunk_prefix: if nb > 0 { CHUNK * h } else { 0 },
+            chunk_ffn_in: CHUNK * h,
+            chunk_ffn_out: CHUNK * h,
+            token_in: h,
+            head_in: h,
+            blocks: CHUNK * nb * h,
+            res_blocks: nb,
+            out_copy: if nb > 0 { h } else { 0 },
+            router: CHUNK * c.experts,
+            lat_in: CHUNK * lat,
+            lat_sum: CHUNK * lat,
+            eouts: if moe { c.top_k * lat } else { 0 },
+            ffn_tmp: 2 * ffn_w * CHUNK,
+            chunk_shared: if moe && c.shared_experts > 0 { CHUNK * h } else { 0 },
+            logits: c.vocab,
+        }
+    }
+
+    /// All the buffers' f32s.
+    fn total(&self) -> usize {
+        [
+            self.chunk_hidden,
+            self.chunk_prefix,
+            self.chunk_ffn_in,
+            self.chunk_ffn_out,
+            self.token_in,
+            self.head_in,
+            self.blocks,
+            self.out_copy,
+            self.router,
+            self.lat_in,
+            self.lat_sum,
+            self.eouts,
+            self.ffn_tmp,
+            self.chunk_shared,
+            self.logits,
+        ]
+        .iter()
+        .sum()
+    }
+}
+
+/// Bytes of one session's scratch but the experts' (their VQ tables are the
+/// kernel's): its buffers ([`BufferLens`]) and the attention scratch, as
+/// `Session::new` allocates them for a context of `ctx`.
+pub(crate) fn scratch_bytes(c: &waste_format::ModelConfig, ctx: usize) -> u64 {
+    let mut b = 4 * BufferLens::new(c).total() as u64;
+    if c.attn_kinds.contains(&waste_format::AttnKind::Kda) {
+        b += KdaScratch::bytes(&kda_config(c), CHUNK) as u64;
+    }
+    if c.n_mla_layers() > 0 {
+        b += MlaScratch::bytes(&mla_config(c, ctx), c.q_lora.unwrap_or(0), CHUNK) as u64;
+    }
+    b
+}
+
 /// One sequence position's input: a token's embedding row or an image's row.
 #[derive(Clone, Copy)]
 enum Input<'a> {
@@ -140,11 +226,8 @@ impl<'m> Session<'m> {
             .collect();
         let has_kda = c.attn_kinds.contains(&waste_format::AttnKind::Kda);
         let has_mla = c.n_mla_layers() > 0;
-        let h = c.hidden;
-        let lat = c.expert_width();
-        let ffn_w = c.intermediate.max(c.moe_intermediate * c.shared_experts);
-        let nb = c.attn_res_block.map_or(0, |b| c.layers.div_ceil(b));
-        let moe = c.n_moe_layers() > 0;
+        let n = BufferLens::new(c);
+        let buf = |len: usize| vec![0f32; len];
         Session {
             m,
             pos: 0,
@@ -152,24 +235,24 @@ impl<'m> Session<'m> {
             kda_sc: has_kda.then(|| KdaScratch::new(&kc, CHUNK)),
             mla_sc: has_mla.then(|| MlaScratch::new(&mc, c.q_lora.unwrap_or(0), CHUNK)),
             ex_sc: m.kernel.as_ref().map(|k| k.scratch(waste_moe::lanes_for(m.pool.threads(), c.top_k))),
-            chunk_hidden: vec![0.0; CHUNK * h],
-            chunk_prefix: vec![0.0; if nb > 0 { CHUNK * h } else { 0 }],
-            chunk_ffn_in: vec![0.0; CHUNK * h],
-            chunk_ffn_out: vec![0.0; CHUNK * h],
-            token_in: vec![0.0; h],
-            head_in: vec![0.0; h],
-            blocks: vec![0.0; CHUNK * nb * h],
+            chunk_hidden: buf(n.chunk_hidden),
+            chunk_prefix: buf(n.chunk_prefix),
+            chunk_ffn_in: buf(n.chunk_ffn_in),
+            chunk_ffn_out: buf(n.chunk_ffn_out),
+            token_in: buf(n.token_in),
+            head_in: buf(n.head_in),
+            blocks: buf(n.blocks),
             nblocks: 0,
-            res_blocks: nb,
-            out_copy: vec![0.0; if nb > 0 { h } else { 0 }],
-            router: vec![0.0; CHUNK * c.experts],
+            res_blocks: n.res_blocks,
+            out_copy: buf(n.out_copy),
+            router: buf(n.router),
             chosen: Vec::with_capacity(c.top_k),
-            lat_in: vec![0.0; CHUNK * lat],
-            lat_sum: vec![0.0; CHUNK * lat],
-            eouts: vec![0.0; if moe { c.top_k * lat } else { 0 }],
-            ffn_tmp: vec![0.0; 2 * ffn_w * CHUNK],
-            chunk_shared: vec![0.0; if moe && c.shared_experts > 0 { CHUNK * h } else { 0 }],
-            logits: vec![0.0; c.vocab],
+            lat_in: buf(n.lat_in),
+            lat_sum: buf(n.lat_sum),
+            eouts: buf(n.eouts),
+            ffn_tmp: buf(n.ffn_tmp),
+            chunk_shared: buf(n.chunk_shared),
+            logits: buf(n.logits),
             stats: Stats::default(),
             replay: None,
             images: Default::default(),
