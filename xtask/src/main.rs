@@ -468,11 +468,15 @@ impl Drop for RemoveOnDrop {
 /// under `qemu-aarch64 -cpu max`, the kernel suites and the anchor once more
 /// on a plain `-cpu cortex-a53` (correctness only; timings under emulation
 /// mean nothing). What this machine cannot provide (rustup targets, the
-/// cross linker, qemu) is installed when possible, else listed as skipped.
+/// cross linker, qemu) is installed when possible, else listed as skipped —
+/// a required skip where the tools could have been installed (rustup and
+/// apt-get present): `WASTE_REQUIRE_ALL=1` then fails the run.
 fn cross(root: &Path, cargo: &str, skips: &mut Vec<String>) -> Result<()> {
+    let installable = works(Command::new("rustup").arg("--version")) && works(Command::new("apt-get").arg("--version"));
+    let required = if installable { " (required)" } else { "" };
     let targets = ["aarch64-apple-darwin", "aarch64-unknown-linux-gnu"];
     if !works(Command::new("rustup").arg("target").arg("add").args(targets)) {
-        skips.push("aarch64 checks: `rustup target add` failed (no rustup or no network)".into());
+        skips.push(format!("aarch64 checks: `rustup target add` failed (no rustup or no network){required}"));
         return Ok(());
     }
     for t in targets {
@@ -504,8 +508,9 @@ fn cross(root: &Path, cargo: &str, skips: &mut Vec<String>) -> Result<()> {
         ]));
     }
     if !have() {
-        skips
-            .push("aarch64 tests under qemu: qemu-aarch64 or aarch64-linux-gnu-gcc missing and not installable".into());
+        skips.push(format!(
+            "aarch64 tests under qemu: qemu-aarch64 or aarch64-linux-gnu-gcc missing and not installable{required}"
+        ));
         return Ok(());
     }
     let qemu_test = |cpu: &str, args: &[&str]| {
