@@ -119,6 +119,18 @@ pub fn quantize_to(x: &[f32], cols_padded: usize, qmax: f32) -> QInput {
     QInput { q, d, sum8 }
 }
 
+/// Whether the CPU runs the AVX-512 level's VNNI fast kernel (AVX-512
+/// F/BW/VL/DQ and VNNI).
+#[cfg(target_arch = "x86_64")]
+fn vnni() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        Level::Avx512.supported()
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    })
+}
+
 /// The stored code of column `c` in row bytes `rb`.
 #[inline]
 fn code(fmt: Fmt, rb: &[u8], c: usize) -> i32 {
@@ -167,8 +179,10 @@ impl MatRef<'_> {
     }
 
     /// `y[i] = W[row0 + i] · x` in the fast mode (`x` quantized over this
-    /// matrix's `cols_padded`), at a SIMD level: AVX2's integer kernel at
-    /// AVX2 and AVX-512, the definition elsewhere. Bit-identical across levels.
+    /// matrix's `cols_padded`), at a SIMD level: AVX-512 VNNI's integer
+    /// kernel at AVX-512 where the CPU has VNNI, AVX2's at AVX2 (and
+    /// AVX-512 without VNNI), the definition elsewhere. Bit-identical
+    /// across levels.
     ///
     /// # Panics
     /// When the matrix is not one [`applies`] takes, `x` does not cover its
@@ -177,6 +191,12 @@ impl MatRef<'_> {
         assert!(applies(self), "the fast products take Q8G / Q4G in groups of whole blocks");
         assert_eq!(x.q.len(), self.cols_padded(), "quantized input length");
         assert!(row0 + y.len() <= self.rows, "matvec rows out of range");
+        #[cfg(target_arch = "x86_64")]
+        if level == Level::Avx512 && vnni() {
+            // SAFETY: AVX-512 F/BW/VL/DQ + VNNI (and so AVX2/FMA/F16C) verified; the shape as below.
+            unsafe { crate::x86_64::fast::matvec_rows_vnni(self, x, row0, y) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if level.avx2_kernels() {
             // SAFETY: AVX2/FMA/F16C verified; the shape checked by MatRef::new and the asserts.
@@ -207,7 +227,9 @@ mod tests {
     #[test]
     fn every_level_is_the_definition() {
         for fmt in [Fmt::Q8G, Fmt::Q4G] {
-            for (rows, cols, group, seed) in [(7, 256, 128, 1), (5, 300, 128, 2), (3, 33, 32, 3), (9, 1024, 64, 4)] {
+            for (rows, cols, group, seed) in
+                [(7, 256, 128, 1), (5, 300, 128, 2), (3, 33, 32, 3), (9, 1024, 64, 4), (6, 96, 32, 5)]
+            {
                 let (m, x) = random(fmt, rows, cols, group, seed);
                 let v = m.view();
                 let qx = quantize(&x, v.cols_padded());

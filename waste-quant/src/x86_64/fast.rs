@@ -82,9 +82,11 @@ pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]
             let xq = unsafe { _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK) as *const __m256i) };
             // SAFETY: one [i32; 8] per block.
             let s8 = unsafe { _mm256_loadu_si256(x.sum8.as_ptr().add(b) as *const __m256i) };
+            // the block's weight group (one division a block, not a block and row)
+            let gi = b * BLOCK / g;
             for (t, a) in acc[..k].iter_mut().enumerate() {
                 let r = row0 + i + t;
-                let d = ws[t * gpr + b * BLOCK / g] * db;
+                let d = ws[t * gpr + gi] * db;
                 // SAFETY: row r holds the block's bytes (rbs covers the padded width).
                 let row = unsafe { m.data.as_ptr().add(r * rbs) };
                 // a lone sequential stream stalls some cores: fetch ahead, a line
@@ -103,6 +105,127 @@ pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]
         }
         for (t, a) in acc[..k].iter().enumerate() {
             // SAFETY: AVX2 present (this function's contract).
+            y[i + t] = unsafe { reduce8(*a) };
+        }
+        i += k;
+    }
+}
+
+/// Lanes of two consecutive blocks (`0..8` the first, `8..16` the second):
+/// the exact sums of `w · q` over each lane's four columns, by AVX-512 VNNI
+/// (`vpdpbusd`: unsigned × signed bytes, four to a lane, no saturation).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn dot2_q8(w: __m512i, q: __m512i) -> __m512i {
+    // |w| unsigned times q with w's sign
+    let neg = _mm512_movepi8_mask(w);
+    let s = _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q);
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), s)
+}
+
+/// [`dot2_q8`] for two blocks of Q4G nibbles (32 bytes at `p`), unsigned:
+/// `Σ n·q` (the caller subtracts `8·Σ q`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn dot2_q4(p: *const u8, q: __m512i) -> __m512i {
+    // SAFETY: the caller guarantees 32 readable bytes at p.
+    let bytes = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+    let m = _mm256_set1_epi8(15);
+    let (lo, hi) = (_mm256_and_si256(bytes, m), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m));
+    // per 128-bit lane (one block each): columns 0..15 and 16..31 in order
+    let (a, b) = (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
+    // [a0 a1 b0 b1] → [a0 b0 a1 b1]: block 0's 32 columns, then block 1's
+    let z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+    let nib = _mm512_shuffle_i64x2(z, z, 0b11_01_10_00);
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), nib, q)
+}
+
+/// [`matvec_rows`] with AVX-512 VNNI: two blocks' integer sums per
+/// instruction, each block still fused into the eight lanes in order — the
+/// same bits.
+///
+/// # Safety
+/// As [`matvec_rows`], and AVX-512 F/BW/VL/DQ with VNNI present.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn matvec_rows_vnni(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
+    let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
+    let q4 = m.fmt == Fmt::Q4G;
+    let bbytes = if q4 { BLOCK / 2 } else { BLOCK };
+    let nb = x.d.len();
+    let mut stack = [0f32; ROWS * 256];
+    let mut heap = Vec::new();
+    let ws: &mut [f32] = if ROWS * gpr <= stack.len() {
+        &mut stack[..ROWS * gpr]
+    } else {
+        heap.resize(ROWS * gpr, 0f32);
+        &mut heap
+    };
+    let mut i = 0;
+    while i < y.len() {
+        let k = (y.len() - i).min(ROWS);
+        for t in 0..k {
+            let r = row0 + i + t;
+            for (o, &h) in ws[t * gpr..(t + 1) * gpr].iter_mut().zip(&m.scales[r * gpr..(r + 1) * gpr]) {
+                *o = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
+            }
+        }
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        let mut b = 0;
+        while b + 2 <= nb {
+            // SAFETY: blocks b and b + 1 lie inside the padded input and its lane sums.
+            let (xq, s8) = unsafe {
+                (
+                    _mm512_loadu_si512(x.q.as_ptr().add(b * BLOCK) as *const __m512i),
+                    _mm512_loadu_si512(x.sum8.as_ptr().add(b) as *const __m512i),
+                )
+            };
+            let (g0, g1) = (b * BLOCK / g, (b + 1) * BLOCK / g);
+            for (t, a) in acc[..k].iter_mut().enumerate() {
+                let r = row0 + i + t;
+                let (d0, d1) = (ws[t * gpr + g0] * x.d[b], ws[t * gpr + g1] * x.d[b + 1]);
+                // SAFETY: row r holds both blocks' bytes.
+                let row = unsafe { m.data.as_ptr().add(r * rbs) };
+                super::prefetch_ahead(row, b * bbytes, 2 * bbytes);
+                let rb = row.wrapping_add(b * bbytes);
+                // SAFETY: 32 (Q4G) or 64 (Q8G) bytes of the row; the features are this function's.
+                let p = unsafe {
+                    if q4 {
+                        _mm512_sub_epi32(dot2_q4(rb, xq), s8)
+                    } else {
+                        dot2_q8(_mm512_loadu_si512(rb as *const __m512i), xq)
+                    }
+                };
+                let (p0, p1) = (_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1));
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(p0), *a);
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(p1), *a);
+            }
+            b += 2;
+        }
+        if b < nb {
+            // an odd last block: AVX2's form (the same integers)
+            // SAFETY: the block lies inside the padded input.
+            let xq = unsafe { _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK) as *const __m256i) };
+            // SAFETY: one [i32; 8] per block.
+            let s8 = unsafe { _mm256_loadu_si256(x.sum8.as_ptr().add(b) as *const __m256i) };
+            let gi = b * BLOCK / g;
+            for (t, a) in acc[..k].iter_mut().enumerate() {
+                let r = row0 + i + t;
+                let d = ws[t * gpr + gi] * x.d[b];
+                // SAFETY: row r holds the block's bytes.
+                let rb = unsafe { m.data.as_ptr().add(r * rbs + b * bbytes) };
+                // SAFETY: 16 or 32 bytes of the row; AVX2 present.
+                let p = unsafe {
+                    if q4 {
+                        _mm256_sub_epi32(dot_q4(rb, xq), s8)
+                    } else {
+                        dot_i8(_mm256_loadu_si256(rb as *const __m256i), xq)
+                    }
+                };
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), *a);
+            }
+        }
+        for (t, a) in acc[..k].iter().enumerate() {
+            // SAFETY: AVX2 present.
             y[i + t] = unsafe { reduce8(*a) };
         }
         i += k;
