@@ -54,8 +54,22 @@ unsafe fn dot_q4(p: *const u8, q: __m256i) -> __m256i {
 /// quantized over its padded width, rows `row0..row0 + y.len()` in range.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
+    // one loop per format (no branch on it inside)
+    // SAFETY: this function's contract.
+    unsafe {
+        if m.fmt == Fmt::Q4G {
+            rows_avx2::<true>(m, x, row0, y)
+        } else {
+            rows_avx2::<false>(m, x, row0, y)
+        }
+    }
+}
+
+/// [`matvec_rows`] for Q4G (`Q4`) or Q8G.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_avx2<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
     let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
-    let q4 = m.fmt == Fmt::Q4G;
+    let q4 = Q4;
     let bbytes = if q4 { BLOCK / 2 } else { BLOCK };
     // the rows' group scales as f32 (F16C gives f16_to_f32's bits): on the
     // stack for the widths a model has (≤ 256 groups a row), else once a call
@@ -148,8 +162,21 @@ unsafe fn dot2_q4(p: *const u8, q: __m512i) -> __m512i {
 /// As [`matvec_rows`], and AVX-512 F/BW/VL/DQ with VNNI present.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn matvec_rows_vnni(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
+    // SAFETY: this function's contract.
+    unsafe {
+        if m.fmt == Fmt::Q4G {
+            rows_vnni::<true>(m, x, row0, y)
+        } else {
+            rows_vnni::<false>(m, x, row0, y)
+        }
+    }
+}
+
+/// [`matvec_rows_vnni`] for Q4G (`Q4`) or Q8G.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
     let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
-    let q4 = m.fmt == Fmt::Q4G;
+    let q4 = Q4;
     let bbytes = if q4 { BLOCK / 2 } else { BLOCK };
     let nb = x.d.len();
     let mut stack = [0f32; ROWS * 256];
