@@ -248,18 +248,29 @@ impl Model {
         let xs: Vec<f32> = (0..nt * m.cols).map(|i| ((i % 17) as f32 - 8.0) * 0.01).collect();
         let mut ys = vec![0f32; threads * rows * nt];
         let (level, numeric) = (self.pool.level(), self.pool.numeric());
-        // the fast mode computes a chunk as a matvec per input, as the pool does
-        let per_input = numeric != waste_quant::fast::Numeric::Exact && waste_quant::fast::applies(&m.view());
+        // the fast mode's inputs, quantized as the pool quantizes them
+        let fast: Option<Vec<waste_quant::fast::QInput>> =
+            numeric.qmax().filter(|_| waste_quant::fast::applies(&m.view())).map(|q| {
+                (0..nt)
+                    .map(|j| {
+                        waste_quant::fast::quantize_to(&xs[j * m.cols..(j + 1) * m.cols], m.view().cols_padded(), q)
+                    })
+                    .collect()
+            });
         let ys = SyncSlice::new(&mut ys);
         let (secs, calls) = time_calls(|| {
             self.pool.run(threads, &|t| {
                 let row0 = (t * rows).min(m.rows - rows);
-                if nt == 1 || per_input {
-                    for j in 0..nt {
-                        // SAFETY: task t alone writes [t·rows·nt, (t+1)·rows·nt); input j's rows at + j·rows.
-                        let y = unsafe { ys.range(t * rows * nt + j * rows, t * rows * nt + (j + 1) * rows) };
-                        m.view().matvec_rows_in(level, numeric, &xs[j * m.cols..(j + 1) * m.cols], row0, y);
-                    }
+                if let Some(q) = &fast {
+                    // SAFETY: task t alone writes [t·rows·nt, (t+1)·rows·nt); input j's rows at + j·rows.
+                    let mut outs: Vec<&mut [f32]> = (0..nt)
+                        .map(|j| unsafe { ys.range(t * rows * nt + j * rows, t * rows * nt + (j + 1) * rows) })
+                        .collect();
+                    m.view().matmat_rows_fast(level, q, row0, &mut outs);
+                } else if nt == 1 {
+                    // SAFETY: task t alone writes outputs [t·rows, (t+1)·rows).
+                    let y = unsafe { ys.range(t * rows, (t + 1) * rows) };
+                    m.view().matvec_rows(level, &xs, row0, y);
                 } else {
                     // SAFETY: task t alone writes [t·rows·nt, (t+1)·rows·nt):
                     // input j's rows at t·rows·nt + j·rows, inside `ys`.

@@ -72,17 +72,21 @@ fn main() {
         let xs: Vec<f32> = (0..nt * cols).map(|i| (i % 11) as f32 * 0.05).collect();
         let mut ys = vec![0f32; nt * rows];
         for lv in Level::available().into_iter().filter(|&l| l != Level::Scalar) {
-            let pool = waste_quant::Pool::with_level(1, lv);
-            let (med, lo, hi) = time(reps, || pool.matmat(&m.view(), &xs, nt, &mut ys));
-            println!(
-                "matmat {:?} {rows}x{cols} x{nt} {:>7}: {:.3} ms ({:.3}–{:.3}) {:.2} Gw/s",
-                fmt,
-                lv.name(),
-                med * 1e3,
-                lo * 1e3,
-                hi * 1e3,
-                (nt * rows * cols) as f64 / med / 1e9
-            );
+            for numeric in [waste_quant::fast::Numeric::Exact, waste_quant::fast::Numeric::Fast] {
+                let mut pool = waste_quant::Pool::with_level(1, lv);
+                pool.set_numeric(numeric);
+                let (med, lo, hi) = time(reps, || pool.matmat(&m.view(), &xs, nt, &mut ys));
+                println!(
+                    "matmat {:?} {rows}x{cols} x{nt} {:>7} {:>5}: {:.3} ms ({:.3}–{:.3}) {:.2} Gw/s",
+                    fmt,
+                    lv.name(),
+                    numeric.name(),
+                    med * 1e3,
+                    lo * 1e3,
+                    hi * 1e3,
+                    (nt * rows * cols) as f64 / med / 1e9
+                );
+            }
         }
         for lv in Level::available() {
             let (med, lo, hi) = time(reps, || m.view().matvec_rows(lv, &x, 0, &mut y));

@@ -178,6 +178,34 @@ impl MatRef<'_> {
         }
     }
 
+    /// `outs[t][i] = W[row0 + i] · xs[t]` in the fast mode for several
+    /// inputs (a prefill chunk): each weight block decoded once for up to
+    /// four of them at AVX2 and AVX-512, every dot the definition's — the
+    /// same bits as a [`MatRef::matvec_rows_fast`] per input.
+    ///
+    /// # Panics
+    /// As [`MatRef::matvec_rows_fast`]; when `outs` and `xs` differ in
+    /// number or the outputs in length.
+    pub fn matmat_rows_fast(&self, level: Level, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
+        assert_eq!(xs.len(), outs.len(), "one output per input");
+        let n = outs.first().map_or(0, |o| o.len());
+        assert!(outs.iter().all(|o| o.len() == n), "outputs of one length");
+        #[cfg(target_arch = "x86_64")]
+        if level.avx2_kernels() && applies(self) && n > 0 {
+            assert!(xs.iter().all(|x| x.q.len() == self.cols_padded()), "quantized input length");
+            assert!(row0 + n <= self.rows, "matmat rows out of range");
+            let t = crate::x86_64::fast::TOKENS;
+            for (xc, oc) in xs.chunks(t).zip(outs.chunks_mut(t)) {
+                // SAFETY: AVX2/FMA/F16C verified; shapes asserted above.
+                unsafe { crate::x86_64::fast::matmat_rows(self, xc, row0, oc) };
+            }
+            return;
+        }
+        for (x, o) in xs.iter().zip(outs.iter_mut()) {
+            self.matvec_rows_fast(level, x, row0, o);
+        }
+    }
+
     /// `y[i] = W[row0 + i] · x` in the fast mode (`x` quantized over this
     /// matrix's `cols_padded`), at a SIMD level: AVX-512 VNNI's integer
     /// kernel at AVX-512 where the CPU has VNNI, AVX2's at AVX2 (and
@@ -234,10 +262,31 @@ mod tests {
                 let v = m.view();
                 let qx = quantize(&x, v.cols_padded());
                 let want: Vec<u32> = (0..rows).map(|r| row_dot_scalar(&v, r, &qx).to_bits()).collect();
+                // five more inputs for the several-input form (a chunk of six: 4 + 2)
+                let qs: Vec<QInput> = (0..6)
+                    .map(|t| {
+                        if t == 0 {
+                            qx.clone()
+                        } else {
+                            quantize(&x.iter().map(|v| v * t as f32 - 0.3).collect::<Vec<_>>(), v.cols_padded())
+                        }
+                    })
+                    .collect();
                 for lv in Level::available() {
                     let mut y = vec![0f32; rows];
                     v.matvec_rows_fast(lv, &qx, 0, &mut y);
                     assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want, "{fmt:?} {cols} at {lv:?}");
+                    let mut ys = vec![vec![0f32; rows - 1]; 6];
+                    let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
+                    v.matmat_rows_fast(lv, &qs, 1, &mut outs);
+                    for (t, (q, y)) in qs.iter().zip(&ys).enumerate() {
+                        let w: Vec<u32> = (1..rows).map(|r| row_dot_scalar(&v, r, q).to_bits()).collect();
+                        assert_eq!(
+                            y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            w,
+                            "{fmt:?} {cols} matmat input {t} at {lv:?}"
+                        );
+                    }
                 }
             }
         }

@@ -237,9 +237,12 @@ impl Pool {
         self.run(parts, &|p| {
             let (a, b) = (n * p / parts, n * (p + 1) / parts);
             match &fast {
-                // SAFETY: part p writes only rows [a, b) of each token's output; disjoint, in bounds.
-                Some(q) => (0..nt)
-                    .for_each(|t| m.matvec_rows_fast(self.level, &q[t], a, unsafe { out.range(t * n + a, t * n + b) })),
+                Some(q) => {
+                    // SAFETY: part p writes only rows [a, b) of each token's output; disjoint, in bounds.
+                    let mut outs: Vec<&mut [f32]> =
+                        (0..nt).map(|t| unsafe { out.range(t * n + a, t * n + b) }).collect();
+                    m.matmat_rows_fast(self.level, q, a, &mut outs)
+                }
                 // SAFETY: part p writes only rows [a, b) of every token's output;
                 // the parts' row ranges are disjoint and in bounds.
                 None => unsafe { m.matmat_rows(self.level, xs, nt, a, b - a, out.ptr_at(a), n) },
@@ -294,10 +297,10 @@ impl Pool {
                     continue;
                 }
                 if let Some(q) = &fast[j] {
-                    for (t, qt) in q.iter().enumerate() {
-                        // SAFETY: rows [a, b) of token t's output: the parts' ranges tile each job.
-                        m.matvec_rows_fast(level, qt, a, unsafe { ys.range(t * m.rows + a, t * m.rows + b) });
-                    }
+                    // SAFETY: rows [a, b) of each token's output: the parts' ranges tile each job.
+                    let mut outs: Vec<&mut [f32]> =
+                        (0..nt).map(|t| unsafe { ys.range(t * m.rows + a, t * m.rows + b) }).collect();
+                    m.matmat_rows_fast(level, q, a, &mut outs);
                 } else if nt == 1 {
                     // SAFETY: the parts' row ranges of each job tile it without overlap.
                     m.matvec_rows(level, xs, a, unsafe { ys.range(a, b) });

@@ -258,3 +258,78 @@ unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
         i += k;
     }
 }
+
+/// Tokens [`matmat_rows`] computes together (each weight block decoded once for them).
+pub const TOKENS: usize = 4;
+
+/// `outs[t][i] = W[row0 + i] · xs[t]` for up to [`TOKENS`] inputs: each
+/// row's weight blocks decoded once for all of them, every dot the
+/// definition's (the same per-token operations in the same order as
+/// [`matvec_rows`]).
+///
+/// # Safety
+/// As [`matvec_rows`], for every input; `xs.len() == outs.len() ≤ TOKENS`,
+/// every output the same length.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn matmat_rows(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
+    // SAFETY: this function's contract.
+    unsafe {
+        if m.fmt == Fmt::Q4G {
+            multi_avx2::<true>(m, xs, row0, outs)
+        } else {
+            multi_avx2::<false>(m, xs, row0, outs)
+        }
+    }
+}
+
+/// [`matmat_rows`] for Q4G (`Q4`) or Q8G.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn multi_avx2<const Q4: bool>(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
+    let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
+    let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
+    let (nt, n) = (xs.len(), outs.first().map_or(0, |o| o.len()));
+    let nb = xs.first().map_or(0, |x| x.d.len());
+    for i in 0..n {
+        let r = row0 + i;
+        let mut acc = [_mm256_setzero_ps(); TOKENS];
+        // SAFETY: row r of the matrix.
+        let row = unsafe { m.data.as_ptr().add(r * rbs) };
+        for b in 0..nb {
+            let ws = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(m.scales[r * gpr + b * BLOCK / g] as i32)));
+            super::prefetch_ahead(row, b * bbytes, bbytes);
+            let rb = row.wrapping_add(b * bbytes);
+            if Q4 {
+                // SAFETY: 16 bytes of the row.
+                let bytes = unsafe { _mm_loadu_si128(rb as *const __m128i) };
+                let mk = _mm_set1_epi8(15);
+                let (lo, hi) = (_mm_and_si128(bytes, mk), _mm_and_si128(_mm_srli_epi16(bytes, 4), mk));
+                let nib = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+                for (a, x) in acc[..nt].iter_mut().zip(xs) {
+                    // SAFETY: the block's codes and lane sums of this input.
+                    let (q, s8) = unsafe {
+                        (
+                            _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK) as *const __m256i),
+                            _mm256_loadu_si256(x.sum8.as_ptr().add(b) as *const __m256i),
+                        )
+                    };
+                    let p = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(nib, q), _mm256_set1_epi16(1)), s8);
+                    *a = _mm256_fmadd_ps(_mm256_set1_ps(ws * x.d[b]), _mm256_cvtepi32_ps(p), *a);
+                }
+            } else {
+                // SAFETY: 32 bytes of the row.
+                let w = unsafe { _mm256_loadu_si256(rb as *const __m256i) };
+                let u = _mm256_sign_epi8(w, w);
+                for (a, x) in acc[..nt].iter_mut().zip(xs) {
+                    // SAFETY: the block's codes of this input.
+                    let q = unsafe { _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK) as *const __m256i) };
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(q, w)), _mm256_set1_epi16(1));
+                    *a = _mm256_fmadd_ps(_mm256_set1_ps(ws * x.d[b]), _mm256_cvtepi32_ps(p), *a);
+                }
+            }
+        }
+        for (o, a) in outs.iter_mut().zip(&acc[..nt]) {
+            // SAFETY: AVX2 present.
+            o[i] = unsafe { reduce8(*a) };
+        }
+    }
+}
