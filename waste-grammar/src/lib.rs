@@ -294,6 +294,19 @@ fn argument_value(p: &Value) -> (&'static str, String) {
 /// Most calls in one tools section.
 pub const MAX_PARALLEL_CALLS: usize = 16;
 
+/// The tools a call may name — all of them, or only `only` — with their
+/// index, name and parameter schema.
+fn callable<'a>(tools: &'a [Value], only: Option<&str>) -> Result<Vec<(usize, &'a str, &'a Value)>> {
+    let mut v = Vec::new();
+    for (ti, t) in tools.iter().enumerate() {
+        let (name, params) = function(t)?;
+        if only.is_none_or(|o| o == name) {
+            v.push((ti, name, params));
+        }
+    }
+    Ok(v)
+}
+
 /// Rules for the calls of `tools` (all, or only `only`), numbered from 1 in
 /// their `index` attribute as the reference template writes them: one call,
 /// or with `parallel` up to [`MAX_PARALLEL_CALLS`]. Returns the rule of the
@@ -301,11 +314,7 @@ pub const MAX_PARALLEL_CALLS: usize = 16;
 fn call_rules(tools: &[Value], only: Option<&str>, parallel: bool, g: &mut String) -> Result<String> {
     let most = if parallel { MAX_PARALLEL_CALLS } else { 1 };
     let mut alts: Vec<Vec<String>> = vec![Vec::new(); most];
-    for (ti, t) in tools.iter().enumerate() {
-        let (name, params) = function(t)?;
-        if only.is_some_and(|o| o != name) {
-            continue;
-        }
+    for (ti, name, params) in callable(tools, only)? {
         let required: Vec<&str> = params
             .get("required")
             .and_then(|r| r.as_array())
@@ -402,11 +411,7 @@ fn k2_call_rules(tools: &[Value], only: Option<&str>, parallel: bool, first: usi
     use waste_tokenizer::k2::{call_id, ARGUMENT_BEGIN, CALL_BEGIN, CALL_END};
     let most = if parallel { MAX_PARALLEL_CALLS } else { 1 };
     let mut alts: Vec<Vec<String>> = vec![Vec::new(); most];
-    for (ti, t) in tools.iter().enumerate() {
-        let (name, params) = function(t)?;
-        if only.is_some_and(|o| o != name) {
-            continue;
-        }
+    for (ti, name, params) in callable(tools, only)? {
         // arguments are the declared properties only (as K3's calls, which
         // name each argument): a schema that does not say otherwise gets
         // `additionalProperties: false` — without it, a key is any string

@@ -463,13 +463,9 @@ impl Model {
         opts: &waste_tokenizer::xtml::XtmlOptions,
         open: bool,
     ) -> Result<waste_tokenizer::xtml::Encoded> {
-        let t = match (&self.tokenizer, self.is_xtml()) {
-            (Some(t), true) => t,
-            _ => return Err(Error::Unsupported("this model's chat template is not K3's tagged format".into())),
-        };
-        self.check_fits(t, messages.iter().map(|m| m.content.len()).sum())?;
-        let e = waste_tokenizer::xtml::encode(t, messages, opts, open).map_err(|e| Error::Arg(e.to_string()))?;
-        Ok(self.with_bos(e))
+        self.encode_tagged(self.is_xtml(), "K3's tagged format", messages, |t| {
+            waste_tokenizer::xtml::encode(t, messages, opts, open)
+        })
     }
     /// Whether the chat template is the Kimi K2 family's format (Kimi-Linear's: tools).
     pub fn is_k2(&self) -> bool {
@@ -487,12 +483,25 @@ impl Model {
         tools: &[serde_json::Value],
         open: bool,
     ) -> Result<waste_tokenizer::xtml::Encoded> {
-        let t = match (&self.tokenizer, self.is_k2()) {
+        self.encode_tagged(self.is_k2(), "the K2 format", messages, |t| {
+            waste_tokenizer::k2::encode(t, messages, tools, open)
+        })
+    }
+    /// A tagged format's encoding: refused unless the model uses it (`uses`,
+    /// named `format`), the messages checked against the context, BOS put first.
+    fn encode_tagged(
+        &self,
+        uses: bool,
+        format: &str,
+        messages: &[waste_tokenizer::xtml::ChatMessage],
+        encode: impl FnOnce(&waste_tokenizer::Tokenizer) -> waste_tokenizer::Result<waste_tokenizer::xtml::Encoded>,
+    ) -> Result<waste_tokenizer::xtml::Encoded> {
+        let t = match (&self.tokenizer, uses) {
             (Some(t), true) => t,
-            _ => return Err(Error::Unsupported("this model's chat template is not the K2 format".into())),
+            _ => return Err(Error::Unsupported(format!("this model's chat template is not {format}"))),
         };
         self.check_fits(t, messages.iter().map(|m| m.content.len()).sum())?;
-        let e = waste_tokenizer::k2::encode(t, messages, tools, open).map_err(|e| Error::Arg(e.to_string()))?;
+        let e = encode(t).map_err(|e| Error::Arg(e.to_string()))?;
         Ok(self.with_bos(e))
     }
     /// BOS put first, the part counts moved past it.

@@ -555,17 +555,32 @@ impl ExpertKernel {
                 matvec_rows_planes(lv, &ld, di, ds, td, pd, ra, oy);
             });
         } else {
-            let matvec = |w: &MatRef<'_>, x: &[f32], y: &mut [f32]| match pool {
-                Some(p) => p.matvec(w, x, y),
-                None => w.matvec_rows_in(lv, numeric, x, 0, y),
-            };
             with_dense_mats(l, rec, |[gate, up, down]| {
-                matvec(&gate, h, &mut lane.g);
-                matvec(&up, h, &mut lane.u);
+                // gate and up read the same input: in the fast mode it is quantized once
+                match pool {
+                    Some(p) => p.matmats(&mut [
+                        MatJob { m: &gate, xs: h, ys: &mut lane.g },
+                        MatJob { m: &up, xs: h, ys: &mut lane.u },
+                    ]),
+                    None => match numeric.qmax().filter(|_| waste_quant::fast::applies(&gate)) {
+                        Some(q) => {
+                            let qh = waste_quant::fast::quantize_to(h, gate.cols_padded(), q);
+                            gate.matvec_rows_fast(lv, &qh, 0, &mut lane.g);
+                            up.matvec_rows_fast(lv, &qh, 0, &mut lane.u);
+                        }
+                        None => {
+                            gate.matvec_rows(lv, h, 0, &mut lane.g);
+                            up.matvec_rows(lv, h, 0, &mut lane.u);
+                        }
+                    },
+                }
                 for (gv, uv) in lane.g.iter_mut().zip(lane.u.iter()) {
                     *gv = glu(self.act, *gv, *uv);
                 }
-                matvec(&down, &lane.g, out);
+                match pool {
+                    Some(p) => p.matvec(&down, &lane.g, out),
+                    None => down.matvec_rows_in(lv, numeric, &lane.g, 0, out),
+                }
             });
         }
     }

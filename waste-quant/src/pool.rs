@@ -288,7 +288,23 @@ impl Pool {
             (w.saturating_sub(offs[j]).div_ceil(row_work(j).max(1)) as usize).min(views[j].0.rows)
         };
         let level = self.level;
-        let fast: Vec<Option<Vec<QInput>>> = views.iter().map(|&(m, xs, _, nt)| self.fast_inputs(&m, xs, nt)).collect();
+        // the fast mode's quantized inputs, once per distinct input (q, k, v
+        // and gate/up read the same one): `fast[j]` indexes `quantized`
+        let mut quantized: Vec<Vec<QInput>> = Vec::new();
+        let mut fast: Vec<Option<usize>> = Vec::with_capacity(views.len());
+        for (j, &(m, xs, _, nt)) in views.iter().enumerate() {
+            let same = (0..j).find(|&e| {
+                let (em, exs) = (views[e].0, views[e].1);
+                fast[e].is_some() && std::ptr::eq(exs, xs) && em.cols == m.cols && em.cols_padded() == m.cols_padded()
+            });
+            fast.push(match same {
+                Some(e) if crate::fast::applies(&m) => fast[e],
+                _ => self.fast_inputs(&m, xs, nt).map(|q| {
+                    quantized.push(q);
+                    quantized.len() - 1
+                }),
+            });
+        }
         self.run(parts, &|p| {
             let (wa, wb) = (total * p as u64 / parts as u64, total * (p as u64 + 1) / parts as u64);
             for (j, &(m, xs, ref ys, nt)) in views.iter().enumerate() {
@@ -296,7 +312,7 @@ impl Pool {
                 if a >= b || nt == 0 {
                     continue;
                 }
-                if let Some(q) = &fast[j] {
+                if let Some(q) = fast[j].map(|k| &quantized[k]) {
                     // SAFETY: rows [a, b) of each token's output: the parts' ranges tile each job.
                     let mut outs: Vec<&mut [f32]> =
                         (0..nt).map(|t| unsafe { ys.range(t * m.rows + a, t * m.rows + b) }).collect();
@@ -503,9 +519,15 @@ mod tests {
             let mut ys = vec![0f32; nt * rows];
             p.matmat(&qv, &xs, nt, &mut ys);
             assert_eq!(bits(&ys), bits(&want), "matmat, {threads} threads");
-            let (mut a, mut b) = (vec![0f32; nt * rows], vec![0f32; nt * rows]);
-            p.matmats(&mut [MatJob { m: &qv, xs: &xs, ys: &mut a }, MatJob { m: &fv, xs: &xs, ys: &mut b }]);
+            // two Q4G jobs on one input (quantized once) beside an F32 one
+            let (mut a, mut b, mut c) = (vec![0f32; nt * rows], vec![0f32; nt * rows], vec![0f32; nt * rows]);
+            p.matmats(&mut [
+                MatJob { m: &qv, xs: &xs, ys: &mut a },
+                MatJob { m: &fv, xs: &xs, ys: &mut b },
+                MatJob { m: &qv, xs: &xs, ys: &mut c },
+            ]);
             assert_eq!(bits(&a), bits(&want), "matmats, {threads} threads");
+            assert_eq!(bits(&c), bits(&want), "matmats, the input's second job, {threads} threads");
             assert_eq!(bits(&b), bits(&exact_f32), "F32 stays exact");
         }
         // and the exact mode is not the fast one

@@ -4,34 +4,15 @@
 //! the template's source and hash); the native renderer must give the same
 //! text, character for character.
 
+mod common;
+
 use serde_json::Value;
 use std::path::Path;
 use waste_tokenizer::k2::render;
-use waste_tokenizer::xtml::{text, ChatMessage, ToolCall};
+use waste_tokenizer::xtml::{text, ChatMessage};
 
 fn message(m: &Value) -> ChatMessage {
-    let s = |k: &str| m.get(k).and_then(|v| v.as_str()).map(str::to_string);
-    ChatMessage {
-        role: s("role").unwrap(),
-        content: s("content").unwrap_or_default(),
-        tool_calls: m
-            .get("tool_calls")
-            .and_then(|t| t.as_array())
-            .map(|a| {
-                a.iter()
-                    .map(|c| ToolCall {
-                        id: c["id"].as_str().unwrap().to_string(),
-                        name: c["function"]["name"].as_str().unwrap().to_string(),
-                        // OpenAI clients send the arguments as a JSON string
-                        arguments: c["function"]["arguments"].as_str().unwrap().to_string(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-        tool_call_id: s("tool_call_id"),
-        name: s("name"),
-        ..Default::default()
-    }
+    common::message(m, |a| a.as_str().unwrap().to_string())
 }
 
 #[test]

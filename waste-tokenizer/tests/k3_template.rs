@@ -4,34 +4,14 @@
 //! beside it names the template's source and hash); the native renderer
 //! must give the same text, character for character.
 
+mod common;
+
 use serde_json::Value;
 use std::path::Path;
-use waste_tokenizer::xtml::{render, text, ChatMessage, Effort, ResponseFormat, ToolCall, ToolChoice, XtmlOptions};
+use waste_tokenizer::xtml::{render, text, ChatMessage, Effort, ResponseFormat, ToolChoice, XtmlOptions};
 
 fn message(m: &Value) -> ChatMessage {
-    let s = |k: &str| m.get(k).and_then(|v| v.as_str()).map(str::to_string);
-    ChatMessage {
-        role: s("role").unwrap(),
-        content: s("content").unwrap_or_default(),
-        reasoning: s("reasoning_content").unwrap_or_default(),
-        tool_calls: m
-            .get("tool_calls")
-            .and_then(|t| t.as_array())
-            .map(|a| {
-                a.iter()
-                    .map(|c| ToolCall {
-                        id: c["id"].as_str().unwrap().to_string(),
-                        name: c["function"]["name"].as_str().unwrap().to_string(),
-                        arguments: c["function"]["arguments"].to_string(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-        tool_call_id: s("tool_call_id"),
-        name: s("name"),
-        tools: m.get("tools").and_then(|t| t.as_array()).cloned().unwrap_or_default(),
-        images: vec![],
-    }
+    common::message(m, |a| a.to_string())
 }
 
 fn options(kw: &Value) -> XtmlOptions {

@@ -24,32 +24,15 @@ vendor/llama.cpp/models/templates/Kimi-K2-Instruct.jinja (sha256
 
 Run with the oracle venv (../shared/tools/oracle-venv: jinja2 3.1).
 """
-import hashlib
 import json
 import os
 import sys
 
-import jinja2
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import SandboxedEnvironment
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from template_env import load  # noqa: E402
 
 path = sys.argv[1]
-src = open(path, encoding="utf-8").read()
-digest = hashlib.sha256(src.encode()).hexdigest()
-
-
-def raise_exception(msg):
-    raise jinja2.exceptions.TemplateError(msg)
-
-
-def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-env.filters["tojson"] = tojson
-env.globals["raise_exception"] = raise_exception
-template = env.from_string(src)
+template, digest, _ = load(path, mutable=True)
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now, ° and all",
                                              "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},

@@ -18,32 +18,15 @@ vendor/llama.cpp/models/templates/Kimi-K3.jinja (sha256
 
 Run with the oracle venv (../shared/tools/oracle-venv: jinja2 3.1).
 """
-import hashlib
 import json
 import os
 import sys
 
-import jinja2
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from template_env import load  # noqa: E402
 
 path = sys.argv[1]
-src = open(path, encoding="utf-8").read()
-digest = hashlib.sha256(src.encode()).hexdigest()
-
-
-def raise_exception(msg):
-    raise jinja2.exceptions.TemplateError(msg)
-
-
-def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-env.filters["tojson"] = tojson
-env.globals["raise_exception"] = raise_exception
-template = env.from_string(src)
+template, digest, _ = load(path, mutable=False)
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 LATE = {"type": "function", "function": {"name": "late", "parameters": {"type": "object"}}}

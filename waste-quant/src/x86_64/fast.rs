@@ -39,12 +39,120 @@ unsafe fn dot_i8(w: __m256i, q: __m256i) -> __m256i {
 #[target_feature(enable = "avx2")]
 unsafe fn dot_q4(p: *const u8, q: __m256i) -> __m256i {
     // SAFETY: the caller guarantees 16 readable bytes at p.
+    dot_nibbles(unsafe { q4_nibbles(p) }, q)
+}
+
+/// The 32 nibbles of a Q4G block (16 bytes at `p`, low nibble first) as
+/// unsigned bytes in column order.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q4_nibbles(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 16 readable bytes at p.
     let bytes = unsafe { _mm_loadu_si128(p as *const __m128i) };
     let m = _mm_set1_epi8(15);
     let (lo, hi) = (_mm_and_si128(bytes, m), _mm_and_si128(_mm_srli_epi16(bytes, 4), m));
-    let nib = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi))
+}
+
+/// Lane `j`: `Σ n·q` over columns `4j..4j+4` for unsigned nibbles `n`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_nibbles(nib: __m256i, q: __m256i) -> __m256i {
     // unsigned nibble × signed code: pairs ≤ 2 · 15 · 127, no saturation
     _mm256_madd_epi16(_mm256_maddubs_epi16(nib, q), _mm256_set1_epi16(1))
+}
+
+/// The group scales of up to [`ROWS`] rows as f32 (F16C gives
+/// `f16_to_f32`'s bits): on the stack for the widths a model has (≤ 256
+/// groups a row), else in one allocation a call.
+struct RowScales {
+    stack: [f32; ROWS * 256],
+    heap: Vec<f32>,
+    gpr: usize,
+}
+
+impl RowScales {
+    fn new(gpr: usize) -> RowScales {
+        let heap = if ROWS * gpr > ROWS * 256 { vec![0f32; ROWS * gpr] } else { Vec::new() };
+        RowScales { stack: [0f32; ROWS * 256], heap, gpr }
+    }
+    fn buf(&mut self) -> &mut [f32] {
+        if self.heap.is_empty() {
+            &mut self.stack[..ROWS * self.gpr]
+        } else {
+            &mut self.heap
+        }
+    }
+    /// Convert rows `r0..r0 + k`'s scales.
+    #[target_feature(enable = "f16c")]
+    fn fill(&mut self, m: &MatRef<'_>, r0: usize, k: usize) {
+        let gpr = self.gpr;
+        let buf = self.buf();
+        for t in 0..k {
+            let r = r0 + t;
+            for (o, &h) in buf[t * gpr..(t + 1) * gpr].iter_mut().zip(&m.scales[r * gpr..(r + 1) * gpr]) {
+                *o = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
+            }
+        }
+    }
+    /// Row `t`'s scale of group `gi`.
+    #[inline]
+    fn get(&self, t: usize, gi: usize) -> f32 {
+        if self.heap.is_empty() {
+            self.stack[t * self.gpr + gi]
+        } else {
+            self.heap[t * self.gpr + gi]
+        }
+    }
+}
+
+/// Block `b`'s eight lane sums of row bytes `row` against the block's codes
+/// `xq` and (Q4G) lane sums `s8`, prefetching ahead: the AVX2 form.
+///
+/// # Safety
+/// AVX2 present; `row` holds the block.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn block_sums<const Q4: bool>(row: *const u8, b: usize, xq: __m256i, s8: __m256i) -> __m256i {
+    let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
+    // a lone sequential stream stalls some cores: fetch ahead, a line at a
+    // time (a hint, never a fault)
+    super::prefetch_ahead(row, b * bbytes, bbytes);
+    let rb = row.wrapping_add(b * bbytes);
+    // SAFETY: 16 (Q4G) or 32 (Q8G) bytes of the row; AVX2 present.
+    unsafe {
+        if Q4 {
+            _mm256_sub_epi32(dot_q4(rb, xq), s8)
+        } else {
+            dot_i8(_mm256_loadu_si256(rb as *const __m256i), xq)
+        }
+    }
+}
+
+/// Block `b`'s input codes and lane sums.
+///
+/// # Safety
+/// AVX2 present; `b` a block of `x`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn input_block(x: &QInput, b: usize) -> (__m256i, __m256i) {
+    // SAFETY: the block's 32 codes lie inside the padded input; one [i32; 8] a block.
+    unsafe {
+        (
+            _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK) as *const __m256i),
+            _mm256_loadu_si256(x.sum8.as_ptr().add(b) as *const __m256i),
+        )
+    }
+}
+
+/// Reduce the accumulators of rows `i..i + acc.len()` into `y`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn store(acc: &[__m256], y: &mut [f32], i: usize) {
+    for (t, a) in acc.iter().enumerate() {
+        // SAFETY: AVX2 present (this function's contract).
+        y[i + t] = unsafe { reduce8(*a) };
+    }
 }
 
 /// `y[i] = W[row0 + i] · x` in the fast mode.
@@ -68,59 +176,26 @@ pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]
 /// [`matvec_rows`] for Q4G (`Q4`) or Q8G.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_avx2<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
-    let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
-    let q4 = Q4;
-    let bbytes = if q4 { BLOCK / 2 } else { BLOCK };
-    // the rows' group scales as f32 (F16C gives f16_to_f32's bits): on the
-    // stack for the widths a model has (≤ 256 groups a row), else once a call
-    let mut stack = [0f32; ROWS * 256];
-    let mut heap = Vec::new();
-    let ws: &mut [f32] = if ROWS * gpr <= stack.len() {
-        &mut stack[..ROWS * gpr]
-    } else {
-        heap.resize(ROWS * gpr, 0f32);
-        &mut heap
-    };
+    let (rbs, g) = (m.row_bytes(), m.group);
+    let mut ws = RowScales::new(m.groups());
     let mut i = 0;
     while i < y.len() {
         let k = (y.len() - i).min(ROWS);
-        for t in 0..k {
-            let r = row0 + i + t;
-            for (o, &h) in ws[t * gpr..(t + 1) * gpr].iter_mut().zip(&m.scales[r * gpr..(r + 1) * gpr]) {
-                *o = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
-            }
-        }
+        ws.fill(m, row0 + i, k);
         let mut acc = [_mm256_setzero_ps(); ROWS];
         for (b, &db) in x.d.iter().enumerate() {
-            // SAFETY: the block's 32 codes lie inside the padded input.
-            let xq = unsafe { _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK) as *const __m256i) };
-            // SAFETY: one [i32; 8] per block.
-            let s8 = unsafe { _mm256_loadu_si256(x.sum8.as_ptr().add(b) as *const __m256i) };
+            // SAFETY: b is a block of x; AVX2 present.
+            let (xq, s8) = unsafe { input_block(x, b) };
             // the block's weight group (one division a block, not a block and row)
             let gi = b * BLOCK / g;
             for (t, a) in acc[..k].iter_mut().enumerate() {
-                let r = row0 + i + t;
-                let d = ws[t * gpr + gi] * db;
-                // SAFETY: row r holds the block's bytes (rbs covers the padded width).
-                let row = unsafe { m.data.as_ptr().add(r * rbs) };
-                // a lone sequential stream stalls some cores: fetch ahead, a line
-                // at a time (a hint, never a fault)
-                super::prefetch_ahead(row, b * bbytes, bbytes);
-                let rb = row.wrapping_add(b * bbytes);
-                let p = if q4 {
-                    // SAFETY: 16 bytes of the row; AVX2 present (this function's contract).
-                    _mm256_sub_epi32(unsafe { dot_q4(rb, xq) }, s8)
-                } else {
-                    // SAFETY: 32 bytes of the row; AVX2 present.
-                    unsafe { dot_i8(_mm256_loadu_si256(rb as *const __m256i), xq) }
-                };
-                *a = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), *a);
+                // SAFETY: row row0 + i + t of the matrix holds the block.
+                let p = unsafe { block_sums::<Q4>(m.data.as_ptr().add((row0 + i + t) * rbs), b, xq, s8) };
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(ws.get(t, gi) * db), _mm256_cvtepi32_ps(p), *a);
             }
         }
-        for (t, a) in acc[..k].iter().enumerate() {
-            // SAFETY: AVX2 present (this function's contract).
-            y[i + t] = unsafe { reduce8(*a) };
-        }
+        // SAFETY: AVX2 present.
+        unsafe { store(&acc[..k], y, i) };
         i += k;
     }
 }
@@ -175,27 +250,14 @@ pub unsafe fn matvec_rows_vnni(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut 
 /// [`matvec_rows_vnni`] for Q4G (`Q4`) or Q8G.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
-    let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
-    let q4 = Q4;
-    let bbytes = if q4 { BLOCK / 2 } else { BLOCK };
+    let (rbs, g) = (m.row_bytes(), m.group);
+    let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
     let nb = x.d.len();
-    let mut stack = [0f32; ROWS * 256];
-    let mut heap = Vec::new();
-    let ws: &mut [f32] = if ROWS * gpr <= stack.len() {
-        &mut stack[..ROWS * gpr]
-    } else {
-        heap.resize(ROWS * gpr, 0f32);
-        &mut heap
-    };
+    let mut ws = RowScales::new(m.groups());
     let mut i = 0;
     while i < y.len() {
         let k = (y.len() - i).min(ROWS);
-        for t in 0..k {
-            let r = row0 + i + t;
-            for (o, &h) in ws[t * gpr..(t + 1) * gpr].iter_mut().zip(&m.scales[r * gpr..(r + 1) * gpr]) {
-                *o = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
-            }
-        }
+        ws.fill(m, row0 + i, k);
         let mut acc = [_mm256_setzero_ps(); ROWS];
         let mut b = 0;
         while b + 2 <= nb {
@@ -208,15 +270,14 @@ unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
             };
             let (g0, g1) = (b * BLOCK / g, (b + 1) * BLOCK / g);
             for (t, a) in acc[..k].iter_mut().enumerate() {
-                let r = row0 + i + t;
-                let (d0, d1) = (ws[t * gpr + g0] * x.d[b], ws[t * gpr + g1] * x.d[b + 1]);
-                // SAFETY: row r holds both blocks' bytes.
-                let row = unsafe { m.data.as_ptr().add(r * rbs) };
+                let (d0, d1) = (ws.get(t, g0) * x.d[b], ws.get(t, g1) * x.d[b + 1]);
+                // SAFETY: row row0 + i + t holds both blocks' bytes.
+                let row = unsafe { m.data.as_ptr().add((row0 + i + t) * rbs) };
                 super::prefetch_ahead(row, b * bbytes, 2 * bbytes);
                 let rb = row.wrapping_add(b * bbytes);
                 // SAFETY: 32 (Q4G) or 64 (Q8G) bytes of the row; the features are this function's.
                 let p = unsafe {
-                    if q4 {
+                    if Q4 {
                         _mm512_sub_epi32(dot2_q4(rb, xq), s8)
                     } else {
                         dot2_q8(_mm512_loadu_si512(rb as *const __m512i), xq)
@@ -230,31 +291,17 @@ unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
         }
         if b < nb {
             // an odd last block: AVX2's form (the same integers)
-            // SAFETY: the block lies inside the padded input.
-            let xq = unsafe { _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK) as *const __m256i) };
-            // SAFETY: one [i32; 8] per block.
-            let s8 = unsafe { _mm256_loadu_si256(x.sum8.as_ptr().add(b) as *const __m256i) };
+            // SAFETY: b is a block of x; AVX2 present.
+            let (xq, s8) = unsafe { input_block(x, b) };
             let gi = b * BLOCK / g;
             for (t, a) in acc[..k].iter_mut().enumerate() {
-                let r = row0 + i + t;
-                let d = ws[t * gpr + gi] * x.d[b];
-                // SAFETY: row r holds the block's bytes.
-                let rb = unsafe { m.data.as_ptr().add(r * rbs + b * bbytes) };
-                // SAFETY: 16 or 32 bytes of the row; AVX2 present.
-                let p = unsafe {
-                    if q4 {
-                        _mm256_sub_epi32(dot_q4(rb, xq), s8)
-                    } else {
-                        dot_i8(_mm256_loadu_si256(rb as *const __m256i), xq)
-                    }
-                };
-                *a = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), *a);
+                // SAFETY: row row0 + i + t holds the block.
+                let p = unsafe { block_sums::<Q4>(m.data.as_ptr().add((row0 + i + t) * rbs), b, xq, s8) };
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(ws.get(t, gi) * x.d[b]), _mm256_cvtepi32_ps(p), *a);
             }
         }
-        for (t, a) in acc[..k].iter().enumerate() {
-            // SAFETY: AVX2 present.
-            y[i + t] = unsafe { reduce8(*a) };
-        }
+        // SAFETY: AVX2 present.
+        unsafe { store(&acc[..k], y, i) };
         i += k;
     }
 }
@@ -300,19 +347,11 @@ unsafe fn multi_avx2<const Q4: bool>(m: &MatRef<'_>, xs: &[QInput], row0: usize,
             let rb = row.wrapping_add(b * bbytes);
             if Q4 {
                 // SAFETY: 16 bytes of the row.
-                let bytes = unsafe { _mm_loadu_si128(rb as *const __m128i) };
-                let mk = _mm_set1_epi8(15);
-                let (lo, hi) = (_mm_and_si128(bytes, mk), _mm_and_si128(_mm_srli_epi16(bytes, 4), mk));
-                let nib = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+                let nib = unsafe { q4_nibbles(rb) };
                 for (a, x) in acc[..nt].iter_mut().zip(xs) {
-                    // SAFETY: the block's codes and lane sums of this input.
-                    let (q, s8) = unsafe {
-                        (
-                            _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK) as *const __m256i),
-                            _mm256_loadu_si256(x.sum8.as_ptr().add(b) as *const __m256i),
-                        )
-                    };
-                    let p = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(nib, q), _mm256_set1_epi16(1)), s8);
+                    // SAFETY: b is a block of this input.
+                    let (q, s8) = unsafe { input_block(x, b) };
+                    let p = _mm256_sub_epi32(dot_nibbles(nib, q), s8);
                     *a = _mm256_fmadd_ps(_mm256_set1_ps(ws * x.d[b]), _mm256_cvtepi32_ps(p), *a);
                 }
             } else {
