@@ -219,9 +219,35 @@ pub fn chunk(
     first: usize,
     outs: &mut [f32],
 ) {
+    chunk_states(pool, c, w, &mut [st], sc, xs, nt, first, outs)
+}
+
+/// [`chunk`] for the tokens of one sequence (`sts` holds its one state)
+/// or of several (`sts` holds one state per token: token `t` is the next
+/// token of the sequence whose state is `sts[t]` — a batched decode step).
+/// The projections read their weights once for all `nt` tokens either
+/// way; each token's recurrence advances its own state, so every
+/// sequence's outputs are bit-identical to [`step`] on it alone. The
+/// chunked (WY) form applies to one sequence only.
+///
+/// # Panics
+/// As [`chunk`]; and when `sts` holds neither one state nor `nt`.
+#[allow(clippy::too_many_arguments)]
+pub fn chunk_states(
+    pool: &Pool,
+    c: &KdaConfig,
+    w: &KdaWeights,
+    sts: &mut [&mut KdaState],
+    sc: &mut KdaScratch,
+    xs: &[f32],
+    nt: usize,
+    first: usize,
+    outs: &mut [f32],
+) {
     let ch = c.channels();
     let (d, h, k) = (c.dim, c.heads, c.kernel);
     assert!(nt >= 1 && nt <= sc.tokens, "chunk of {nt} tokens, scratch for {}", sc.tokens);
+    assert!(sts.len() == 1 || sts.len() == nt, "{} states for a chunk of {nt} tokens", sts.len());
     assert!(first <= nt, "outputs from token {first} of {nt}");
     // 1. q/k/v, 3. decay pre-activations, 4. beta, 6. output gate of every
     // token: everything that reads the input in one pass of the pool, then
@@ -257,12 +283,13 @@ pub fn chunk(
         pool.matmats(&mut second);
     }
     let qscale = 1.0 / (d as f32).sqrt();
-    if c.chunked && nt > 1 {
-        chunk_wy(pool, c, w, st, sc, nt, qscale);
+    if c.chunked && nt > 1 && sts.len() == 1 {
+        chunk_wy(pool, c, w, sts[0], sc, nt, qscale);
         out_proj(pool, w, &sc.o[..nt * ch], first, outs);
         return;
     }
     for t in 0..nt {
+        let st = &mut *sts[if sts.len() == 1 { 0 } else { t }];
         for part in 0..3 {
             let src = &sc.proj[(part * sc.tokens + t) * ch..(part * sc.tokens + t + 1) * ch];
             sc.cur[part * ch..(part + 1) * ch].copy_from_slice(src);

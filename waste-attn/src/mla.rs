@@ -189,9 +189,39 @@ pub fn chunk(
     first: usize,
     outs: &mut [f32],
 ) -> Result<(), ContextFull> {
+    chunk_states(pool, c, w, &mut [st], sc, xs, nt, first, outs)
+}
+
+/// [`chunk`] for the tokens of one sequence (`sts` holds its one state)
+/// or of several (`sts` holds one state per token: token `t` is the next
+/// token of the sequence whose state is `sts[t]` — a batched decode step).
+/// The projections read their weights once for all `nt` tokens either
+/// way; each token attends over its own sequence's cache, so every
+/// sequence's outputs are bit-identical to [`step`] on it alone.
+///
+/// # Errors
+/// [`ContextFull`] when some state's cache cannot take its tokens; every
+/// state is then unchanged.
+///
+/// # Panics
+/// As [`chunk`]; and when `sts` holds neither one state nor `nt`.
+#[allow(clippy::too_many_arguments)]
+pub fn chunk_states(
+    pool: &Pool,
+    c: &MlaConfig,
+    w: &MlaWeights,
+    sts: &mut [&mut MlaState],
+    sc: &mut MlaScratch,
+    xs: &[f32],
+    nt: usize,
+    first: usize,
+    outs: &mut [f32],
+) -> Result<(), ContextFull> {
     assert!(nt >= 1 && nt <= sc.tokens, "chunk of {nt} tokens, scratch for {}", sc.tokens);
     assert!(first <= nt, "outputs from token {first} of {nt}");
-    if st.len + nt > c.max_ctx {
+    assert!(sts.len() == 1 || sts.len() == nt, "{} states for a chunk of {nt} tokens", sts.len());
+    let per_state = if sts.len() == 1 { nt } else { 1 };
+    if sts.iter().any(|st| st.len + per_state > c.max_ctx) {
         return Err(ContextFull(c.max_ctx));
     }
     let (h, nope, rope, vd, kvl) = (c.heads, c.nope, c.rope, c.v, c.kv_lora);
@@ -230,6 +260,7 @@ pub fn chunk(
     let kv_b = w.kv_b.view();
     let level = pool.level();
     for t in 0..nt {
+        let st = &mut *sts[if sts.len() == 1 { 0 } else { t }];
         let pos = st.len;
         {
             let src = &sc.c[t * lat..(t + 1) * lat];

@@ -702,6 +702,34 @@ impl Model {
     pub fn session(&self) -> crate::Session<'_> {
         crate::Session::new(self)
     }
+
+    /// Advance several sessions by one token each, together: every layer's
+    /// trunk weights and the LM head are read once for all of them, and
+    /// each MoE layer acquires the union of their experts once (reads
+    /// started together, each expert computed for every token routed to
+    /// it). Each session's logits ([`crate::Session::logits`]) are
+    /// bit-identical to evaluating its token alone. The step's shared work
+    /// is counted in the first session's [`crate::Session::stats`]; each
+    /// session counts its own token.
+    ///
+    /// # Errors
+    /// [`Error::Arg`] when the counts differ, a session belongs to another
+    /// model, a token is outside the vocabulary, or there are more sessions
+    /// than [`Model::max_batch`]; [`Error::ContextFull`] for a full
+    /// session; [`Error::Incomplete`] for a session an earlier error left
+    /// part-way (all checked before any state changes). After an error
+    /// from the computation itself every session of the step is
+    /// incomplete, as [`crate::Session::eval`] leaves one.
+    pub fn step_many(&self, sessions: &mut [&mut crate::Session<'_>], tokens: &[u32]) -> Result<()> {
+        crate::session::step_many(self, sessions, tokens)
+    }
+
+    /// The most sessions one [`Model::step_many`] takes: every token's
+    /// experts pinned in the cache at once (`top_k` slots each, beside the
+    /// lookahead's), at most 16.
+    pub fn max_batch(&self) -> usize {
+        crate::session::max_batch(self)
+    }
 }
 
 /// The container's expert banks as the store sees them: where each record

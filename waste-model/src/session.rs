@@ -69,11 +69,19 @@ pub(crate) enum LayerStateRef<'a> {
     Mla { cache: &'a [f32], len: usize, width: usize },
 }
 
-/// One sequence being evaluated.
-pub struct Session<'m> {
-    m: &'m Model,
+/// One sequence's own state: what each sequence of a batched step keeps
+/// apart (its position, layer states, last logits and replayed routing).
+pub(crate) struct Lane {
     pos: usize,
     states: Vec<LayerState>,
+    logits: Vec<f32>,
+    /// A recorded routing to replay instead of the router's choice (benchmarks).
+    replay: Option<std::sync::Arc<Vec<Vec<Vec<u32>>>>>,
+}
+
+/// The buffers a step computes in: a session's own, or the first session's
+/// for every sequence of a batched step ([`crate::Model::step_many`]).
+struct Work {
     kda_sc: Option<KdaScratch>,
     mla_sc: Option<MlaScratch>,
     ex_sc: Option<ExpertScratch>,
@@ -102,19 +110,35 @@ pub struct Session<'m> {
     ffn_tmp: Vec<f32>,
     /// The shared experts' output per chunk token.
     chunk_shared: Vec<f32>,
-    logits: Vec<f32>,
+    /// A batched step's logits, `tokens × vocab` (allocated by the first
+    /// batched step; empty otherwise).
+    batch_logits: Vec<f32>,
     stats: Stats,
-    /// A recorded routing to replay instead of the router's choice (benchmarks).
-    replay: Option<std::sync::Arc<Vec<Vec<Vec<u32>>>>>,
+    /// Unit tests: panic inside the step at this layer (an engine bug's stand-in).
+    #[cfg(test)]
+    panic_at_layer: Option<usize>,
+}
+
+/// Which sequences a step's tokens belong to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// Consecutive tokens of one sequence; the last one's logits when `logits`.
+    One { logits: bool },
+    /// Token `t` is sequence `t`'s next; every token's logits.
+    Batch,
+}
+
+/// One sequence being evaluated.
+pub struct Session<'m> {
+    m: &'m Model,
+    lane: Lane,
+    work: Work,
     /// Images waiting for their `<|media_pad|>` placeholders, in order.
     images: std::collections::VecDeque<crate::Image>,
     /// The message of a step that failed part-way: the state is a mix of
     /// before and after that step, so evaluating or saving is refused
     /// ([`Error::Incomplete`]) until a reset or a restore replaces it all.
     pub(crate) incomplete: Option<std::borrow::Cow<'static, str>>,
-    /// Unit tests: panic inside the step at this layer (an engine bug's stand-in).
-    #[cfg(test)]
-    panic_at_layer: Option<usize>,
 }
 
 /// The lengths (f32s) of a session's own buffers for a config: what
@@ -228,10 +252,7 @@ impl<'m> Session<'m> {
         let has_mla = c.n_mla_layers() > 0;
         let n = BufferLens::new(c);
         let buf = |len: usize| vec![0f32; len];
-        Session {
-            m,
-            pos: 0,
-            states,
+        let work = Work {
             kda_sc: has_kda.then(|| KdaScratch::new(&kc, CHUNK)),
             mla_sc: has_mla.then(|| MlaScratch::new(&mc, c.q_lora.unwrap_or(0), CHUNK)),
             ex_sc: m.kernel.as_ref().map(|k| k.scratch(waste_moe::lanes_for(m.pool.threads(), c.top_k))),
@@ -252,23 +273,29 @@ impl<'m> Session<'m> {
             eouts: buf(n.eouts),
             ffn_tmp: buf(n.ffn_tmp),
             chunk_shared: buf(n.chunk_shared),
-            logits: buf(n.logits),
+            batch_logits: Vec::new(),
             stats: Stats::default(),
-            replay: None,
-            images: Default::default(),
-            incomplete: None,
             #[cfg(test)]
             panic_at_layer: None,
+        };
+        Session {
+            m,
+            lane: Lane { pos: 0, states, logits: buf(n.logits), replay: None },
+            work,
+            images: Default::default(),
+            incomplete: None,
         }
     }
 
     /// Tokens evaluated so far (the next position).
     pub fn position(&self) -> usize {
-        self.pos
+        self.lane.pos
     }
-    /// Counters since the session started (or was reset).
+    /// Counters since the session started (or was reset). A batched step's
+    /// shared work ([`crate::Model::step_many`]) is counted in its first
+    /// session's counters; each session counts its own tokens.
     pub fn stats(&self) -> Stats {
-        self.stats
+        self.work.stats
     }
     /// The model.
     pub fn model(&self) -> &'m Model {
@@ -276,22 +303,23 @@ impl<'m> Session<'m> {
     }
     /// Forget everything: position 0, zero states, zero counters, no queued images.
     pub fn reset(&mut self) {
-        self.pos = 0;
+        self.lane.pos = 0;
         self.incomplete = None;
         self.images.clear();
-        for s in &mut self.states {
+        for s in &mut self.lane.states {
             match s {
                 LayerState::Kda(k) => k.reset(),
                 LayerState::Mla(m) => m.reset(),
             }
         }
-        self.stats = Stats::default();
+        self.work.stats = Stats::default();
     }
 
     pub(crate) fn layer_states(&self) -> Vec<LayerStateRef<'_>> {
         let c = self.m.config();
         let width = c.kv_lora + c.qk_rope;
-        self.states
+        self.lane
+            .states
             .iter()
             .map(|s| match s {
                 LayerState::Kda(k) => LayerStateRef::Kda { conv: &k.conv, s: &k.s },
@@ -303,7 +331,7 @@ impl<'m> Session<'m> {
     /// Overwrite the state from validated values (in save order).
     pub(crate) fn restore(&mut self, pos: usize, mla_lens: &[usize], vals: &mut dyn Iterator<Item = f32>) {
         let width = self.m.config().kv_lora + self.m.config().qk_rope;
-        for (i, s) in self.states.iter_mut().enumerate() {
+        for (i, s) in self.lane.states.iter_mut().enumerate() {
             match s {
                 LayerState::Kda(k) => {
                     k.conv.iter_mut().chain(k.s.iter_mut()).for_each(|v| *v = vals.next().unwrap_or(0.0));
@@ -314,15 +342,15 @@ impl<'m> Session<'m> {
                 }
             }
         }
-        self.logits.iter_mut().for_each(|v| *v = vals.next().unwrap_or(0.0));
-        self.pos = pos;
+        self.lane.logits.iter_mut().for_each(|v| *v = vals.next().unwrap_or(0.0));
+        self.lane.pos = pos;
         self.incomplete = None;
     }
 
     /// Bytes this session holds: (state, scratch), counted from its buffers.
     pub fn allocated_bytes(&self) -> (u64, u64) {
         let mut state = 0u64;
-        for s in &self.states {
+        for s in &self.lane.states {
             state += 4 * match s {
                 LayerState::Kda(k) => k.conv.capacity() + k.s.capacity(),
                 LayerState::Mla(m) => m.cache.capacity(),
@@ -330,28 +358,29 @@ impl<'m> Session<'m> {
         }
         let v = |x: &Vec<f32>| 4 * x.capacity() as u64;
         let mut sc = [
-            &self.chunk_hidden,
-            &self.chunk_prefix,
-            &self.chunk_ffn_in,
-            &self.chunk_ffn_out,
-            &self.token_in,
-            &self.head_in,
-            &self.blocks,
-            &self.out_copy,
-            &self.router,
-            &self.lat_in,
-            &self.lat_sum,
-            &self.eouts,
-            &self.ffn_tmp,
-            &self.chunk_shared,
-            &self.logits,
+            &self.work.chunk_hidden,
+            &self.work.chunk_prefix,
+            &self.work.chunk_ffn_in,
+            &self.work.chunk_ffn_out,
+            &self.work.token_in,
+            &self.work.head_in,
+            &self.work.blocks,
+            &self.work.out_copy,
+            &self.work.router,
+            &self.work.lat_in,
+            &self.work.lat_sum,
+            &self.work.eouts,
+            &self.work.ffn_tmp,
+            &self.work.chunk_shared,
+            &self.work.batch_logits,
+            &self.lane.logits,
         ]
         .iter()
         .map(|b| v(b))
         .sum::<u64>();
-        sc += self.kda_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
-        sc += self.mla_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
-        sc += self.ex_sc.as_ref().map_or(0, |e| e.allocated_bytes());
+        sc += self.work.kda_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
+        sc += self.work.mla_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
+        sc += self.work.ex_sc.as_ref().map_or(0, |e| e.allocated_bytes());
         (state, sc)
     }
 
@@ -398,8 +427,8 @@ impl<'m> Session<'m> {
         }
         let n = tokens.len() - npad + self.images.iter().take(npad).map(|i| i.positions()).sum::<usize>();
         let ctx = self.m.opts.ctx;
-        if self.pos + n > ctx {
-            return Err(Error::ContextFull { pos: self.pos, n, ctx });
+        if self.lane.pos + n > ctx {
+            return Err(Error::ContextFull { pos: self.lane.pos, n, ctx });
         }
         let imgs: Vec<crate::Image> = self.images.drain(..npad).collect();
         let h = self.m.config().hidden;
@@ -424,14 +453,17 @@ impl<'m> Session<'m> {
         let mut i = 0;
         while i < n {
             let t = chunk.min(n - i);
-            if let Err(e) = self.forward(&inputs[i..i + t], i + t == n) {
+            let shape = Shape::One { logits: i + t == n };
+            let r = self.work.forward(self.m, &mut [&mut self.lane], &inputs[i..i + t], shape);
+            self.work.stats.tokens += t as u64;
+            if let Err(e) = r {
                 self.incomplete = Some(e.to_string().into());
                 return Err(e);
             }
             i += t;
         }
         self.incomplete = None;
-        Ok(&self.logits)
+        Ok(&self.lane.logits)
     }
 
     /// Queue an encoded image for the next `<|media_pad|>` placeholder
@@ -502,7 +534,7 @@ impl<'m> Session<'m> {
                 }
             }
         }
-        self.replay = Some(trace);
+        self.lane.replay = Some(trace);
         Ok(())
     }
 
@@ -525,16 +557,86 @@ impl<'m> Session<'m> {
 
     /// Logits of the last evaluated token.
     pub fn logits(&self) -> &[f32] {
-        &self.logits
+        &self.lane.logits
     }
+}
 
-    fn forward(&mut self, toks: &[Input<'_>], want_logits: bool) -> Result<()> {
-        let m = self.m;
+/// Sequences a batched step can advance together: each token's experts
+/// must be pinned in the cache at once (the union of `n · top_k` at most,
+/// beside the lookahead's slots), and the step's buffers hold [`CHUNK`]
+/// tokens.
+pub(crate) fn max_batch(m: &Model) -> usize {
+    let c = m.config();
+    if c.n_moe_layers() == 0 {
+        return CHUNK;
+    }
+    (m.cache_slots().saturating_sub(m.opts.lookahead) / c.top_k).clamp(1, CHUNK)
+}
+
+/// [`crate::Model::step_many`].
+pub(crate) fn step_many(m: &Model, sessions: &mut [&mut Session<'_>], tokens: &[u32]) -> Result<()> {
+    let n = sessions.len();
+    if n == 0 || tokens.len() != n {
+        return Err(Error::Arg(format!(
+            "a batched step takes one token per session: {} tokens for {n} sessions",
+            tokens.len()
+        )));
+    }
+    let most = max_batch(m);
+    if n > most {
+        return Err(Error::Arg(format!(
+            "{n} sessions in one step: this model's cache and buffers take at most {most} (each token's experts pinned at once)"
+        )));
+    }
+    let vocab = m.embed.rows();
+    for (i, (s, &t)) in sessions.iter().zip(tokens).enumerate() {
+        if !std::ptr::eq(s.m, m) {
+            return Err(Error::Arg(format!("session {i} belongs to another model")));
+        }
+        s.check_complete()?;
+        if t as usize >= vocab {
+            return Err(Error::Arg(format!("session {i}: token id {t} is outside the vocabulary (0..{vocab})")));
+        }
+        if s.lane.pos + 1 > m.opts.ctx {
+            return Err(Error::ContextFull { pos: s.lane.pos, n: 1, ctx: m.opts.ctx });
+        }
+    }
+    let inputs: Vec<Input<'_>> = tokens.iter().map(|&t| Input::Token(t)).collect();
+    for s in sessions.iter_mut() {
+        s.incomplete = Some(std::borrow::Cow::Borrowed("a batched step was interrupted before it finished"));
+    }
+    let (lead, rest) = sessions.split_first_mut().expect("at least one session");
+    let mut lanes: Vec<&mut Lane> = Vec::with_capacity(n);
+    lanes.push(&mut lead.lane);
+    lanes.extend(rest.iter_mut().map(|s| &mut s.lane));
+    let r = lead.work.forward(m, &mut lanes, &inputs, Shape::Batch);
+    drop(lanes);
+    for s in sessions.iter_mut() {
+        s.incomplete = r.as_ref().err().map(|e| e.to_string().into());
+        s.work.stats.tokens += 1;
+    }
+    r
+}
+
+/// Token `t`'s sequence: its index in a step's lanes.
+fn owner(shape: Shape, t: usize) -> usize {
+    match shape {
+        Shape::One { .. } => 0,
+        Shape::Batch => t,
+    }
+}
+
+impl Work {
+    /// One step: `toks` through every layer and, for the tokens `shape`
+    /// wants, the head into their lanes' logits. Each lane's position
+    /// advances by its tokens (the callers count them in the stats).
+    fn forward(&mut self, m: &Model, lanes: &mut [&mut Lane], toks: &[Input<'_>], shape: Shape) -> Result<()> {
         let c = m.config();
-        let pool = &m.pool;
         let h = c.hidden;
         let nt = toks.len();
-        let nb = self.res_blocks;
+        debug_assert_eq!(lanes.len(), if shape == Shape::Batch { nt } else { 1 });
+        let pos: Vec<usize> =
+            (0..nt).map(|t| lanes[owner(shape, t)].pos + if shape == Shape::Batch { 0 } else { t }).collect();
         let t0 = Instant::now();
         let (io0, ex0, at0) = (self.stats.io_seconds, self.stats.expert_seconds, self.stats.attn_seconds);
         for (t, inp) in toks.iter().enumerate() {
@@ -544,159 +646,245 @@ impl<'m> Session<'m> {
                 Input::Row(r) => dst.copy_from_slice(r),
             }
         }
-        let ar = c.attn_res_block;
         self.nblocks = 0;
         for (l, layer) in m.layers.iter().enumerate() {
             #[cfg(test)]
             assert!(self.panic_at_layer != Some(l), "injected panic at layer {l}");
-            let restarted = ar.is_some_and(|b| l % b == 0);
-            // --- attention inputs of every token (they depend on earlier layers only)
-            for t in 0..nt {
-                let hh = &mut self.chunk_hidden[t * h..(t + 1) * h];
-                let xa = &mut self.chunk_ffn_in[t * h..(t + 1) * h];
-                if ar.is_some() {
-                    let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
-                    let blocks = &mut self.blocks[t * nb * h..(t + 1) * nb * h];
-                    p.copy_from_slice(hh);
-                    let w = &layer.res.as_ref().expect("attn res weights").attn;
-                    if self.nblocks > 0 {
-                        attn_res(&blocks[..self.nblocks * h], h, p, w, c.rms_eps, &mut self.token_in);
-                    } else {
-                        self.token_in.copy_from_slice(p);
-                    }
-                    if restarted {
-                        blocks[self.nblocks * h..(self.nblocks + 1) * h].copy_from_slice(p);
-                    }
-                    rmsnorm(&self.token_in, &layer.in_norm, c.rms_eps, xa);
-                } else {
-                    rmsnorm(hh, &layer.in_norm, c.rms_eps, xa);
-                }
-            }
+            let restarted = c.attn_res_block.is_some_and(|b| l % b == 0);
+            self.attn_inputs(m, layer, nt, restarted);
             // the last layer's outputs feed only the head: its attention
-            // outputs and FFN run for the token whose logits are wanted (the
-            // chunk's last) or for none (llama.cpp's `inp_out_ids`); its
+            // outputs and FFN run for the tokens whose logits are wanted
+            // (a chunk's last, or none: llama.cpp's `inp_out_ids`); its
             // state still takes every token
-            let first = if l + 1 < m.layers.len() {
-                0
-            } else if want_logits {
-                nt - 1
-            } else {
-                nt
+            let first = match shape {
+                _ if l + 1 < m.layers.len() => 0,
+                Shape::One { logits: true } => nt - 1,
+                Shape::One { logits: false } => nt,
+                Shape::Batch => 0,
             };
-            // --- attention for the chunk: projections batched, the recurrence token after token
             let ta = Instant::now();
-            let (xs, outs) = (&self.chunk_ffn_in[..nt * h], &mut self.chunk_ffn_out[..nt * h]);
-            match (&layer.attn, &mut self.states[l]) {
-                (Attn::Kda(w), LayerState::Kda(st)) => {
-                    let sc = self.kda_sc.as_mut().expect("kda scratch");
-                    let kc = kda::KdaConfig { chunked: m.opts.kda_chunked, ..kda_config(c) };
-                    kda::chunk(pool, &kc, w, st, sc, xs, nt, first, outs);
-                }
-                (Attn::Mla(w), LayerState::Mla(st)) => {
-                    let sc = self.mla_sc.as_mut().expect("mla scratch");
-                    mla::chunk(pool, &mla_config(c, m.opts.ctx), w, st, sc, xs, nt, first, outs)
-                        .map_err(|e| Error::ContextFull { pos: e.0, n: nt, ctx: m.opts.ctx })?;
-                }
-                _ => unreachable!("layer state matches its kind"),
-            }
+            self.attention(m, l, layer, lanes, nt, first)?;
             self.stats.attn_seconds += ta.elapsed().as_secs_f64();
-            let x0 = first * h;
-            self.check_finite(&self.chunk_ffn_out[x0..nt * h], h, first, NonFiniteAt::Attention { layer: l })?;
-            // --- residuals and FFN inputs
-            for t in first..nt {
-                let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
-                let xn_t = &mut self.chunk_ffn_in[t * h..(t + 1) * h];
-                if ar.is_some() {
-                    let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
-                    if restarted {
-                        p.copy_from_slice(r);
-                    } else {
-                        add(p, r);
-                    }
-                    let w = &layer.res.as_ref().expect("attn res weights").mlp;
-                    let nbk = self.nblocks + restarted as usize;
-                    attn_res(&self.blocks[t * nb * h..t * nb * h + nbk * h], h, p, w, c.rms_eps, &mut self.token_in);
-                    rmsnorm(&self.token_in, &layer.post_norm, c.rms_eps, xn_t);
-                } else {
-                    let hh = &mut self.chunk_hidden[t * h..(t + 1) * h];
-                    add(hh, r);
-                    rmsnorm(hh, &layer.post_norm, c.rms_eps, xn_t);
-                }
-            }
+            check_finite(
+                &self.chunk_ffn_out[first * h..nt * h],
+                h,
+                &pos[first..],
+                NonFiniteAt::Attention { layer: l },
+            )?;
+            self.ffn_inputs(m, layer, first, nt, restarted);
             if restarted {
                 self.nblocks += 1;
             }
-            // --- FFN for the chunk's tokens from `first`
             let n = nt - first;
             match &layer.ffn {
                 _ if n == 0 => {}
                 Ffn::Dense(d) => d.forward_chunk(
-                    pool,
+                    &m.pool,
                     c.activation,
-                    &self.chunk_ffn_in[x0..x0 + n * h],
+                    &self.chunk_ffn_in[first * h..nt * h],
                     n,
                     &mut self.ffn_tmp,
-                    &mut self.chunk_ffn_out[x0..x0 + n * h],
+                    &mut self.chunk_ffn_out[first * h..nt * h],
                 ),
-                Ffn::Moe(w) => self.moe(l, w, first, n)?,
+                Ffn::Moe(w) => self.moe(m, l, w, lanes, shape, &pos, first, n)?,
             }
-            self.check_finite(&self.chunk_ffn_out[x0..x0 + n * h], h, first, NonFiniteAt::Ffn { layer: l })?;
-            for t in first..nt {
-                let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
-                if ar.is_some() {
-                    let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
-                    add(p, r);
-                    self.chunk_hidden[t * h..(t + 1) * h].copy_from_slice(p);
-                } else {
-                    add(&mut self.chunk_hidden[t * h..(t + 1) * h], r);
-                }
-            }
+            check_finite(&self.chunk_ffn_out[first * h..nt * h], h, &pos[first..], NonFiniteAt::Ffn { layer: l })?;
+            self.ffn_residual(c, first, nt);
         }
-        let last = (nt - 1) * h;
-        if let Some(w) = &m.out_res {
-            // alias-safe: the live candidate is a copy, the output the state itself
-            if want_logits {
-                self.out_copy.copy_from_slice(&self.chunk_hidden[last..last + h]);
-                attn_res(
-                    &self.blocks[(nt - 1) * nb * h..(nt - 1) * nb * h + self.nblocks * h],
-                    h,
-                    &self.out_copy,
-                    w,
-                    c.rms_eps,
-                    &mut self.chunk_hidden[last..last + h],
-                );
-            }
+        let wanted = match shape {
+            Shape::One { logits: true } => nt - 1..nt,
+            Shape::One { logits: false } => nt..nt,
+            Shape::Batch => 0..nt,
+        };
+        self.head(m, lanes, shape, wanted.clone());
+        match shape {
+            Shape::One { .. } => lanes[0].pos += nt,
+            Shape::Batch => lanes.iter_mut().for_each(|ln| ln.pos += 1),
         }
-        if want_logits {
-            rmsnorm(&self.chunk_hidden[last..last + h], &m.final_norm, c.rms_eps, &mut self.head_in);
-            pool.matvec(&m.lm_head.view(), &self.head_in, &mut self.logits);
-        }
-        self.pos += nt;
-        self.stats.tokens += nt as u64;
         let spent = t0.elapsed().as_secs_f64()
             - (self.stats.io_seconds - io0)
             - (self.stats.expert_seconds - ex0)
             - (self.stats.attn_seconds - at0);
         self.stats.trunk_seconds += spent;
         // garbage in the weights ends here as an error, not as sampled text
-        if let Some(token) = want_logits.then(|| first_non_finite(&self.logits)).flatten() {
-            let at = NonFiniteAt::Logit { token };
-            return Err(Error::NonFinite { pos: self.pos - 1, at, value: self.logits[token] });
+        for t in wanted {
+            let logits = &lanes[owner(shape, t)].logits;
+            if let Some(token) = first_non_finite(logits) {
+                let at = NonFiniteAt::Logit { token };
+                return Err(Error::NonFinite { pos: pos[t], at, value: logits[token] });
+            }
         }
         Ok(())
     }
 
-    /// [`Error::NonFinite`] at `at` for the first non-finite value of a
-    /// chunk's outputs (`width` per token, from the chunk's token `first`):
-    /// where overflowing or damaged weights first show, named while the
-    /// step runs.
-    fn check_finite(&self, outs: &[f32], width: usize, first: usize, at: NonFiniteAt) -> Result<()> {
-        let Some(i) = first_non_finite(outs) else { return Ok(()) };
-        Err(Error::NonFinite { pos: self.pos + first + i / width, at, value: outs[i] })
+    /// The attention inputs of a layer for every token (they depend on
+    /// earlier layers only): the AttnRes mix (and a block boundary's copy)
+    /// or the hidden state, normed into `chunk_ffn_in`.
+    fn attn_inputs(&mut self, m: &Model, layer: &crate::weights::Layer, nt: usize, restarted: bool) {
+        let c = m.config();
+        let (h, nb) = (c.hidden, self.res_blocks);
+        for t in 0..nt {
+            let hh = &mut self.chunk_hidden[t * h..(t + 1) * h];
+            let xa = &mut self.chunk_ffn_in[t * h..(t + 1) * h];
+            if c.attn_res_block.is_none() {
+                rmsnorm(hh, &layer.in_norm, c.rms_eps, xa);
+                continue;
+            }
+            let res = layer.res.as_ref().expect("attn res weights");
+            let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
+            let blocks = &mut self.blocks[t * nb * h..(t + 1) * nb * h];
+            p.copy_from_slice(hh);
+            if self.nblocks > 0 {
+                attn_res(&blocks[..self.nblocks * h], h, p, &res.attn, c.rms_eps, &mut self.token_in);
+            } else {
+                self.token_in.copy_from_slice(p);
+            }
+            if restarted {
+                blocks[self.nblocks * h..(self.nblocks + 1) * h].copy_from_slice(p);
+            }
+            rmsnorm(&self.token_in, &layer.in_norm, c.rms_eps, xa);
+        }
     }
 
-    fn moe(&mut self, l: usize, w: &MoeWeights, first: usize, nt: usize) -> Result<()> {
-        let m = self.m;
+    /// A layer's attention for the step's tokens: projections batched,
+    /// each token's recurrence on its own sequence's state; outputs from
+    /// token `first` into `chunk_ffn_out`.
+    fn attention(
+        &mut self,
+        m: &Model,
+        l: usize,
+        layer: &crate::weights::Layer,
+        lanes: &mut [&mut Lane],
+        nt: usize,
+        first: usize,
+    ) -> Result<()> {
+        let (c, pool, h) = (m.config(), &m.pool, m.config().hidden);
+        let (xs, outs) = (&self.chunk_ffn_in[..nt * h], &mut self.chunk_ffn_out[..nt * h]);
+        match &layer.attn {
+            Attn::Kda(w) => {
+                let mut sts: Vec<&mut KdaState> = lanes
+                    .iter_mut()
+                    .map(|ln| match &mut ln.states[l] {
+                        LayerState::Kda(s) => s,
+                        LayerState::Mla(_) => unreachable!("layer state matches its kind"),
+                    })
+                    .collect();
+                let sc = self.kda_sc.as_mut().expect("kda scratch");
+                let kc = kda::KdaConfig { chunked: m.opts.kda_chunked, ..kda_config(c) };
+                kda::chunk_states(pool, &kc, w, &mut sts, sc, xs, nt, first, outs);
+            }
+            Attn::Mla(w) => {
+                let mut sts: Vec<&mut MlaState> = lanes
+                    .iter_mut()
+                    .map(|ln| match &mut ln.states[l] {
+                        LayerState::Mla(s) => s,
+                        LayerState::Kda(_) => unreachable!("layer state matches its kind"),
+                    })
+                    .collect();
+                let sc = self.mla_sc.as_mut().expect("mla scratch");
+                mla::chunk_states(pool, &mla_config(c, m.opts.ctx), w, &mut sts, sc, xs, nt, first, outs)
+                    .map_err(|e| Error::ContextFull { pos: e.0, n: nt, ctx: m.opts.ctx })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The attention residual and the FFN inputs of tokens `first..nt`.
+    fn ffn_inputs(&mut self, m: &Model, layer: &crate::weights::Layer, first: usize, nt: usize, restarted: bool) {
+        let c = m.config();
+        let (h, nb) = (c.hidden, self.res_blocks);
+        for t in first..nt {
+            let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
+            let xn_t = &mut self.chunk_ffn_in[t * h..(t + 1) * h];
+            if c.attn_res_block.is_none() {
+                let hh = &mut self.chunk_hidden[t * h..(t + 1) * h];
+                add(hh, r);
+                rmsnorm(hh, &layer.post_norm, c.rms_eps, xn_t);
+                continue;
+            }
+            let res = layer.res.as_ref().expect("attn res weights");
+            let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
+            if restarted {
+                p.copy_from_slice(r);
+            } else {
+                add(p, r);
+            }
+            let nbk = self.nblocks + restarted as usize;
+            attn_res(&self.blocks[t * nb * h..t * nb * h + nbk * h], h, p, &res.mlp, c.rms_eps, &mut self.token_in);
+            rmsnorm(&self.token_in, &layer.post_norm, c.rms_eps, xn_t);
+        }
+    }
+
+    /// The FFN residual of tokens `first..nt` into their hidden states.
+    fn ffn_residual(&mut self, c: &waste_format::ModelConfig, first: usize, nt: usize) {
+        let h = c.hidden;
+        for t in first..nt {
+            let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
+            if c.attn_res_block.is_some() {
+                let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
+                add(p, r);
+                self.chunk_hidden[t * h..(t + 1) * h].copy_from_slice(p);
+            } else {
+                add(&mut self.chunk_hidden[t * h..(t + 1) * h], r);
+            }
+        }
+    }
+
+    /// The output aggregation (AttnRes), the final norm and the LM head for
+    /// the `wanted` tokens, into their lanes' logits: one matvec for one
+    /// sequence, one pass over the head for a batched step's tokens.
+    fn head(&mut self, m: &Model, lanes: &mut [&mut Lane], shape: Shape, wanted: std::ops::Range<usize>) {
+        let c = m.config();
+        let (h, nb) = (c.hidden, self.res_blocks);
+        for t in wanted.clone() {
+            let row = t * h..(t + 1) * h;
+            if let Some(w) = &m.out_res {
+                // alias-safe: the live candidate is a copy, the output the state itself
+                self.out_copy.copy_from_slice(&self.chunk_hidden[row.clone()]);
+                let blocks = &self.blocks[t * nb * h..t * nb * h + self.nblocks * h];
+                attn_res(blocks, h, &self.out_copy, w, c.rms_eps, &mut self.chunk_hidden[row.clone()]);
+            }
+            let normed = match shape {
+                Shape::One { .. } => &mut self.head_in[..],
+                Shape::Batch => &mut self.chunk_ffn_in[row.clone()],
+            };
+            rmsnorm(&self.chunk_hidden[row], &m.final_norm, c.rms_eps, normed);
+        }
+        match shape {
+            Shape::One { .. } if !wanted.is_empty() => {
+                m.pool.matvec(&m.lm_head.view(), &self.head_in, &mut lanes[0].logits)
+            }
+            Shape::One { .. } => {}
+            Shape::Batch => {
+                let (nt, vocab) = (wanted.len(), lanes[0].logits.len());
+                if self.batch_logits.len() < nt * vocab {
+                    self.batch_logits.resize(nt * vocab, 0.0);
+                }
+                let out = &mut self.batch_logits[..nt * vocab];
+                m.pool.matmat(&m.lm_head.view(), &self.chunk_ffn_in[..nt * h], nt, out);
+                for (ln, row) in lanes.iter_mut().zip(out.chunks_exact(vocab)) {
+                    ln.logits.copy_from_slice(row);
+                }
+            }
+        }
+    }
+
+    /// A MoE layer for the step's tokens `first..first + nt`: route every
+    /// token, acquire the union of their experts once, run each expert
+    /// (for all its tokens where the format batches), combine, add the
+    /// shared experts.
+    #[allow(clippy::too_many_arguments)]
+    fn moe(
+        &mut self,
+        m: &Model,
+        l: usize,
+        w: &MoeWeights,
+        lanes: &[&mut Lane],
+        shape: Shape,
+        pos: &[usize],
+        first: usize,
+        nt: usize,
+    ) -> Result<()> {
         let c = m.config();
         let pool = &m.pool;
         let (h, lat, k) = (c.hidden, c.expert_width(), c.top_k);
@@ -711,10 +899,10 @@ impl<'m> Session<'m> {
         for t in 0..nt {
             let scores = &self.router[t * ne..(t + 1) * ne];
             route(&router_config(c), scores, &w.bias, &mut self.chosen);
-            if let Some(tr) = &self.replay {
+            if let Some(tr) = &lanes[owner(shape, first + t)].replay {
                 // the trace's experts for this position and MoE layer (wrapping)
                 let mi = c.moe_layers().position(|x| x == l).unwrap_or(0);
-                let ids: Vec<usize> = tr[(self.pos + first + t) % tr.len()][mi].iter().map(|&e| e as usize).collect();
+                let ids: Vec<usize> = tr[pos[first + t] % tr.len()][mi].iter().map(|&e| e as usize).collect();
                 waste_moe::route_forced(&router_config(c), scores, &ids, &mut self.chosen);
             }
             let mut order = self.chosen.clone();
@@ -851,6 +1039,14 @@ impl<'m> Session<'m> {
     }
 }
 
+/// [`Error::NonFinite`] at `at` for the first non-finite value of a step's
+/// outputs (`width` per token, the tokens at positions `pos`): where
+/// overflowing or damaged weights first show, named while the step runs.
+fn check_finite(outs: &[f32], width: usize, pos: &[usize], at: NonFiniteAt) -> Result<()> {
+    let Some(i) = first_non_finite(outs) else { return Ok(()) };
+    Err(Error::NonFinite { pos: pos[i / width], at, value: outs[i] })
+}
+
 impl Drop for Session<'_> {
     fn drop(&mut self) {
         // release the prefetch window; settle finished speculative reads
@@ -878,9 +1074,9 @@ mod tests {
         let m = Model::open(&p, ModelOptions { ctx: 32, threads: 1, ..Default::default() }).unwrap();
         let mut s = m.session();
         s.eval(&[1, 2]).unwrap();
-        s.panic_at_layer = Some(2);
+        s.work.panic_at_layer = Some(2);
         assert!(catch_unwind(AssertUnwindSafe(|| s.eval(&[3]).map(|_| ()))).is_err());
-        s.panic_at_layer = None;
+        s.work.panic_at_layer = None;
         match s.eval(&[3]) {
             Err(Error::Incomplete(c)) => assert!(c.contains("interrupted"), "{c}"),
             other => panic!("went on after a panic mid-step: {:?}", other.map(|l| l.len())),

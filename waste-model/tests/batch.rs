@@ -1,0 +1,166 @@
+//! Several sequences decoded together (`Model::step_many`): each sequence's
+//! logits are bit-identical to evaluating it alone — sequences of mixed
+//! prompt lengths joining and leaving between steps, on Kimi-Linear (KDA +
+//! MLA, VQ3R / VQ4P / Q4G experts) and K3 (MLA with attention residuals)
+//! fixtures, with the cache holding everything or a few records, on one or
+//! two threads, in both numeric modes.
+
+use std::path::{Path, PathBuf};
+use waste_model::{Error, Model, ModelOptions, Numeric};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures").join(name)
+}
+
+const CTX: usize = 64;
+const STEPS: usize = 9;
+
+/// Sequence `i`'s prompt (lengths 1 to 13) and the tokens it is fed after
+/// it, one a step (fixed, so the reference does not depend on the batch).
+fn script(i: usize, vocab: u32) -> (Vec<u32>, Vec<u32>) {
+    let len = 1 + (i * 5) % 13;
+    let prompt = (0..len).map(|j| ((i * 97 + j * 31 + 5) as u32) % vocab).collect();
+    let feed = (0..STEPS).map(|j| ((i * 13 + j * 71 + 2) as u32) % vocab).collect();
+    (prompt, feed)
+}
+
+fn bits(l: &[f32]) -> Vec<u32> {
+    l.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Sequence `i` alone: its logits after each fed token.
+fn alone(m: &Model, i: usize, steps: usize) -> Vec<Vec<u32>> {
+    let (prompt, feed) = script(i, m.config().vocab as u32);
+    let mut s = m.session();
+    s.eval(&prompt).unwrap();
+    feed[..steps].iter().map(|&t| bits(s.eval(&[t]).unwrap())).collect()
+}
+
+/// Sequence `i` joins at step `i` and leaves after `STEPS - (i % 3)` of
+/// its own tokens; every step advances the sequences present together.
+fn together(m: &Model, n: usize) -> Vec<Vec<Vec<u32>>> {
+    let vocab = m.config().vocab as u32;
+    let mut sessions: Vec<_> = (0..n).map(|_| m.session()).collect();
+    let mut fed = vec![0usize; n];
+    let mut got = vec![Vec::new(); n];
+    let stay = |i: usize| STEPS - (i % 3);
+    for step in 0.. {
+        let mut here: Vec<usize> = Vec::new();
+        for i in 0..n {
+            if i == step {
+                // a new sequence's prompt runs alone, between steps
+                sessions[i].eval(&script(i, vocab).0).unwrap();
+            }
+            if i <= step && fed[i] < stay(i) {
+                here.push(i);
+            }
+        }
+        if here.is_empty() && step >= n {
+            break;
+        }
+        let tokens: Vec<u32> = here.iter().map(|&i| script(i, vocab).1[fed[i]]).collect();
+        let mut refs: Vec<&mut waste_model::Session<'_>> =
+            sessions.iter_mut().enumerate().filter(|(i, _)| here.contains(i)).map(|(_, s)| s).collect();
+        m.step_many(&mut refs, &tokens).unwrap();
+        for (&i, s) in here.iter().zip(&refs) {
+            got[i].push(bits(s.logits()));
+            fed[i] += 1;
+        }
+    }
+    got
+}
+
+#[test]
+fn batched_steps_equal_each_sequence_alone() {
+    for name in ["tiny.waste", "tiny-b.waste", "tiny-q4g.waste", "tiny-c.waste", "tiny-k3.waste", "tiny-k3-4.waste"] {
+        let path = fixture(name);
+        let plan = waste_model::plan(&path, CTX).unwrap();
+        let rec = plan.record_bytes;
+        let mut variants = vec![
+            (
+                "everything cached, 1 thread",
+                ModelOptions { budget: plan.floor_bytes + 400 * rec, threads: 1, ..Default::default() },
+            ),
+            (
+                "12 records, 2 threads",
+                ModelOptions { budget: plan.floor_bytes + 12 * rec, threads: 2, ..Default::default() },
+            ),
+        ];
+        if name == "tiny-q4g.waste" {
+            variants.push((
+                "fast mode",
+                ModelOptions { budget: plan.floor_bytes + 400 * rec, numeric: Numeric::Fast, ..Default::default() },
+            ));
+        }
+        for (what, o) in variants {
+            let m = Model::open(&path, ModelOptions { ctx: CTX, ..o }).unwrap();
+            let n = m.max_batch().min(6);
+            assert!(n >= 3, "{name}, {what}: only {n} sequences fit a step");
+            let got = together(&m, n);
+            for (i, g) in got.iter().enumerate() {
+                let want = alone(&m, i, g.len());
+                assert_eq!(g.len(), STEPS - (i % 3), "{name}, {what}: sequence {i}'s steps");
+                for (step, (a, b)) in g.iter().zip(&want).enumerate() {
+                    assert!(a == b, "{name}, {what}: sequence {i} step {step}: logits differ from the sequence alone");
+                }
+            }
+        }
+    }
+}
+
+/// A batched step reads each distinct expert once: sequences fed the same
+/// token from a cold cache miss one sequence's experts (the union of
+/// identical routes), while every token counts its uses (the repeats as
+/// hits) and its position.
+#[test]
+fn a_batched_step_reads_the_union_of_its_experts() {
+    let open =
+        || Model::open(fixture("tiny.waste"), ModelOptions { ctx: CTX, lookahead: 0, ..Default::default() }).unwrap();
+    let (m, m1) = (open(), open());
+    let (moe, k) = (m.config().n_moe_layers() as u64, m.config().top_k as u64);
+    let n = m.max_batch().min(4);
+    assert!(n >= 2);
+    let mut one = m1.session();
+    one.eval(&[11]).unwrap();
+    assert_eq!(one.stats().experts_missed, moe * k);
+    let mut ss: Vec<_> = (0..n).map(|_| m.session()).collect();
+    let mut refs: Vec<_> = ss.iter_mut().collect();
+    m.step_many(&mut refs, &vec![11; n]).unwrap();
+    let st = ss[0].stats();
+    assert_eq!(st.experts_missed, moe * k, "each distinct expert read once");
+    assert_eq!(st.bytes_read, one.stats().bytes_read);
+    assert_eq!(st.experts_hit + st.experts_missed, n as u64 * moe * k, "every token's uses");
+    assert!(ss.iter().all(|s| s.position() == 1 && s.stats().tokens == 1));
+    for s in &ss[1..] {
+        assert_eq!(s.stats().experts_hit + s.stats().experts_missed, 0, "shared work is counted in the first session");
+        assert!(bits(s.logits()) == bits(one.logits()));
+    }
+}
+
+#[test]
+fn a_batched_step_refuses_what_it_cannot_do_before_changing_anything() {
+    let path = fixture("tiny.waste");
+    let m = Model::open(&path, ModelOptions { ctx: 4, ..Default::default() }).unwrap();
+    let other = Model::open(&path, ModelOptions { ctx: 4, ..Default::default() }).unwrap();
+    let (mut a, mut b, mut c) = (m.session(), m.session(), other.session());
+    a.eval(&[1, 2, 3]).unwrap();
+    let a0 = bits(a.logits());
+    let arg = |r: waste_model::Result<()>, what: &str| match r {
+        Err(Error::Arg(msg)) => assert!(msg.contains(what), "{msg}"),
+        other => panic!("expected an argument error naming {what:?}: {other:?}"),
+    };
+    arg(m.step_many(&mut [&mut a, &mut b], &[1]), "one token per session");
+    arg(m.step_many(&mut [], &[]), "one token per session");
+    arg(m.step_many(&mut [&mut a, &mut c], &[1, 2]), "another model");
+    arg(m.step_many(&mut [&mut a, &mut b], &[1, 1 << 30]), "outside the vocabulary");
+    let mut many: Vec<_> = (0..m.max_batch() + 1).map(|_| m.session()).collect();
+    let mut refs: Vec<_> = many.iter_mut().collect();
+    let toks = vec![1; refs.len()];
+    arg(m.step_many(&mut refs, &toks), "at most");
+    a.eval(&[4]).unwrap();
+    let a1 = bits(a.logits());
+    assert_ne!(a0, a1);
+    assert!(matches!(m.step_many(&mut [&mut b, &mut a], &[1, 2]), Err(Error::ContextFull { .. })));
+    assert_eq!((a.position(), b.position()), (4, 0), "a refused step changes nothing");
+    assert_eq!(bits(a.logits()), a1);
+}
