@@ -185,6 +185,12 @@ impl EngineArgs {
     /// [`EngineArgs::open`], reserving the constrained-decoding tables in
     /// the budget when `grammar` (servers, `--json-schema`).
     pub fn open_for(&self, model: &PathBuf, grammar: bool) -> Result<Model> {
+        self.open_parallel(model, grammar, 1)
+    }
+
+    /// [`EngineArgs::open_for`], planning for `parallel` sessions decoded
+    /// together (`serve --parallel`, `bench --parallel`).
+    pub fn open_parallel(&self, model: &PathBuf, grammar: bool, parallel: usize) -> Result<Model> {
         let policy = match self.cache.as_str() {
             "eta" => waste_model::Policy::Eta,
             "lfru" => waste_model::Policy::Lfru,
@@ -213,6 +219,7 @@ impl EngineArgs {
             grammar,
             vision: self.vision,
             vision_optional: self.vision_optional,
+            parallel,
         };
         let bar = crate::progress::count_bar("loading", false);
         let m = Model::open_with_progress(model, opts, &|done, total| {

@@ -21,6 +21,11 @@ pub struct PlanArgs {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+    /// Plan for this many sequences decoded together (`serve --parallel`,
+    /// `bench --parallel`): their states and scratch in the floor, and
+    /// whether the cache lets a step take them all.
+    #[arg(long, default_value_t = 1)]
+    parallel: usize,
 }
 
 fn gib(b: u64) -> String {
@@ -28,7 +33,12 @@ fn gib(b: u64) -> String {
 }
 
 pub fn plan(a: PlanArgs) -> Result<ExitCode> {
-    let p = waste_model::plan(&a.model, a.ctx).with_context(|| format!("planning {}", a.model.display()))?;
+    if a.parallel == 0 {
+        anyhow::bail!("--parallel 0: at least 1 sequence");
+    }
+    let p = waste_model::plan(&a.model, a.ctx)
+        .with_context(|| format!("planning {}", a.model.display()))?
+        .with_parallel(a.parallel);
     let vocab = p.vocab as usize;
     let usable = waste_model::usable_ram();
     let resolved = waste_cache_resolve(&p, a.budget, usable);
@@ -41,6 +51,14 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     // budget when the slots hold every record of the container)
     let arena = p.cache_arena_bytes(slots, true);
     let every = slots as u64 >= p.expert_records && p.expert_records > 0;
+    let max_parallel = p.max_batch(slots, 0);
+    let resolved = match resolved {
+        Ok(_) if a.parallel > max_parallel => Err(format!(
+            "--parallel {}: a cache of {slots} expert slots takes {max_parallel} sequences a step at most (each token's {} experts pinned at once); raise --budget",
+            a.parallel, p.top_k
+        )),
+        r => r,
+    };
     if a.json {
         print_json(&json!({
             "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes, "tokenizer_bytes": p.tokenizer_bytes, "tokenize_bytes": p.tokenize_bytes, "template_bytes": p.template_bytes,
@@ -52,6 +70,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             "expert_cache_budget_bytes": cache, "cache_holds_every_expert": every,
             "expert_record_bytes": p.record_bytes, "cache_slots": slots, "ctx": a.ctx, "ok": resolved.is_ok(), "note": note,
             "expert_lanes": p.expert_lanes, "expert_lane_bytes": p.expert_lane_bytes,
+            "parallel": p.parallel, "parallel_bytes": p.parallel_bytes, "max_parallel": max_parallel,
         }))?;
     } else {
         outln!("{} at {} tokens of context", a.model.display(), a.ctx);
@@ -69,6 +88,14 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             let v = p.vision_bytes();
             outln!("  (with images: +{v} bytes  {} — the vision tower {} + one image's buffers {}, taken from the expert cache)", gib(v), p.vision_weight_bytes, p.vision_scratch_bytes);
         }
+        if p.parallel > 1 {
+            outln!(
+                "  {} more sequences    {:>14} bytes  {}  (their state and scratch, a step's logits)",
+                p.parallel - 1,
+                p.parallel_bytes,
+                gib(p.parallel_bytes)
+            );
+        }
         outln!("  minimum expert cache {:>14} bytes  {}", p.min_expert_cache_bytes, gib(p.min_expert_cache_bytes));
         outln!("  floor                {:>14} bytes  {}", p.floor_bytes, gib(p.floor_bytes));
         outln!("  working set / token  {:>14} bytes  {}", p.working_set_bytes, gib(p.working_set_bytes));
@@ -84,6 +111,9 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
                 if every { ": every expert of the container; a larger budget buys nothing more" } else { "" }
             ),
             Err(e) => outln!("  {e}"),
+        }
+        if resolved.is_ok() && p.expert_records > 0 {
+            outln!("  sequences a step can decode together: {max_parallel} (--parallel; each token's experts pinned at once)");
         }
         if let (Ok(_), Some(n)) = (&resolved, &note) {
             outln!("  warning: {n}");
@@ -102,28 +132,34 @@ fn waste_cache_resolve(p: &waste_model::Plan, budget: u64, usable: u64) -> Resul
 #[derive(Args)]
 pub struct BenchArgs {
     /// Container directory.
-    model: PathBuf,
+    pub(crate) model: PathBuf,
     /// Decode steps to time.
     #[arg(short = 'n', default_value_t = 16)]
-    n: usize,
+    pub(crate) n: usize,
     /// Prompt length (token ids 1..=P, prefill timed separately).
     #[arg(long, default_value_t = 8)]
-    prompt_len: usize,
+    pub(crate) prompt_len: usize,
     /// Machine-readable output.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
+    /// Decode this many sequences together (`Model::step_many`), each with
+    /// its own prompt and sampler and, with --routing, the trace from its
+    /// own offset: reports aggregate and per-sequence tokens/s and the
+    /// experts a token reads (1 = the single-sequence benchmark).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) parallel: usize,
     /// Replay a recorded routing (JSONL, the `cachesim` trace format)
     /// instead of the router's choice: a synthetic container then streams
     /// experts like the real model (testdata/routing/).
     #[arg(long)]
-    routing: Option<PathBuf>,
+    pub(crate) routing: Option<PathBuf>,
     /// Sample decode tokens at this temperature instead of greedy (0): a
     /// random model's greedy loop repeats one token, and so its experts.
     #[arg(long, default_value_t = 0.0)]
-    temp: f32,
+    pub(crate) temp: f32,
     /// Seed for `--temp`.
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// After the decode, prefill the same prompt this many more times, each
     /// on a reset session (its experts as the runs before left the cache):
     /// `prefill_warm_ms_per_token` is their median (the upper middle one
@@ -133,14 +169,14 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     prefill_repeats: usize,
     #[command(flatten)]
-    engine: EngineArgs,
+    pub(crate) engine: EngineArgs,
 }
 
 /// The container's direct-read bandwidth (GB/s): records of the expert size
 /// read scattered from its largest bank with `qd` reads in flight, at most
 /// 256 MB. Run before the model is opened, so its buffers never add to the
 /// engine's peak memory.
-fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) -> Option<f64> {
+pub(crate) fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) -> Option<f64> {
     // the record size only: the manifest, not the tokenizer `plan` would load
     let ct = waste_model::format::Container::open(path).ok()?;
     let p = waste_model::Plan::for_container(&ct, 1).ok()?;
@@ -160,7 +196,7 @@ fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) -> Option<f64
 
 /// The largest of the disk's, memory's and cores' bounds and its name
 /// (memory on a tie with the disk, the cores only when strictly larger).
-fn bound_of(disk_ms: f64, mem_ms: f64, compute_ms: f64) -> (&'static str, f64) {
+pub(crate) fn bound_of(disk_ms: f64, mem_ms: f64, compute_ms: f64) -> (&'static str, f64) {
     [("disk", disk_ms), ("memory", mem_ms), ("compute", compute_ms)].into_iter().fold(("memory", mem_ms), |b, c| {
         if c.1 > b.1 {
             c
@@ -184,6 +220,11 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     }
     if a.prefill_repeats > MAX_PREFILL_REPEATS {
         anyhow::bail!("--prefill-repeats {}: at most {MAX_PREFILL_REPEATS}", a.prefill_repeats);
+    }
+    match a.parallel {
+        0 => anyhow::bail!("--parallel 0: at least 1 sequence"),
+        1 => {}
+        _ => return crate::bench_parallel::bench_parallel(&a),
     }
     // the engine caps its readers at MAX_IO_THREADS; the probe does the same
     let io_qd = if a.engine.io_threads == 0 { 4 } else { a.engine.io_threads.min(waste_model::MAX_IO_THREADS) };

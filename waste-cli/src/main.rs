@@ -11,6 +11,7 @@ macro_rules! outln {
 }
 
 mod answer;
+mod bench_parallel;
 mod cmd_cache;
 mod cmd_convert;
 mod cmd_eval;

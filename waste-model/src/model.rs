@@ -82,6 +82,11 @@ pub struct ModelOptions {
     /// [`Model::warnings`] and in the error an image then gets. For a chat
     /// or a server, where images are an extra.
     pub vision_optional: bool,
+    /// Sessions the plan counts (their states and scratch, and a batched
+    /// step's logits: [`Plan::with_parallel`]) — a server decoding several
+    /// requests together ([`Model::step_many`]) plans for its slots. 0 is
+    /// taken as 1.
+    pub parallel: usize,
 }
 
 /// Compute threads at most this many per core (more only adds switching).
@@ -113,6 +118,7 @@ impl Default for ModelOptions {
             grammar: false,
             vision: false,
             vision_optional: false,
+            parallel: 1,
         }
     }
 }
@@ -186,7 +192,8 @@ impl Model {
         let plan = Plan::for_container(&container, opts.ctx)?
             .with_tokenizer(tokenizer.as_ref())
             .with_chat_template(template.as_ref())
-            .with_threads(threads);
+            .with_threads(threads)
+            .with_parallel(opts.parallel);
         let plan = if opts.grammar { plan.with_grammar(container.config.vocab) } else { plan };
         // why images are off although asked for (ModelOptions::vision_optional)
         let mut vision_error: Option<String> = None;

@@ -67,6 +67,12 @@ pub struct Plan {
     pub expert_lanes: u64,
     /// Bytes of one such lane (counted in `scratch_bytes` per lane).
     pub expert_lane_bytes: u64,
+    /// Sessions planned to decode together (`waste serve --parallel`,
+    /// `Model::step_many`); 1 until [`Plan::with_parallel`].
+    pub parallel: u64,
+    /// What the sessions past the first add: each one's state and scratch,
+    /// and a batched step's logits (`parallel × vocab` floats); in the floor.
+    pub parallel_bytes: u64,
 }
 
 /// Resident bytes of the constrained-decoding tables per vocabulary entry:
@@ -181,7 +187,35 @@ impl Plan {
             vision: false,
             expert_lanes: u64::from(lane_bytes > 0),
             expert_lane_bytes: lane_bytes,
+            parallel: 1,
+            parallel_bytes: 0,
         })
+    }
+
+    /// The most sequences one batched step takes with `slots` cache slots
+    /// and a router lookahead of `lookahead` experts: each token's `top_k`
+    /// experts are pinned at once, and a step's buffers hold [`CHUNK`]
+    /// tokens.
+    pub fn max_batch(&self, slots: usize, lookahead: usize) -> usize {
+        if self.expert_records == 0 || self.top_k == 0 {
+            return CHUNK;
+        }
+        (slots.saturating_sub(lookahead) / self.top_k as usize).clamp(1, CHUNK)
+    }
+
+    /// The same plan for `n` sessions decoded together (at least 1): the
+    /// others' state and scratch, and a batched step's logits, in the floor
+    /// and the recommendation. Applied after [`Plan::with_threads`] (each
+    /// session's scratch holds its expert lanes).
+    pub fn with_parallel(mut self, n: usize) -> Plan {
+        let n = n.max(1) as u64;
+        let logits = if n > 1 { n * self.vocab * 4 } else { 0 };
+        let bytes = (n - 1) * (self.state_bytes + self.scratch_bytes) + logits;
+        self.floor_bytes = self.floor_bytes - self.parallel_bytes + bytes;
+        self.recommended_bytes = self.recommended_bytes - self.parallel_bytes + bytes;
+        self.parallel = n;
+        self.parallel_bytes = bytes;
+        self
     }
 
     /// The same plan for a pool of `threads` compute threads: as many
@@ -322,6 +356,7 @@ impl Plan {
                 + self.tokenize_bytes
                 + self.template_bytes
                 + self.grammar_bytes
+                + self.parallel_bytes
                 + vision,
             min_cache: self.min_expert_cache_bytes,
             working_set: self.working_set_bytes,

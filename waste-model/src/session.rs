@@ -37,6 +37,10 @@ pub struct Stats {
     /// kernel batches the chunk's tokens (so uses / runs is the tokens an
     /// expert's weights served at a time).
     pub expert_runs: u64,
+    /// Distinct experts a step's MoE layers acquired (per layer and step:
+    /// a token's top-k alone; the union of a chunk's or a batched step's
+    /// tokens' choices): the experts the step read from the cache or the disk.
+    pub experts_acquired: u64,
 }
 
 /// What happened between two readings of the counters: `after - before`.
@@ -54,6 +58,7 @@ impl std::ops::Sub for Stats {
             attn_seconds: self.attn_seconds - b.attn_seconds,
             expert_seconds: self.expert_seconds - b.expert_seconds,
             expert_runs: self.expert_runs - b.expert_runs,
+            experts_acquired: self.experts_acquired - b.experts_acquired,
         }
     }
 }
@@ -561,16 +566,9 @@ impl<'m> Session<'m> {
     }
 }
 
-/// Sequences a batched step can advance together: each token's experts
-/// must be pinned in the cache at once (the union of `n · top_k` at most,
-/// beside the lookahead's slots), and the step's buffers hold [`CHUNK`]
-/// tokens.
+/// Sequences a batched step can advance together ([`crate::Plan::max_batch`]).
 pub(crate) fn max_batch(m: &Model) -> usize {
-    let c = m.config();
-    if c.n_moe_layers() == 0 {
-        return CHUNK;
-    }
-    (m.cache_slots().saturating_sub(m.opts.lookahead) / c.top_k).clamp(1, CHUNK)
+    m.plan().max_batch(m.cache_slots(), m.opts.lookahead)
 }
 
 /// [`crate::Model::step_many`].
@@ -927,6 +925,7 @@ impl Work {
             distinct.sort_unstable();
         }
         let experts = m.store.acquire(l as u32, &distinct, &repeats)?;
+        self.stats.experts_acquired += distinct.len() as u64;
         // 3. the chunk's expert inputs (the latent down-projection for all tokens at once)
         if let Some(lt) = &w.latent {
             pool.matmat(&lt.down.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.lat_in[..nt * lat]);

@@ -130,6 +130,8 @@ fn a_batched_step_reads_the_union_of_its_experts() {
     assert_eq!(st.experts_missed, moe * k, "each distinct expert read once");
     assert_eq!(st.bytes_read, one.stats().bytes_read);
     assert_eq!(st.experts_hit + st.experts_missed, n as u64 * moe * k, "every token's uses");
+    assert_eq!(st.experts_acquired, moe * k, "the union acquired");
+    assert_eq!(one.stats().experts_acquired, moe * k);
     assert!(ss.iter().all(|s| s.position() == 1 && s.stats().tokens == 1));
     for s in &ss[1..] {
         assert_eq!(s.stats().experts_hit + s.stats().experts_missed, 0, "shared work is counted in the first session");
@@ -163,4 +165,37 @@ fn a_batched_step_refuses_what_it_cannot_do_before_changing_anything() {
     assert!(matches!(m.step_many(&mut [&mut b, &mut a], &[1, 2]), Err(Error::ContextFull { .. })));
     assert_eq!((a.position(), b.position()), (4, 0), "a refused step changes nothing");
     assert_eq!(bits(a.logits()), a1);
+}
+
+/// The plan for `n` sessions equals what `n` sessions and their batched
+/// step allocate: each one's state and scratch, and the step's logits.
+#[test]
+fn the_plan_for_parallel_sessions_is_what_they_allocate() {
+    for name in ["tiny.waste", "tiny-k3.waste"] {
+        let path = fixture(name);
+        let n = 3;
+        let one = waste_model::plan(&path, CTX).unwrap().with_threads(1);
+        let plan = one.with_parallel(n);
+        let m = Model::open(
+            &path,
+            ModelOptions {
+                ctx: CTX,
+                threads: 1,
+                parallel: n,
+                budget: plan.floor_bytes + 40 * plan.record_bytes,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(m.plan(), &plan, "{name}: the model's plan");
+        assert_eq!(plan.floor_bytes - one.floor_bytes, plan.parallel_bytes);
+        let mut ss: Vec<_> = (0..n).map(|_| m.session()).collect();
+        let mut refs: Vec<_> = ss.iter_mut().collect();
+        m.step_many(&mut refs, &[1, 2, 3]).unwrap();
+        let (state, scratch) = ss.iter().fold((0, 0), |(a, b), s| {
+            let (x, y) = s.allocated_bytes();
+            (a + x, b + y)
+        });
+        assert_eq!(state + scratch, plan.state_bytes + plan.scratch_bytes + plan.parallel_bytes, "{name}");
+    }
 }
