@@ -59,6 +59,10 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         )),
         r => r,
     };
+    let note = match &resolved {
+        Err(e) => Some(e.clone()),
+        Ok(_) => note,
+    };
     if a.json {
         print_json(&json!({
             "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes, "tokenizer_bytes": p.tokenizer_bytes, "tokenize_bytes": p.tokenize_bytes, "template_bytes": p.template_bytes,

@@ -64,6 +64,12 @@ pub struct ServeArgs {
     /// Do not load the vision tower (saves its memory; image requests get a 400).
     #[arg(long)]
     no_images: bool,
+    /// Requests decoded together, a token each a step (each its own session
+    /// and state in the budget; more wait in the queue). Default: up to 4,
+    /// as many as take at most an eighth of the budget and fit the expert
+    /// cache's slots (stated at start).
+    #[arg(long)]
+    parallel: Option<usize>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -92,9 +98,22 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
     a.engine.vision = !a.no_images && a.model.join("vision.json").is_file();
     // a tower that cannot load takes only the images down, not the text model
     a.engine.vision_optional = true;
+    if a.parallel == Some(0) {
+        anyhow::bail!("--parallel 0: at least 1 request at a time");
+    }
+    let asked = a.parallel.unwrap_or_else(|| default_parallel(&a));
     // a server may get constrained requests: their tables are in its budget
-    let model = a.engine.open_for(&a.model, true)?;
+    let model = a.engine.open_parallel(&a.model, true, asked)?;
     eprintln!("waste serve: {}", crate::cmd_eval::budget_line(&model));
+    let parallel = asked.min(model.max_batch());
+    if parallel < asked {
+        eprintln!(
+            "waste serve: --parallel {asked} reduced to {parallel}: the expert cache's {} slots pin {} experts a request at once (raise --budget)",
+            model.cache_slots(),
+            model.config().top_k
+        );
+    }
+    eprintln!("waste serve: up to {parallel} requests decoded together (--parallel)");
     let api_key = a.api_key.clone().or_else(|| std::env::var("WASTE_API_KEY").ok()).filter(|k| !k.is_empty());
     let loopback = a.host == "127.0.0.1" || a.host == "::1" || a.host == "localhost";
     if !loopback && api_key.is_none() {
@@ -120,6 +139,7 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
         allowed_origins: a.allow_origin.clone(),
         log: Some(std::sync::Arc::new(|line: &str| eprintln!("waste serve: {line}"))),
         allow_image_urls: a.allow_image_urls,
+        parallel,
     };
     waste_serve::serve(model, opts, |addr| {
         // one line on stdout so scripts can find the port
@@ -128,4 +148,14 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
         let _ = std::io::stdout().flush();
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--parallel`'s default: the most requests, up to 4, whose extra
+/// sessions (state, scratch, a step's logits) take at most an eighth of the
+/// budget the plan resolves (1 when the plan cannot be made: the open then
+/// reports why).
+fn default_parallel(a: &ServeArgs) -> usize {
+    let Ok(p) = waste_model::plan(&a.model, a.engine.ctx) else { return 1 };
+    let Ok(b) = waste_model::resolve_budget(&p, a.engine.budget, waste_model::usable_ram()) else { return 1 };
+    (1..=4usize).rev().find(|&n| p.with_parallel(n).parallel_bytes <= b.budget / 8).unwrap_or(1)
 }

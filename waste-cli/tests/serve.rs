@@ -461,8 +461,10 @@ fn each_request_is_logged_once_with_its_tokens() {
     std::fs::remove_file(&log).ok();
     // the budget it chose, once at the start
     assert!(text.lines().any(|l| l.starts_with("waste serve: budget ") && l.contains("expert cache of")), "{text}");
-    let lines: Vec<&str> =
-        text.lines().filter(|l| l.starts_with("waste serve: ") && !l.starts_with("waste serve: budget ")).collect();
+    // and how many requests it decodes together
+    assert!(text.lines().any(|l| l.starts_with("waste serve: up to ") && l.ends_with("decoded together (--parallel)")));
+    let start = |l: &str| l.starts_with("waste serve: budget ") || l.starts_with("waste serve: up to ");
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("waste serve: ") && !start(l)).collect();
     assert_eq!(lines.len(), 3, "{text}");
     for l in &lines[..2] {
         assert!(l.contains("POST /v1/chat/completions 200, chatcmpl-") && l.contains(" + 3 completion tokens"), "{l}");

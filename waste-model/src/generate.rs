@@ -172,6 +172,259 @@ impl StopPrefixes {
     }
 }
 
+/// One generation's sampling, stop tokens, stop strings and text, driven a
+/// token at a time by whatever advances its session:
+/// [`Session::generate_constrained`] drives one alone; a server decoding
+/// several requests together drives one per request and advances their
+/// sessions with [`crate::Model::step_many`]. Each round: [`Generator::pick`]
+/// from the session's logits, advance the session by [`Pick::token`] when
+/// [`Pick::advance`], report the token, then [`Generator::settle`].
+pub struct Generator<'m> {
+    p: GenerateParams,
+    tok: Option<&'m waste_tokenizer::Tokenizer>,
+    eos: Vec<u32>,
+    sampler: Sampler,
+    out: Generation,
+    dec: StreamDecoder,
+    pending: String,
+    stop_prefixes: StopPrefixes,
+    ctx: usize,
+    mask: Vec<bool>,
+    /// Set when the generation has ended and what remains is the tail
+    /// release ([`Generator::finish`]) or nothing (`Some(false)`).
+    ended: Option<bool>,
+}
+
+/// One sampled token of a [`Generator`].
+#[derive(Clone, Debug)]
+pub struct Pick {
+    /// Token id ([`NO_TOKEN`] never: an end token is [`Pick::eos`]).
+    pub token: u32,
+    /// Text that became final with it.
+    pub piece: String,
+    /// Its log-probability under the model.
+    pub logprob: f32,
+    /// The most likely alternatives.
+    pub top: Vec<(u32, f32)>,
+    /// The session must evaluate `token` before the next pick (false when
+    /// it ends the generation or the context is full).
+    pub advance: bool,
+    /// An EOS or stop token: the generation ended without a token to
+    /// report ([`Generator::finish`] next).
+    pub eos: bool,
+    stopped: Option<usize>,
+    ends: bool,
+    full: bool,
+}
+
+impl<'m> Generator<'m> {
+    /// A generation on `model` of `prompt_tokens` evaluated prompt tokens.
+    ///
+    /// # Errors
+    /// [`Error::Arg`] for invalid sampling parameters, stop strings without
+    /// the container's tokenizer, or an empty stop string.
+    pub fn new(model: &'m crate::Model, p: &GenerateParams, prompt_tokens: usize) -> Result<Generator<'m>> {
+        p.sampling.validate().map_err(Error::Arg)?;
+        let tok = model.tokenizer();
+        if !p.stop_strings.is_empty() && tok.is_none() {
+            return Err(Error::Arg("stop strings need the container's tokenizer".into()));
+        }
+        if p.stop_strings.iter().any(|s| s.is_empty()) {
+            // it would match before any text (the server refuses it too)
+            return Err(Error::Arg("a stop string is empty".into()));
+        }
+        Ok(Generator {
+            p: p.clone(),
+            tok,
+            eos: model.config().eos.iter().copied().chain(p.stop_tokens.iter().copied()).collect(),
+            sampler: Sampler::new(p.sampling.clone()),
+            out: Generation { tokens: Vec::new(), text: String::new(), finish: Finish::Length, prompt_tokens },
+            dec: StreamDecoder::new(),
+            pending: String::new(),
+            stop_prefixes: StopPrefixes::new(&p.stop_strings),
+            ctx: model.options().ctx,
+            mask: Vec::new(),
+            ended: None,
+        })
+    }
+
+    /// Whether another token is wanted (not ended, below `max_tokens`).
+    pub fn wants_more(&self) -> bool {
+        self.ended.is_none() && self.out.tokens.len() < self.p.max_tokens
+    }
+
+    /// Sample the next token from `logits` (the session at `position`),
+    /// under `constraint` if any; decode its text, holding back what could
+    /// start a stop string.
+    ///
+    /// # Errors
+    /// [`Error::Constraint`] when the constraint fails, [`Error::Arg`] when it allows no token.
+    pub fn pick(
+        &mut self,
+        logits: &[f32],
+        position: usize,
+        constraint: Option<&mut (dyn TokenConstraint + '_)>,
+    ) -> Result<Pick> {
+        let mut constraint = constraint;
+        let constrained = match constraint.as_deref_mut() {
+            Some(c) => {
+                self.mask.resize(logits.len(), false);
+                c.allowed(&mut self.mask)?
+            }
+            None => false,
+        };
+        if constrained && !self.mask.iter().any(|&a| a) {
+            return Err(Error::Arg("constraint: no token is allowed next".into()));
+        }
+        let mask = &self.mask;
+        let id = if constrained {
+            self.sampler.pick(logits, Some(&|i: u32| mask[i as usize]))
+        } else {
+            self.sampler.pick(logits, None)
+        };
+        if let Some(c) = constraint {
+            c.commit(id)?;
+        }
+        let lp = log_softmax(logits);
+        let mut top = Vec::new();
+        if self.p.top_logprobs > 0 {
+            let mut idx: Vec<usize> = (0..lp.len()).collect();
+            let k = self.p.top_logprobs.min(lp.len());
+            idx.select_nth_unstable_by(k - 1, |&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
+            idx.truncate(k);
+            idx.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
+            top = idx.into_iter().map(|i| (i as u32, lp[i])).collect();
+        }
+        let logprob = lp[id as usize];
+        if self.eos.contains(&id) {
+            self.out.finish = Finish::StopToken(id);
+            self.ended = Some(true);
+            let (piece, stopped) = (String::new(), None);
+            return Ok(Pick {
+                token: id,
+                piece,
+                logprob,
+                top,
+                advance: false,
+                eos: true,
+                stopped,
+                ends: true,
+                full: false,
+            });
+        }
+        self.out.tokens.push(id);
+        self.push_text(id);
+        let mut stopped = None;
+        for (si, s) in self.p.stop_strings.iter().enumerate() {
+            if let Some(pos) = self.pending.find(s.as_str()) {
+                if stopped.is_none_or(|(_, bp)| pos < bp) {
+                    stopped = Some((si, pos));
+                }
+            }
+        }
+        let last = self.out.tokens.len() >= self.p.max_tokens;
+        if last && stopped.is_none() {
+            // no token follows: nothing can complete a stop string any more
+            self.pending.push_str(&self.dec.finish());
+        }
+        let emit = match stopped {
+            Some((_, pos)) => pos,
+            None if last => self.pending.len(),
+            None => self.pending.len() - self.stop_prefixes.holdback(&self.pending),
+        };
+        let piece: String = self.pending[..emit].to_string();
+        self.pending.drain(..emit);
+        self.out.text.push_str(&piece);
+        // the session advances unless this token ends it
+        let ends = stopped.is_some() || last;
+        let full = position >= self.ctx;
+        Ok(Pick {
+            token: id,
+            piece,
+            logprob,
+            top,
+            advance: !ends && !full,
+            eos: false,
+            stopped: stopped.map(|s| s.0),
+            ends,
+            full,
+        })
+    }
+
+    /// A token's text into the pending text.
+    fn push_text(&mut self, id: u32) {
+        let Some(t) = self.tok else { return };
+        if self.p.mark_specials && t.is_special(id) {
+            self.pending.push_str(&self.dec.finish());
+            self.pending.push(MARK_OPEN);
+            self.pending.push_str(&String::from_utf8_lossy(t.token_bytes(id)));
+            self.pending.push(MARK_CLOSE);
+        } else if self.p.mark_specials {
+            self.pending.push_str(&self.dec.push(t.token_bytes(id)).replace([MARK_OPEN, MARK_CLOSE], "\u{FFFD}"));
+        } else {
+            self.pending.push_str(&self.dec.push(t.token_bytes(id)));
+        }
+    }
+
+    /// After `pick` was reported and the caller answered `ctl`: whether the
+    /// generation ended (a stop string, a cancel, a full context).
+    pub fn settle(&mut self, pick: &Pick, ctl: Control) {
+        if let Some(si) = pick.stopped {
+            self.out.finish = Finish::StopString(si);
+            self.ended = Some(false);
+        } else if ctl == Control::Cancel {
+            self.out.finish = Finish::Cancelled;
+            self.ended = Some(false);
+        } else if pick.full && !pick.ends {
+            self.out.finish = Finish::ContextFull;
+            self.ended = Some(true);
+        }
+    }
+
+    /// The generation, releasing held-back text that never became a stop
+    /// string (one last event with [`NO_TOKEN`]) unless it ended on a stop
+    /// string or a cancel.
+    pub fn finish(mut self, mut callback: impl FnMut(&TokenEvent) -> Control) -> Generation {
+        if self.ended == Some(false) {
+            return self.out;
+        }
+        let tail = self.dec.finish();
+        self.pending.push_str(&tail);
+        if !self.pending.is_empty() && !matches!(self.out.finish, Finish::StopString(_)) {
+            self.out.text.push_str(&self.pending);
+            callback(&TokenEvent {
+                token: NO_TOKEN,
+                piece: std::mem::take(&mut self.pending),
+                logprob: 0.0,
+                top: vec![],
+                experts_hit: 0,
+                experts_missed: 0,
+                bytes_read: 0,
+                seconds: 0.0,
+                io_seconds: 0.0,
+            });
+        }
+        self.out
+    }
+}
+
+impl Pick {
+    /// The event reporting this token, with the step's counters and time.
+    pub fn event(&self, st: crate::Stats, seconds: f64) -> TokenEvent {
+        TokenEvent {
+            token: self.token,
+            piece: self.piece.clone(),
+            logprob: self.logprob,
+            top: self.top.clone(),
+            experts_hit: st.experts_hit,
+            experts_missed: st.experts_missed,
+            bytes_read: st.bytes_read,
+            seconds,
+            io_seconds: st.io_seconds,
+        }
+    }
+}
+
 impl Session<'_> {
     /// Evaluate `prompt` (may be empty to continue from the current state's
     /// last logits) and generate. The callback sees every token.
@@ -199,151 +452,28 @@ impl Session<'_> {
         mut constraint: Option<&mut dyn TokenConstraint>,
         mut callback: impl FnMut(&TokenEvent) -> Control,
     ) -> Result<Generation> {
-        p.sampling.validate().map_err(Error::Arg)?;
-        let tok = self.model().tokenizer();
-        if !p.stop_strings.is_empty() && tok.is_none() {
-            return Err(Error::Arg("stop strings need the container's tokenizer".into()));
-        }
-        if p.stop_strings.iter().any(|s| s.is_empty()) {
-            // it would match before any text (the server refuses it too)
-            return Err(Error::Arg("a stop string is empty".into()));
-        }
-        let eos: Vec<u32> = self.model().config().eos.iter().copied().chain(p.stop_tokens.iter().copied()).collect();
-        let mut sampler = Sampler::new(p.sampling.clone());
+        let mut gen = Generator::new(self.model(), p, 0)?;
         let pos0 = self.position();
         if !prompt.is_empty() {
             self.eval(prompt)?;
         } else if self.position() == 0 {
             return Err(Error::Arg("generate needs a prompt on a fresh session".into()));
         }
-        let prompt_tokens = self.position() - pos0;
-        let mut out = Generation { tokens: Vec::new(), text: String::new(), finish: Finish::Length, prompt_tokens };
-        let mut dec = StreamDecoder::new();
-        let mut pending = String::new();
-        let stop_prefixes = StopPrefixes::new(&p.stop_strings);
-        let ctx = self.model().options().ctx;
-        let mut mask = Vec::new();
-        while out.tokens.len() < p.max_tokens {
+        gen.out.prompt_tokens = self.position() - pos0;
+        while gen.wants_more() {
             let st0 = self.stats();
             let t0 = Instant::now();
-            let logits = self.logits();
-            let constrained = match constraint.as_deref_mut() {
-                Some(c) => {
-                    mask.resize(logits.len(), false);
-                    c.allowed(&mut mask)?
-                }
-                None => false,
-            };
-            if constrained && !mask.iter().any(|&a| a) {
-                return Err(Error::Arg("constraint: no token is allowed next".into()));
-            }
-            let id = if constrained {
-                sampler.pick(logits, Some(&|i: u32| mask[i as usize]))
-            } else {
-                sampler.pick(logits, None)
-            };
-            if let Some(c) = constraint.as_deref_mut() {
-                c.commit(id)?;
-            }
-            let lp = log_softmax(logits);
-            let mut top = Vec::new();
-            if p.top_logprobs > 0 {
-                let mut idx: Vec<usize> = (0..lp.len()).collect();
-                let k = p.top_logprobs.min(lp.len());
-                idx.select_nth_unstable_by(k - 1, |&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
-                idx.truncate(k);
-                idx.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
-                top = idx.into_iter().map(|i| (i as u32, lp[i])).collect();
-            }
-            if eos.contains(&id) {
-                out.finish = Finish::StopToken(id);
+            let pk = gen.pick(self.logits(), self.position(), constraint.as_deref_mut())?;
+            if pk.eos {
                 break;
             }
-            out.tokens.push(id);
-            // text: decode, then hold back what could start a stop string
-            if let Some(t) = tok {
-                if p.mark_specials && t.is_special(id) {
-                    pending.push_str(&dec.finish());
-                    pending.push(MARK_OPEN);
-                    pending.push_str(&String::from_utf8_lossy(t.token_bytes(id)));
-                    pending.push(MARK_CLOSE);
-                } else if p.mark_specials {
-                    pending.push_str(&dec.push(t.token_bytes(id)).replace([MARK_OPEN, MARK_CLOSE], "\u{FFFD}"));
-                } else {
-                    pending.push_str(&dec.push(t.token_bytes(id)));
-                }
+            if pk.advance {
+                self.eval_inner(&[pk.token], false)?;
             }
-            let mut stopped = None;
-            for (si, s) in p.stop_strings.iter().enumerate() {
-                if let Some(pos) = pending.find(s.as_str()) {
-                    if stopped.is_none_or(|(_, bp)| pos < bp) {
-                        stopped = Some((si, pos));
-                    }
-                }
-            }
-            let last = out.tokens.len() >= p.max_tokens;
-            if last && stopped.is_none() {
-                // no token follows: nothing can complete a stop string any more
-                pending.push_str(&dec.finish());
-            }
-            let emit = match stopped {
-                Some((_, pos)) => pos,
-                None if last => pending.len(),
-                None => pending.len() - stop_prefixes.holdback(&pending),
-            };
-            let piece: String = pending[..emit].to_string();
-            pending.drain(..emit);
-            out.text.push_str(&piece);
-            // advance the model unless this token ends it
-            let ends = stopped.is_some() || out.tokens.len() >= p.max_tokens;
-            let full = self.position() >= ctx;
-            if !ends && !full {
-                self.eval_inner(&[id], false)?;
-            }
-            let st = self.stats() - st0;
-            let ev = TokenEvent {
-                token: id,
-                piece,
-                logprob: lp[id as usize],
-                top,
-                experts_hit: st.experts_hit,
-                experts_missed: st.experts_missed,
-                bytes_read: st.bytes_read,
-                seconds: t0.elapsed().as_secs_f64(),
-                io_seconds: st.io_seconds,
-            };
-            let ctl = callback(&ev);
-            if let Some((si, _)) = stopped {
-                out.finish = Finish::StopString(si);
-                return Ok(out);
-            }
-            if ctl == Control::Cancel {
-                out.finish = Finish::Cancelled;
-                return Ok(out);
-            }
-            if full && !ends {
-                out.finish = Finish::ContextFull;
-                break;
-            }
+            let ctl = callback(&pk.event(self.stats() - st0, t0.elapsed().as_secs_f64()));
+            gen.settle(&pk, ctl);
         }
-        // release held-back text that never became a stop string
-        let tail = dec.finish();
-        pending.push_str(&tail);
-        if !pending.is_empty() && !matches!(out.finish, Finish::StopString(_)) {
-            out.text.push_str(&pending);
-            callback(&TokenEvent {
-                token: NO_TOKEN,
-                piece: pending,
-                logprob: 0.0,
-                top: vec![],
-                experts_hit: 0,
-                experts_missed: 0,
-                bytes_read: 0,
-                seconds: 0.0,
-                io_seconds: 0.0,
-            });
-        }
-        Ok(out)
+        Ok(gen.finish(callback))
     }
 }
 

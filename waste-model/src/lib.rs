@@ -58,7 +58,8 @@ mod weights;
 
 pub use compute::{ComputeBound, PrefillShape};
 pub use generate::{
-    Control, Finish, GenerateParams, Generation, TokenConstraint, TokenEvent, MARK_CLOSE, MARK_OPEN, NO_TOKEN,
+    Control, Finish, GenerateParams, Generation, Generator, Pick, TokenConstraint, TokenEvent, MARK_CLOSE, MARK_OPEN,
+    NO_TOKEN,
 };
 pub use model::{Model, ModelOptions, MAX_IO_THREADS, MAX_THREADS_PER_CORE};
 pub use plan::CHUNK;

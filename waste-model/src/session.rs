@@ -471,6 +471,16 @@ impl<'m> Session<'m> {
         Ok(&self.lane.logits)
     }
 
+    /// Evaluate one generated token: [`Session::eval`] of `[token]`, but an
+    /// image placeholder the model generates is an ordinary token (as
+    /// [`Session::generate`] evaluates its tokens).
+    ///
+    /// # Errors
+    /// As [`Session::eval`].
+    pub fn eval_generated(&mut self, token: u32) -> Result<()> {
+        self.eval_inner(&[token], false).map(|_| ())
+    }
+
     /// Queue an encoded image for the next `<|media_pad|>` placeholder
     /// [`Session::eval`] meets.
     ///

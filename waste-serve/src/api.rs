@@ -66,6 +66,10 @@ pub struct ServeOptions {
     /// Fetch `http(s)://` image URLs and read `file://` paths (otherwise
     /// only inline base64 `data:` URLs are accepted: no SSRF).
     pub allow_image_urls: bool,
+    /// Requests decoded together at most (engine slots, each with its own
+    /// session; the model must be opened planning for as many:
+    /// `ModelOptions::parallel`). More wait in the queue.
+    pub parallel: usize,
 }
 
 impl std::fmt::Debug for ServeOptions {
@@ -83,6 +87,7 @@ impl std::fmt::Debug for ServeOptions {
             .field("idle_timeout", &self.idle_timeout)
             .field("max_connections", &self.max_connections)
             .field("max_queue", &self.max_queue)
+            .field("parallel", &self.parallel)
             .field("allowed_hosts", &self.allowed_hosts)
             .field("allowed_origins", &self.allowed_origins)
             .finish()
@@ -108,6 +113,7 @@ impl Default for ServeOptions {
             allowed_origins: vec![],
             log: None,
             allow_image_urls: false,
+            parallel: 1,
         }
     }
 }

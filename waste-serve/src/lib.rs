@@ -4,7 +4,8 @@
 //! `GET /health`, `GET /v1/models`, `GET /v1/models/{id}`,
 //! `POST /v1/chat/completions` (streamed over SSE or not), `POST
 //! /v1/completions`. The engine runs on its own thread; requests queue in
-//! arrival order; a client that disconnects cancels its generation at the
+//! arrival order and up to `ServeOptions::parallel` of them decode
+//! together, a token each a step (each gets the tokens it would alone); a client that disconnects cancels its generation at the
 //! next token; a conversation that extends the previous one reuses the
 //! engine state (prefix reuse). Message content is encoded as plain text, so
 //! it can never forge control tokens.
@@ -78,7 +79,8 @@ pub fn serve(
     let m2 = model.clone();
     let counters = Arc::new(engine::Counters::default());
     let c2 = counters.clone();
-    std::thread::Builder::new().name("waste-engine".into()).spawn(move || engine::run(&m2, rx, &c2))?;
+    let parallel = opts.parallel;
+    std::thread::Builder::new().name("waste-engine".into()).spawn(move || engine::run(&m2, rx, &c2, parallel))?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         // the address in the error: "Address already in use" alone does not say which
