@@ -1,6 +1,6 @@
 /* hello.c — libwaste from C: open a model, chat-encode a prompt, stream a
- * greedy answer through the callback, read logits with waste_eval, answer
- * in JSON held to a schema, save and reload the state, report an error.
+ * greedy answer through the callback, read logits with waste_eval, decode
+ * two sequences together (waste_step_many), answer in JSON held to a schema, save and reload the state, report an error.
  *
  *   cc hello.c -I ../include -L ../../target/release -lwaste -Wl,-rpath,../../target/release -o hello
  *   ./hello MODEL.waste "The city of Paris"
@@ -40,6 +40,13 @@ static int on_token(const waste_token_event *ev, void *user) {
         c->text[c->len] = 0;
     }
     return 0; /* keep going */
+}
+
+static size_t argmax(const float *l, size_t n) {
+    size_t best = 0;
+    for (size_t i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return best;
 }
 
 int main(int argc, char **argv) {
@@ -98,10 +105,36 @@ int main(int argc, char **argv) {
     const float *logits = NULL;
     size_t n_logits = 0;
     check(waste_eval(s2, prompt, n_prompt, &logits, &n_logits), "waste_eval");
-    size_t best = 0;
-    for (size_t i = 1; i < n_logits; i++)
-        if (logits[i] > logits[best]) best = i;
-    printf("argmax %zu of %zu\n", best, n_logits);
+    printf("argmax %zu of %zu\n", argmax(logits, n_logits), n_logits);
+
+    /* two sequences decoded together (the prompt, and the prompt less its
+     * last two ids), greedy: each gets the tokens it would alone */
+    {
+        waste_session *pair[2] = {s2, NULL};
+        check(waste_session_new(m, &pair[1]), "waste_session_new");
+        check(waste_session_reset(s2), "waste_session_reset");
+        size_t lens[2] = {n_prompt, n_prompt > 2 ? n_prompt - 2 : n_prompt};
+        uint32_t next[2], got[2][6];
+        for (int i = 0; i < 2; i++) {
+            check(waste_eval(pair[i], prompt, lens[i], &logits, &n_logits), "waste_eval");
+            next[i] = (uint32_t)argmax(logits, n_logits);
+        }
+        for (int t = 0; t < 6; t++) {
+            for (int i = 0; i < 2; i++) got[i][t] = next[i];
+            check(waste_step_many(pair, 2, next), "waste_step_many");
+            for (int i = 0; i < 2; i++) {
+                check(waste_session_logits(pair[i], &logits, &n_logits), "waste_session_logits");
+                next[i] = (uint32_t)argmax(logits, n_logits);
+            }
+        }
+        for (int i = 0; i < 2; i++) {
+            printf("together %d", i);
+            for (int t = 0; t < 6; t++) printf(" %u", got[i][t]);
+            printf("\n");
+        }
+        printf("batch at most %zu\n", waste_max_batch(m));
+        waste_session_free(pair[1]);
+    }
 
     /* JSON held to a schema, sampled at temperature 1 */
     check(waste_session_reset(s2), "waste_session_reset");

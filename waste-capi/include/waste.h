@@ -177,6 +177,28 @@ waste_status waste_session_reset(waste_session *session);
 size_t waste_session_position(const waste_session *session);
 waste_status waste_session_stats(const waste_session *session, waste_stats *out);
 waste_status waste_eval(waste_session *session, const uint32_t *ids, size_t n_ids, const float **logits, size_t *n_logits);
+/* The logits of the session's last evaluated position, valid until its next call. */
+waste_status waste_session_logits(const waste_session *session, const float **logits, size_t *n_logits);
+
+/* Several sequences decoded together: waste_step_many advances n sessions
+ * of one model by one token each (ids[i] for sessions[i]), reading each
+ * layer's weights and each routed expert once for all of them; each
+ * session's logits are bit-identical to a waste_eval of its token alone.
+ * At most waste_max_batch(model) sessions, each listed once. A failure in
+ * the computation leaves every listed session WASTE_E_INCOMPLETE.
+ *
+ *     waste_session *s[2]; uint32_t next[2];   // prompts evaluated, next tokens sampled
+ *     for (int t = 0; t < 16; t++) {
+ *         if (waste_step_many(s, 2, next) != WASTE_OK) break;
+ *         for (int i = 0; i < 2; i++) {
+ *             const float *l; size_t nl;
+ *             waste_session_logits(s[i], &l, &nl);
+ *             next[i] = argmax(l, nl);
+ *         }
+ *     }
+ */
+waste_status waste_step_many(waste_session *const *sessions, size_t n, const uint32_t *ids);
+size_t waste_max_batch(const waste_model *model);
 void waste_generate_params_init(waste_generate_params *params);
 waste_status waste_generate(waste_session *session, const uint32_t *prompt, size_t n_prompt, const waste_generate_params *params,
                             waste_token_callback callback, void *user, waste_generate_result *out);

@@ -823,6 +823,83 @@ pub unsafe extern "C" fn waste_eval(
     })
 }
 
+/// The logits of the session's last evaluated position (`*n_logits` of
+/// them), valid until the session's next call.
+///
+/// # Safety
+/// `s` is a live session; the out pointers are valid.
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_logits(
+    s: *const waste_session,
+    logits: *mut *const f32,
+    n_logits: *mut usize,
+) -> waste_status {
+    guard(|| {
+        // SAFETY: per the contract
+        let s = unsafe { s.as_ref() }.ok_or_else(|| (WASTE_E_ARG, "the session is NULL".to_string()))?;
+        let l = s.session.logits();
+        // SAFETY: per the contract
+        unsafe {
+            *out(logits, "logits")? = l.as_ptr();
+            *out(n_logits, "n_logits")? = l.len();
+        }
+        Ok(())
+    })
+}
+
+/// Advance `n` sessions of one model by one token each, together
+/// (`Model::step_many`): each layer's weights and each routed expert are
+/// read once for all; each session's logits (`waste_session_logits`) are
+/// bit-identical to evaluating its token alone. At most `waste_max_batch`
+/// sessions, each listed once.
+///
+/// # Safety
+/// `sessions` has `n` live sessions; `ids` has `n` ids.
+#[no_mangle]
+pub unsafe extern "C" fn waste_step_many(
+    sessions: *const *mut waste_session,
+    n: usize,
+    ids: *const u32,
+) -> waste_status {
+    guard(|| {
+        // SAFETY: per the contract
+        let ptrs = unsafe { slice(sessions, n, "sessions")? };
+        // SAFETY: per the contract
+        let ids = unsafe { slice(ids, n, "ids")? };
+        if ptrs.is_empty() {
+            return Err((WASTE_E_ARG, "no sessions".into()));
+        }
+        for (i, p) in ptrs.iter().enumerate() {
+            if p.is_null() {
+                return Err((WASTE_E_ARG, format!("session {i} is NULL")));
+            }
+            if ptrs[..i].contains(p) {
+                return Err((WASTE_E_ARG, format!("session {i} is listed twice")));
+            }
+        }
+        let model: &Model = {
+            // SAFETY: live, checked non-NULL above
+            let first = unsafe { &*ptrs[0] };
+            // SAFETY: the model outlives the call (every session holds its Arc)
+            unsafe { &*(&first.inner.model as *const Model) }
+        };
+        // SAFETY: live, distinct (checked above), not used elsewhere during the call
+        let mut refs: Vec<&mut Session<'static>> = ptrs.iter().map(|&p| unsafe { &mut (*p).session }).collect();
+        model.step_many(&mut refs, ids).map_err(fail)
+    })
+}
+
+/// The most sessions one `waste_step_many` takes on this model (each
+/// token's experts are pinned in the cache at once); 0 for NULL.
+///
+/// # Safety
+/// `m` is an open model or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn waste_max_batch(m: *const waste_model) -> usize {
+    // SAFETY: per the contract
+    unsafe { m.as_ref() }.map_or(0, |m| m.0.model.max_batch())
+}
+
 /// An image's header: its file's size and the sequence positions it will
 /// take (needs a model opened with `images = 1`). Nothing is decoded.
 ///

@@ -13,9 +13,9 @@ fn last_error() -> String {
     unsafe { CStr::from_ptr(waste_last_error()) }.to_string_lossy().into_owned()
 }
 
-fn damaged_copy() -> PathBuf {
+fn damaged_copy(tag: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/anchor-tiny/kimi-linear-tiny.waste");
-    let d = std::env::temp_dir().join(format!("waste-capi-broken-{}", std::process::id()));
+    let d = std::env::temp_dir().join(format!("waste-capi-broken-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     for e in std::fs::read_dir(&src).unwrap() {
@@ -33,7 +33,7 @@ fn damaged_copy() -> PathBuf {
 
 #[test]
 fn a_session_broken_by_a_failed_step_says_incomplete_until_reset() {
-    let dir = damaged_copy();
+    let dir = damaged_copy("eval");
     let path = CString::new(dir.to_str().unwrap()).unwrap();
     // SAFETY: every pointer below is a live local or what the library returned.
     unsafe {
@@ -58,6 +58,47 @@ fn a_session_broken_by_a_failed_step_says_incomplete_until_reset() {
         let after = waste_eval(s, ids.as_ptr(), 1, &mut logits, &mut n);
         assert_ne!(after, waste_status::WASTE_E_INCOMPLETE, "{}", last_error());
         waste_session_free(s);
+        waste_close(m);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `waste_step_many` refuses a session listed twice, a NULL one and a
+/// mismatched count before anything runs; a failed batched step leaves
+/// every listed session incomplete.
+#[test]
+fn a_batched_step_checks_its_sessions_and_a_failed_one_breaks_them_all() {
+    let dir = damaged_copy("step");
+    let path = CString::new(dir.to_str().unwrap()).unwrap();
+    // SAFETY: every pointer below is a live local or what the library returned.
+    unsafe {
+        let mut o = std::mem::zeroed::<waste_options>();
+        waste_options_init(&mut o);
+        o.verify_records = 1;
+        let mut m = std::ptr::null_mut();
+        assert_eq!(waste_open(path.as_ptr(), &o, &mut m), waste_status::WASTE_OK, "{}", last_error());
+        assert!(waste_max_batch(m) >= 2);
+        let (mut a, mut b) = (std::ptr::null_mut(), std::ptr::null_mut());
+        assert_eq!(waste_session_new(m, &mut a), waste_status::WASTE_OK);
+        assert_eq!(waste_session_new(m, &mut b), waste_status::WASTE_OK);
+        let ids = [5u32, 6];
+        let twice = [a, a];
+        assert_eq!(waste_step_many(twice.as_ptr(), 2, ids.as_ptr()), waste_status::WASTE_E_ARG);
+        assert!(last_error().contains("listed twice"), "{}", last_error());
+        let null = [a, std::ptr::null_mut()];
+        assert_eq!(waste_step_many(null.as_ptr(), 2, ids.as_ptr()), waste_status::WASTE_E_ARG);
+        assert!(last_error().contains("session 1 is NULL"), "{}", last_error());
+        assert_eq!(waste_step_many(twice.as_ptr(), 0, ids.as_ptr()), waste_status::WASTE_E_ARG);
+        assert_eq!(waste_session_position(a), 0, "a refused step changes nothing");
+        // every layer-2 record is damaged: the step fails there, for both
+        let pair = [a, b];
+        let st = waste_step_many(pair.as_ptr(), 2, ids.as_ptr());
+        assert_eq!(st, waste_status::WASTE_E_FORMAT, "{}", last_error());
+        let (mut logits, mut n) = (std::ptr::null(), 0usize);
+        for s in pair {
+            assert_eq!(waste_eval(s, ids.as_ptr(), 1, &mut logits, &mut n), waste_status::WASTE_E_INCOMPLETE);
+            waste_session_free(s);
+        }
         waste_close(m);
     }
     std::fs::remove_dir_all(&dir).ok();

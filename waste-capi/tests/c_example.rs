@@ -111,6 +111,18 @@ fn the_c_example_runs_and_agrees_with_the_rust_api() {
     let best = waste_model::argmax(s.eval(&ids).unwrap());
     assert_eq!(line("argmax "), format!("{best} of {}", m.config().vocab));
     assert_eq!(line("state "), "ok");
+    // two sequences decoded together, each as it runs alone
+    for (i, len) in [ids.len(), ids.len() - 2].into_iter().enumerate() {
+        let mut s = m.session();
+        let mut next = waste_model::argmax(s.eval(&ids[..len]).unwrap());
+        let mut want = Vec::new();
+        for _ in 0..6 {
+            want.push(next.to_string());
+            next = waste_model::argmax(s.eval(&[next]).unwrap());
+        }
+        assert_eq!(line(&format!("together {i} ")), want.join(" "), "sequence {i}");
+    }
+    assert_eq!(line("batch at most "), m.max_batch().to_string());
     let v: serde_json::Value = serde_json::from_str(&line("json ")).unwrap_or_else(|e| panic!("{out}: {e}"));
     assert!((1..=9).contains(&v["n"].as_i64().unwrap()) && v.as_object().unwrap().len() == 1, "{v}");
     let err = line("error ");
