@@ -1,15 +1,21 @@
 //! Several sequences decoded together (`Model::step_many`): each sequence's
 //! logits are bit-identical to evaluating it alone — sequences of mixed
 //! prompt lengths joining and leaving between steps, on Kimi-Linear (KDA +
-//! MLA, VQ3R / VQ4P / Q4G experts) and K3 (MLA with attention residuals)
+//! MLA, VQ3R / VQ4P / Q4G experts; the anchor's shared expert and Q8
+//! head) and K3 (MLA with attention residuals)
 //! fixtures, with the cache holding everything or a few records, on one or
 //! two threads, in both numeric modes.
 
 use std::path::{Path, PathBuf};
 use waste_model::{Error, Model, ModelOptions, Numeric};
 
+/// An oracle fixture, or the anchor container (`anchor`).
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures").join(name)
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    match name {
+        "anchor" => root.join("testdata/anchor-tiny/kimi-linear-tiny.waste"),
+        _ => root.join("tools/oracle/fixtures").join(name),
+    }
 }
 
 const CTX: usize = 64;
@@ -72,7 +78,9 @@ fn together(m: &Model, n: usize) -> Vec<Vec<Vec<u32>>> {
 
 #[test]
 fn batched_steps_equal_each_sequence_alone() {
-    for name in ["tiny.waste", "tiny-b.waste", "tiny-q4g.waste", "tiny-c.waste", "tiny-k3.waste", "tiny-k3-4.waste"] {
+    for name in
+        ["anchor", "tiny.waste", "tiny-b.waste", "tiny-q4g.waste", "tiny-c.waste", "tiny-k3.waste", "tiny-k3-4.waste"]
+    {
         let path = fixture(name);
         let plan = waste_model::plan(&path, CTX).unwrap();
         let rec = plan.record_bytes;
