@@ -19,8 +19,7 @@ fn rotated(trace: &waste_cache::Trace, i: usize, n: usize) -> waste_cache::Trace
     trace[off..].iter().chain(&trace[..off]).cloned().collect()
 }
 
-pub fn bench_parallel(a: &BenchArgs) -> Result<ExitCode> {
-    let np = a.parallel;
+pub fn bench_parallel(a: &BenchArgs, np: usize) -> Result<ExitCode> {
     let io_qd = if a.engine.io_threads == 0 { 4 } else { a.engine.io_threads.min(waste_model::MAX_IO_THREADS) };
     let disk_gbps = disk_bandwidth(&a.model, io_qd, !a.engine.no_direct_io);
     let model = a.engine.open_parallel(&a.model, false, np)?;

@@ -191,6 +191,12 @@ impl EngineArgs {
     /// [`EngineArgs::open_for`], planning for `parallel` sessions decoded
     /// together (`serve --parallel`, `bench --parallel`).
     pub fn open_parallel(&self, model: &PathBuf, grammar: bool, parallel: usize) -> Result<Model> {
+        self.open_with(model, grammar, parallel, 0)
+    }
+
+    /// [`EngineArgs::open_parallel`], with `snapshots` session snapshots
+    /// kept in memory counted in the budget (a server's prefix reuse).
+    pub fn open_with(&self, model: &PathBuf, grammar: bool, parallel: usize, snapshots: usize) -> Result<Model> {
         let policy = match self.cache.as_str() {
             "eta" => waste_model::Policy::Eta,
             "lfru" => waste_model::Policy::Lfru,
@@ -220,6 +226,7 @@ impl EngineArgs {
             vision: self.vision,
             vision_optional: self.vision_optional,
             parallel,
+            snapshots,
         };
         let bar = crate::progress::count_bar("loading", false);
         let m = Model::open_with_progress(model, opts, &|done, total| {

@@ -75,6 +75,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             "expert_record_bytes": p.record_bytes, "cache_slots": slots, "ctx": a.ctx, "ok": resolved.is_ok(), "note": note,
             "expert_lanes": p.expert_lanes, "expert_lane_bytes": p.expert_lane_bytes,
             "parallel": p.parallel, "parallel_bytes": p.parallel_bytes, "max_parallel": max_parallel,
+            "snapshot_bytes_when_serving": p.with_snapshots(a.parallel).snapshot_bytes,
         }))?;
     } else {
         outln!("{} at {} tokens of context", a.model.display(), a.ctx);
@@ -88,6 +89,12 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         }
         let g = p.with_grammar(vocab).grammar_bytes;
         outln!("  (grammar tables      {:>14} bytes  {} more for `serve` and `run --json-schema`)", g, gib(g));
+        let sn = p.with_snapshots(a.parallel).snapshot_bytes;
+        outln!(
+            "  (snapshots           {:>14} bytes  {} more for `serve`'s prefix reuse, one a request slot)",
+            sn,
+            gib(sn)
+        );
         if p.vision_bytes() > 0 {
             let v = p.vision_bytes();
             outln!("  (with images: +{v} bytes  {} — the vision tower {} + one image's buffers {}, taken from the expert cache)", gib(v), p.vision_weight_bytes, p.vision_scratch_bytes);
@@ -149,9 +156,11 @@ pub struct BenchArgs {
     /// Decode this many sequences together (`Model::step_many`), each with
     /// its own prompt and sampler and, with --routing, the trace from its
     /// own offset: reports aggregate and per-sequence tokens/s and the
-    /// experts a token reads (1 = the single-sequence benchmark).
-    #[arg(long, default_value_t = 1)]
-    pub(crate) parallel: usize,
+    /// experts a token reads (`--parallel 1` runs one sequence the same
+    /// way, for a like-for-like table; without the flag, the
+    /// single-sequence benchmark).
+    #[arg(long)]
+    pub(crate) parallel: Option<usize>,
     /// Replay a recorded routing (JSONL, the `cachesim` trace format)
     /// instead of the router's choice: a synthetic container then streams
     /// experts like the real model (testdata/routing/).
@@ -226,9 +235,9 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         anyhow::bail!("--prefill-repeats {}: at most {MAX_PREFILL_REPEATS}", a.prefill_repeats);
     }
     match a.parallel {
-        0 => anyhow::bail!("--parallel 0: at least 1 sequence"),
-        1 => {}
-        _ => return crate::bench_parallel::bench_parallel(&a),
+        Some(0) => anyhow::bail!("--parallel 0: at least 1 sequence"),
+        Some(n) => return crate::bench_parallel::bench_parallel(&a, n),
+        None => {}
     }
     // the engine caps its readers at MAX_IO_THREADS; the probe does the same
     let io_qd = if a.engine.io_threads == 0 { 4 } else { a.engine.io_threads.min(waste_model::MAX_IO_THREADS) };

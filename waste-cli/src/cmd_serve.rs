@@ -103,7 +103,8 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
     }
     let asked = a.parallel.unwrap_or_else(|| default_parallel(&a));
     // a server may get constrained requests: their tables are in its budget
-    let model = a.engine.open_parallel(&a.model, true, asked)?;
+    // each slot keeps a snapshot of its last prompt's state (prefix reuse)
+    let model = a.engine.open_with(&a.model, true, asked, asked)?;
     eprintln!("waste serve: {}", crate::cmd_eval::budget_line(&model));
     let parallel = asked.min(model.max_batch());
     if parallel < asked {
@@ -151,11 +152,15 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
 }
 
 /// `--parallel`'s default: the most requests, up to 4, whose extra
-/// sessions (state, scratch, a step's logits) take at most an eighth of the
-/// budget the plan resolves (1 when the plan cannot be made: the open then
+/// sessions (state, scratch, a step's logits) and snapshots (one a slot)
+/// take at most an eighth of the budget the plan resolves (1 when the plan cannot be made: the open then
 /// reports why).
 fn default_parallel(a: &ServeArgs) -> usize {
     let Ok(p) = waste_model::plan(&a.model, a.engine.ctx) else { return 1 };
     let Ok(b) = waste_model::resolve_budget(&p, a.engine.budget, waste_model::usable_ram()) else { return 1 };
-    (1..=4usize).rev().find(|&n| p.with_parallel(n).parallel_bytes <= b.budget / 8).unwrap_or(1)
+    let extra = |n: usize| {
+        let q = p.with_parallel(n).with_snapshots(n);
+        q.parallel_bytes + q.snapshot_bytes
+    };
+    (1..=4usize).rev().find(|&n| extra(n) <= b.budget / 8).unwrap_or(1)
 }

@@ -87,6 +87,10 @@ pub struct ModelOptions {
     /// requests together ([`Model::step_many`]) plans for its slots. 0 is
     /// taken as 1.
     pub parallel: usize,
+    /// Session snapshots ([`crate::Session::snapshot`]) the caller keeps in
+    /// memory, counted in the plan ([`Plan::with_snapshots`]): a server's
+    /// prefix reuse keeps one per slot.
+    pub snapshots: usize,
 }
 
 /// Compute threads at most this many per core (more only adds switching).
@@ -119,6 +123,7 @@ impl Default for ModelOptions {
             vision: false,
             vision_optional: false,
             parallel: 1,
+            snapshots: 0,
         }
     }
 }
@@ -193,7 +198,8 @@ impl Model {
             .with_tokenizer(tokenizer.as_ref())
             .with_chat_template(template.as_ref())
             .with_threads(threads)
-            .with_parallel(opts.parallel);
+            .with_parallel(opts.parallel)
+            .with_snapshots(opts.snapshots);
         let plan = if opts.grammar { plan.with_grammar(container.config.vocab) } else { plan };
         // why images are off although asked for (ModelOptions::vision_optional)
         let mut vision_error: Option<String> = None;

@@ -73,6 +73,13 @@ pub struct Plan {
     /// What the sessions past the first add: each one's state and scratch,
     /// and a batched step's logits (`parallel × vocab` floats); in the floor.
     pub parallel_bytes: u64,
+    /// In-memory session snapshots the caller keeps ([`crate::Snapshot`]:
+    /// a server's prefix reuse keeps one per slot); 0 until
+    /// [`Plan::with_snapshots`].
+    pub snapshots: u64,
+    /// Their bytes at most (each a state at full context and its logits);
+    /// in the floor.
+    pub snapshot_bytes: u64,
 }
 
 /// Resident bytes of the constrained-decoding tables per vocabulary entry:
@@ -189,6 +196,8 @@ impl Plan {
             expert_lane_bytes: lane_bytes,
             parallel: 1,
             parallel_bytes: 0,
+            snapshots: 0,
+            snapshot_bytes: 0,
         })
     }
 
@@ -201,6 +210,18 @@ impl Plan {
             return CHUNK;
         }
         (slots.saturating_sub(lookahead) / self.top_k as usize).clamp(1, CHUNK)
+    }
+
+    /// The same plan with `n` session snapshots kept in memory (each at
+    /// most the state at full context and the logits), in the floor and
+    /// the recommendation.
+    pub fn with_snapshots(mut self, n: usize) -> Plan {
+        let bytes = n as u64 * (self.state_bytes + 4 * self.vocab);
+        self.floor_bytes = self.floor_bytes - self.snapshot_bytes + bytes;
+        self.recommended_bytes = self.recommended_bytes - self.snapshot_bytes + bytes;
+        self.snapshots = n as u64;
+        self.snapshot_bytes = bytes;
+        self
     }
 
     /// The same plan for `n` sessions decoded together (at least 1): the
@@ -357,6 +378,7 @@ impl Plan {
                 + self.template_bytes
                 + self.grammar_bytes
                 + self.parallel_bytes
+                + self.snapshot_bytes
                 + vision,
             min_cache: self.min_expert_cache_bytes,
             working_set: self.working_set_bytes,

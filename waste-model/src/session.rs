@@ -6,6 +6,7 @@ use crate::weights::{kda_config, mla_config, router_config, Attn, Ffn, MoeWeight
 use crate::{Error, NonFiniteAt, Result};
 use std::time::Instant;
 use waste_attn::{attn_res, kda, mla, KdaScratch, KdaState, MlaScratch, MlaState};
+use waste_cache::Pinned;
 use waste_moe::{route, ExpertScratch};
 use waste_quant::ops::{first_non_finite, rmsnorm, rmsnorm_inplace};
 
@@ -878,9 +879,9 @@ impl Work {
     }
 
     /// A MoE layer for the step's tokens `first..first + nt`: route every
-    /// token, acquire the union of their experts once, run each expert
-    /// (for all its tokens where the format batches), combine, add the
-    /// shared experts.
+    /// token, acquire the union of their experts once, run the experts
+    /// (each once for all its tokens where the format batches, else token
+    /// by token, resident ones first), combine, add the shared experts.
     #[allow(clippy::too_many_arguments)]
     fn moe(
         &mut self,
@@ -894,16 +895,55 @@ impl Work {
         nt: usize,
     ) -> Result<()> {
         let c = m.config();
-        let pool = &m.pool;
-        let (h, lat, k) = (c.hidden, c.expert_width(), c.top_k);
+        let (h, lat) = (c.hidden, c.expert_width());
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
-        // the chunk's tokens first..first + nt: their rows of the FFN input and output
         let x0 = first * h;
-        // 1. route every token of the chunk (one pass over the router for all);
-        // each token's experts in ascending id
-        let ne = c.experts;
-        pool.matmat(&w.gate.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.router[..nt * ne]);
-        let mut routes: Vec<(usize, f32)> = Vec::with_capacity(nt * k);
+        let routes = self.route(m, l, w, lanes, shape, pos, first, nt);
+        // formats a token reads directly run each expert once for the
+        // chunk, in ascending id: their reads are started in that order
+        let batched = nt > 1 && kernel.batches();
+        let (distinct, repeats) = union_of(&routes, batched);
+        let experts = m.store.acquire(l as u32, &distinct, &repeats)?;
+        self.stats.experts_acquired += distinct.len() as u64;
+        // the chunk's expert inputs (the latent down-projection for all tokens at once)
+        if let Some(lt) = &w.latent {
+            m.pool.matmat(&lt.down.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.lat_in[..nt * lat]);
+        }
+        let overlapped = if batched {
+            self.experts_batched(m, w, &experts, &routes, &distinct, first, nt)?;
+            0.0
+        } else {
+            self.experts_per_token(m, w, &experts, &routes, first, nt)?
+        };
+        self.stats.expert_runs += if batched { distinct.len() } else { routes.len() } as u64;
+        self.combine(m, w, first, nt);
+        let traffic = experts.release()?;
+        self.stats.experts_hit += traffic.hits;
+        self.stats.experts_missed += traffic.misses;
+        self.stats.bytes_read += traffic.bytes_read;
+        self.stats.io_seconds += traffic.io_seconds - overlapped;
+        self.lookahead(m, l, first + nt - 1)
+    }
+
+    /// Every token's top-k (one pass over the router for all; a replayed
+    /// trace's experts instead where the lane replays one), each token's in
+    /// ascending id: `nt × top_k` (expert, weight) pairs.
+    #[allow(clippy::too_many_arguments)]
+    fn route(
+        &mut self,
+        m: &Model,
+        l: usize,
+        w: &MoeWeights,
+        lanes: &[&mut Lane],
+        shape: Shape,
+        pos: &[usize],
+        first: usize,
+        nt: usize,
+    ) -> Vec<(usize, f32)> {
+        let c = m.config();
+        let (h, ne, x0) = (c.hidden, c.experts, first * c.hidden);
+        m.pool.matmat(&w.gate.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.router[..nt * ne]);
+        let mut routes: Vec<(usize, f32)> = Vec::with_capacity(nt * c.top_k);
         for t in 0..nt {
             let scores = &self.router[t * ne..(t + 1) * ne];
             route(&router_config(c), scores, &w.bias, &mut self.chosen);
@@ -917,86 +957,91 @@ impl Work {
             order.sort_by_key(|e| e.0);
             routes.extend(order);
         }
-        // 2. each distinct expert once, in consumption order: pin it, start
-        // the reads of the missing ones; a chunk's later uses are repeats
-        let mut distinct: Vec<u32> = Vec::with_capacity(nt * k);
-        let mut repeats: Vec<u32> = Vec::new();
-        for &(e, _) in &routes {
-            if distinct.contains(&(e as u32)) {
-                repeats.push(e as u32);
-            } else {
-                distinct.push(e as u32);
-            }
-        }
-        // formats a token reads directly run each expert once for the chunk,
-        // in ascending id (below): their reads are started in that order
-        let batched = nt > 1 && kernel.batches();
-        if batched {
-            distinct.sort_unstable();
-        }
-        let experts = m.store.acquire(l as u32, &distinct, &repeats)?;
-        self.stats.experts_acquired += distinct.len() as u64;
-        // 3. the chunk's expert inputs (the latent down-projection for all tokens at once)
-        if let Some(lt) = &w.latent {
-            pool.matmat(&lt.down.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.lat_in[..nt * lat]);
-        }
-        // 4. per token: tables, then its experts (resident ones first), summed in ascending id
+        routes
+    }
+
+    /// Each expert once for all the chunk's tokens routed to it, in
+    /// ascending id, so every token's sum still adds its experts in
+    /// ascending id (the token-by-token order, bit for bit).
+    #[allow(clippy::too_many_arguments)]
+    fn experts_batched(
+        &mut self,
+        m: &Model,
+        w: &MoeWeights,
+        experts: &Pinned<'_, crate::model::Records>,
+        routes: &[(usize, f32)],
+        distinct: &[u32],
+        first: usize,
+        nt: usize,
+    ) -> Result<()> {
+        let c = m.config();
+        let (h, lat, k, x0) = (c.hidden, c.expert_width(), c.top_k, first * c.hidden);
+        let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
         let scr = self.ex_sc.as_mut().expect("expert scratch");
-        let kernel_lanes = waste_moe::lanes_in_use(scr, pool);
-        let mut overlapped = 0.0;
-        if batched {
-            // formats a token reads directly: each expert once for all the
-            // chunk's tokens routed to it, in ascending id, so every token's
-            // sum still adds its experts in ascending id (the token-by-token
-            // order, bit for bit)
-            self.lat_sum[..nt * lat].fill(0.0);
-            let mut users: Vec<(usize, f32)> = Vec::with_capacity(nt);
-            for &e in &distinct {
-                users.clear();
-                users.extend(
-                    (0..nt).filter_map(|t| {
-                        routes[t * k..(t + 1) * k].iter().find(|r| r.0 == e as usize).map(|r| (t, r.1))
-                    }),
-                );
-                for (i, &(t, _)) in users.iter().enumerate() {
-                    let x = match &w.latent {
-                        Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
-                        None => &self.chunk_ffn_in[x0 + t * h..x0 + (t + 1) * h],
-                    };
-                    scr.batch_in[i * lat..(i + 1) * lat].copy_from_slice(x);
-                }
-                let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
-                let rec = experts.wait(e)?;
-                kernel.forward_batch(pool, rec, users.len(), scr);
-                let waited = experts.traffic().io_seconds - io0;
-                self.stats.expert_seconds += (te.elapsed().as_secs_f64() - waited).max(0.0);
-                for (i, &(t, wgt)) in users.iter().enumerate() {
-                    let sum = &mut self.lat_sum[t * lat..(t + 1) * lat];
-                    for (s, &v) in sum.iter_mut().zip(&scr.batch_out[i * lat..(i + 1) * lat]) {
-                        *s += v * wgt;
-                    }
+        self.lat_sum[..nt * lat].fill(0.0);
+        let mut users: Vec<(usize, f32)> = Vec::with_capacity(nt);
+        for &e in distinct {
+            users.clear();
+            users.extend(
+                (0..nt).filter_map(|t| routes[t * k..(t + 1) * k].iter().find(|r| r.0 == e as usize).map(|r| (t, r.1))),
+            );
+            for (i, &(t, _)) in users.iter().enumerate() {
+                let x = match &w.latent {
+                    Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
+                    None => &self.chunk_ffn_in[x0 + t * h..x0 + (t + 1) * h],
+                };
+                scr.batch_in[i * lat..(i + 1) * lat].copy_from_slice(x);
+            }
+            let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
+            let rec = experts.wait(e)?;
+            kernel.forward_batch(&m.pool, rec, users.len(), scr);
+            let waited = experts.traffic().io_seconds - io0;
+            self.stats.expert_seconds += (te.elapsed().as_secs_f64() - waited).max(0.0);
+            for (i, &(t, wgt)) in users.iter().enumerate() {
+                let sum = &mut self.lat_sum[t * lat..(t + 1) * lat];
+                for (s, &v) in sum.iter_mut().zip(&scr.batch_out[i * lat..(i + 1) * lat]) {
+                    *s += v * wgt;
                 }
             }
         }
-        self.stats.expert_runs += if batched { distinct.len() } else { nt * k } as u64;
-        let per_token = if batched { 0 } else { nt };
-        for t in 0..per_token {
+        Ok(())
+    }
+
+    /// Token by token: its tables, then its experts (the resident ones
+    /// first, the others as their reads arrive, one lane each), summed in
+    /// ascending id. Returns the I/O wait that other lanes' compute
+    /// overlapped (not wall time).
+    #[allow(clippy::too_many_arguments)]
+    fn experts_per_token(
+        &mut self,
+        m: &Model,
+        w: &MoeWeights,
+        experts: &Pinned<'_, crate::model::Records>,
+        routes: &[(usize, f32)],
+        first: usize,
+        nt: usize,
+    ) -> Result<f64> {
+        let c = m.config();
+        let (h, lat, k, x0) = (c.hidden, c.expert_width(), c.top_k, first * c.hidden);
+        let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
+        let scr = self.ex_sc.as_mut().expect("expert scratch");
+        let kernel_lanes = waste_moe::lanes_in_use(scr, &m.pool);
+        let mut overlapped = 0.0;
+        for t in 0..nt {
             let x = match &w.latent {
                 Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
                 None => &self.chunk_ffn_in[x0 + t * h..x0 + (t + 1) * h],
             };
             let te = Instant::now();
-            kernel.prepare(pool, &w.books, x, scr);
+            kernel.prepare(&m.pool, &w.books, x, scr);
             self.stats.expert_seconds += te.elapsed().as_secs_f64();
             let mine = &routes[t * k..(t + 1) * k];
-            // the resident experts first, then the others in the order their
-            // reads were started; each lane takes the next one as it arrives
             let (mut order, arriving): (Vec<usize>, Vec<usize>) =
                 (0..k).partition(|&i| experts.is_ready(mine[i].0 as u32));
             order.extend(arriving);
             let fetch = |j: usize| experts.wait(mine[order[j]].0 as u32);
             let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
-            kernel.forward_fetched(pool, &w.books, &order, &fetch, x, scr, &mut self.eouts[..k * lat])?;
+            kernel.forward_fetched(&m.pool, &w.books, &order, &fetch, x, scr, &mut self.eouts[..k * lat])?;
             // waits overlap other lanes' compute: count their lane average as I/O wait
             let (spent, waited) = (te.elapsed().as_secs_f64(), experts.traffic().io_seconds - io0);
             let io_wall = (waited / kernel_lanes as f64).min(spent);
@@ -1010,7 +1055,14 @@ impl Work {
                 }
             }
         }
-        // 5. back to the hidden width (one pass over the up-projection), plus the shared experts
+        Ok(overlapped)
+    }
+
+    /// Back to the hidden width (one pass over the latent up-projection),
+    /// plus the shared experts, into `chunk_ffn_out`.
+    fn combine(&mut self, m: &Model, w: &MoeWeights, first: usize, nt: usize) {
+        let c = m.config();
+        let (h, lat, x0) = (c.hidden, c.expert_width(), first * c.hidden);
         match &w.latent {
             Some(lt) => {
                 if let Some(n) = &lt.norm {
@@ -1018,34 +1070,52 @@ impl Work {
                         rmsnorm_inplace(sum, n, c.rms_eps);
                     }
                 }
-                pool.matmat(&lt.up.view(), &self.lat_sum[..nt * lat], nt, &mut self.chunk_ffn_out[x0..x0 + nt * h]);
+                m.pool.matmat(&lt.up.view(), &self.lat_sum[..nt * lat], nt, &mut self.chunk_ffn_out[x0..x0 + nt * h]);
             }
             None => self.chunk_ffn_out[x0..x0 + nt * h].copy_from_slice(&self.lat_sum[..nt * h]),
         }
         if let Some(sh) = &w.shared {
             let out = &mut self.chunk_shared[..nt * h];
-            sh.forward_chunk(pool, c.activation, &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.ffn_tmp, out);
+            sh.forward_chunk(&m.pool, c.activation, &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.ffn_tmp, out);
             add(&mut self.chunk_ffn_out[x0..x0 + nt * h], out);
         }
-        let traffic = experts.release()?;
-        self.stats.experts_hit += traffic.hits;
-        self.stats.experts_missed += traffic.misses;
-        self.stats.bytes_read += traffic.bytes_read;
-        self.stats.io_seconds += traffic.io_seconds - overlapped;
-        // 4. router lookahead from the last token: prefetch the next MoE layer's likely experts
-        if m.opts.lookahead > 0 {
-            if let Some(Ffn::Moe(next)) = m.layers.get(l + 1).map(|x| &x.ffn) {
-                let xn = &self.chunk_ffn_in[x0 + (nt - 1) * h..x0 + nt * h];
-                let scores = &mut self.router[..c.experts];
-                pool.matvec(&next.gate.view(), xn, scores);
-                let mut guess = Vec::with_capacity(k);
-                route(&router_config(c), scores, &next.bias, &mut guess);
-                let want: Vec<u32> = guess.iter().take(m.opts.lookahead).map(|&(e, _)| e as u32).collect();
-                self.stats.prefetch_issued += m.store.prefetch((l + 1) as u32, &want)?;
-            }
+    }
+
+    /// Router lookahead from token `t`'s FFN input: prefetch the next MoE
+    /// layer's likely experts (`ModelOptions::lookahead` of them).
+    fn lookahead(&mut self, m: &Model, l: usize, t: usize) -> Result<()> {
+        let c = m.config();
+        if m.opts.lookahead == 0 {
+            return Ok(());
         }
+        let Some(Ffn::Moe(next)) = m.layers.get(l + 1).map(|x| &x.ffn) else { return Ok(()) };
+        let xn = &self.chunk_ffn_in[t * c.hidden..(t + 1) * c.hidden];
+        let scores = &mut self.router[..c.experts];
+        m.pool.matvec(&next.gate.view(), xn, scores);
+        let mut guess = Vec::with_capacity(c.top_k);
+        route(&router_config(c), scores, &next.bias, &mut guess);
+        let want: Vec<u32> = guess.iter().take(m.opts.lookahead).map(|&(e, _)| e as u32).collect();
+        self.stats.prefetch_issued += m.store.prefetch((l + 1) as u32, &want)?;
         Ok(())
     }
+}
+
+/// Each distinct expert of `routes` once, in consumption order (ascending
+/// id when `sorted`), and the later uses as repeats: what the store pins.
+fn union_of(routes: &[(usize, f32)], sorted: bool) -> (Vec<u32>, Vec<u32>) {
+    let mut distinct: Vec<u32> = Vec::with_capacity(routes.len());
+    let mut repeats: Vec<u32> = Vec::new();
+    for &(e, _) in routes {
+        if distinct.contains(&(e as u32)) {
+            repeats.push(e as u32);
+        } else {
+            distinct.push(e as u32);
+        }
+    }
+    if sorted {
+        distinct.sort_unstable();
+    }
+    (distinct, repeats)
 }
 
 /// [`Error::NonFinite`] at `at` for the first non-finite value of a step's

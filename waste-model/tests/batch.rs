@@ -207,3 +207,22 @@ fn the_plan_for_parallel_sessions_is_what_they_allocate() {
         assert_eq!(state + scratch, plan.state_bytes + plan.scratch_bytes + plan.parallel_bytes, "{name}");
     }
 }
+
+/// A snapshot of a session at its full context takes at most what the plan
+/// counts for one ([`waste_model::Plan::with_snapshots`]): the state at full
+/// context and the logits.
+#[test]
+fn a_snapshot_at_full_context_fits_its_plan() {
+    for name in ["tiny.waste", "tiny-k3.waste"] {
+        let path = fixture(name);
+        let ctx = 24;
+        let m = Model::open(&path, ModelOptions { ctx, snapshots: 2, ..Default::default() }).unwrap();
+        let plan = waste_model::plan(&path, ctx).unwrap();
+        let per = plan.with_snapshots(1).snapshot_bytes;
+        assert_eq!(m.plan().snapshot_bytes, 2 * per, "{name}");
+        let mut s = m.session();
+        s.eval(&(1..=ctx as u32).collect::<Vec<_>>()).unwrap();
+        let snap = s.snapshot().bytes() as u64;
+        assert!(snap <= per && snap * 10 >= per * 9, "{name}: a full-context snapshot {snap}, planned {per}");
+    }
+}

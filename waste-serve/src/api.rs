@@ -67,8 +67,9 @@ pub struct ServeOptions {
     /// only inline base64 `data:` URLs are accepted: no SSRF).
     pub allow_image_urls: bool,
     /// Requests decoded together at most (engine slots, each with its own
-    /// session; the model must be opened planning for as many:
-    /// `ModelOptions::parallel`). More wait in the queue.
+    /// session and prefix-reuse snapshot; the model must be opened
+    /// planning for as many: `ModelOptions::parallel` and
+    /// `ModelOptions::snapshots`). More wait in the queue.
     pub parallel: usize,
 }
 

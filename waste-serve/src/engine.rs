@@ -277,6 +277,8 @@ fn prefill_piece<'m>(model: &'m Model, slot: &mut Slot<'m>) {
         r = s.eval(&a.job.prompt[a.next..to]).map(|_| ());
         a.next = to;
         if r.is_ok() && to == a.boundary && a.boundary <= len {
+            // the old snapshot goes first: never two at once (the plan counts one a slot)
+            slot.snap = None;
             slot.snap = Some((a.keys[..a.boundary].to_vec(), s.snapshot()));
         }
     }
