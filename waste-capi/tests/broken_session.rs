@@ -31,17 +31,26 @@ fn damaged_copy(tag: &str) -> PathBuf {
     d
 }
 
-#[test]
-fn a_session_broken_by_a_failed_step_says_incomplete_until_reset() {
-    let dir = damaged_copy("eval");
+/// [`damaged_copy`] opened with `verify_records`: (its directory, the model).
+fn open_damaged(tag: &str) -> (PathBuf, *mut waste_model) {
+    let dir = damaged_copy(tag);
     let path = CString::new(dir.to_str().unwrap()).unwrap();
-    // SAFETY: every pointer below is a live local or what the library returned.
+    // SAFETY: the options and the out pointer are live locals.
     unsafe {
         let mut o = std::mem::zeroed::<waste_options>();
         waste_options_init(&mut o);
         o.verify_records = 1;
         let mut m = std::ptr::null_mut();
         assert_eq!(waste_open(path.as_ptr(), &o, &mut m), waste_status::WASTE_OK, "{}", last_error());
+        (dir, m)
+    }
+}
+
+#[test]
+fn a_session_broken_by_a_failed_step_says_incomplete_until_reset() {
+    let (dir, m) = open_damaged("eval");
+    // SAFETY: every pointer below is a live local or what the library returned.
+    unsafe {
         let mut s = std::ptr::null_mut();
         assert_eq!(waste_session_new(m, &mut s), waste_status::WASTE_OK);
         let ids: Vec<u32> = (1..40).collect();
@@ -68,15 +77,9 @@ fn a_session_broken_by_a_failed_step_says_incomplete_until_reset() {
 /// every listed session incomplete.
 #[test]
 fn a_batched_step_checks_its_sessions_and_a_failed_one_breaks_them_all() {
-    let dir = damaged_copy("step");
-    let path = CString::new(dir.to_str().unwrap()).unwrap();
+    let (dir, m) = open_damaged("step");
     // SAFETY: every pointer below is a live local or what the library returned.
     unsafe {
-        let mut o = std::mem::zeroed::<waste_options>();
-        waste_options_init(&mut o);
-        o.verify_records = 1;
-        let mut m = std::ptr::null_mut();
-        assert_eq!(waste_open(path.as_ptr(), &o, &mut m), waste_status::WASTE_OK, "{}", last_error());
         assert!(waste_max_batch(m) >= 2);
         let (mut a, mut b) = (std::ptr::null_mut(), std::ptr::null_mut());
         assert_eq!(waste_session_new(m, &mut a), waste_status::WASTE_OK);

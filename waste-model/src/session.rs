@@ -69,6 +69,23 @@ enum LayerState {
     Mla(MlaState),
 }
 
+impl LayerState {
+    /// A KDA layer's state (the layer's kind decides which state it has).
+    fn kda(&mut self) -> &mut KdaState {
+        match self {
+            LayerState::Kda(s) => s,
+            LayerState::Mla(_) => unreachable!("layer state matches its kind"),
+        }
+    }
+    /// An MLA layer's state.
+    fn mla(&mut self) -> &mut MlaState {
+        match self {
+            LayerState::Mla(s) => s,
+            LayerState::Kda(_) => unreachable!("layer state matches its kind"),
+        }
+    }
+}
+
 /// A borrowed view of one layer's state (for state files).
 pub(crate) enum LayerStateRef<'a> {
     Kda { conv: &'a [f32], s: &'a [f32] },
@@ -627,6 +644,16 @@ pub(crate) fn step_many(m: &Model, sessions: &mut [&mut Session<'_>], tokens: &[
     r
 }
 
+/// The tokens a layer's FFN runs for: `first..first + nt` of a step whose
+/// tokens sit at positions `pos` and belong to sequences as `shape` says.
+#[derive(Clone, Copy)]
+struct Span<'a> {
+    shape: Shape,
+    pos: &'a [usize],
+    first: usize,
+    nt: usize,
+}
+
 /// Token `t`'s sequence: its index in a step's lanes.
 fn owner(shape: Shape, t: usize) -> usize {
     match shape {
@@ -695,7 +722,7 @@ impl Work {
                     &mut self.ffn_tmp,
                     &mut self.chunk_ffn_out[first * h..nt * h],
                 ),
-                Ffn::Moe(w) => self.moe(m, l, w, lanes, shape, &pos, first, n)?,
+                Ffn::Moe(w) => self.moe(m, l, w, lanes, Span { shape, pos: &pos, first, nt: n })?,
             }
             check_finite(&self.chunk_ffn_out[first * h..nt * h], h, &pos[first..], NonFiniteAt::Ffn { layer: l })?;
             self.ffn_residual(c, first, nt);
@@ -771,25 +798,13 @@ impl Work {
         let (xs, outs) = (&self.chunk_ffn_in[..nt * h], &mut self.chunk_ffn_out[..nt * h]);
         match &layer.attn {
             Attn::Kda(w) => {
-                let mut sts: Vec<&mut KdaState> = lanes
-                    .iter_mut()
-                    .map(|ln| match &mut ln.states[l] {
-                        LayerState::Kda(s) => s,
-                        LayerState::Mla(_) => unreachable!("layer state matches its kind"),
-                    })
-                    .collect();
+                let mut sts: Vec<&mut KdaState> = lanes.iter_mut().map(|ln| ln.states[l].kda()).collect();
                 let sc = self.kda_sc.as_mut().expect("kda scratch");
                 let kc = kda::KdaConfig { chunked: m.opts.kda_chunked, ..kda_config(c) };
                 kda::chunk_states(pool, &kc, w, &mut sts, sc, xs, nt, first, outs);
             }
             Attn::Mla(w) => {
-                let mut sts: Vec<&mut MlaState> = lanes
-                    .iter_mut()
-                    .map(|ln| match &mut ln.states[l] {
-                        LayerState::Mla(s) => s,
-                        LayerState::Kda(_) => unreachable!("layer state matches its kind"),
-                    })
-                    .collect();
+                let mut sts: Vec<&mut MlaState> = lanes.iter_mut().map(|ln| ln.states[l].mla()).collect();
                 let sc = self.mla_sc.as_mut().expect("mla scratch");
                 mla::chunk_states(pool, &mla_config(c, m.opts.ctx), w, &mut sts, sc, xs, nt, first, outs)
                     .map_err(|e| Error::ContextFull { pos: e.0, n: nt, ctx: m.opts.ctx })?;
@@ -882,23 +897,13 @@ impl Work {
     /// token, acquire the union of their experts once, run the experts
     /// (each once for all its tokens where the format batches, else token
     /// by token, resident ones first), combine, add the shared experts.
-    #[allow(clippy::too_many_arguments)]
-    fn moe(
-        &mut self,
-        m: &Model,
-        l: usize,
-        w: &MoeWeights,
-        lanes: &[&mut Lane],
-        shape: Shape,
-        pos: &[usize],
-        first: usize,
-        nt: usize,
-    ) -> Result<()> {
+    fn moe(&mut self, m: &Model, l: usize, w: &MoeWeights, lanes: &[&mut Lane], span: Span<'_>) -> Result<()> {
+        let (first, nt) = (span.first, span.nt);
         let c = m.config();
         let (h, lat) = (c.hidden, c.expert_width());
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
         let x0 = first * h;
-        let routes = self.route(m, l, w, lanes, shape, pos, first, nt);
+        let routes = self.route(m, l, w, lanes, span);
         // formats a token reads directly run each expert once for the
         // chunk, in ascending id: their reads are started in that order
         let batched = nt > 1 && kernel.batches();
@@ -928,18 +933,8 @@ impl Work {
     /// Every token's top-k (one pass over the router for all; a replayed
     /// trace's experts instead where the lane replays one), each token's in
     /// ascending id: `nt × top_k` (expert, weight) pairs.
-    #[allow(clippy::too_many_arguments)]
-    fn route(
-        &mut self,
-        m: &Model,
-        l: usize,
-        w: &MoeWeights,
-        lanes: &[&mut Lane],
-        shape: Shape,
-        pos: &[usize],
-        first: usize,
-        nt: usize,
-    ) -> Vec<(usize, f32)> {
+    fn route(&mut self, m: &Model, l: usize, w: &MoeWeights, lanes: &[&mut Lane], span: Span<'_>) -> Vec<(usize, f32)> {
+        let Span { shape, pos, first, nt } = span;
         let c = m.config();
         let (h, ne, x0) = (c.hidden, c.experts, first * c.hidden);
         m.pool.matmat(&w.gate.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.router[..nt * ne]);
