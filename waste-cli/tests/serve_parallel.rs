@@ -152,3 +152,82 @@ fn a_parallel_the_cache_cannot_take_is_refused_or_reduced() {
     assert!(err.contains(&format!("--parallel 16 reduced to {most}")), "{err}");
     assert!(err.contains(&format!("up to {most} requests decoded together")), "{err}");
 }
+
+/// The prefill policy: a long prompt arriving while another request decodes
+/// is evaluated in pieces between decode steps, so the decoding request
+/// keeps streaming (its events keep arriving between the long request's
+/// send and its first token: counted by order, not time); and a client that
+/// disconnects mid-stream leaves the batch while the other goes on to the
+/// same answer it gets alone.
+#[test]
+fn a_long_prompt_does_not_stall_a_decoding_request_and_a_disconnect_leaves_the_batch() {
+    use std::io::BufRead;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let s = start_with(&anchor(), &["--parallel", "4", "--budget", "64M"]);
+    let long: Vec<u32> = (0..1200).map(|i| 1 + (i * 7) % 250).collect();
+    let a_body = json!({"prompt": [1, 2, 3, 4], "max_tokens": 400, "temperature": 0, "stream": true}).to_string();
+    let b_body = json!({"prompt": long, "max_tokens": 2, "temperature": 0, "stream": true}).to_string();
+    let c_body = json!({"prompt": [9, 8, 7], "max_tokens": 400, "temperature": 0, "stream": true}).to_string();
+    let (_, alone) = http(&s.addr, "POST", "/v1/completions", &a_body);
+    let want = streamed(&alone);
+    let clock = AtomicUsize::new(0);
+    let open = |body: &str| {
+        let mut c = TcpStream::connect(&s.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        write!(
+            c,
+            "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            s.addr,
+            body.len()
+        )
+        .unwrap();
+        c
+    };
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (a_ticks, got, (b_sent, b_first)) = std::thread::scope(|sc| {
+        let a = sc.spawn(|| {
+            let mut r = std::io::BufReader::new(open(&a_body));
+            let (mut ticks, mut body, mut line) = (Vec::new(), String::new(), String::new());
+            while r.read_line(&mut line).unwrap() > 0 {
+                if line.starts_with("data: ") {
+                    ticks.push(clock.fetch_add(1, Ordering::SeqCst));
+                    if ticks.len() == 20 {
+                        tx.send(()).unwrap();
+                    }
+                }
+                body.push_str(&line);
+                line.clear();
+            }
+            (ticks, body)
+        });
+        // a third client that leaves after a few tokens
+        let c = sc.spawn(|| {
+            let mut r = std::io::BufReader::new(open(&c_body));
+            let (mut n, mut line) = (0, String::new());
+            while n < 5 && r.read_line(&mut line).unwrap() > 0 {
+                n += line.starts_with("data: ") as usize;
+                line.clear();
+            }
+            r.get_ref().shutdown(std::net::Shutdown::Both).unwrap();
+        });
+        rx.recv().unwrap();
+        let sent = clock.load(Ordering::SeqCst);
+        let mut r = std::io::BufReader::new(open(&b_body));
+        let mut line = String::new();
+        let mut first = None;
+        while r.read_line(&mut line).unwrap() > 0 {
+            if line.starts_with("data: ") && first.is_none() {
+                first = Some(clock.fetch_add(1, Ordering::SeqCst));
+            }
+            line.clear();
+        }
+        c.join().unwrap();
+        let (ticks, body) = a.join().unwrap();
+        (ticks, body, (sent, first.expect("the long request answered")))
+    });
+    let between = a_ticks.iter().filter(|&&t| t > b_sent && t < b_first).count();
+    assert!(between >= 3, "the decoding request got {between} tokens while a 1200-token prompt was evaluated");
+    assert_eq!(streamed(&got), want, "the decoding request's answer changed in the batch");
+    let h: Value = serde_json::from_str(&http(&s.addr, "GET", "/health", "").1).unwrap();
+    assert_eq!(h["queued"], 0, "{h}");
+}
