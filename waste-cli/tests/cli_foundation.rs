@@ -230,6 +230,37 @@ fn bench_prefill_repeats_zero_and_past_the_bound() {
     assert!(code != 0 && err.contains("--prefill-repeats") && err.contains("at most 1000"), "{err}");
 }
 
+/// `bench --parallel N` decodes N sequences together: its JSON counts N
+/// tokens a step, a union of experts no larger than the uses, the keys the
+/// issue names; `--parallel 0` and more than the cache can pin are refused.
+#[test]
+fn bench_parallel_reports_the_batch() {
+    let a = anchor();
+    let a = a.to_str().unwrap();
+    let (code, out, err) =
+        waste(&["bench", a, "-n", "3", "--parallel", "3", "--budget", "64M", "--ctx", "256", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("bench --parallel --json lacks {k}: {out}"));
+    assert_eq!((v["parallel"].as_u64(), v["decode_tokens"].as_u64()), (Some(3), Some(9)), "{out}");
+    assert!(f("experts_per_token") > 0.0 && f("experts_per_token") <= f("expert_uses_per_token"), "{out}");
+    assert!((f("tok_per_s") - 3.0 * f("tok_per_s_per_stream")).abs() <= 1e-6 * f("tok_per_s"), "{out}");
+    for k in [
+        "ms_per_step",
+        "expert_reads_per_token",
+        "io_wait_ms_per_step",
+        "roofline_ms_per_token",
+        "attainable_ms_per_token",
+    ] {
+        f(k);
+    }
+    assert!(["disk", "memory", "compute"].contains(&v["roofline_bound"].as_str().unwrap_or("")), "{out}");
+    let (code, _, err) = waste(&["bench", a, "--parallel", "0"]);
+    assert!(code != 0 && err.contains("--parallel 0"), "{err}");
+    let (code, _, err) = waste(&["bench", a, "--parallel", "16", "--budget", "20M", "--ctx", "128"]);
+    assert!(code != 0 && err.contains("--parallel 16") && err.contains("raise --budget"), "{err}");
+}
+
 /// `WASTE_VQ_ROWS` overrides the probe's choice of the AVX2 VQ row kernel
 /// (the gathers or scalar loads), `bench --json` names what runs, and the
 /// logits do not change with the form or the level.
