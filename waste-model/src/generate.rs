@@ -286,15 +286,7 @@ impl<'m> Generator<'m> {
             c.commit(id)?;
         }
         let lp = log_softmax(logits);
-        let mut top = Vec::new();
-        if self.p.top_logprobs > 0 {
-            let mut idx: Vec<usize> = (0..lp.len()).collect();
-            let k = self.p.top_logprobs.min(lp.len());
-            idx.select_nth_unstable_by(k - 1, |&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
-            idx.truncate(k);
-            idx.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
-            top = idx.into_iter().map(|i| (i as u32, lp[i])).collect();
-        }
+        let top = top_logprobs(&lp, self.p.top_logprobs);
         let logprob = lp[id as usize];
         if self.eos.contains(&id) {
             self.out.finish = Finish::StopToken(id);
@@ -314,14 +306,7 @@ impl<'m> Generator<'m> {
         }
         self.out.tokens.push(id);
         self.push_text(id);
-        let mut stopped = None;
-        for (si, s) in self.p.stop_strings.iter().enumerate() {
-            if let Some(pos) = self.pending.find(s.as_str()) {
-                if stopped.is_none_or(|(_, bp)| pos < bp) {
-                    stopped = Some((si, pos));
-                }
-            }
-        }
+        let stopped = first_stop(&self.p.stop_strings, &self.pending);
         let last = self.out.tokens.len() >= self.p.max_tokens;
         if last && stopped.is_none() {
             // no token follows: nothing can complete a stop string any more
@@ -406,6 +391,34 @@ impl<'m> Generator<'m> {
         }
         self.out
     }
+}
+
+/// The `k` most likely tokens of `lp` (log-probabilities), most likely
+/// first, ties by id.
+fn top_logprobs(lp: &[f32], k: usize) -> Vec<(u32, f32)> {
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut idx: Vec<usize> = (0..lp.len()).collect();
+    let k = k.min(lp.len());
+    idx.select_nth_unstable_by(k - 1, |&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]).then(a.cmp(&b)));
+    idx.into_iter().map(|i| (i as u32, lp[i])).collect()
+}
+
+/// The stop string that occurs first in `text` (index, byte position),
+/// the earliest listed on a tie.
+fn first_stop(stops: &[String], text: &str) -> Option<(usize, usize)> {
+    let mut stopped: Option<(usize, usize)> = None;
+    for (si, s) in stops.iter().enumerate() {
+        if let Some(pos) = text.find(s.as_str()) {
+            if stopped.is_none_or(|(_, bp)| pos < bp) {
+                stopped = Some((si, pos));
+            }
+        }
+    }
+    stopped
 }
 
 impl Pick {

@@ -175,51 +175,14 @@ impl Model {
         progress: &dyn Fn(usize, usize),
     ) -> Result<Model> {
         let container = Container::open(path.as_ref())?;
-        let cfg = &container.config;
-        if opts.lookahead > cfg.top_k {
-            return Err(Error::Arg(format!("lookahead {} exceeds top_k {}", opts.lookahead, cfg.top_k)));
+        if opts.lookahead > container.config.top_k {
+            return Err(Error::Arg(format!("lookahead {} exceeds top_k {}", opts.lookahead, container.config.top_k)));
         }
         // the tokenizer first: its tables are part of the plan
         let tokenizer = crate::plan::load_tokenizer(&container)?;
         let template = crate::plan::load_chat_template(&container, tokenizer.as_ref())?;
-        let mut warnings = Vec::new();
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let mut opts = opts;
-        if opts.threads > MAX_THREADS_PER_CORE * cores {
-            warnings.push(format!(
-                "{} compute threads capped at {} ({MAX_THREADS_PER_CORE} per core)",
-                opts.threads,
-                MAX_THREADS_PER_CORE * cores
-            ));
-            opts.threads = MAX_THREADS_PER_CORE * cores;
-        }
-        let threads = if opts.threads == 0 { crate::plan::default_threads() } else { opts.threads };
-        let plan = Plan::for_container(&container, opts.ctx)?
-            .with_tokenizer(tokenizer.as_ref())
-            .with_chat_template(template.as_ref())
-            .with_threads(threads)
-            .with_parallel(opts.parallel)
-            .with_snapshots(opts.snapshots);
-        let plan = if opts.grammar { plan.with_grammar(container.config.vocab) } else { plan };
-        // why images are off although asked for (ModelOptions::vision_optional)
-        let mut vision_error: Option<String> = None;
-        let vcfg = match opts.vision {
-            false => None,
-            true => match crate::vision::config(&container) {
-                Ok(Some(v)) => Some(v),
-                Ok(None) => {
-                    return Err(Error::Unsupported(
-                        "images: this container has no vision tower (no vision.json)".into(),
-                    ))
-                }
-                Err(e) if opts.vision_optional => {
-                    vision_error = Some(e.to_string());
-                    None
-                }
-                Err(e) => return Err(e),
-            },
-        };
-        let plan = if vcfg.is_some() { plan.with_vision() } else { plan };
+        let (opts, threads, mut warnings) = capped(opts);
+        let (plan, vcfg, mut vision_error) = plan_of(&container, &opts, threads, &tokenizer, &template)?;
         let usable = opts.usable_ram.unwrap_or_else(waste_cache::usable_ram);
         if plan.floor_bytes > usable && !opts.force {
             return Err(Error::FloorAboveRam {
@@ -229,39 +192,10 @@ impl Model {
                 max_ctx: Plan::largest_ctx_within(&container, usable, tokenizer.as_ref(), threads),
             });
         }
-        if opts.io_threads > MAX_IO_THREADS {
-            warnings.push(format!("{} I/O threads capped at {MAX_IO_THREADS}", opts.io_threads));
-            opts.io_threads = MAX_IO_THREADS;
-        }
-        let resolved = waste_cache::resolve(&plan.floor(), opts.budget, usable).map_err(|e| Error::Budget {
-            budget: e.budget,
-            floor: e.floor,
-            detail: format!(
-                "trunk {} + state {} + scratch {} + tokenizer {} + minimum expert cache {}",
-                plan.trunk_bytes,
-                plan.state_bytes,
-                plan.scratch_bytes,
-                plan.tokenizer_bytes + plan.tokenize_bytes + plan.template_bytes,
-                plan.min_expert_cache_bytes
-            ),
-        })?;
-        let level = match opts.simd {
-            Some(l) if !l.supported() => {
-                return Err(Error::Unsupported(format!("SIMD level {} on this CPU", l.name())))
-            }
-            Some(l) => l,
-            None => waste_quant::level(),
-        };
-        let mut r = TrunkReader::new(&container)?.with_huge_pages(opts.huge_pages);
-        let layers = load_layers(&container, &mut r, progress)?;
-        let out_res = load_output_res(&container, &mut r)?;
-        let final_norm = r.vector("model.norm.weight")?;
-        let lm_head = if container.config.tie_embeddings {
-            r.matrix("model.embed_tokens.weight")?
-        } else {
-            r.matrix("lm_head.weight")?
-        };
-        let vision = match vcfg.as_ref().map(|v| crate::vision::load(v, &mut r)) {
+        let resolved = budget_of(&plan, opts.budget, usable)?;
+        let level = simd_level(opts.simd)?;
+        let trunk = load_trunk(&container, &opts, vcfg.as_ref(), progress)?;
+        let vision = match trunk.vision {
             Some(Ok(t)) => Some(t),
             Some(Err(e)) if opts.vision_optional => {
                 vision_error = Some(e.to_string());
@@ -273,65 +207,26 @@ impl Model {
         if let Some(e) = &vision_error {
             warnings.push(format!("images are off: the vision tower could not load ({e}); text works"));
         }
-        let embed = Embedding::new(&container)?;
-        let mut files = Vec::with_capacity(container.config.layers);
-        for b in &container.banks {
-            files.push(match b {
-                Some(b) => Some((Arc::new(DirectFile::open(&b.path, opts.direct_io)?), b.clone())),
-                None => None,
-            });
-        }
+        let store = expert_store(&container, &opts, &plan, resolved.cache_bytes)?;
         let kernel = container.experts.as_ref().map(|(_, lay)| ExpertKernel {
             lay: *lay,
             act: container.config.activation,
             batch: crate::plan::CHUNK,
         });
-        let rec = plan.record_bytes as usize;
-        let slots = plan.cache_slots(resolved.cache_bytes, opts.huge_pages);
-        let mut cache = ExpertCache::new(slots, rec, opts.policy, opts.huge_pages);
-        let cfg = &container.config;
-        cache.set_layers(&(0..cfg.layers).filter(|&l| cfg.is_moe(l)).map(|l| l as u32).collect::<Vec<_>>(), cfg.top_k);
-        // only now that the trunk is in: on the measuring VM, faulting pages
-        // in while the trunk loaded slowed the load itself (both wait for the
-        // host to back fresh pages) — open 0.9–1.3 → 6.2–10.9 s at 12G
-        if opts.prefault {
-            cache.start_prefault();
-        }
-        let io_threads = if opts.io_threads == 0 { 4 } else { opts.io_threads };
-        let dir = container.dir.clone();
-        // fingerprint: the manifest bytes and the data files' sizes
-        let mut fingerprint = 0xcbf2_9ce4_8422_2325u64;
-        let mut fnv = |b: &[u8]| {
-            for &x in b {
-                fingerprint = (fingerprint ^ x as u64).wrapping_mul(0x100_0000_01b3);
-            }
-        };
-        fnv(&waste_format::read_regular(&dir.join("manifest.json"), waste_format::MAX_MANIFEST_BYTES)
-            .map_err(|e| waste_format::Error::io(dir.join("manifest.json"), e))?);
-        fnv(&container.trunk_len.to_le_bytes());
-        let records = Records {
-            banks: files,
-            lay: container.experts.as_ref().map(|(_, lay)| *lay),
-            codebooks: container.codebooks.count,
-            verify: opts.verify_records,
-        };
-        let rec_bytes = container.experts.as_ref().map_or(0, |(_, lay)| lay.rec_bytes);
-        let store = ExpertStore::new(cache, io_threads, records, rec_bytes, opts.readahead)?;
+        let fingerprint = fingerprint(&container)?;
+        let mut pool = Pool::try_with_level(threads, level)
+            .map_err(|source| waste_io::Error::Thread { what: "compute", source })?;
+        pool.set_numeric(opts.numeric);
         let mut m = Model {
+            embed: Embedding::new(&container)?,
             container,
-            layers,
-            embed,
-            final_norm,
-            lm_head,
-            out_res,
+            layers: trunk.layers,
+            final_norm: trunk.final_norm,
+            lm_head: trunk.lm_head,
+            out_res: trunk.out_res,
             store,
             kernel,
-            pool: {
-                let mut p = Pool::try_with_level(threads, level)
-                    .map_err(|source| waste_io::Error::Thread { what: "compute", source })?;
-                p.set_numeric(opts.numeric);
-                p
-            },
+            pool,
             opts,
             plan,
             tokenizer,
@@ -743,6 +638,176 @@ impl Model {
     pub fn max_batch(&self) -> usize {
         crate::session::max_batch(self)
     }
+}
+
+/// The options with the thread counts capped (compute at
+/// [`MAX_THREADS_PER_CORE`] per core, readers at [`MAX_IO_THREADS`]), the
+/// compute threads to start, and a warning per cap applied.
+fn capped(mut opts: ModelOptions) -> (ModelOptions, usize, Vec<String>) {
+    let mut warnings = Vec::new();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    if opts.threads > MAX_THREADS_PER_CORE * cores {
+        warnings.push(format!(
+            "{} compute threads capped at {} ({MAX_THREADS_PER_CORE} per core)",
+            opts.threads,
+            MAX_THREADS_PER_CORE * cores
+        ));
+        opts.threads = MAX_THREADS_PER_CORE * cores;
+    }
+    if opts.io_threads > MAX_IO_THREADS {
+        warnings.push(format!("{} I/O threads capped at {MAX_IO_THREADS}", opts.io_threads));
+        opts.io_threads = MAX_IO_THREADS;
+    }
+    let threads = if opts.threads == 0 { crate::plan::default_threads() } else { opts.threads };
+    (opts, threads, warnings)
+}
+
+/// The budget rule applied to `plan`: the budget and the expert cache's
+/// share, or [`Error::Budget`] naming the floor's parts.
+fn budget_of(plan: &Plan, budget: u64, usable: u64) -> Result<waste_cache::Budget> {
+    waste_cache::resolve(&plan.floor(), budget, usable).map_err(|e| Error::Budget {
+        budget: e.budget,
+        floor: e.floor,
+        detail: format!(
+            "trunk {} + state {} + scratch {} + tokenizer {} + minimum expert cache {}",
+            plan.trunk_bytes,
+            plan.state_bytes,
+            plan.scratch_bytes,
+            plan.tokenizer_bytes + plan.tokenize_bytes + plan.template_bytes,
+            plan.min_expert_cache_bytes
+        ),
+    })
+}
+
+/// The SIMD level asked for (refused when this CPU lacks it), or the best
+/// this CPU has.
+fn simd_level(asked: Option<Level>) -> Result<Level> {
+    match asked {
+        Some(l) if !l.supported() => Err(Error::Unsupported(format!("SIMD level {} on this CPU", l.name()))),
+        Some(l) => Ok(l),
+        None => Ok(waste_quant::level()),
+    }
+}
+
+/// The memory plan for these options (the tokenizer, the template, the
+/// threads' expert lanes, parallel sessions, snapshots, grammar tables and
+/// the vision tower when asked for), the vision config, and why images are
+/// off although asked for (`ModelOptions::vision_optional`).
+fn plan_of(
+    container: &Container,
+    opts: &ModelOptions,
+    threads: usize,
+    tokenizer: &Option<waste_tokenizer::Tokenizer>,
+    template: &Option<waste_tokenizer::ChatTemplate>,
+) -> Result<(Plan, Option<crate::vision::VisionConfig>, Option<String>)> {
+    let plan = Plan::for_container(container, opts.ctx)?
+        .with_tokenizer(tokenizer.as_ref())
+        .with_chat_template(template.as_ref())
+        .with_threads(threads)
+        .with_parallel(opts.parallel)
+        .with_snapshots(opts.snapshots);
+    let plan = if opts.grammar { plan.with_grammar(container.config.vocab) } else { plan };
+    let mut vision_error = None;
+    let vcfg = match opts.vision {
+        false => None,
+        true => match crate::vision::config(container) {
+            Ok(Some(v)) => Some(v),
+            Ok(None) => {
+                return Err(Error::Unsupported("images: this container has no vision tower (no vision.json)".into()))
+            }
+            Err(e) if opts.vision_optional => {
+                vision_error = Some(e.to_string());
+                None
+            }
+            Err(e) => return Err(e),
+        },
+    };
+    let plan = if vcfg.is_some() { plan.with_vision() } else { plan };
+    Ok((plan, vcfg, vision_error))
+}
+
+/// The resident trunk as loaded.
+struct Trunk {
+    layers: Vec<Layer>,
+    out_res: Option<Vec<f32>>,
+    final_norm: Vec<f32>,
+    lm_head: Matrix,
+    /// The vision tower, when its config was given (its load may fail:
+    /// the caller decides whether that fails the open).
+    vision: Option<Result<crate::vision::Vision>>,
+}
+
+/// Read the trunk: every layer (reporting progress), the output
+/// aggregation, the final norm, the head and the vision tower.
+fn load_trunk(
+    container: &Container,
+    opts: &ModelOptions,
+    vcfg: Option<&crate::vision::VisionConfig>,
+    progress: &dyn Fn(usize, usize),
+) -> Result<Trunk> {
+    let mut r = TrunkReader::new(container)?.with_huge_pages(opts.huge_pages);
+    let layers = load_layers(container, &mut r, progress)?;
+    let out_res = load_output_res(container, &mut r)?;
+    let final_norm = r.vector("model.norm.weight")?;
+    let lm_head = if container.config.tie_embeddings {
+        r.matrix("model.embed_tokens.weight")?
+    } else {
+        r.matrix("lm_head.weight")?
+    };
+    let vision = vcfg.map(|v| crate::vision::load(v, &mut r));
+    Ok(Trunk { layers, out_res, final_norm, lm_head, vision })
+}
+
+/// The expert banks opened, the cache sized from its share of the budget
+/// (prefaulted at idle priority once the trunk is in: on the measuring VM,
+/// faulting pages in while the trunk loaded slowed the load itself — both
+/// wait for the host to back fresh pages; open 0.9–1.3 → 6.2–10.9 s at 12G)
+/// and the readers started.
+fn expert_store(
+    container: &Container,
+    opts: &ModelOptions,
+    plan: &Plan,
+    cache_bytes: u64,
+) -> Result<ExpertStore<Records>> {
+    let mut files = Vec::with_capacity(container.config.layers);
+    for b in &container.banks {
+        files.push(match b {
+            Some(b) => Some((Arc::new(DirectFile::open(&b.path, opts.direct_io)?), b.clone())),
+            None => None,
+        });
+    }
+    let slots = plan.cache_slots(cache_bytes, opts.huge_pages);
+    let mut cache = ExpertCache::new(slots, plan.record_bytes as usize, opts.policy, opts.huge_pages);
+    let cfg = &container.config;
+    cache.set_layers(&(0..cfg.layers).filter(|&l| cfg.is_moe(l)).map(|l| l as u32).collect::<Vec<_>>(), cfg.top_k);
+    if opts.prefault {
+        cache.start_prefault();
+    }
+    let records = Records {
+        banks: files,
+        lay: container.experts.as_ref().map(|(_, lay)| *lay),
+        codebooks: container.codebooks.count,
+        verify: opts.verify_records,
+    };
+    let rec_bytes = container.experts.as_ref().map_or(0, |(_, lay)| lay.rec_bytes);
+    let io_threads = if opts.io_threads == 0 { 4 } else { opts.io_threads };
+    Ok(ExpertStore::new(cache, io_threads, records, rec_bytes, opts.readahead)?)
+}
+
+/// The container's fingerprint: FNV-1a of the manifest bytes and the trunk
+/// file's size.
+fn fingerprint(container: &Container) -> Result<u64> {
+    let dir = &container.dir;
+    let mut fp = 0xcbf2_9ce4_8422_2325u64;
+    let mut fnv = |b: &[u8]| {
+        for &x in b {
+            fp = (fp ^ x as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    };
+    fnv(&waste_format::read_regular(&dir.join("manifest.json"), waste_format::MAX_MANIFEST_BYTES)
+        .map_err(|e| waste_format::Error::io(dir.join("manifest.json"), e))?);
+    fnv(&container.trunk_len.to_le_bytes());
+    Ok(fp)
 }
 
 /// The container's expert banks as the store sees them: where each record

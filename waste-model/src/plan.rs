@@ -95,6 +95,41 @@ pub const CHUNK: usize = 16;
 /// derived from `ctx` then fits in 64 bits with room to spare.
 pub const MAX_CTX: usize = 1 << 24;
 
+/// Bytes of the trunk's tensors as loaded: every required tensor but the
+/// embedding table (read a row a token; resident only as a tied head),
+/// vectors as f32, AttnRes norm ⊙ proj pairs as one product vector.
+fn resident_tensor_bytes(ct: &Container) -> u64 {
+    let c = &ct.config;
+    let mut trunk = 0u64;
+    let embed_name = "model.embed_tokens.weight";
+    for req in waste_format::required_tensors(c) {
+        if req.name == embed_name {
+            continue;
+        }
+        let Ok(t) = ct.tensor(&req.name) else { continue };
+        let is_res = req.name.contains("_res_");
+        trunk += match req.expect {
+            Expect::Mat(..) => t.payload_len + t.scale_len,
+            Expect::Vec(n) if is_res => {
+                // norm ⊙ proj pairs are stored as one product vector
+                if req.name.ends_with("_res_norm.weight") {
+                    f(n)
+                } else {
+                    0
+                }
+            }
+            Expect::Vec(n) => f(n),
+            Expect::AtLeast(n) => f(n),
+        };
+    }
+    if c.tie_embeddings {
+        if let Ok(t) = ct.tensor(embed_name) {
+            trunk += t.payload_len + t.scale_len;
+        }
+    }
+    trunk
+}
+
 /// Bytes of an `AlignedBuf` of `len` (huge-page aligned from 2 MiB).
 pub(crate) fn aligned_alloc_bytes(len: usize, huge: bool) -> u64 {
     let align = if huge && len >= waste_io::HUGE_PAGE { waste_io::HUGE_PAGE } else { waste_io::ALIGN };
@@ -115,33 +150,7 @@ impl Plan {
             return Err(crate::Error::Arg(format!("ctx {ctx}: must be between 1 and {MAX_CTX} tokens")));
         }
         let c = &ct.config;
-        let mut trunk = 0u64;
-        let embed_name = "model.embed_tokens.weight";
-        for req in waste_format::required_tensors(c) {
-            if req.name == embed_name {
-                continue;
-            }
-            let Ok(t) = ct.tensor(&req.name) else { continue };
-            let is_res = req.name.contains("_res_");
-            trunk += match req.expect {
-                Expect::Mat(..) => t.payload_len + t.scale_len,
-                Expect::Vec(n) if is_res => {
-                    // norm ⊙ proj pairs are stored as one product vector
-                    if req.name.ends_with("_res_norm.weight") {
-                        f(n)
-                    } else {
-                        0
-                    }
-                }
-                Expect::Vec(n) => f(n),
-                Expect::AtLeast(n) => f(n),
-            };
-        }
-        if c.tie_embeddings {
-            if let Ok(t) = ct.tensor(embed_name) {
-                trunk += t.payload_len + t.scale_len;
-            }
-        }
+        let mut trunk = resident_tensor_bytes(ct);
         let (rec, vq_scratch, lane_bytes) = match &ct.experts {
             Some((q, lay)) => {
                 if q.fmt.is_vq() {

@@ -654,6 +654,19 @@ struct Span<'a> {
     nt: usize,
 }
 
+/// [`Error::NonFinite`] for the first non-finite logit of the `wanted`
+/// tokens: garbage in the weights ends here as an error, not as sampled text.
+fn check_logits(lanes: &[&mut Lane], shape: Shape, wanted: std::ops::Range<usize>, pos: &[usize]) -> Result<()> {
+    for t in wanted {
+        let logits = &lanes[owner(shape, t)].logits;
+        if let Some(token) = first_non_finite(logits) {
+            let at = NonFiniteAt::Logit { token };
+            return Err(Error::NonFinite { pos: pos[t], at, value: logits[token] });
+        }
+    }
+    Ok(())
+}
+
 /// Token `t`'s sequence: its index in a step's lanes.
 fn owner(shape: Shape, t: usize) -> usize {
     match shape {
@@ -742,15 +755,7 @@ impl Work {
             - (self.stats.expert_seconds - ex0)
             - (self.stats.attn_seconds - at0);
         self.stats.trunk_seconds += spent;
-        // garbage in the weights ends here as an error, not as sampled text
-        for t in wanted {
-            let logits = &lanes[owner(shape, t)].logits;
-            if let Some(token) = first_non_finite(logits) {
-                let at = NonFiniteAt::Logit { token };
-                return Err(Error::NonFinite { pos: pos[t], at, value: logits[token] });
-            }
-        }
-        Ok(())
+        check_logits(lanes, shape, wanted, &pos)
     }
 
     /// The attention inputs of a layer for every token (they depend on

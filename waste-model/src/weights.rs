@@ -244,122 +244,11 @@ pub fn load_layers(c: &Container, r: &mut TrunkReader<'_>, progress: &dyn Fn(usi
         let p = format!("model.layers.{l}.");
         let a = format!("{p}self_attn.");
         let attn = match cfg.attn_kinds[l] {
-            AttnKind::Kda => {
-                let kc = kda_config(cfg);
-                let ch = kc.channels();
-                let conv = |r: &mut TrunkReader<'_>, n: &str| -> Result<Vec<f32>> {
-                    let v = r.vector(&format!("{a}{n}.weight"))?;
-                    debug_assert_eq!(v.len(), ch * kc.kernel);
-                    Ok(v)
-                };
-                let mut a_log = r.vector(&format!("{a}A_log"))?;
-                a_log.truncate(kc.heads);
-                a_log.shrink_to_fit();
-                Attn::Kda(KdaWeights {
-                    q: r.matrix(&format!("{a}q_proj.weight"))?,
-                    k: r.matrix(&format!("{a}k_proj.weight"))?,
-                    v: r.matrix(&format!("{a}v_proj.weight"))?,
-                    conv: [conv(r, "q_conv1d")?, conv(r, "k_conv1d")?, conv(r, "v_conv1d")?],
-                    f_a: r.matrix(&format!("{a}f_a_proj.weight"))?,
-                    f_b: r.matrix(&format!("{a}f_b_proj.weight"))?,
-                    b: r.matrix(&format!("{a}b_proj.weight"))?,
-                    a_log,
-                    dt_bias: r.vector(&format!("{a}dt_bias"))?,
-                    gate: if cfg.kda_full_rank_gate {
-                        KdaGate::Full(r.matrix(&format!("{a}g_proj.weight"))?)
-                    } else {
-                        KdaGate::LowRank {
-                            a: r.matrix(&format!("{a}g_a_proj.weight"))?,
-                            b: r.matrix(&format!("{a}g_b_proj.weight"))?,
-                        }
-                    },
-                    o_norm: r.vector(&format!("{a}o_norm.weight"))?,
-                    o: r.matrix(&format!("{a}o_proj.weight"))?,
-                })
-            }
-            AttnKind::Mla => Attn::Mla(MlaWeights {
-                q: match cfg.q_lora {
-                    None => MlaQuery::Plain(r.matrix(&format!("{a}q_proj.weight"))?),
-                    Some(_) => MlaQuery::Lora {
-                        a: r.matrix(&format!("{a}q_a_proj.weight"))?,
-                        norm: r.vector(&format!("{a}q_a_layernorm.weight"))?,
-                        b: r.matrix(&format!("{a}q_b_proj.weight"))?,
-                    },
-                },
-                kv_a: r.matrix(&format!("{a}kv_a_proj_with_mqa.weight"))?,
-                kv_a_norm: r.vector(&format!("{a}kv_a_layernorm.weight"))?,
-                kv_b: r.matrix(&format!("{a}kv_b_proj.weight"))?,
-                g: if cfg.mla_output_gate { Some(r.matrix(&format!("{a}g_proj.weight"))?) } else { None },
-                o: r.matrix(&format!("{a}o_proj.weight"))?,
-            }),
+            AttnKind::Kda => load_kda(cfg, r, &a)?,
+            AttnKind::Mla => load_mla(cfg, r, &a)?,
         };
-        let ffn = if cfg.is_moe(l) {
-            let m = format!("{p}block_sparse_moe.");
-            let books = match &c.experts {
-                Some((q, _)) if q.fmt.is_vq() => {
-                    let base = c.banks[l].as_ref().map(|b| b.codebook_base).unwrap_or(0);
-                    let mut lb = LayerBooks::default();
-                    for (kind, slot) in lb.books.iter_mut().enumerate() {
-                        for s in 0..q.stages {
-                            let id = base + kind * q.stages + s;
-                            let bits = c
-                                .codebooks
-                                .book(id)
-                                .ok_or_else(|| waste_format::Error::Codebook { id, msg: "out of range".into() })?;
-                            slot.push(VqBook::from_f16(bits, q.entries, q.vec_dim));
-                        }
-                    }
-                    lb
-                }
-                _ => LayerBooks::default(),
-            };
-            Ffn::Moe(MoeWeights {
-                gate: r.matrix(&format!("{m}gate.weight"))?,
-                bias: r.vector(&format!("{m}gate.e_score_correction_bias"))?,
-                shared: if cfg.shared_experts > 0 {
-                    Some(DenseGlu {
-                        gate: r.matrix(&format!("{m}shared_experts.gate_proj.weight"))?,
-                        up: r.matrix(&format!("{m}shared_experts.up_proj.weight"))?,
-                        down: r.matrix(&format!("{m}shared_experts.down_proj.weight"))?,
-                    })
-                } else {
-                    None
-                },
-                latent: match cfg.latent {
-                    Some(_) => Some(Latent {
-                        down: r.matrix(&format!("{m}routed_expert_down_proj.weight"))?,
-                        up: r.matrix(&format!("{m}routed_expert_up_proj.weight"))?,
-                        norm: if cfg.latent_norm {
-                            Some(r.vector(&format!("{m}routed_expert_norm.weight"))?)
-                        } else {
-                            None
-                        },
-                    }),
-                    None => None,
-                },
-                books,
-            })
-        } else {
-            Ffn::Dense(DenseGlu {
-                gate: r.matrix(&format!("{p}mlp.gate_proj.weight"))?,
-                up: r.matrix(&format!("{p}mlp.up_proj.weight"))?,
-                down: r.matrix(&format!("{p}mlp.down_proj.weight"))?,
-            })
-        };
-        let res = if cfg.attn_res_block.is_some() {
-            Some(AttnResWeights {
-                attn: product(
-                    &r.vector(&format!("{p}self_attention_res_norm.weight"))?,
-                    &r.vector(&format!("{p}self_attention_res_proj.weight"))?,
-                ),
-                mlp: product(
-                    &r.vector(&format!("{p}mlp_res_norm.weight"))?,
-                    &r.vector(&format!("{p}mlp_res_proj.weight"))?,
-                ),
-            })
-        } else {
-            None
-        };
+        let ffn = load_ffn(c, r, l, &p)?;
+        let res = load_res(cfg, r, &p)?;
         layers.push(Layer {
             in_norm: r.vector(&format!("{p}input_layernorm.weight"))?,
             post_norm: r.vector(&format!("{p}post_attention_layernorm.weight"))?,
@@ -370,6 +259,137 @@ pub fn load_layers(c: &Container, r: &mut TrunkReader<'_>, progress: &dyn Fn(usi
         progress(l + 1, cfg.layers);
     }
     Ok(layers)
+}
+
+/// A KDA layer's weights (names under `a`, the layer's `self_attn.`).
+fn load_kda(cfg: &waste_format::ModelConfig, r: &mut TrunkReader<'_>, a: &str) -> Result<Attn> {
+    let kc = kda_config(cfg);
+    let ch = kc.channels();
+    let conv = |r: &mut TrunkReader<'_>, n: &str| -> Result<Vec<f32>> {
+        let v = r.vector(&format!("{a}{n}.weight"))?;
+        debug_assert_eq!(v.len(), ch * kc.kernel);
+        Ok(v)
+    };
+    let mut a_log = r.vector(&format!("{a}A_log"))?;
+    a_log.truncate(kc.heads);
+    a_log.shrink_to_fit();
+    Ok(Attn::Kda(KdaWeights {
+        q: r.matrix(&format!("{a}q_proj.weight"))?,
+        k: r.matrix(&format!("{a}k_proj.weight"))?,
+        v: r.matrix(&format!("{a}v_proj.weight"))?,
+        conv: [conv(r, "q_conv1d")?, conv(r, "k_conv1d")?, conv(r, "v_conv1d")?],
+        f_a: r.matrix(&format!("{a}f_a_proj.weight"))?,
+        f_b: r.matrix(&format!("{a}f_b_proj.weight"))?,
+        b: r.matrix(&format!("{a}b_proj.weight"))?,
+        a_log,
+        dt_bias: r.vector(&format!("{a}dt_bias"))?,
+        gate: if cfg.kda_full_rank_gate {
+            KdaGate::Full(r.matrix(&format!("{a}g_proj.weight"))?)
+        } else {
+            KdaGate::LowRank {
+                a: r.matrix(&format!("{a}g_a_proj.weight"))?,
+                b: r.matrix(&format!("{a}g_b_proj.weight"))?,
+            }
+        },
+        o_norm: r.vector(&format!("{a}o_norm.weight"))?,
+        o: r.matrix(&format!("{a}o_proj.weight"))?,
+    }))
+}
+
+/// An MLA layer's weights (names under `a`, the layer's `self_attn.`).
+fn load_mla(cfg: &waste_format::ModelConfig, r: &mut TrunkReader<'_>, a: &str) -> Result<Attn> {
+    Ok(Attn::Mla(MlaWeights {
+        q: match cfg.q_lora {
+            None => MlaQuery::Plain(r.matrix(&format!("{a}q_proj.weight"))?),
+            Some(_) => MlaQuery::Lora {
+                a: r.matrix(&format!("{a}q_a_proj.weight"))?,
+                norm: r.vector(&format!("{a}q_a_layernorm.weight"))?,
+                b: r.matrix(&format!("{a}q_b_proj.weight"))?,
+            },
+        },
+        kv_a: r.matrix(&format!("{a}kv_a_proj_with_mqa.weight"))?,
+        kv_a_norm: r.vector(&format!("{a}kv_a_layernorm.weight"))?,
+        kv_b: r.matrix(&format!("{a}kv_b_proj.weight"))?,
+        g: if cfg.mla_output_gate { Some(r.matrix(&format!("{a}g_proj.weight"))?) } else { None },
+        o: r.matrix(&format!("{a}o_proj.weight"))?,
+    }))
+}
+
+/// Layer `l`'s FFN: the MoE (router, shared experts, latent projections,
+/// VQ codebooks) or the dense GLU (names under `p`, the layer's prefix).
+fn load_ffn(c: &Container, r: &mut TrunkReader<'_>, l: usize, p: &str) -> Result<Ffn> {
+    let cfg = &c.config;
+    Ok(if cfg.is_moe(l) {
+        let m = format!("{p}block_sparse_moe.");
+        let books = match &c.experts {
+            Some((q, _)) if q.fmt.is_vq() => {
+                let base = c.banks[l].as_ref().map(|b| b.codebook_base).unwrap_or(0);
+                let mut lb = LayerBooks::default();
+                for (kind, slot) in lb.books.iter_mut().enumerate() {
+                    for s in 0..q.stages {
+                        let id = base + kind * q.stages + s;
+                        let bits = c
+                            .codebooks
+                            .book(id)
+                            .ok_or_else(|| waste_format::Error::Codebook { id, msg: "out of range".into() })?;
+                        slot.push(VqBook::from_f16(bits, q.entries, q.vec_dim));
+                    }
+                }
+                lb
+            }
+            _ => LayerBooks::default(),
+        };
+        Ffn::Moe(MoeWeights {
+            gate: r.matrix(&format!("{m}gate.weight"))?,
+            bias: r.vector(&format!("{m}gate.e_score_correction_bias"))?,
+            shared: if cfg.shared_experts > 0 {
+                Some(DenseGlu {
+                    gate: r.matrix(&format!("{m}shared_experts.gate_proj.weight"))?,
+                    up: r.matrix(&format!("{m}shared_experts.up_proj.weight"))?,
+                    down: r.matrix(&format!("{m}shared_experts.down_proj.weight"))?,
+                })
+            } else {
+                None
+            },
+            latent: match cfg.latent {
+                Some(_) => Some(Latent {
+                    down: r.matrix(&format!("{m}routed_expert_down_proj.weight"))?,
+                    up: r.matrix(&format!("{m}routed_expert_up_proj.weight"))?,
+                    norm: if cfg.latent_norm {
+                        Some(r.vector(&format!("{m}routed_expert_norm.weight"))?)
+                    } else {
+                        None
+                    },
+                }),
+                None => None,
+            },
+            books,
+        })
+    } else {
+        Ffn::Dense(DenseGlu {
+            gate: r.matrix(&format!("{p}mlp.gate_proj.weight"))?,
+            up: r.matrix(&format!("{p}mlp.up_proj.weight"))?,
+            down: r.matrix(&format!("{p}mlp.down_proj.weight"))?,
+        })
+    })
+}
+
+/// A layer's AttnRes weights (norm ⊙ proj), when the model has them.
+fn load_res(cfg: &waste_format::ModelConfig, r: &mut TrunkReader<'_>, p: &str) -> Result<Option<AttnResWeights>> {
+    Ok(if cfg.attn_res_block.is_some() {
+        Some(AttnResWeights {
+            attn: product(
+                &r.vector(&format!("{p}self_attention_res_norm.weight"))?,
+                &r.vector(&format!("{p}self_attention_res_proj.weight"))?,
+            ),
+            mlp: product(
+                &r.vector(&format!("{p}mlp_res_norm.weight"))?,
+                &r.vector(&format!("{p}mlp_res_proj.weight"))?,
+            ),
+        })
+    } else {
+        None
+    })
 }
 
 /// Load the model-level AttnRes weights (norm ⊙ proj).
