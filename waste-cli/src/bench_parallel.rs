@@ -54,23 +54,7 @@ pub fn bench_parallel(a: &BenchArgs, np: usize) -> Result<ExitCode> {
         samplers.push(sampler);
     }
     let prefill_s = t0.elapsed().as_secs_f64();
-    let sum = |ss: &[waste_model::Session<'_>]| {
-        ss.iter().fold(waste_model::Stats::default(), |acc, s| {
-            let st = s.stats();
-            waste_model::Stats {
-                tokens: acc.tokens + st.tokens,
-                experts_hit: acc.experts_hit + st.experts_hit,
-                experts_missed: acc.experts_missed + st.experts_missed,
-                bytes_read: acc.bytes_read + st.bytes_read,
-                experts_acquired: acc.experts_acquired + st.experts_acquired,
-                io_seconds: acc.io_seconds + st.io_seconds,
-                expert_seconds: acc.expert_seconds + st.expert_seconds,
-                attn_seconds: acc.attn_seconds + st.attn_seconds,
-                trunk_seconds: acc.trunk_seconds + st.trunk_seconds,
-                ..acc
-            }
-        })
-    };
+    let sum = |ss: &[waste_model::Session<'_>]| ss.iter().fold(waste_model::Stats::default(), |acc, s| acc + s.stats());
     let (st0, cs0) = (sum(&sessions), model.cache_stats());
     let t1 = std::time::Instant::now();
     for _ in 0..a.n {

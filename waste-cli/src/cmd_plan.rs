@@ -28,14 +28,21 @@ pub struct PlanArgs {
     parallel: usize,
 }
 
+/// `--parallel N` (plan, bench, serve): 1 to [`waste_model::MAX_PARALLEL`].
+pub(crate) fn check_parallel(n: usize) -> Result<()> {
+    let most = waste_model::MAX_PARALLEL;
+    if n == 0 || n > most {
+        anyhow::bail!("--parallel {n}: 1 to {most} sequences (one step's buffers hold {most} tokens)");
+    }
+    Ok(())
+}
+
 fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
 pub fn plan(a: PlanArgs) -> Result<ExitCode> {
-    if a.parallel == 0 {
-        anyhow::bail!("--parallel 0: at least 1 sequence");
-    }
+    check_parallel(a.parallel)?;
     let p = waste_model::plan(&a.model, a.ctx)
         .with_context(|| format!("planning {}", a.model.display()))?
         .with_parallel(a.parallel);
@@ -234,10 +241,9 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     if a.prefill_repeats > MAX_PREFILL_REPEATS {
         anyhow::bail!("--prefill-repeats {}: at most {MAX_PREFILL_REPEATS}", a.prefill_repeats);
     }
-    match a.parallel {
-        Some(0) => anyhow::bail!("--parallel 0: at least 1 sequence"),
-        Some(n) => return crate::bench_parallel::bench_parallel(&a, n),
-        None => {}
+    if let Some(n) = a.parallel {
+        check_parallel(n)?;
+        return crate::bench_parallel::bench_parallel(&a, n);
     }
     // the engine caps its readers at MAX_IO_THREADS; the probe does the same
     let io_qd = if a.engine.io_threads == 0 { 4 } else { a.engine.io_threads.min(waste_model::MAX_IO_THREADS) };

@@ -98,8 +98,8 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
     a.engine.vision = !a.no_images && a.model.join("vision.json").is_file();
     // a tower that cannot load takes only the images down, not the text model
     a.engine.vision_optional = true;
-    if a.parallel == Some(0) {
-        anyhow::bail!("--parallel 0: at least 1 request at a time");
+    if let Some(n) = a.parallel {
+        crate::cmd_plan::check_parallel(n)?;
     }
     let asked = a.parallel.unwrap_or_else(|| default_parallel(&a));
     // a server may get constrained requests: their tables are in its budget

@@ -255,8 +255,12 @@ fn bench_parallel_reports_the_batch() {
         f(k);
     }
     assert!(["disk", "memory", "compute"].contains(&v["roofline_bound"].as_str().unwrap_or("")), "{out}");
-    let (code, _, err) = waste(&["bench", a, "--parallel", "0"]);
-    assert!(code != 0 && err.contains("--parallel 0"), "{err}");
+    for n in ["0", "17", "18446744073709551615"] {
+        let (code, _, err) = waste(&["bench", a, "--parallel", n]);
+        assert!(code != 0 && err.contains(&format!("--parallel {n}: 1 to 16")), "{err}");
+        let (code, _, err) = waste(&["plan", a, "--parallel", n]);
+        assert!(code != 0 && err.contains(&format!("--parallel {n}: 1 to 16")), "{err}");
+    }
     let (code, _, err) = waste(&["bench", a, "--parallel", "16", "--budget", "20M", "--ctx", "128"]);
     assert!(code != 0 && err.contains("--parallel 16") && err.contains("raise --budget"), "{err}");
 }

@@ -174,6 +174,14 @@ impl Model {
         opts: ModelOptions,
         progress: &dyn Fn(usize, usize),
     ) -> Result<Model> {
+        if opts.parallel > crate::plan::MAX_PARALLEL || opts.snapshots > crate::plan::MAX_PARALLEL {
+            return Err(Error::Arg(format!(
+                "{} parallel sessions and {} snapshots planned: at most {} each",
+                opts.parallel,
+                opts.snapshots,
+                crate::plan::MAX_PARALLEL
+            )));
+        }
         let container = Container::open(path.as_ref())?;
         if opts.lookahead > container.config.top_k {
             return Err(Error::Arg(format!("lookahead {} exceeds top_k {}", opts.lookahead, container.config.top_k)));

@@ -91,6 +91,11 @@ pub const GRAMMAR_BYTES_PER_TOKEN: u64 = 480;
 /// session's scratch for it).
 pub const CHUNK: usize = 16;
 
+/// Most sessions one batched step takes, and so most a plan counts as
+/// decoded together ([`Plan::with_parallel`]) or snapshotted
+/// ([`Plan::with_snapshots`]): a step's buffers hold [`CHUNK`] tokens.
+pub const MAX_PARALLEL: usize = CHUNK;
+
 /// The largest context the engine plans for (16 M tokens): every size
 /// derived from `ctx` then fits in 64 bits with room to spare.
 pub const MAX_CTX: usize = 1 << 24;
@@ -225,9 +230,9 @@ impl Plan {
     /// most the state at full context and the logits), in the floor and
     /// the recommendation.
     pub fn with_snapshots(mut self, n: usize) -> Plan {
-        let bytes = n as u64 * (self.state_bytes + 4 * self.vocab);
-        self.floor_bytes = self.floor_bytes - self.snapshot_bytes + bytes;
-        self.recommended_bytes = self.recommended_bytes - self.snapshot_bytes + bytes;
+        let bytes = (n as u64).saturating_mul(self.state_bytes.saturating_add(self.vocab.saturating_mul(4)));
+        self.floor_bytes = (self.floor_bytes - self.snapshot_bytes).saturating_add(bytes);
+        self.recommended_bytes = (self.recommended_bytes - self.snapshot_bytes).saturating_add(bytes);
         self.snapshots = n as u64;
         self.snapshot_bytes = bytes;
         self
@@ -239,10 +244,10 @@ impl Plan {
     /// session's scratch holds its expert lanes).
     pub fn with_parallel(mut self, n: usize) -> Plan {
         let n = n.max(1) as u64;
-        let logits = if n > 1 { n * self.vocab * 4 } else { 0 };
-        let bytes = (n - 1) * (self.state_bytes + self.scratch_bytes) + logits;
-        self.floor_bytes = self.floor_bytes - self.parallel_bytes + bytes;
-        self.recommended_bytes = self.recommended_bytes - self.parallel_bytes + bytes;
+        let logits = if n > 1 { n.saturating_mul(self.vocab).saturating_mul(4) } else { 0 };
+        let bytes = (n - 1).saturating_mul(self.state_bytes + self.scratch_bytes).saturating_add(logits);
+        self.floor_bytes = (self.floor_bytes - self.parallel_bytes).saturating_add(bytes);
+        self.recommended_bytes = (self.recommended_bytes - self.parallel_bytes).saturating_add(bytes);
         self.parallel = n;
         self.parallel_bytes = bytes;
         self

@@ -44,6 +44,26 @@ pub struct Stats {
     pub experts_acquired: u64,
 }
 
+/// Two sessions' counters together (a batch's: its sessions' sum).
+impl std::ops::Add for Stats {
+    type Output = Stats;
+    fn add(self, b: Stats) -> Stats {
+        Stats {
+            tokens: self.tokens + b.tokens,
+            experts_hit: self.experts_hit + b.experts_hit,
+            experts_missed: self.experts_missed + b.experts_missed,
+            bytes_read: self.bytes_read + b.bytes_read,
+            prefetch_issued: self.prefetch_issued + b.prefetch_issued,
+            io_seconds: self.io_seconds + b.io_seconds,
+            trunk_seconds: self.trunk_seconds + b.trunk_seconds,
+            attn_seconds: self.attn_seconds + b.attn_seconds,
+            expert_seconds: self.expert_seconds + b.expert_seconds,
+            expert_runs: self.expert_runs + b.expert_runs,
+            experts_acquired: self.experts_acquired + b.experts_acquired,
+        }
+    }
+}
+
 /// What happened between two readings of the counters: `after - before`.
 impl std::ops::Sub for Stats {
     type Output = Stats;

@@ -163,6 +163,16 @@ fn a_batched_step_refuses_what_it_cannot_do_before_changing_anything() {
     arg(m.step_many(&mut [], &[]), "one token per session");
     arg(m.step_many(&mut [&mut a, &mut c], &[1, 2]), "another model");
     arg(m.step_many(&mut [&mut a, &mut b], &[1, 1 << 30]), "outside the vocabulary");
+    // a plan for more sessions than a step takes is refused at the open
+    for o in [
+        ModelOptions { parallel: 17, ..Default::default() },
+        ModelOptions { snapshots: usize::MAX, ..Default::default() },
+    ] {
+        match Model::open(&path, o) {
+            Err(Error::Arg(msg)) => assert!(msg.contains("at most 16"), "{msg}"),
+            other => panic!("opened: {:?}", other.err()),
+        }
+    }
     let mut many: Vec<_> = (0..m.max_batch() + 1).map(|_| m.session()).collect();
     let mut refs: Vec<_> = many.iter_mut().collect();
     let toks = vec![1; refs.len()];

@@ -162,9 +162,10 @@ pub fn run(model: &Model, rx: std::sync::mpsc::Receiver<Job>, counters: &Counter
             }
             counters.busy.store(true, Ordering::Relaxed);
             clock += 1;
-            let i = best_slot(&slots, model, &job).unwrap_or(free);
+            let keys = keys(&job.prompt, model.vision().map(|v| v.placeholder), &job.images);
+            let i = best_slot(&slots, &keys).unwrap_or(free);
             slots[i].used = clock;
-            start(model, &mut slots[i], job);
+            start(model, &mut slots[i], job, keys);
         }
         for slot in &mut slots {
             prefill_piece(model, slot);
@@ -175,9 +176,7 @@ pub fn run(model: &Model, rx: std::sync::mpsc::Receiver<Job>, counters: &Counter
 
 /// The free slot whose held state or snapshot the job's prompt extends
 /// furthest, else the least recently used free slot.
-fn best_slot(slots: &[Slot<'_>], model: &Model, job: &Job) -> Option<usize> {
-    let pad = model.vision().map(|v| v.placeholder);
-    let keys = keys(&job.prompt, pad, &job.images);
+fn best_slot(slots: &[Slot<'_>], keys: &[u64]) -> Option<usize> {
     let extends = |base: &[u64]| !base.is_empty() && base.len() < keys.len() && keys.starts_with(base);
     let reach = |s: &Slot<'_>| {
         let snap = s.snap.as_ref().filter(|(t, _)| extends(t)).map_or(0, |(t, _)| t.len());
@@ -195,17 +194,16 @@ fn best_slot(slots: &[Slot<'_>], model: &Model, job: &Job) -> Option<usize> {
     }
 }
 
-/// Take `job` into `slot`: resume from the held state or the snapshot the
-/// prompt extends (else start over), queue the images past the reused
-/// prefix. A job that cannot start gets its error.
-fn start<'m>(model: &'m Model, slot: &mut Slot<'m>, job: Job) {
+/// Take `job` (its prompt as `keys`) into `slot`: resume from the held
+/// state or the snapshot the prompt extends (else start over), queue the
+/// images past the reused prefix. A job that cannot start gets its error.
+fn start<'m>(model: &'m Model, slot: &mut Slot<'m>, job: Job, keys: Vec<u64>) {
     let pad = model.vision().map(|v| v.placeholder);
     let pads = job.prompt.iter().filter(|&&t| Some(t) == pad).count();
     if pads != job.images.len() {
         let _ = job.tx.send(Event::Error(format!("{pads} image placeholders for {} images", job.images.len())));
         return;
     }
-    let keys = keys(&job.prompt, pad, &job.images);
     let extends = |base: &[u64]| !base.is_empty() && base.len() < keys.len() && keys.starts_with(base);
     let s = &mut slot.s;
     let start = match slot.snap.as_ref() {
