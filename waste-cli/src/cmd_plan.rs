@@ -26,6 +26,11 @@ pub struct PlanArgs {
     /// whether the cache lets a step take them all.
     #[arg(long, default_value_t = 1)]
     parallel: usize,
+    /// The disk's read speed in GB/s for the estimate of a budget below
+    /// the floor (default: measured on the container's largest expert
+    /// bank, when it has one).
+    #[arg(long)]
+    disk_gbps: Option<f64>,
 }
 
 /// `--parallel N` (plan, bench, serve): 1 to [`waste_model::MAX_PARALLEL`].
@@ -43,12 +48,21 @@ fn gib(b: u64) -> String {
 
 pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     check_parallel(a.parallel)?;
-    let p = waste_model::plan(&a.model, a.ctx)
+    if a.disk_gbps.is_some_and(|g| !(g.is_finite() && g > 0.0)) {
+        anyhow::bail!("--disk-gbps: a speed above 0 GB/s");
+    }
+    let resident = waste_model::plan(&a.model, a.ctx)
         .with_context(|| format!("planning {}", a.model.display()))?
         .with_parallel(a.parallel);
+    // below the floor, the layers that stream (issue 48), or why none can
+    let split = waste_model::split(&a.model, &resident, a.budget);
+    let p = resident.with_split(split.as_ref().unwrap_or(&waste_model::Split::default()));
     let vocab = p.vocab as usize;
     let usable = waste_model::usable_ram();
-    let resolved = waste_cache_resolve(&p, a.budget, usable);
+    let resolved = match &split {
+        Err(e) => Err(e.to_string()),
+        Ok(_) => waste_cache_resolve(&p, a.budget, usable),
+    };
     let (budget, cache, note) = match &resolved {
         Ok((b, c, w)) => (*b, *c, w.clone()),
         Err(e) => (a.budget, 0, Some(e.clone())),
@@ -70,8 +84,9 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         Err(e) => Some(e.clone()),
         Ok(_) => note,
     };
+    let stream = split.as_ref().ok().filter(|s| s.streams()).map(|s| stream_estimate(&a, &p, s, slots));
     if a.json {
-        print_json(&json!({
+        let mut v = json!({
             "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes, "tokenizer_bytes": p.tokenizer_bytes, "tokenize_bytes": p.tokenize_bytes, "template_bytes": p.template_bytes,
             "grammar_bytes_when_constrained": p.with_grammar(vocab).grammar_bytes,
             "vision_bytes": p.vision_bytes(), "vision_weight_bytes": p.vision_weight_bytes, "vision_scratch_bytes": p.vision_scratch_bytes,
@@ -83,7 +98,12 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             "expert_lanes": p.expert_lanes, "expert_lane_bytes": p.expert_lane_bytes,
             "parallel": p.parallel, "parallel_bytes": p.parallel_bytes, "max_parallel": max_parallel,
             "snapshot_bytes_when_serving": p.with_snapshots(a.parallel).snapshot_bytes,
-        }))?;
+            "resident_floor_bytes": resident.floor_bytes, "streamed_layers": p.streamed_layers,
+        });
+        if let (Some(o), Some(st)) = (v.as_object_mut(), &stream) {
+            o.extend(st.json().as_object().into_iter().flatten().map(|(k, x)| (k.clone(), x.clone())));
+        }
+        print_json(&v)?;
     } else {
         outln!("{} at {} tokens of context", a.model.display(), a.ctx);
         outln!("  trunk (resident)     {:>14} bytes  {}", p.trunk_bytes, gib(p.trunk_bytes));
@@ -115,6 +135,9 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             );
         }
         outln!("  minimum expert cache {:>14} bytes  {}", p.min_expert_cache_bytes, gib(p.min_expert_cache_bytes));
+        if let Some(st) = &stream {
+            st.print(&resident)?;
+        }
         outln!("  floor                {:>14} bytes  {}", p.floor_bytes, gib(p.floor_bytes));
         outln!("  working set / token  {:>14} bytes  {}", p.working_set_bytes, gib(p.working_set_bytes));
         outln!("  recommended          {:>14} bytes  {}", p.recommended_bytes, gib(p.recommended_bytes));
@@ -138,6 +161,95 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         }
     }
     Ok(if resolved.is_ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// What a budget below the floor streams and what a token then reads.
+struct StreamEstimate {
+    split: waste_model::Split,
+    /// A token's expert reads with this cache if routing were uniform.
+    expert_bytes: f64,
+    disk_gbps: Option<f64>,
+    measured: bool,
+    /// Decoder layers of the model.
+    layers: usize,
+}
+
+fn stream_estimate(a: &PlanArgs, p: &waste_model::Plan, s: &waste_model::Split, slots: usize) -> StreamEstimate {
+    let held = if p.expert_records > 0 { (slots as f64 / p.expert_records as f64).min(1.0) } else { 1.0 };
+    let measured = a.disk_gbps.is_none();
+    let disk_gbps = a.disk_gbps.or_else(|| disk_bandwidth(&a.model, 4, true));
+    let layers = waste_model::format::Container::open(&a.model).map_or(0, |c| c.config.layers);
+    StreamEstimate {
+        split: s.clone(),
+        expert_bytes: p.working_set_bytes as f64 * (1.0 - held),
+        disk_gbps,
+        measured,
+        layers,
+    }
+}
+
+impl StreamEstimate {
+    fn read_bytes(&self) -> f64 {
+        self.split.read_bytes as f64 + self.expert_bytes
+    }
+    fn ms(&self) -> Option<f64> {
+        self.disk_gbps.map(|g| self.read_bytes() / (g * 1e9) * 1e3)
+    }
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "streamed_layer_ids": self.split.streamed, "streamed_bytes": self.split.streamed_bytes,
+            "stream_buffer_bytes": self.split.buffer_bytes, "trunk_read_bytes_per_token": self.split.read_bytes,
+            "expert_read_bytes_per_token_uniform": self.expert_bytes, "read_bytes_per_token": self.read_bytes(),
+            "disk_gbps": self.disk_gbps, "disk_gbps_measured": self.disk_gbps.is_some() && self.measured,
+            "ms_per_token_estimate": self.ms(),
+        })
+    }
+    fn print(&self, resident: &waste_model::Plan) -> Result<()> {
+        let s = &self.split;
+        outln!(
+            "  resident floor       {:>14} bytes  {}  (every layer in memory)",
+            resident.floor_bytes,
+            gib(resident.floor_bytes)
+        );
+        outln!(
+            "  below it: {} of {} decoder layers stream from disk, {} of them ({} read a token); two in memory at a time: {} bytes  {}",
+            s.streamed.len(),
+            self.layers,
+            gib(s.streamed_bytes),
+            gib(s.read_bytes),
+            s.buffer_bytes,
+            gib(s.buffer_bytes)
+        );
+        outln!("  streamed layers      {}", ranges(&s.streamed));
+        let speed = match (self.disk_gbps, self.measured) {
+            (Some(g), true) => format!("{g:.2} GB/s measured"),
+            (Some(g), false) => format!("{g:.2} GB/s given"),
+            (None, _) => "unknown (--disk-gbps)".into(),
+        };
+        outln!(
+            "  a token reads {:.2} GB: layers {:.2} + experts {:.2} (uniform routing over the cache); disk {speed}{}",
+            self.read_bytes() / 1e9,
+            s.read_bytes as f64 / 1e9,
+            self.expert_bytes / 1e9,
+            self.ms().map_or(String::new(), |ms| format!(" → about {:.0} ms/token ({:.2} s)", ms, ms / 1e3))
+        );
+        Ok(())
+    }
+}
+
+/// `0-3, 5, 7-9` for a sorted list.
+fn ranges(v: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j { v[i].to_string() } else { format!("{}-{}", v[i], v[j]) });
+        i = j + 1;
+    }
+    out.join(", ")
 }
 
 fn waste_cache_resolve(p: &waste_model::Plan, budget: u64, usable: u64) -> Result<(u64, u64, Option<String>), String> {
@@ -300,7 +412,9 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     let (hit, miss) = (d.experts_hit, d.experts_missed);
     let rate = |hit: u64, miss: u64| if hit + miss > 0 { hit as f64 / (hit + miss) as f64 } else { 0.0 };
     let hit_rate = rate(hit, miss);
-    let bytes = d.bytes_read + (cs.prefetch_issued - cs0.prefetch_issued) * model.plan().record_bytes;
+    let expert_bytes = d.bytes_read + (cs.prefetch_issued - cs0.prefetch_issued) * model.plan().record_bytes;
+    // below the floor, the streamed layers' bytes too (issue 48)
+    let bytes = expert_bytes + d.trunk_bytes_read;
     // the roofline: the slower of the disk (bytes read) and memory (bytes a
     // token touches: the trunk, every expert it uses, the attention state)
     let (mem1, mem_n) = model.memory_bandwidth(model.threads(), 3);
@@ -327,7 +441,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     // the prefill's own roofline: what it read (misses and prefetches), and
     // what it touched — the trunk once a chunk, each chunk's distinct
     // experts once (the engine's unit of reuse), the state once a chunk
-    let p_bytes = st0.bytes_read + st0.prefetch_issued * plan.record_bytes;
+    let p_bytes = st0.bytes_read + st0.prefetch_issued * plan.record_bytes + st0.trunk_bytes_read;
     let chunks = prompt.len().div_ceil(s.chunk_len().max(1)) as f64;
     let p_touched = chunks * (plan.trunk_bytes + plan.state_bytes) as f64
         + (st0.experts_hit + st0.experts_missed) as f64 * plan.record_bytes as f64;
@@ -375,6 +489,14 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "policy": model.options().policy.name(), "temperature": a.temp, "kda_chunked": model.options().kda_chunked,
     });
     v["numeric_mode"] = json!(model.numeric().name());
+    // below the floor (issue 48): the streamed layers' reads apart from the experts'
+    let below = json!({
+        "streamed_layers": model.streamed_layers().len(),
+        "trunk_bytes_read_per_token": d.trunk_bytes_read as f64 / n,
+        "expert_bytes_read_per_token": expert_bytes as f64 / n,
+        "trunk_io_wait_ms_per_token": 1e3 * d.trunk_io_seconds / n,
+        "roofline_disk_trunk_ms_per_token": disk_gbps.map_or(0.0, |g| d.trunk_bytes_read as f64 / n / (g * 1e9) * 1e3),
+    });
     let cores = json!({
         "roofline_compute_ms_per_token": compute_ms, "roofline_compute_expert_ms_per_token": cb.expert_ms_per_token(used),
         "roofline_bound": bound,
@@ -383,7 +505,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     // what sums the experts here (the AVX2 VQ row kernel by the open's probe)
     v["expert_kernel"] = json!(model.expert_kernel());
     if let Some(o) = v.as_object_mut() {
-        for part in [&prefill, &cores] {
+        for part in [&prefill, &cores, &below] {
             o.extend(part.as_object().into_iter().flatten().map(|(k, x)| (k.clone(), x.clone())));
         }
     }
@@ -405,6 +527,15 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
             model.simd().name(),
             model.expert_kernel().map_or(String::new(), |k| format!(", experts {k}"))
         );
+        if !model.streamed_layers().is_empty() {
+            outln!(
+                "below the floor: {} layers streamed | read/token: trunk {:.1} MB + experts {:.1} MB | waiting for layers {:.1} ms/token",
+                model.streamed_layers().len(),
+                d.trunk_bytes_read as f64 / n / 1e6,
+                expert_bytes as f64 / n / 1e6,
+                1e3 * d.trunk_io_seconds / n
+            );
+        }
         outln!(
             "cores: {:.1} ms/token at in-cache kernel speed | bound: {bound}, {:.1} ms ({:.0}% reached)",
             compute_ms,

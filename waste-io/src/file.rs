@@ -65,6 +65,21 @@ impl DirectFile {
         }
     }
 
+    /// Tell the OS that `len` bytes from `offset` will not be read again
+    /// soon, so their page-cache copy may go (`posix_fadvise(DONTNEED)` on
+    /// Linux; nothing elsewhere): a streamed trunk layer is read once a
+    /// token, and its pages would otherwise fill the machine's memory
+    /// beside the process's budget. Advisory — a refusal changes nothing.
+    pub fn dont_need(&self, offset: u64, len: u64) {
+        if self.direct || len == 0 {
+            return;
+        }
+        let end = offset.saturating_add(len).min(self.len);
+        if offset < end {
+            dont_need(&self.file, offset, end - offset);
+        }
+    }
+
     /// Fill `buf` from `offset`. Direct files need a 4 KiB-aligned offset,
     /// buffer and length. A file that ends early is a [`Error::ShortRead`].
     ///
@@ -207,6 +222,17 @@ fn will_need(f: &File, offset: u64, len: u64) {
         libc::posix_fadvise(f.as_raw_fd(), off, n, libc::POSIX_FADV_WILLNEED);
     }
 }
+#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+fn dont_need(f: &File, offset: u64, len: u64) {
+    use std::os::unix::io::AsRawFd;
+    let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else { return };
+    // SAFETY: advisory call on a descriptor we own.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), off, n, libc::POSIX_FADV_DONTNEED);
+    }
+}
+#[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
+fn dont_need(_f: &File, _offset: u64, _len: u64) {}
 #[cfg(target_os = "macos")]
 fn will_need(f: &File, offset: u64, len: u64) {
     use std::os::unix::io::AsRawFd;

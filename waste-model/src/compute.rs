@@ -322,10 +322,13 @@ impl Model {
         probe: impl FnOnce(&waste_moe::ExpertKernel, &waste_moe::LayerBooks, &[u8]) -> (f64, usize),
     ) -> Result<f64> {
         let Some(kernel) = &self.kernel else { return Ok(0.0) };
-        let Some((l, books)) = self.layers.iter().enumerate().find_map(|(l, layer)| match &layer.ffn {
-            Ffn::Moe(w) => Some((l, &w.books)),
-            Ffn::Dense(_) => None,
-        }) else {
+        // the first resident MoE layer's codebooks (a streamed one is not in memory)
+        let Some((l, books)) =
+            self.layers.iter().enumerate().find_map(|(l, layer)| match layer.as_ref().map(|x| &x.ffn) {
+                Some(Ffn::Moe(w)) => Some((l, &w.books)),
+                _ => None,
+            })
+        else {
             return Ok(0.0);
         };
         let pinned = self.store.acquire(l as u32, &[0], &[])?;

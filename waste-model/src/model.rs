@@ -132,7 +132,11 @@ impl Default for ModelOptions {
 pub struct Model {
     /// The validated container.
     pub container: Container,
-    pub(crate) layers: Vec<Layer>,
+    /// Each decoder layer: resident, or `None` when it streams from disk
+    /// every token ([`Model::streamed_layers`]).
+    pub(crate) layers: Vec<Option<Layer>>,
+    /// The layers that stream (issue 48's budgets below the floor).
+    pub(crate) split: crate::plan::Split,
     pub(crate) embed: Embedding,
     pub(crate) final_norm: Vec<f32>,
     pub(crate) lm_head: Matrix,
@@ -191,6 +195,8 @@ impl Model {
         let template = crate::plan::load_chat_template(&container, tokenizer.as_ref())?;
         let (opts, threads, mut warnings) = capped(opts);
         let (plan, vcfg, mut vision_error) = plan_of(&container, &opts, threads, &tokenizer, &template)?;
+        let split = crate::plan::split_of(&container, &plan, opts.budget)?;
+        let plan = plan.with_split(&split);
         let usable = opts.usable_ram.unwrap_or_else(waste_cache::usable_ram);
         if plan.floor_bytes > usable && !opts.force {
             return Err(Error::FloorAboveRam {
@@ -202,7 +208,7 @@ impl Model {
         }
         let resolved = budget_of(&plan, opts.budget, usable)?;
         let level = simd_level(opts.simd)?;
-        let trunk = load_trunk(&container, &opts, vcfg.as_ref(), progress)?;
+        let trunk = load_trunk(&container, &opts, &split.streamed, vcfg.as_ref(), progress)?;
         let vision = match trunk.vision {
             Some(Ok(t)) => Some(t),
             Some(Err(e)) if opts.vision_optional => {
@@ -229,6 +235,7 @@ impl Model {
             embed: Embedding::new(&container)?,
             container,
             layers: trunk.layers,
+            split,
             final_norm: trunk.final_norm,
             lm_head: trunk.lm_head,
             out_res: trunk.out_res,
@@ -487,6 +494,12 @@ impl Model {
     pub fn preloaded(&self) -> usize {
         self.preloaded
     }
+    /// The decoder layers read from disk every token (the budget is below
+    /// the resident floor; empty otherwise).
+    pub fn streamed_layers(&self) -> &[usize] {
+        &self.split.streamed
+    }
+
     /// Cache counters (all sessions).
     pub fn cache_stats(&self) -> waste_cache::CacheStats {
         self.store.stats()
@@ -502,7 +515,7 @@ impl Model {
     /// dense FFN, or its router, shared expert and latent projections.
     pub(crate) fn layer_matrices(&self, l: usize) -> Vec<&Matrix> {
         let mut m: Vec<&Matrix> = Vec::new();
-        let l = &self.layers[l];
+        let Some(l) = &self.layers[l] else { return m };
         match &l.attn {
             Attn::Kda(w) => {
                 m.extend([&w.q, &w.k, &w.v, &w.f_a, &w.f_b, &w.b, &w.o]);
@@ -540,7 +553,7 @@ impl Model {
         let v = |x: &Vec<f32>| 4 * x.capacity() as u64;
         let mut t: u64 =
             self.trunk_matrices().iter().map(|m| (m.data.capacity() + 2 * m.scales.capacity()) as u64).sum();
-        for l in &self.layers {
+        for l in self.layers.iter().flatten() {
             t += v(&l.in_norm) + v(&l.post_norm);
             match &l.attn {
                 Attn::Kda(w) => {
@@ -736,7 +749,7 @@ fn plan_of(
 
 /// The resident trunk as loaded.
 struct Trunk {
-    layers: Vec<Layer>,
+    layers: Vec<Option<Layer>>,
     out_res: Option<Vec<f32>>,
     final_norm: Vec<f32>,
     lm_head: Matrix,
@@ -745,16 +758,17 @@ struct Trunk {
     vision: Option<Result<crate::vision::Vision>>,
 }
 
-/// Read the trunk: every layer (reporting progress), the output
+/// Read the trunk: every resident layer (reporting progress), the output
 /// aggregation, the final norm, the head and the vision tower.
 fn load_trunk(
     container: &Container,
     opts: &ModelOptions,
+    streamed: &[usize],
     vcfg: Option<&crate::vision::VisionConfig>,
     progress: &dyn Fn(usize, usize),
 ) -> Result<Trunk> {
-    let mut r = TrunkReader::new(container)?.with_huge_pages(opts.huge_pages);
-    let layers = load_layers(container, &mut r, progress)?;
+    let mut r = TrunkReader::skipping(container, streamed)?.with_huge_pages(opts.huge_pages);
+    let layers = load_layers(container, &mut r, streamed, progress)?;
     let out_res = load_output_res(container, &mut r)?;
     let final_norm = r.vector("model.norm.weight")?;
     let lm_head = if container.config.tie_embeddings {

@@ -80,6 +80,15 @@ pub struct Plan {
     /// Their bytes at most (each a state at full context and its logits);
     /// in the floor.
     pub snapshot_bytes: u64,
+    /// Decoder layers streamed from disk a layer at a time (issue 48; 0
+    /// until [`Plan::with_split`] applies a [`Split`]).
+    pub streamed_layers: u64,
+    /// Their bytes as loaded: out of the floor.
+    pub streamed_bytes: u64,
+    /// Their bytes on disk: read every token (and every prefill chunk).
+    pub streamed_read_bytes: u64,
+    /// What streaming them takes instead (two of the largest); in the floor.
+    pub stream_buffer_bytes: u64,
 }
 
 /// Resident bytes of the constrained-decoding tables per vocabulary entry:
@@ -104,19 +113,23 @@ pub const MAX_CTX: usize = 1 << 24;
 /// embedding table (read a row a token; resident only as a tied head),
 /// vectors as f32, AttnRes norm ⊙ proj pairs as one product vector.
 fn resident_tensor_bytes(ct: &Container) -> u64 {
+    resident_tensors(ct).map(|(_, b)| b).sum()
+}
+
+/// Each resident tensor's name and bytes as loaded ([`resident_tensor_bytes`]).
+fn resident_tensors(ct: &Container) -> impl Iterator<Item = (String, u64)> + '_ {
     let c = &ct.config;
-    let mut trunk = 0u64;
     let embed_name = "model.embed_tokens.weight";
-    for req in waste_format::required_tensors(c) {
+    waste_format::required_tensors(c).into_iter().filter_map(move |req| {
+        let t = ct.tensor(&req.name).ok()?;
         if req.name == embed_name {
-            continue;
+            return c.tie_embeddings.then(|| (req.name.clone(), t.payload_len + t.scale_len));
         }
-        let Ok(t) = ct.tensor(&req.name) else { continue };
         let is_res = req.name.contains("_res_");
-        trunk += match req.expect {
+        let bytes = match req.expect {
             Expect::Mat(..) => t.payload_len + t.scale_len,
+            // norm ⊙ proj pairs are stored as one product vector
             Expect::Vec(n) if is_res => {
-                // norm ⊙ proj pairs are stored as one product vector
                 if req.name.ends_with("_res_norm.weight") {
                     f(n)
                 } else {
@@ -126,13 +139,78 @@ fn resident_tensor_bytes(ct: &Container) -> u64 {
             Expect::Vec(n) => f(n),
             Expect::AtLeast(n) => f(n),
         };
+        Some((req.name, bytes))
+    })
+}
+
+/// Bytes of the VQ codebooks of one MoE layer as loaded (f32 tables and
+/// their transposes); 0 without VQ experts.
+fn books_bytes_per_layer(ct: &Container) -> u64 {
+    match &ct.experts {
+        Some((q, _)) if q.fmt.is_vq() => (q.books_per_layer() * q.entries * q.vec_dim * 2 * 4) as u64,
+        _ => 0,
     }
-    if c.tie_embeddings {
-        if let Ok(t) = ct.tensor(embed_name) {
-            trunk += t.payload_len + t.scale_len;
+}
+
+/// Each decoder layer's bytes as loaded (its tensors and, for a MoE layer
+/// of a VQ container, its codebooks): what streaming it saves in memory
+/// and costs in reads a token (issue 48).
+pub fn layer_bytes(ct: &Container) -> Vec<u64> {
+    let c = &ct.config;
+    let mut v: Vec<u64> = (0..c.layers).map(|l| if c.is_moe(l) { books_bytes_per_layer(ct) } else { 0 }).collect();
+    for (name, b) in resident_tensors(ct) {
+        let l = name.strip_prefix("model.layers.").and_then(|r| r.split_once('.')).and_then(|(l, _)| l.parse().ok());
+        if let Some(x) = l.and_then(|l: usize| v.get_mut(l)) {
+            *x += b;
         }
     }
-    trunk
+    v
+}
+
+/// Each decoder layer's bytes on disk (its tensors as stored): what
+/// streaming it reads a token.
+pub fn layer_read_bytes(ct: &Container) -> Vec<u64> {
+    let mut v = vec![0u64; ct.config.layers];
+    for l in 0..ct.config.layers {
+        let p = ct.full_name(&format!("model.layers.{l}."));
+        v[l] = ct.tensors.values().filter(|t| t.name.starts_with(p.as_str())).map(|t| t.stored_bytes()).sum();
+    }
+    v
+}
+
+/// Which decoder layers stream from disk, a layer at a time, when the
+/// budget is below the resident floor (issue 48): the rest of the trunk,
+/// the state and the scratch stay resident.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Split {
+    /// Layers read from disk every token (ascending; empty above the floor).
+    pub streamed: Vec<usize>,
+    /// Their bytes as loaded: what streaming them saves in memory.
+    pub streamed_bytes: u64,
+    /// Their bytes on disk: what a token reads beside its experts
+    /// (filled by [`Split::with_reads`]).
+    pub read_bytes: u64,
+    /// Memory streaming takes: two of the largest streamed layer (the one
+    /// computed and the one read ahead).
+    pub buffer_bytes: u64,
+}
+
+impl Split {
+    /// Whether any layer streams.
+    pub fn streams(&self) -> bool {
+        !self.streamed.is_empty()
+    }
+    /// The same split with its bytes read a token from `reads` (each
+    /// layer's, [`layer_read_bytes`]).
+    pub fn with_reads(mut self, reads: &[u64]) -> Split {
+        self.read_bytes = self.streamed.iter().filter_map(|&l| reads.get(l)).sum();
+        self
+    }
+    /// Resident bytes the split saves against the floor (negative never:
+    /// a split that saves nothing is not chosen).
+    pub fn saved_bytes(&self) -> u64 {
+        self.streamed_bytes.saturating_sub(self.buffer_bytes)
+    }
 }
 
 /// Bytes of an `AlignedBuf` of `len` (huge-page aligned from 2 MiB).
@@ -157,10 +235,8 @@ impl Plan {
         let c = &ct.config;
         let mut trunk = resident_tensor_bytes(ct);
         let (rec, vq_scratch, lane_bytes) = match &ct.experts {
-            Some((q, lay)) => {
-                if q.fmt.is_vq() {
-                    trunk += (c.n_moe_layers() * q.books_per_layer() * q.entries * q.vec_dim * 2 * 4) as u64;
-                }
+            Some((_, lay)) => {
+                trunk += c.n_moe_layers() as u64 * books_bytes_per_layer(ct);
                 let kernel = waste_moe::ExpertKernel { lay: *lay, act: c.activation, batch: CHUNK };
                 let one = kernel.scratch_bytes(1) as u64;
                 (lay.rec_bytes as u64, one, kernel.scratch_bytes(2) as u64 - one)
@@ -212,7 +288,70 @@ impl Plan {
             parallel_bytes: 0,
             snapshots: 0,
             snapshot_bytes: 0,
+            streamed_layers: 0,
+            streamed_bytes: 0,
+            streamed_read_bytes: 0,
+            stream_buffer_bytes: 0,
         })
+    }
+
+    /// The split of `layers` (each decoder layer's bytes, [`layer_bytes`])
+    /// that brings this plan's floor within `budget` while streaming the
+    /// fewest bytes a token: for each bound on the largest streamed layer
+    /// (which sets the two buffers), the largest layers under it first,
+    /// until the floor fits. Above the floor, no split. Applied to a plan
+    /// with no split yet.
+    ///
+    /// # Errors
+    /// The lowest budget any split reaches (every layer under the best
+    /// bound streamed) when `budget` is below it.
+    pub fn split(&self, layers: &[u64], budget: u64) -> std::result::Result<Split, u64> {
+        let floor = self.floor_bytes;
+        if budget >= floor {
+            return Ok(Split::default());
+        }
+        let need = floor - budget;
+        let mut caps: Vec<u64> = layers.iter().copied().filter(|&b| b > 0).collect();
+        caps.sort_unstable();
+        caps.dedup();
+        let mut best: Option<Split> = None;
+        let mut most_saved = 0u64;
+        for &cap in &caps {
+            let mut order: Vec<usize> = (0..layers.len()).filter(|&l| layers[l] > 0 && layers[l] <= cap).collect();
+            order.sort_by_key(|&l| (std::cmp::Reverse(layers[l]), l));
+            let buffer = cap.saturating_mul(2);
+            let mut s = Split { streamed: Vec::new(), streamed_bytes: 0, read_bytes: 0, buffer_bytes: buffer };
+            for l in order {
+                s.streamed.push(l);
+                s.streamed_bytes = s.streamed_bytes.saturating_add(layers[l]);
+                if s.saved_bytes() >= need {
+                    break;
+                }
+            }
+            most_saved = most_saved.max(s.saved_bytes());
+            let better = |b: &Split| (s.streamed_bytes, s.streamed.len()) < (b.streamed_bytes, b.streamed.len());
+            if s.saved_bytes() >= need && best.as_ref().is_none_or(better) {
+                s.streamed.sort_unstable();
+                best = Some(s);
+            }
+        }
+        best.ok_or(floor - most_saved)
+    }
+
+    /// The same plan with `s`'s layers streamed: their bytes out of the
+    /// floor and the recommendation, its buffers in.
+    pub fn with_split(mut self, s: &Split) -> Plan {
+        let (old, new) = (
+            self.streamed_bytes.saturating_sub(self.stream_buffer_bytes),
+            s.streamed_bytes.saturating_sub(s.buffer_bytes),
+        );
+        self.floor_bytes = self.floor_bytes + old - new;
+        self.recommended_bytes = self.recommended_bytes + old - new;
+        self.streamed_layers = s.streamed.len() as u64;
+        self.streamed_bytes = s.streamed_bytes;
+        self.streamed_read_bytes = s.read_bytes;
+        self.stream_buffer_bytes = s.buffer_bytes;
+        self
     }
 
     /// The most sequences one batched step takes with `slots` cache slots
@@ -384,7 +523,8 @@ impl Plan {
     pub fn floor(&self) -> waste_cache::Floor {
         let vision = if self.vision { self.vision_bytes() } else { 0 };
         waste_cache::Floor {
-            fixed: self.trunk_bytes
+            fixed: self.trunk_bytes - self.streamed_bytes
+                + self.stream_buffer_bytes
                 + self.state_bytes
                 + self.scratch_bytes
                 + self.tokenizer_bytes
@@ -434,6 +574,39 @@ pub fn plan(path: impl AsRef<Path>, ctx: usize) -> Result<Plan> {
         .with_tokenizer(tok.as_ref())
         .with_chat_template(template.as_ref())
         .with_threads(default_threads()))
+}
+
+/// The layers to stream for an explicit `budget` below the plan's floor
+/// (none at or above it, or for the automatic budget), or
+/// [`crate::Error::Budget`] naming the lowest budget any split reaches.
+pub(crate) fn split_of(container: &Container, plan: &Plan, budget: u64) -> Result<Split> {
+    if budget == 0 {
+        return Ok(Split::default());
+    }
+    let split = plan.split(&layer_bytes(container), budget).map_err(|lowest| crate::Error::Budget {
+        budget,
+        floor: lowest,
+        detail: format!(
+            "every decoder layer streamed from disk; still resident: the rest of the trunk {} + state {} + scratch {} + tokenizer {} + two layers being streamed + minimum expert cache {}",
+            plan.trunk_bytes - layer_bytes(container).iter().sum::<u64>(),
+            plan.state_bytes,
+            plan.scratch_bytes,
+            plan.tokenizer_bytes + plan.tokenize_bytes + plan.template_bytes,
+            plan.min_expert_cache_bytes
+        ),
+    })?;
+    Ok(split.with_reads(&layer_read_bytes(container)))
+}
+
+/// The layers a container streams at `budget` with `plan` (made for it by
+/// [`plan`], no split applied): none at or above the floor or for the
+/// automatic budget (0).
+///
+/// # Errors
+/// [`crate::Error::Budget`] naming the lowest budget any split reaches;
+/// the container's validation errors.
+pub fn split(path: impl AsRef<Path>, plan: &Plan, budget: u64) -> Result<Split> {
+    split_of(&Container::open(path.as_ref())?, plan, budget)
 }
 
 /// The container's chat template when it has a tokenizer

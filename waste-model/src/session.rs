@@ -42,6 +42,11 @@ pub struct Stats {
     /// a token's top-k alone; the union of a chunk's or a batched step's
     /// tokens' choices): the experts the step read from the cache or the disk.
     pub experts_acquired: u64,
+    /// Bytes of streamed decoder layers read (issue 48: a budget below the
+    /// resident floor streams layers every token; 0 otherwise).
+    pub trunk_bytes_read: u64,
+    /// Seconds waiting for a streamed layer to arrive (not in `trunk_seconds`).
+    pub trunk_io_seconds: f64,
 }
 
 /// Two sessions' counters together (a batch's: its sessions' sum).
@@ -60,6 +65,8 @@ impl std::ops::Add for Stats {
             expert_seconds: self.expert_seconds + b.expert_seconds,
             expert_runs: self.expert_runs + b.expert_runs,
             experts_acquired: self.experts_acquired + b.experts_acquired,
+            trunk_bytes_read: self.trunk_bytes_read + b.trunk_bytes_read,
+            trunk_io_seconds: self.trunk_io_seconds + b.trunk_io_seconds,
         }
     }
 }
@@ -80,6 +87,8 @@ impl std::ops::Sub for Stats {
             expert_seconds: self.expert_seconds - b.expert_seconds,
             expert_runs: self.expert_runs - b.expert_runs,
             experts_acquired: self.experts_acquired - b.experts_acquired,
+            trunk_bytes_read: self.trunk_bytes_read - b.trunk_bytes_read,
+            trunk_io_seconds: self.trunk_io_seconds - b.trunk_io_seconds,
         }
     }
 }
@@ -707,7 +716,8 @@ impl Work {
         let pos: Vec<usize> =
             (0..nt).map(|t| lanes[owner(shape, t)].pos + if shape == Shape::Batch { 0 } else { t }).collect();
         let t0 = Instant::now();
-        let (io0, ex0, at0) = (self.stats.io_seconds, self.stats.expert_seconds, self.stats.attn_seconds);
+        let (io0, ex0, at0, tio0) =
+            (self.stats.io_seconds, self.stats.expert_seconds, self.stats.attn_seconds, self.stats.trunk_io_seconds);
         for (t, inp) in toks.iter().enumerate() {
             let dst = &mut self.chunk_hidden[t * h..(t + 1) * h];
             match *inp {
@@ -716,50 +726,7 @@ impl Work {
             }
         }
         self.nblocks = 0;
-        for (l, layer) in m.layers.iter().enumerate() {
-            #[cfg(test)]
-            assert!(self.panic_at_layer != Some(l), "injected panic at layer {l}");
-            let restarted = c.attn_res_block.is_some_and(|b| l % b == 0);
-            self.attn_inputs(m, layer, nt, restarted);
-            // the last layer's outputs feed only the head: its attention
-            // outputs and FFN run for the tokens whose logits are wanted
-            // (a chunk's last, or none: llama.cpp's `inp_out_ids`); its
-            // state still takes every token
-            let first = match shape {
-                _ if l + 1 < m.layers.len() => 0,
-                Shape::One { logits: true } => nt - 1,
-                Shape::One { logits: false } => nt,
-                Shape::Batch => 0,
-            };
-            let ta = Instant::now();
-            self.attention(m, l, layer, lanes, nt, first)?;
-            self.stats.attn_seconds += ta.elapsed().as_secs_f64();
-            check_finite(
-                &self.chunk_ffn_out[first * h..nt * h],
-                h,
-                &pos[first..],
-                NonFiniteAt::Attention { layer: l },
-            )?;
-            self.ffn_inputs(m, layer, first, nt, restarted);
-            if restarted {
-                self.nblocks += 1;
-            }
-            let n = nt - first;
-            match &layer.ffn {
-                _ if n == 0 => {}
-                Ffn::Dense(d) => d.forward_chunk(
-                    &m.pool,
-                    c.activation,
-                    &self.chunk_ffn_in[first * h..nt * h],
-                    n,
-                    &mut self.ffn_tmp,
-                    &mut self.chunk_ffn_out[first * h..nt * h],
-                ),
-                Ffn::Moe(w) => self.moe(m, l, w, lanes, Span { shape, pos: &pos, first, nt: n })?,
-            }
-            check_finite(&self.chunk_ffn_out[first * h..nt * h], h, &pos[first..], NonFiniteAt::Ffn { layer: l })?;
-            self.ffn_residual(c, first, nt);
-        }
+        self.layers(m, lanes, shape, &pos)?;
         let wanted = match shape {
             Shape::One { logits: true } => nt - 1..nt,
             Shape::One { logits: false } => nt..nt,
@@ -773,9 +740,108 @@ impl Work {
         let spent = t0.elapsed().as_secs_f64()
             - (self.stats.io_seconds - io0)
             - (self.stats.expert_seconds - ex0)
-            - (self.stats.attn_seconds - at0);
+            - (self.stats.attn_seconds - at0)
+            - (self.stats.trunk_io_seconds - tio0);
         self.stats.trunk_seconds += spent;
         check_logits(lanes, shape, wanted, &pos)
+    }
+
+    /// Every decoder layer in order, each streamed layer read from disk
+    /// on a loader thread while the layer before it computes (issue 48:
+    /// at most two streamed layers in memory, the one computed and the
+    /// one read ahead).
+    fn layers(&mut self, m: &Model, lanes: &mut [&mut Lane], shape: Shape, pos: &[usize]) -> Result<()> {
+        let streamed = &m.split.streamed;
+        std::thread::scope(|s| -> Result<()> {
+            let load = |l: usize| {
+                std::thread::Builder::new()
+                    .name(format!("waste-layer-{l}"))
+                    .spawn_scoped(s, move || crate::weights::stream_layer(&m.container, l))
+                    .map_err(|source| waste_io::Error::Thread { what: "layer loader", source })
+            };
+            let mut ahead = match streamed.first() {
+                Some(&l) => Some((l, load(l)?)),
+                None => None,
+            };
+            for l in 0..m.layers.len() {
+                let owned;
+                let layer = match &m.layers[l] {
+                    Some(x) => x,
+                    None => {
+                        let t = Instant::now();
+                        let (layer, bytes) = ahead
+                            .take()
+                            .filter(|(al, _)| *al == l)
+                            .ok_or_else(|| Error::Unsupported(format!("layer {l} is neither resident nor read ahead")))?
+                            .1
+                            .join()
+                            .map_err(|_| Error::Unsupported(format!("the loader of layer {l} panicked")))??;
+                        self.stats.trunk_io_seconds += t.elapsed().as_secs_f64();
+                        self.stats.trunk_bytes_read += bytes;
+                        if let Some(&next) = streamed.iter().find(|&&x| x > l) {
+                            ahead = Some((next, load(next)?));
+                        }
+                        owned = layer;
+                        &owned
+                    }
+                };
+                self.layer(m, l, layer, lanes, shape, pos)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Layer `l` for a step's tokens: attention, then the FFN, each with
+    /// its residual.
+    fn layer(
+        &mut self,
+        m: &Model,
+        l: usize,
+        layer: &crate::weights::Layer,
+        lanes: &mut [&mut Lane],
+        shape: Shape,
+        pos: &[usize],
+    ) -> Result<()> {
+        let c = m.config();
+        let (h, nt) = (c.hidden, pos.len());
+        #[cfg(test)]
+        assert!(self.panic_at_layer != Some(l), "injected panic at layer {l}");
+        let restarted = c.attn_res_block.is_some_and(|b| l.is_multiple_of(b));
+        self.attn_inputs(m, layer, nt, restarted);
+        // the last layer's outputs feed only the head: its attention
+        // outputs and FFN run for the tokens whose logits are wanted
+        // (a chunk's last, or none: llama.cpp's `inp_out_ids`); its
+        // state still takes every token
+        let first = match shape {
+            _ if l + 1 < m.layers.len() => 0,
+            Shape::One { logits: true } => nt - 1,
+            Shape::One { logits: false } => nt,
+            Shape::Batch => 0,
+        };
+        let ta = Instant::now();
+        self.attention(m, l, layer, lanes, nt, first)?;
+        self.stats.attn_seconds += ta.elapsed().as_secs_f64();
+        check_finite(&self.chunk_ffn_out[first * h..nt * h], h, &pos[first..], NonFiniteAt::Attention { layer: l })?;
+        self.ffn_inputs(m, layer, first, nt, restarted);
+        if restarted {
+            self.nblocks += 1;
+        }
+        let n = nt - first;
+        match &layer.ffn {
+            _ if n == 0 => {}
+            Ffn::Dense(d) => d.forward_chunk(
+                &m.pool,
+                c.activation,
+                &self.chunk_ffn_in[first * h..nt * h],
+                n,
+                &mut self.ffn_tmp,
+                &mut self.chunk_ffn_out[first * h..nt * h],
+            ),
+            Ffn::Moe(w) => self.moe(m, l, w, lanes, Span { shape, pos, first, nt: n })?,
+        }
+        check_finite(&self.chunk_ffn_out[first * h..nt * h], h, &pos[first..], NonFiniteAt::Ffn { layer: l })?;
+        self.ffn_residual(c, first, nt);
+        Ok(())
     }
 
     /// The attention inputs of a layer for every token (they depend on
@@ -1108,7 +1174,8 @@ impl Work {
         if m.opts.lookahead == 0 {
             return Ok(());
         }
-        let Some(Ffn::Moe(next)) = m.layers.get(l + 1).map(|x| &x.ffn) else { return Ok(()) };
+        // a streamed next layer is not in memory yet: no lookahead into it
+        let Some(Ffn::Moe(next)) = m.layers.get(l + 1).and_then(Option::as_ref).map(|x| &x.ffn) else { return Ok(()) };
         let xn = &self.chunk_ffn_in[t * c.hidden..(t + 1) * c.hidden];
         let scores = &mut self.router[..c.experts];
         m.pool.matvec(&next.gate.view(), xn, scores);

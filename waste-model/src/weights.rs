@@ -15,6 +15,8 @@ pub struct TrunkReader<'c> {
     pub loaded: u64,
     /// Back each tensor with 2 MiB pages where the OS allows it.
     huge_pages: bool,
+    /// Drop each read range from the page cache ([`TrunkReader::for_stream`]).
+    drop_behind: bool,
 }
 
 impl<'c> TrunkReader<'c> {
@@ -25,12 +27,28 @@ impl<'c> TrunkReader<'c> {
     /// # Errors
     /// When trunk.bin cannot be opened.
     pub fn new(c: &'c Container) -> Result<Self> {
+        Self::skipping(c, &[])
+    }
+
+    /// [`TrunkReader::new`] with the tensors of the `streamed` layers left
+    /// out of the read-ahead advice too: they are read a layer at a time
+    /// while tokens are computed ([`TrunkReader::for_stream`]), and
+    /// advising them here would fill the page cache with what the budget
+    /// kept out of memory.
+    ///
+    /// # Errors
+    /// When trunk.bin cannot be opened.
+    pub fn skipping(c: &'c Container, streamed: &[usize]) -> Result<Self> {
         let file = DirectFile::open(&c.trunk_path(), false)?;
         let mut skip: Vec<(u64, u64)> = vec![];
-        if let Ok(e) = c.tensor("model.embed_tokens.weight") {
-            skip.push((e.off, e.off.saturating_add(e.payload_len)));
-            if e.scale_len > 0 {
-                skip.push((e.scale_off, e.scale_off.saturating_add(e.scale_len)));
+        let prefixes: Vec<String> = streamed.iter().map(|l| c.full_name(&format!("model.layers.{l}."))).collect();
+        for t in c.tensors.values() {
+            let streamed = prefixes.iter().any(|p| t.name.starts_with(p.as_str()));
+            if streamed || t.name == c.full_name("model.embed_tokens.weight") {
+                skip.push((t.off, t.off.saturating_add(t.payload_len)));
+                if t.scale_len > 0 {
+                    skip.push((t.scale_off, t.scale_off.saturating_add(t.scale_len)));
+                }
             }
         }
         skip.sort_unstable();
@@ -41,7 +59,19 @@ impl<'c> TrunkReader<'c> {
             }
             at = at.max(b);
         }
-        Ok(TrunkReader { c, file, loaded: 0, huge_pages: false })
+        Ok(TrunkReader { c, file, loaded: 0, huge_pages: false, drop_behind: false })
+    }
+
+    /// A reader for streaming one layer (issue 48's budgets below the
+    /// floor): no read-ahead advice, and each tensor's pages dropped from
+    /// the page cache once read, so a layer read every token leaves no
+    /// copy beside the budget.
+    ///
+    /// # Errors
+    /// When trunk.bin cannot be opened.
+    pub fn for_stream(c: &'c Container) -> Result<Self> {
+        let file = DirectFile::open(&c.trunk_path(), false)?;
+        Ok(TrunkReader { c, file, loaded: 0, huge_pages: false, drop_behind: true })
     }
 
     /// Ask for 2 MiB pages behind the tensors read from here on (the
@@ -66,6 +96,9 @@ impl<'c> TrunkReader<'c> {
             vec![0u8; len]
         };
         self.file.read_exact_at(&mut v, off)?;
+        if self.drop_behind {
+            self.file.dont_need(off, len as u64);
+        }
         Ok(v)
     }
 
@@ -234,31 +267,54 @@ fn product(a: &[f32], b: &[f32]) -> Vec<f32> {
 }
 
 /// Load every layer's resident weights.
-pub fn load_layers(c: &Container, r: &mut TrunkReader<'_>, progress: &dyn Fn(usize, usize)) -> Result<Vec<Layer>> {
+pub fn load_layers(
+    c: &Container,
+    r: &mut TrunkReader<'_>,
+    streamed: &[usize],
+    progress: &dyn Fn(usize, usize),
+) -> Result<Vec<Option<Layer>>> {
     let cfg = &c.config;
     if cfg.kda_head_dim > 512 {
         return Err(Error::Unsupported(format!("KDA head dim {} (at most 512)", cfg.kda_head_dim)));
     }
     let mut layers = Vec::with_capacity(cfg.layers);
     for l in 0..cfg.layers {
-        let p = format!("model.layers.{l}.");
-        let a = format!("{p}self_attn.");
-        let attn = match cfg.attn_kinds[l] {
-            AttnKind::Kda => load_kda(cfg, r, &a)?,
-            AttnKind::Mla => load_mla(cfg, r, &a)?,
-        };
-        let ffn = load_ffn(c, r, l, &p)?;
-        let res = load_res(cfg, r, &p)?;
-        layers.push(Layer {
-            in_norm: r.vector(&format!("{p}input_layernorm.weight"))?,
-            post_norm: r.vector(&format!("{p}post_attention_layernorm.weight"))?,
-            attn,
-            ffn,
-            res,
-        });
+        layers.push(if streamed.contains(&l) { None } else { Some(load_layer(c, r, l)?) });
         progress(l + 1, cfg.layers);
     }
     Ok(layers)
+}
+
+/// Layer `l`'s weights as the engine computes with them (the one load
+/// path of resident and streamed layers alike, so both compute the same).
+pub fn load_layer(c: &Container, r: &mut TrunkReader<'_>, l: usize) -> Result<Layer> {
+    let cfg = &c.config;
+    let p = format!("model.layers.{l}.");
+    let a = format!("{p}self_attn.");
+    let attn = match cfg.attn_kinds[l] {
+        AttnKind::Kda => load_kda(cfg, r, &a)?,
+        AttnKind::Mla => load_mla(cfg, r, &a)?,
+    };
+    let ffn = load_ffn(c, r, l, &p)?;
+    let res = load_res(cfg, r, &p)?;
+    Ok(Layer {
+        in_norm: r.vector(&format!("{p}input_layernorm.weight"))?,
+        post_norm: r.vector(&format!("{p}post_attention_layernorm.weight"))?,
+        attn,
+        ffn,
+        res,
+    })
+}
+
+/// Layer `l` read for one use (a streamed layer, [`TrunkReader::for_stream`])
+/// and the bytes it took.
+///
+/// # Errors
+/// As [`load_layer`].
+pub fn stream_layer(c: &Container, l: usize) -> Result<(Layer, u64)> {
+    let mut r = TrunkReader::for_stream(c)?;
+    let layer = load_layer(c, &mut r, l)?;
+    Ok((layer, r.loaded))
 }
 
 /// A KDA layer's weights (names under `a`, the layer's `self_attn.`).

@@ -190,15 +190,23 @@ fn plan_equals_what_the_engine_allocates() {
     assert!(arena < 1 << 30, "arena {arena}");
 }
 
+/// Below the resident floor layers stream (tests/below_floor.rs); below
+/// the lowest floor any split reaches, the open is refused naming that
+/// floor — which itself opens.
 #[test]
 fn below_the_floor_is_refused_naming_the_floor() {
     let path = fixture("tiny.waste");
     let plan = waste_model::plan(&path, CTX).unwrap();
-    let e = Model::open(&path, ModelOptions { ctx: CTX, budget: plan.floor_bytes - 1, ..Default::default() })
-        .err()
-        .expect("refused");
+    let e =
+        Model::open(&path, ModelOptions { ctx: CTX, budget: 1 << 20, ..Default::default() }).err().expect("refused");
+    let Error::Budget { floor, .. } = &e else { panic!("{e}") };
     let msg = e.to_string();
-    assert!(msg.contains(&plan.floor_bytes.to_string()) && msg.contains("floor"), "{msg}");
+    assert!(msg.contains(&floor.to_string()) && msg.contains("floor") && msg.contains("streamed"), "{msg}");
+    assert!(*floor < plan.floor_bytes && *floor > 1 << 20, "{floor}");
+    Model::open(&path, ModelOptions { ctx: CTX, budget: *floor, ..Default::default() }).unwrap();
+    let e =
+        Model::open(&path, ModelOptions { ctx: CTX, budget: floor - 1, ..Default::default() }).err().expect("refused");
+    assert!(matches!(e, Error::Budget { floor: f, .. } if f == *floor), "{e}");
 }
 
 #[test]
