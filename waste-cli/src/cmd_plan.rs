@@ -197,7 +197,7 @@ impl StreamEstimate {
     }
     fn json(&self) -> serde_json::Value {
         json!({
-            "streamed_layer_ids": self.split.streamed, "streamed_bytes": self.split.streamed_bytes,
+            "streamed_layer_ids": self.split.streamed, "streamed_head": self.split.head, "streamed_bytes": self.split.streamed_bytes,
             "stream_buffer_bytes": self.split.buffer_bytes, "trunk_read_bytes_per_token": self.split.read_bytes,
             "expert_read_bytes_per_token_uniform": self.expert_bytes, "read_bytes_per_token": self.read_bytes(),
             "disk_gbps": self.disk_gbps, "disk_gbps_measured": self.disk_gbps.is_some() && self.measured,
@@ -212,15 +212,18 @@ impl StreamEstimate {
             gib(resident.floor_bytes)
         );
         outln!(
-            "  below it: {} of {} decoder layers stream from disk, {} of them ({} read a token); two in memory at a time: {} bytes  {}",
+            "  below it: {} of {} decoder layers{} stream from disk, {} of them ({} read a token); two pieces in memory at a time: {} bytes  {}",
             s.streamed.len(),
             self.layers,
+            if s.head { " and the head" } else { "" },
             gib(s.streamed_bytes),
             gib(s.read_bytes),
             s.buffer_bytes,
             gib(s.buffer_bytes)
         );
-        outln!("  streamed layers      {}", ranges(&s.streamed));
+        if !s.streamed.is_empty() {
+            outln!("  streamed layers      {}", ranges(&s.streamed));
+        }
         let speed = match (self.disk_gbps, self.measured) {
             (Some(g), true) => format!("{g:.2} GB/s measured"),
             (Some(g), false) => format!("{g:.2} GB/s given"),
@@ -492,6 +495,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     // below the floor (issue 48): the streamed layers' reads apart from the experts'
     let below = json!({
         "streamed_layers": model.streamed_layers().len(),
+        "streamed_head": model.streams_head(),
         "trunk_bytes_read_per_token": d.trunk_bytes_read as f64 / n,
         "expert_bytes_read_per_token": expert_bytes as f64 / n,
         "trunk_io_wait_ms_per_token": 1e3 * d.trunk_io_seconds / n,
@@ -527,10 +531,11 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
             model.simd().name(),
             model.expert_kernel().map_or(String::new(), |k| format!(", experts {k}"))
         );
-        if !model.streamed_layers().is_empty() {
+        if !model.streamed_layers().is_empty() || model.streams_head() {
             outln!(
-                "below the floor: {} layers streamed | read/token: trunk {:.1} MB + experts {:.1} MB | waiting for layers {:.1} ms/token",
+                "below the floor: {} layers{} streamed | read/token: trunk {:.1} MB + experts {:.1} MB | waiting for layers {:.1} ms/token",
                 model.streamed_layers().len(),
+                if model.streams_head() { " and the head" } else { "" },
                 d.trunk_bytes_read as f64 / n / 1e6,
                 expert_bytes as f64 / n / 1e6,
                 1e3 * d.trunk_io_seconds / n

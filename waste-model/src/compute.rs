@@ -205,7 +205,9 @@ impl Model {
         let last = self.layers.len().saturating_sub(1);
         let body: Vec<&Matrix> = (0..last).flat_map(|l| self.layer_matrices(l)).collect();
         let mut once: Vec<&Matrix> = if self.layers.is_empty() { Vec::new() } else { self.layer_matrices(last) };
-        once.push(&self.lm_head);
+        if let crate::model::Head::Resident(h) = &self.head {
+            once.push(h);
+        }
         let wb = weights_by_fmt(&body);
         // chunks of one token run the matvecs decode's rates already timed
         let rb = if nt > 1 { self.rates(&wb, &body, nt) } else { mv.to_vec() };

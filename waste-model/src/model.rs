@@ -139,7 +139,7 @@ pub struct Model {
     pub(crate) split: crate::plan::Split,
     pub(crate) embed: Embedding,
     pub(crate) final_norm: Vec<f32>,
-    pub(crate) lm_head: Matrix,
+    pub(crate) head: Head,
     pub(crate) out_res: Option<Vec<f32>>,
     pub(crate) kernel: Option<ExpertKernel>,
     pub(crate) pool: Pool,
@@ -208,7 +208,7 @@ impl Model {
         }
         let resolved = budget_of(&plan, opts.budget, usable)?;
         let level = simd_level(opts.simd)?;
-        let trunk = load_trunk(&container, &opts, &split.streamed, vcfg.as_ref(), progress)?;
+        let trunk = load_trunk(&container, &opts, &split, vcfg.as_ref(), progress)?;
         let vision = match trunk.vision {
             Some(Ok(t)) => Some(t),
             Some(Err(e)) if opts.vision_optional => {
@@ -237,7 +237,7 @@ impl Model {
             layers: trunk.layers,
             split,
             final_norm: trunk.final_norm,
-            lm_head: trunk.lm_head,
+            head: trunk.head,
             out_res: trunk.out_res,
             store,
             kernel,
@@ -500,6 +500,11 @@ impl Model {
         &self.split.streamed
     }
 
+    /// Whether the output head streams from disk too.
+    pub fn streams_head(&self) -> bool {
+        self.split.head
+    }
+
     /// Cache counters (all sessions).
     pub fn cache_stats(&self) -> waste_cache::CacheStats {
         self.store.stats()
@@ -507,7 +512,9 @@ impl Model {
     /// Every resident trunk matrix (not the vectors, codebooks or embedding).
     pub(crate) fn trunk_matrices(&self) -> Vec<&Matrix> {
         let mut m: Vec<&Matrix> = (0..self.layers.len()).flat_map(|l| self.layer_matrices(l)).collect();
-        m.push(&self.lm_head);
+        if let Head::Resident(h) = &self.head {
+            m.push(h);
+        }
         m
     }
 
@@ -747,12 +754,21 @@ fn plan_of(
     Ok((plan, vcfg, vision_error))
 }
 
+/// The output head: resident, or read in pieces every step that wants
+/// logits (a budget below the floor, issue 48).
+pub(crate) enum Head {
+    /// In memory.
+    Resident(Matrix),
+    /// On disk.
+    Streamed(crate::weights::TensorRows),
+}
+
 /// The resident trunk as loaded.
 struct Trunk {
     layers: Vec<Option<Layer>>,
     out_res: Option<Vec<f32>>,
     final_norm: Vec<f32>,
-    lm_head: Matrix,
+    head: Head,
     /// The vision tower, when its config was given (its load may fail:
     /// the caller decides whether that fails the open).
     vision: Option<Result<crate::vision::Vision>>,
@@ -763,21 +779,21 @@ struct Trunk {
 fn load_trunk(
     container: &Container,
     opts: &ModelOptions,
-    streamed: &[usize],
+    split: &crate::plan::Split,
     vcfg: Option<&crate::vision::VisionConfig>,
     progress: &dyn Fn(usize, usize),
 ) -> Result<Trunk> {
-    let mut r = TrunkReader::skipping(container, streamed)?.with_huge_pages(opts.huge_pages);
-    let layers = load_layers(container, &mut r, streamed, progress)?;
+    let mut r = TrunkReader::skipping(container, &split.streamed, split.head)?.with_huge_pages(opts.huge_pages);
+    let layers = load_layers(container, &mut r, &split.streamed, progress)?;
     let out_res = load_output_res(container, &mut r)?;
     let final_norm = r.vector("model.norm.weight")?;
-    let lm_head = if container.config.tie_embeddings {
-        r.matrix("model.embed_tokens.weight")?
-    } else {
-        r.matrix("lm_head.weight")?
+    let name = if container.config.tie_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+    let head = match split.head {
+        true => Head::Streamed(crate::weights::TensorRows::of(container, name, true)?),
+        false => Head::Resident(r.matrix(name)?),
     };
     let vision = vcfg.map(|v| crate::vision::load(v, &mut r));
-    Ok(Trunk { layers, out_res, final_norm, lm_head, vision })
+    Ok(Trunk { layers, out_res, final_norm, head, vision })
 }
 
 /// The expert banks opened, the cache sized from its share of the budget

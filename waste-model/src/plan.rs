@@ -178,6 +178,23 @@ pub fn layer_read_bytes(ct: &Container) -> Vec<u64> {
     v
 }
 
+/// The output head's bytes (stored as loaded: a matrix): what streaming
+/// it saves in memory and reads a token.
+pub fn head_bytes(ct: &Container) -> u64 {
+    let name = if ct.config.tie_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+    ct.tensor(name).map_or(0, |t| t.stored_bytes())
+}
+
+/// Most bytes of a piece a streamed head is read in (as many whole rows as
+/// fit; two in memory at a time, in the layers' buffers when they are larger).
+pub const HEAD_PIECE_BYTES: u64 = 16 << 20;
+
+/// The piece a head of `head` bytes streams in: [`HEAD_PIECE_BYTES`], or a
+/// quarter of a smaller head (so its reads overlap its products too).
+pub fn head_piece_bytes(head: u64) -> u64 {
+    HEAD_PIECE_BYTES.min(head.div_ceil(4))
+}
+
 /// Which decoder layers stream from disk, a layer at a time, when the
 /// budget is below the resident floor (issue 48): the rest of the trunk,
 /// the state and the scratch stay resident.
@@ -185,6 +202,9 @@ pub fn layer_read_bytes(ct: &Container) -> Vec<u64> {
 pub struct Split {
     /// Layers read from disk every token (ascending; empty above the floor).
     pub streamed: Vec<usize>,
+    /// Whether the output head streams too (in pieces of
+    /// [`head_piece_bytes`], once a step that wants logits).
+    pub head: bool,
     /// Their bytes as loaded: what streaming them saves in memory.
     pub streamed_bytes: u64,
     /// Their bytes on disk: what a token reads beside its experts
@@ -196,14 +216,15 @@ pub struct Split {
 }
 
 impl Split {
-    /// Whether any layer streams.
+    /// Whether any layer or the head streams.
     pub fn streams(&self) -> bool {
-        !self.streamed.is_empty()
+        !self.streamed.is_empty() || self.head
     }
     /// The same split with its bytes read a token from `reads` (each
-    /// layer's, [`layer_read_bytes`]).
-    pub fn with_reads(mut self, reads: &[u64]) -> Split {
-        self.read_bytes = self.streamed.iter().filter_map(|&l| reads.get(l)).sum();
+    /// layer's, [`layer_read_bytes`]) and `head` ([`head_bytes`]).
+    pub fn with_reads(mut self, reads: &[u64], head: u64) -> Split {
+        self.read_bytes =
+            self.streamed.iter().filter_map(|&l| reads.get(l)).sum::<u64>() + if self.head { head } else { 0 };
         self
     }
     /// Resident bytes the split saves against the floor (negative never:
@@ -305,32 +326,38 @@ impl Plan {
     /// # Errors
     /// The lowest budget any split reaches (every layer under the best
     /// bound streamed) when `budget` is below it.
-    pub fn split(&self, layers: &[u64], budget: u64) -> std::result::Result<Split, u64> {
+    pub fn split(&self, layers: &[u64], head: u64, budget: u64) -> std::result::Result<Split, u64> {
         let floor = self.floor_bytes;
         if budget >= floor {
             return Ok(Split::default());
         }
         let need = floor - budget;
-        let mut caps: Vec<u64> = layers.iter().copied().filter(|&b| b > 0).collect();
+        let mut caps: Vec<u64> = layers.iter().copied().filter(|&b| b > 0).chain([0]).collect();
         caps.sort_unstable();
         caps.dedup();
         let mut best: Option<Split> = None;
         let mut most_saved = 0u64;
-        for &cap in &caps {
+        let heads: &[bool] = if head > 0 { &[false, true] } else { &[false] };
+        for (&with_head, &cap) in heads.iter().flat_map(|h| caps.iter().map(move |c| (h, c))) {
             let mut order: Vec<usize> = (0..layers.len()).filter(|&l| layers[l] > 0 && layers[l] <= cap).collect();
             order.sort_by_key(|&l| (std::cmp::Reverse(layers[l]), l));
-            let buffer = cap.saturating_mul(2);
-            let mut s = Split { streamed: Vec::new(), streamed_bytes: 0, read_bytes: 0, buffer_bytes: buffer };
-            for l in order {
+            let piece = if with_head { head_piece_bytes(head) } else { 0 };
+            let mut s = Split {
+                streamed: Vec::new(),
+                head: with_head,
+                streamed_bytes: if with_head { head } else { 0 },
+                read_bytes: 0,
+                buffer_bytes: cap.max(piece).saturating_mul(2),
+            };
+            let mut order = order.into_iter();
+            while s.saved_bytes() < need {
+                let Some(l) = order.next() else { break };
                 s.streamed.push(l);
                 s.streamed_bytes = s.streamed_bytes.saturating_add(layers[l]);
-                if s.saved_bytes() >= need {
-                    break;
-                }
             }
             most_saved = most_saved.max(s.saved_bytes());
             let better = |b: &Split| (s.streamed_bytes, s.streamed.len()) < (b.streamed_bytes, b.streamed.len());
-            if s.saved_bytes() >= need && best.as_ref().is_none_or(better) {
+            if s.streams() && s.saved_bytes() >= need && best.as_ref().is_none_or(better) {
                 s.streamed.sort_unstable();
                 best = Some(s);
             }
@@ -583,19 +610,19 @@ pub(crate) fn split_of(container: &Container, plan: &Plan, budget: u64) -> Resul
     if budget == 0 {
         return Ok(Split::default());
     }
-    let split = plan.split(&layer_bytes(container), budget).map_err(|lowest| crate::Error::Budget {
+    let split = plan.split(&layer_bytes(container), head_bytes(container), budget).map_err(|lowest| crate::Error::Budget {
         budget,
         floor: lowest,
         detail: format!(
-            "every decoder layer streamed from disk; still resident: the rest of the trunk {} + state {} + scratch {} + tokenizer {} + two layers being streamed + minimum expert cache {}",
-            plan.trunk_bytes - layer_bytes(container).iter().sum::<u64>(),
+            "every decoder layer and the head streamed from disk; still resident: the rest of the trunk {} + state {} + scratch {} + tokenizer {} + two layers being streamed + minimum expert cache {}",
+            plan.trunk_bytes.saturating_sub(layer_bytes(container).iter().sum::<u64>() + head_bytes(container)),
             plan.state_bytes,
             plan.scratch_bytes,
             plan.tokenizer_bytes + plan.tokenize_bytes + plan.template_bytes,
             plan.min_expert_cache_bytes
         ),
     })?;
-    Ok(split.with_reads(&layer_read_bytes(container)))
+    Ok(split.with_reads(&layer_read_bytes(container), head_bytes(container)))
 }
 
 /// The layers a container streams at `budget` with `plan` (made for it by

@@ -27,24 +27,26 @@ impl<'c> TrunkReader<'c> {
     /// # Errors
     /// When trunk.bin cannot be opened.
     pub fn new(c: &'c Container) -> Result<Self> {
-        Self::skipping(c, &[])
+        Self::skipping(c, &[], false)
     }
 
-    /// [`TrunkReader::new`] with the tensors of the `streamed` layers left
-    /// out of the read-ahead advice too: they are read a layer at a time
+    /// [`TrunkReader::new`] with the tensors of the `streamed` layers (and
+    /// the head when it streams) left out of the read-ahead advice too: they are read a layer at a time
     /// while tokens are computed ([`TrunkReader::for_stream`]), and
     /// advising them here would fill the page cache with what the budget
     /// kept out of memory.
     ///
     /// # Errors
     /// When trunk.bin cannot be opened.
-    pub fn skipping(c: &'c Container, streamed: &[usize]) -> Result<Self> {
+    pub fn skipping(c: &'c Container, streamed: &[usize], head: bool) -> Result<Self> {
         let file = DirectFile::open(&c.trunk_path(), false)?;
         let mut skip: Vec<(u64, u64)> = vec![];
         let prefixes: Vec<String> = streamed.iter().map(|l| c.full_name(&format!("model.layers.{l}."))).collect();
         for t in c.tensors.values() {
             let streamed = prefixes.iter().any(|p| t.name.starts_with(p.as_str()));
-            if streamed || t.name == c.full_name("model.embed_tokens.weight") {
+            let on_disk =
+                t.name == c.full_name("model.embed_tokens.weight") || (head && t.name == c.full_name("lm_head.weight"));
+            if streamed || on_disk {
                 skip.push((t.off, t.off.saturating_add(t.payload_len)));
                 if t.scale_len > 0 {
                     skip.push((t.scale_off, t.scale_off.saturating_add(t.scale_len)));
@@ -123,42 +125,64 @@ impl<'c> TrunkReader<'c> {
     }
 }
 
-/// The on-disk embedding table: one row read per token.
-pub struct Embedding {
+/// A matrix left on disk and read by rows: the embedding table (one row a
+/// token) and, below the floor, a streamed head (issue 48: in pieces).
+pub struct TensorRows {
     info: TensorInfo,
     file: DirectFile,
+    /// Drop each read range from the page cache (a streamed head).
+    drop_behind: bool,
 }
 
-impl Embedding {
-    /// Open.
+/// The on-disk embedding table: one row read per token.
+pub type Embedding = TensorRows;
+
+impl TensorRows {
+    /// Open the embedding table.
     pub fn new(c: &Container) -> Result<Self> {
-        let info = c.tensor("model.embed_tokens.weight")?.clone();
+        Self::of(c, "model.embed_tokens.weight", false)
+    }
+    /// Open tensor `name` (without prefix); `drop_behind` drops each read
+    /// from the page cache.
+    pub fn of(c: &Container, name: &str, drop_behind: bool) -> Result<Self> {
+        let info = c.tensor(name)?.clone();
         let file = DirectFile::open(&c.trunk_path(), false)?;
-        Ok(Embedding { info, file })
+        Ok(TensorRows { info, file, drop_behind })
     }
     /// Rows (vocabulary).
     pub fn rows(&self) -> usize {
         self.info.rows
     }
-    /// Dequantize row `tok` into `out`.
-    pub fn row(&self, tok: u32, out: &mut [f32]) -> Result<()> {
+    /// Bytes of one stored row (payload and scales).
+    pub fn row_bytes(&self) -> u64 {
+        self.info.stored_bytes() / self.info.rows.max(1) as u64
+    }
+    /// Rows `r0..r0 + n` as a matrix (`r0 + n` within [`TensorRows::rows`]).
+    pub fn read(&self, r0: usize, n: usize) -> Result<Matrix> {
         let t = &self.info;
-        let r = tok as usize;
-        if r >= t.rows {
-            return Err(Error::Arg(format!("token id {tok} is outside the vocabulary (0..{})", t.rows)));
-        }
         let rb = t.payload_len as usize / t.rows;
-        let mut data = vec![0u8; rb];
-        self.file.read_exact_at(&mut data, t.off + (r * rb) as u64)?;
+        let data = self.file.read_vec_at(t.off + (r0 * rb) as u64, n * rb)?;
         let mut sc = vec![];
         if t.fmt.is_grouped() {
             let sb = t.scale_len as usize / t.rows;
-            sc = vec![0u8; sb];
-            self.file.read_exact_at(&mut sc, t.scale_off + (r * sb) as u64)?;
+            sc = self.file.read_vec_at(t.scale_off + (r0 * sb) as u64, n * sb)?;
+            if self.drop_behind {
+                self.file.dont_need(t.scale_off + (r0 * sb) as u64, (n * sb) as u64);
+            }
         }
-        let m = Matrix::from_stored(t.fmt, 1, t.cols, t.group, data, &sc)
-            .map_err(|e| Error::Format(waste_format::Error::tensor(&t.name, e.to_string())))?;
-        m.view().row(0, out);
+        if self.drop_behind {
+            self.file.dont_need(t.off + (r0 * rb) as u64, (n * rb) as u64);
+        }
+        Matrix::from_stored(t.fmt, n, t.cols, t.group, data, &sc)
+            .map_err(|e| Error::Format(waste_format::Error::tensor(&t.name, e.to_string())))
+    }
+    /// Dequantize row `tok` into `out`.
+    pub fn row(&self, tok: u32, out: &mut [f32]) -> Result<()> {
+        let r = tok as usize;
+        if r >= self.info.rows {
+            return Err(Error::Arg(format!("token id {tok} is outside the vocabulary (0..{})", self.info.rows)));
+        }
+        self.read(r, 1)?.view().row(0, out);
         Ok(())
     }
 }
@@ -514,8 +538,9 @@ mod tests {
         };
         waste_synth::synth(&dir, &o, &|_, _| {}).unwrap();
         let m = Model::open(&dir, ModelOptions { huge_pages: true, ctx: 16, ..Default::default() }).unwrap();
-        assert_eq!(m.lm_head.data.len(), 8 << 20);
-        let mid = m.lm_head.data.as_ptr() as usize + (4 << 20);
+        let crate::model::Head::Resident(head) = &m.head else { panic!("a resident head") };
+        assert_eq!(head.data.len(), 8 << 20);
+        let mid = head.data.as_ptr() as usize + (4 << 20);
         assert!(hg(mid), "{}", vm_flags(mid));
         std::fs::remove_dir_all(&dir).ok();
     }
