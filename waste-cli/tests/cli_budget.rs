@@ -89,3 +89,52 @@ fn bench_peak_rss_stays_under_the_budget_and_tracks_it() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Below the resident floor (issue 48) the ceiling holds too: a container
+/// whose trunk (8 layers at hidden 1024, a 32768-row head) is several times
+/// the slack, at a budget so far below its floor that a resident trunk
+/// would break the ceiling; the run streams layers and the head, and its
+/// peak RSS stays within the budget plus the slack.
+#[test]
+#[cfg(target_os = "linux")]
+fn below_the_floor_peak_rss_stays_under_the_budget() {
+    let dir = std::env::temp_dir().join(format!("waste-rss-below-{}", std::process::id()));
+    let config = serde_json::json!({"model_type": "kimi_linear", "hidden_size": 1024, "num_hidden_layers": 8, "first_k_dense_replace": 1,
+        "intermediate_size": 2048, "moe_intermediate_size": 512, "num_experts": 16, "num_experts_per_token": 2, "num_shared_experts": 1,
+        "routed_scaling_factor": 1.0, "num_attention_heads": 8, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64,
+        "kv_lora_rank": 256, "vocab_size": 32768, "rms_norm_eps": 1e-5, "bos_token_id": 256, "eos_token_id": 257,
+        "linear_attn_config": {"head_dim": 64, "num_heads": 8, "short_conv_kernel_size": 4, "kda_layers": [1, 2, 3, 5, 6, 7], "full_attn_layers": [4, 8]}});
+    let o = SynthOptions {
+        config,
+        layers: None,
+        experts: ExpertFmt::Vq3r,
+        seed: 5,
+        manifest_only: false,
+        skewed: false,
+        jobs: 2,
+    };
+    synth(&dir, &o, &|_, _| {}).unwrap();
+    let d = dir.to_str().unwrap();
+    let plan = |budget: u64| -> serde_json::Value {
+        let b = budget.to_string();
+        serde_json::from_str(
+            &run_measured(&["plan", d, "--ctx", "512", "--json", "--budget", &b, "--disk-gbps", "1"]).0,
+        )
+        .unwrap()
+    };
+    let floor = plan(0)["floor_bytes"].as_u64().unwrap();
+    let budget = floor - 2 * RSS_SLACK_BYTES;
+    assert!(budget + RSS_SLACK_BYTES < floor, "the test needs a resident trunk that would break the ceiling");
+    let p = plan(budget);
+    eprintln!("resident floor {floor}, budget {budget}: {p}");
+    assert!(p["ok"].as_bool().unwrap(), "{p}");
+    assert!(p["streamed_layers"].as_u64().unwrap() > 0, "{p}");
+    let b = budget.to_string();
+    let (out, rss) =
+        run_measured(&["bench", d, "--budget", &b, "--ctx", "512", "-n", "8", "--prompt-len", "20", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    eprintln!("peak RSS {rss} bytes at budget {budget} (resident floor {floor})");
+    assert!(v["trunk_bytes_read_per_token"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(rss <= budget + RSS_SLACK_BYTES, "peak RSS {rss} > budget {budget} + slack {RSS_SLACK_BYTES}");
+    std::fs::remove_dir_all(&dir).ok();
+}

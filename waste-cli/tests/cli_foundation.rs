@@ -354,3 +354,51 @@ fn size_flags_take_units_and_a_budget_past_ram_warns() {
     assert_eq!(code, 0, "{err}");
     assert!(format!("{out}{err}").contains("exceeds usable RAM"), "{out}{err}");
 }
+
+/// `waste plan` below the floor (issue 48) on a manifest with Kimi K3's
+/// shape: at 16 and 28 GiB a split and an estimate instead of an error
+/// (the keys are a contract for scripts), the estimate the bytes a token
+/// reads at the given disk speed; below the lowest split, an error naming
+/// that floor.
+#[test]
+fn plan_below_the_floor_prints_a_split_and_an_estimate() {
+    let dir = std::env::temp_dir().join(format!("waste-cli-k3-split-{}", std::process::id()));
+    let o = waste_synth::SynthOptions {
+        config: waste_synth::shape_config("k3").unwrap(),
+        layers: None,
+        experts: waste_model::format::ExpertFmt::Vq3r,
+        seed: 0,
+        manifest_only: true,
+        skewed: false,
+        jobs: 2,
+    };
+    waste_synth::synth(&dir, &o, &|_, _| {}).unwrap();
+    let d = dir.to_str().unwrap();
+    let (code, out, err) = waste(&["plan", d, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let resident: Value = serde_json::from_str(&out).unwrap();
+    let floor = resident["floor_bytes"].as_u64().unwrap();
+    assert_eq!(resident["streamed_layers"], 0);
+    for budget in ["16G", "28G"] {
+        let (code, out, err) = waste(&["plan", d, "--budget", budget, "--disk-gbps", "3.2", "--json"]);
+        assert_eq!(code, 0, "{budget}: {err} {out}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert!(v["ok"].as_bool().unwrap() && v["resident_floor_bytes"].as_u64() == Some(floor), "{v}");
+        assert!(v["floor_bytes"].as_u64().unwrap() <= v["budget_bytes"].as_u64().unwrap(), "{v}");
+        let n = v["streamed_layer_ids"].as_array().unwrap().len() as u64;
+        assert!(n == v["streamed_layers"].as_u64().unwrap() && (n > 0 || v["streamed_head"] == true), "{v}");
+        let read = v["read_bytes_per_token"].as_f64().unwrap();
+        assert!(read >= v["trunk_read_bytes_per_token"].as_f64().unwrap() && read > 0.0, "{v}");
+        let ms = v["ms_per_token_estimate"].as_f64().unwrap();
+        assert!((ms - read / 3.2e9 * 1e3).abs() < 1e-6 * ms, "{v}");
+        let (code, text, _) = waste(&["plan", d, "--budget", budget, "--disk-gbps", "3.2"]);
+        assert_eq!(code, 0);
+        assert!(text.contains("stream from disk") && text.contains("ms/token"), "{text}");
+    }
+    let (code, out, _) = waste(&["plan", d, "--budget", "1G"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("every decoder layer and the head streamed"), "{out}");
+    let (code, _, err) = waste(&["plan", d, "--budget", "16G", "--disk-gbps", "0"]);
+    assert!(code != 0 && err.contains("--disk-gbps"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

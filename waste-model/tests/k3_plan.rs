@@ -39,5 +39,21 @@ fn k3_shaped_plan() {
         assert!(p.floor_bytes > p4.floor_bytes);
         assert_eq!(p.working_set_bytes, 16 * 12_406_784 * 92);
     }
+    // below the 4K floor (issue 48): 16 and 28 GiB give a split whose floor
+    // fits, reading a token's streamed bytes; lower budgets stream more
+    let mut reads = vec![];
+    for gib in [28u64, 16, 8] {
+        let budget = gib << 30;
+        assert!(budget < p4.floor_bytes);
+        let s = waste_model::split(&dir, &p4, budget).unwrap();
+        let q = p4.with_split(&s);
+        assert!(s.streams() && q.floor_bytes <= budget, "{gib} GiB: {s:?}");
+        assert!(s.read_bytes > 0 && s.buffer_bytes < 1 << 30, "{gib} GiB: {s:?}");
+        reads.push(s.read_bytes);
+    }
+    assert!(reads.windows(2).all(|w| w[0] < w[1]), "{reads:?}");
+    // the lowest split keeps the state, the scratch, the tokenizer and the smallest cache
+    let e = waste_model::split(&dir, &p4, 1 << 30).unwrap_err();
+    assert!(matches!(e, waste_model::Error::Budget { floor, .. } if floor > 1 << 30 && floor < 4 << 30), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
