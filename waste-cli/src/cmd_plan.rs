@@ -230,7 +230,7 @@ impl StreamEstimate {
             (None, _) => "unknown (--disk-gbps)".into(),
         };
         outln!(
-            "  a token reads {:.2} GB: layers {:.2} + experts {:.2} (uniform routing over the cache); disk {speed}{}",
+            "  a token reads {:.2} GB: streamed trunk {:.2} + experts {:.2} (uniform routing over the cache); disk {speed}{}",
             self.read_bytes() / 1e9,
             s.read_bytes as f64 / 1e9,
             self.expert_bytes / 1e9,
