@@ -55,10 +55,10 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         .with_context(|| format!("planning {}", a.model.display()))?
         .with_parallel(a.parallel);
     // below the floor, the layers that stream (issue 48), or why none can
-    let split = waste_model::split(&a.model, &resident, a.budget);
+    let usable = waste_model::usable_ram();
+    let split = waste_model::split(&a.model, &resident, a.budget, usable);
     let p = resident.with_split(split.as_ref().unwrap_or(&waste_model::Split::default()));
     let vocab = p.vocab as usize;
-    let usable = waste_model::usable_ram();
     let resolved = match &split {
         Err(e) => Err(e.to_string()),
         Ok(_) => waste_cache_resolve(&p, a.budget, usable),

@@ -195,9 +195,16 @@ impl Model {
         let template = crate::plan::load_chat_template(&container, tokenizer.as_ref())?;
         let (opts, threads, mut warnings) = capped(opts);
         let (plan, vcfg, mut vision_error) = plan_of(&container, &opts, threads, &tokenizer, &template)?;
-        let split = crate::plan::split_of(&container, &plan, opts.budget)?;
-        let plan = plan.with_split(&split);
         let usable = opts.usable_ram.unwrap_or_else(waste_cache::usable_ram);
+        let split = crate::plan::split_of(&container, &plan, opts.budget, usable)?;
+        let plan = plan.with_split(&split);
+        if opts.budget == 0 && split.streams() {
+            warnings.push(format!(
+                "the resident floor is above 7/8 of usable RAM ({usable} bytes): {} decoder layers{} stream from disk every token (slower; docs/ENGINE.md \"Below the floor\")",
+                split.streamed.len(),
+                if split.head { " and the head" } else { "" }
+            ));
+        }
         if plan.floor_bytes > usable && !opts.force {
             return Err(Error::FloorAboveRam {
                 floor: plan.floor_bytes,

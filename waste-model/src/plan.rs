@@ -606,9 +606,17 @@ pub fn plan(path: impl AsRef<Path>, ctx: usize) -> Result<Plan> {
 /// The layers to stream for an explicit `budget` below the plan's floor
 /// (none at or above it, or for the automatic budget), or
 /// [`crate::Error::Budget`] naming the lowest budget any split reaches.
-pub(crate) fn split_of(container: &Container, plan: &Plan, budget: u64) -> Result<Split> {
+pub(crate) fn split_of(container: &Container, plan: &Plan, budget: u64, usable: u64) -> Result<Split> {
     if budget == 0 {
-        return Ok(Split::default());
+        // the automatic budget streams only when the resident floor is
+        // above the rule's 7/8 of usable RAM, and only if a split fits it
+        // (else the caller's floor check names the context that fits)
+        let cap = usable / 8 * 7;
+        if plan.floor_bytes <= cap {
+            return Ok(Split::default());
+        }
+        let s = plan.split(&layer_bytes(container), head_bytes(container), cap).unwrap_or_default();
+        return Ok(s.with_reads(&layer_read_bytes(container), head_bytes(container)));
     }
     let split = plan.split(&layer_bytes(container), head_bytes(container), budget).map_err(|lowest| crate::Error::Budget {
         budget,
@@ -625,15 +633,16 @@ pub(crate) fn split_of(container: &Container, plan: &Plan, budget: u64) -> Resul
     Ok(split.with_reads(&layer_read_bytes(container), head_bytes(container)))
 }
 
-/// The layers a container streams at `budget` with `plan` (made for it by
-/// [`plan`], no split applied): none at or above the floor or for the
-/// automatic budget (0).
+/// What a container streams at `budget` with `plan` (made for it by
+/// [`plan`], no split applied): nothing at or above the floor; for the
+/// automatic budget (0), a split within 7/8 of `usable` when the resident
+/// floor is above it and a split fits there, else nothing.
 ///
 /// # Errors
 /// [`crate::Error::Budget`] naming the lowest budget any split reaches;
 /// the container's validation errors.
-pub fn split(path: impl AsRef<Path>, plan: &Plan, budget: u64) -> Result<Split> {
-    split_of(&Container::open(path.as_ref())?, plan, budget)
+pub fn split(path: impl AsRef<Path>, plan: &Plan, budget: u64, usable: u64) -> Result<Split> {
+    split_of(&Container::open(path.as_ref())?, plan, budget, usable)
 }
 
 /// The container's chat template when it has a tokenizer

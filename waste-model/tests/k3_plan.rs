@@ -45,7 +45,7 @@ fn k3_shaped_plan() {
     for gib in [28u64, 16, 8] {
         let budget = gib << 30;
         assert!(budget < p4.floor_bytes);
-        let s = waste_model::split(&dir, &p4, budget).unwrap();
+        let s = waste_model::split(&dir, &p4, budget, 1 << 40).unwrap();
         let q = p4.with_split(&s);
         assert!(s.streams() && q.floor_bytes <= budget, "{gib} GiB: {s:?}");
         assert!(s.read_bytes > 0 && s.buffer_bytes < 1 << 30, "{gib} GiB: {s:?}");
@@ -53,7 +53,12 @@ fn k3_shaped_plan() {
     }
     assert!(reads.windows(2).all(|w| w[0] < w[1]), "{reads:?}");
     // the lowest split keeps the state, the scratch, the tokenizer and the smallest cache
-    let e = waste_model::split(&dir, &p4, 1 << 30).unwrap_err();
+    let e = waste_model::split(&dir, &p4, 1 << 30, 1 << 40).unwrap_err();
     assert!(matches!(e, waste_model::Error::Budget { floor, .. } if floor > 1 << 30 && floor < 4 << 30), "{e}");
+    // the automatic budget on a 24 GiB machine streams within 7/8 of it;
+    // on a machine that holds the floor, nothing streams
+    let s = waste_model::split(&dir, &p4, 0, 24 << 30).unwrap();
+    assert!(s.streams() && p4.with_split(&s).floor_bytes <= (24u64 << 30) / 8 * 7, "{s:?}");
+    assert!(!waste_model::split(&dir, &p4, 0, 64 << 30).unwrap().streams());
     std::fs::remove_dir_all(&dir).ok();
 }
