@@ -64,7 +64,8 @@ pub use generate::{
 pub use model::{Model, ModelOptions, MAX_IO_THREADS, MAX_THREADS_PER_CORE};
 pub use plan::CHUNK;
 pub use plan::{
-    layer_bytes, layer_read_bytes, plan, split, Plan, Split, GRAMMAR_BYTES_PER_TOKEN, MAX_CTX, MAX_PARALLEL,
+    head_bytes, head_piece_bytes, layer_bytes, layer_read_bytes, plan, split, Plan, Split, GRAMMAR_BYTES_PER_TOKEN,
+    HEAD_PIECE_BYTES, MAX_CTX, MAX_PARALLEL,
 };
 pub use sample::{argmax, log_softmax, Sampler, SamplingParams};
 pub use session::{Session, Stats};

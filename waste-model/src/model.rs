@@ -200,7 +200,7 @@ impl Model {
         let plan = plan.with_split(&split);
         if opts.budget == 0 && split.streams() {
             warnings.push(format!(
-                "the resident floor is above 7/8 of usable RAM ({usable} bytes): {} decoder layers{} stream from disk every token (slower; docs/ENGINE.md \"Below the floor\")",
+                "the resident floor is above usable RAM ({usable} bytes): {} decoder layers{} stream from disk every token (slower; docs/ENGINE.md \"Below the floor\")",
                 split.streamed.len(),
                 if split.head { " and the head" } else { "" }
             ));

@@ -608,15 +608,18 @@ pub fn plan(path: impl AsRef<Path>, ctx: usize) -> Result<Plan> {
 /// [`crate::Error::Budget`] naming the lowest budget any split reaches.
 pub(crate) fn split_of(container: &Container, plan: &Plan, budget: u64, usable: u64) -> Result<Split> {
     if budget == 0 {
-        // the automatic budget streams only when the resident floor is
-        // above the rule's 7/8 of usable RAM, and only if a split fits it
-        // (else the caller's floor check names the context that fits)
-        let cap = usable / 8 * 7;
-        if plan.floor_bytes <= cap {
+        // the automatic budget streams only where the resident floor is
+        // above usable RAM (a floor that fits runs resident, as before):
+        // within the rule's 7/8 of it if a split fits there, else within
+        // all of it, else not at all (the caller's floor check then names
+        // the context that fits)
+        if plan.floor_bytes <= usable {
             return Ok(Split::default());
         }
-        let s = plan.split(&layer_bytes(container), head_bytes(container), cap).unwrap_or_default();
-        return Ok(s.with_reads(&layer_read_bytes(container), head_bytes(container)));
+        let (layers, head) = (layer_bytes(container), head_bytes(container));
+        let s =
+            [usable / 8 * 7, usable].iter().find_map(|&cap| plan.split(&layers, head, cap).ok()).unwrap_or_default();
+        return Ok(s.with_reads(&layer_read_bytes(container), head));
     }
     let split = plan.split(&layer_bytes(container), head_bytes(container), budget).map_err(|lowest| crate::Error::Budget {
         budget,
@@ -635,8 +638,8 @@ pub(crate) fn split_of(container: &Container, plan: &Plan, budget: u64, usable: 
 
 /// What a container streams at `budget` with `plan` (made for it by
 /// [`plan`], no split applied): nothing at or above the floor; for the
-/// automatic budget (0), a split within 7/8 of `usable` when the resident
-/// floor is above it and a split fits there, else nothing.
+/// automatic budget (0), when the resident floor is above `usable`, a
+/// split within 7/8 of it (or all of it) if one fits, else nothing.
 ///
 /// # Errors
 /// [`crate::Error::Budget`] naming the lowest budget any split reaches;

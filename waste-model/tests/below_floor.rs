@@ -68,12 +68,16 @@ fn budgets_below_the_floor_stream_layers_and_give_the_resident_logits() {
             }
         }
         assert!(heads && layers, "{name}: the budgets stream the head and layers");
-        // the automatic budget on a machine whose 7/8 is below the floor:
-        // streams within it, says so, same logits
-        let usable = (plan.floor_bytes + lowest) / 2 / 7 * 8;
+        // the automatic budget on a machine below the floor: streams
+        // within its RAM, says so, same logits; a machine that holds the
+        // floor runs resident even when the floor is above 7/8 of it
+        let usable = plan.floor_bytes - 1;
         let m = Model::open(&path, ModelOptions { usable_ram: Some(usable), ..o(0) }).unwrap();
         assert!(m.plan().streamed_layers > 0 || m.streams_head(), "{name}: the automatic budget streams");
-        assert!(m.budget() <= usable / 8 * 7, "{name}: {} within 7/8 of {usable}", m.budget());
+        assert!(m.budget() <= usable, "{name}: {} within {usable}", m.budget());
+        let at_floor = Model::open(&path, ModelOptions { usable_ram: Some(plan.floor_bytes), ..o(0) }).unwrap();
+        assert!(at_floor.streamed_layers().is_empty() && !at_floor.streams_head(), "{name}");
+        drop(at_floor);
         assert!(m.warnings().iter().any(|w| w.contains("stream from disk")), "{name}: {:?}", m.warnings());
         assert!(run(&m).0 == want, "{name}: the automatic budget's split changes the logits");
     }
