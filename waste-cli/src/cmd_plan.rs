@@ -164,31 +164,35 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
 }
 
 /// What a budget below the floor streams and what a token then reads.
-struct StreamEstimate {
-    split: waste_model::Split,
+struct StreamEstimate<'a> {
+    split: &'a waste_model::Split,
     /// A token's expert reads with this cache if routing were uniform.
     expert_bytes: f64,
     disk_gbps: Option<f64>,
     measured: bool,
     /// Decoder layers of the model.
-    layers: usize,
+    layers: u64,
 }
 
-fn stream_estimate(a: &PlanArgs, p: &waste_model::Plan, s: &waste_model::Split, slots: usize) -> StreamEstimate {
+fn stream_estimate<'a>(
+    a: &PlanArgs,
+    p: &waste_model::Plan,
+    s: &'a waste_model::Split,
+    slots: usize,
+) -> StreamEstimate<'a> {
     let held = if p.expert_records > 0 { (slots as f64 / p.expert_records as f64).min(1.0) } else { 1.0 };
     let measured = a.disk_gbps.is_none();
     let disk_gbps = a.disk_gbps.or_else(|| disk_bandwidth(&a.model, 4, true));
-    let layers = waste_model::format::Container::open(&a.model).map_or(0, |c| c.config.layers);
     StreamEstimate {
-        split: s.clone(),
+        split: s,
         expert_bytes: p.working_set_bytes as f64 * (1.0 - held),
         disk_gbps,
         measured,
-        layers,
+        layers: p.layers,
     }
 }
 
-impl StreamEstimate {
+impl StreamEstimate<'_> {
     fn read_bytes(&self) -> f64 {
         self.split.read_bytes as f64 + self.expert_bytes
     }

@@ -38,6 +38,20 @@ fn run_measured(args: &[&str]) -> (String, u64) {
     (out, ru.ru_maxrss as u64 * 1024) // kilobytes on Linux
 }
 
+/// A synthetic VQ3R container of `config` in `dir`.
+fn synth_vq3r(dir: &std::path::Path, config: serde_json::Value, seed: u64) {
+    let o = SynthOptions {
+        config,
+        layers: None,
+        experts: ExpertFmt::Vq3r,
+        seed,
+        manifest_only: false,
+        skewed: false,
+        jobs: 2,
+    };
+    synth(dir, &o, &|_, _| {}).unwrap();
+}
+
 #[test]
 #[cfg(target_os = "linux")]
 fn bench_peak_rss_stays_under_the_budget_and_tracks_it() {
@@ -47,16 +61,7 @@ fn bench_peak_rss_stays_under_the_budget_and_tracks_it() {
         "num_attention_heads": 4, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "kv_lora_rank": 64, "vocab_size": 512,
         "rms_norm_eps": 1e-5, "bos_token_id": 256, "eos_token_id": 257,
         "linear_attn_config": {"head_dim": 64, "num_heads": 4, "short_conv_kernel_size": 4, "kda_layers": [1, 3], "full_attn_layers": [2]}});
-    let o = SynthOptions {
-        config,
-        layers: None,
-        experts: ExpertFmt::Vq3r,
-        seed: 3,
-        manifest_only: false,
-        skewed: false,
-        jobs: 2,
-    };
-    synth(&dir, &o, &|_, _| {}).unwrap();
+    synth_vq3r(&dir, config, 3);
     // a hotlist naming every expert: the cache preloads until it is full
     let entries = (0..3u16)
         .flat_map(|l| (0..64u16).map(move |e| UsageEntry { layer: l, expert: e, hits: 1000 - e as u32, last_seen: 1 }))
@@ -104,16 +109,7 @@ fn below_the_floor_peak_rss_stays_under_the_budget() {
         "routed_scaling_factor": 1.0, "num_attention_heads": 8, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64,
         "kv_lora_rank": 256, "vocab_size": 32768, "rms_norm_eps": 1e-5, "bos_token_id": 256, "eos_token_id": 257,
         "linear_attn_config": {"head_dim": 64, "num_heads": 8, "short_conv_kernel_size": 4, "kda_layers": [1, 2, 3, 5, 6, 7], "full_attn_layers": [4, 8]}});
-    let o = SynthOptions {
-        config,
-        layers: None,
-        experts: ExpertFmt::Vq3r,
-        seed: 5,
-        manifest_only: false,
-        skewed: false,
-        jobs: 2,
-    };
-    synth(&dir, &o, &|_, _| {}).unwrap();
+    synth_vq3r(&dir, config, 5);
     let d = dir.to_str().unwrap();
     let plan = |budget: u64| -> serde_json::Value {
         let b = budget.to_string();

@@ -137,6 +137,8 @@ pub struct Model {
     pub(crate) layers: Vec<Option<Layer>>,
     /// The layers that stream (issue 48's budgets below the floor).
     pub(crate) split: crate::plan::Split,
+    /// trunk.bin, opened once for the streamed layers' reads.
+    pub(crate) trunk_file: waste_io::DirectFile,
     pub(crate) embed: Embedding,
     pub(crate) final_norm: Vec<f32>,
     pub(crate) head: Head,
@@ -238,11 +240,13 @@ impl Model {
         let mut pool = Pool::try_with_level(threads, level)
             .map_err(|source| waste_io::Error::Thread { what: "compute", source })?;
         pool.set_numeric(opts.numeric);
+        let trunk_file = waste_io::DirectFile::open(&container.trunk_path(), false)?;
         let mut m = Model {
             embed: Embedding::new(&container)?,
             container,
             layers: trunk.layers,
             split,
+            trunk_file,
             final_norm: trunk.final_norm,
             head: trunk.head,
             out_res: trunk.out_res,

@@ -51,6 +51,8 @@ pub struct Plan {
     pub expert_records: u64,
     /// Vocabulary entries (what the grammar tables scale with).
     pub vocab: u64,
+    /// Decoder layers (what a split below the floor chooses among).
+    pub layers: u64,
     /// The vision tower's weights as loaded (0 when the container has none).
     pub vision_weight_bytes: u64,
     /// One image's buffers: the larger of decoding the largest image the
@@ -159,8 +161,7 @@ pub fn layer_bytes(ct: &Container) -> Vec<u64> {
     let c = &ct.config;
     let mut v: Vec<u64> = (0..c.layers).map(|l| if c.is_moe(l) { books_bytes_per_layer(ct) } else { 0 }).collect();
     for (name, b) in resident_tensors(ct) {
-        let l = name.strip_prefix("model.layers.").and_then(|r| r.split_once('.')).and_then(|(l, _)| l.parse().ok());
-        if let Some(x) = l.and_then(|l: usize| v.get_mut(l)) {
+        if let Some(x) = layer_of(&name).and_then(|l| v.get_mut(l)) {
             *x += b;
         }
     }
@@ -171,11 +172,20 @@ pub fn layer_bytes(ct: &Container) -> Vec<u64> {
 /// streaming it reads a token.
 pub fn layer_read_bytes(ct: &Container) -> Vec<u64> {
     let mut v = vec![0u64; ct.config.layers];
-    for l in 0..ct.config.layers {
-        let p = ct.full_name(&format!("model.layers.{l}."));
-        v[l] = ct.tensors.values().filter(|t| t.name.starts_with(p.as_str())).map(|t| t.stored_bytes()).sum();
+    let prefix = ct.full_name("");
+    for t in ct.tensors.values() {
+        let l = t.name.strip_prefix(prefix.as_str()).and_then(layer_of);
+        if let Some(x) = l.and_then(|l| v.get_mut(l)) {
+            *x += t.stored_bytes();
+        }
     }
     v
+}
+
+/// The decoder layer a tensor name (without the container's prefix)
+/// belongs to: `N` of `model.layers.N.…`.
+pub(crate) fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("model.layers.")?.split_once('.')?.0.parse().ok()
 }
 
 /// The output head's bytes (stored as loaded: a matrix): what streaming
@@ -298,6 +308,7 @@ impl Plan {
             top_k: k,
             expert_records: moe * c.experts as u64,
             vocab: c.vocab as u64,
+            layers: c.layers as u64,
             vision_weight_bytes: vcfg.as_ref().map_or(0, |v| crate::vision::weight_bytes(ct, v)),
             vision_scratch_bytes: vcfg
                 .as_ref()
@@ -372,8 +383,8 @@ impl Plan {
             self.streamed_bytes.saturating_sub(self.stream_buffer_bytes),
             s.streamed_bytes.saturating_sub(s.buffer_bytes),
         );
-        self.floor_bytes = self.floor_bytes + old - new;
-        self.recommended_bytes = self.recommended_bytes + old - new;
+        self.floor_bytes = (self.floor_bytes + old).saturating_sub(new);
+        self.recommended_bytes = (self.recommended_bytes + old).saturating_sub(new);
         self.streamed_layers = s.streamed.len() as u64;
         self.streamed_bytes = s.streamed_bytes;
         self.streamed_read_bytes = s.read_bytes;
@@ -550,7 +561,7 @@ impl Plan {
     pub fn floor(&self) -> waste_cache::Floor {
         let vision = if self.vision { self.vision_bytes() } else { 0 };
         waste_cache::Floor {
-            fixed: self.trunk_bytes - self.streamed_bytes
+            fixed: self.trunk_bytes.saturating_sub(self.streamed_bytes)
                 + self.stream_buffer_bytes
                 + self.state_bytes
                 + self.scratch_bytes
@@ -607,33 +618,33 @@ pub fn plan(path: impl AsRef<Path>, ctx: usize) -> Result<Plan> {
 /// (none at or above it, or for the automatic budget), or
 /// [`crate::Error::Budget`] naming the lowest budget any split reaches.
 pub(crate) fn split_of(container: &Container, plan: &Plan, budget: u64, usable: u64) -> Result<Split> {
-    if budget == 0 {
-        // the automatic budget streams only where the resident floor is
-        // above usable RAM (a floor that fits runs resident, as before):
-        // within the rule's 7/8 of it if a split fits there, else within
-        // all of it, else not at all (the caller's floor check then names
-        // the context that fits)
-        if plan.floor_bytes <= usable {
-            return Ok(Split::default());
-        }
-        let (layers, head) = (layer_bytes(container), head_bytes(container));
-        let s =
-            [usable / 8 * 7, usable].iter().find_map(|&cap| plan.split(&layers, head, cap).ok()).unwrap_or_default();
-        return Ok(s.with_reads(&layer_read_bytes(container), head));
+    // the automatic budget streams only where the resident floor is above
+    // usable RAM (a floor that fits runs resident, as before)
+    let target = if budget == 0 { usable } else { budget };
+    if plan.floor_bytes <= target {
+        return Ok(Split::default());
     }
-    let split = plan.split(&layer_bytes(container), head_bytes(container), budget).map_err(|lowest| crate::Error::Budget {
-        budget,
-        floor: lowest,
-        detail: format!(
-            "every decoder layer and the head streamed from disk; still resident: the rest of the trunk {} + state {} + scratch {} + tokenizer {} + two layers being streamed + minimum expert cache {}",
-            plan.trunk_bytes.saturating_sub(layer_bytes(container).iter().sum::<u64>() + head_bytes(container)),
-            plan.state_bytes,
-            plan.scratch_bytes,
-            plan.tokenizer_bytes + plan.tokenize_bytes + plan.template_bytes,
-            plan.min_expert_cache_bytes
-        ),
-    })?;
-    Ok(split.with_reads(&layer_read_bytes(container), head_bytes(container)))
+    let (layers, head) = (layer_bytes(container), head_bytes(container));
+    let split = if budget == 0 {
+        // within the rule's 7/8 of usable RAM if a split fits there, else
+        // within all of it, else none (the caller's floor check then names
+        // the context that fits)
+        [usable / 8 * 7, usable].iter().find_map(|&cap| plan.split(&layers, head, cap).ok()).unwrap_or_default()
+    } else {
+        plan.split(&layers, head, budget).map_err(|lowest| crate::Error::Budget {
+            budget,
+            floor: lowest,
+            detail: format!(
+                "every decoder layer and the head streamed from disk; still resident: the rest of the trunk {} + state {} + scratch {} + tokenizer {} + two layers being streamed + minimum expert cache {}",
+                plan.trunk_bytes.saturating_sub(layers.iter().sum::<u64>() + head),
+                plan.state_bytes,
+                plan.scratch_bytes,
+                plan.tokenizer_bytes + plan.tokenize_bytes + plan.template_bytes,
+                plan.min_expert_cache_bytes
+            ),
+        })?
+    };
+    Ok(split.with_reads(&layer_read_bytes(container), head))
 }
 
 /// What a container streams at `budget` with `plan` (made for it by

@@ -49,49 +49,26 @@ pub struct Stats {
     pub trunk_io_seconds: f64,
 }
 
-/// Two sessions' counters together (a batch's: its sessions' sum).
-impl std::ops::Add for Stats {
-    type Output = Stats;
-    fn add(self, b: Stats) -> Stats {
-        Stats {
-            tokens: self.tokens + b.tokens,
-            experts_hit: self.experts_hit + b.experts_hit,
-            experts_missed: self.experts_missed + b.experts_missed,
-            bytes_read: self.bytes_read + b.bytes_read,
-            prefetch_issued: self.prefetch_issued + b.prefetch_issued,
-            io_seconds: self.io_seconds + b.io_seconds,
-            trunk_seconds: self.trunk_seconds + b.trunk_seconds,
-            attn_seconds: self.attn_seconds + b.attn_seconds,
-            expert_seconds: self.expert_seconds + b.expert_seconds,
-            expert_runs: self.expert_runs + b.expert_runs,
-            experts_acquired: self.experts_acquired + b.experts_acquired,
-            trunk_bytes_read: self.trunk_bytes_read + b.trunk_bytes_read,
-            trunk_io_seconds: self.trunk_io_seconds + b.trunk_io_seconds,
+/// `impl $tr for Stats`: `$op` field by field (one list of the fields for
+/// every operator, so a new counter cannot be summed but not subtracted).
+macro_rules! stats_op {
+    ($tr:ident, $f:ident, $op:tt, $doc:literal) => {
+        #[doc = $doc]
+        impl std::ops::$tr for Stats {
+            type Output = Stats;
+            fn $f(self, b: Stats) -> Stats {
+                stats_op!(@fields self b $op; tokens experts_hit experts_missed bytes_read prefetch_issued
+                    io_seconds trunk_seconds attn_seconds expert_seconds expert_runs experts_acquired
+                    trunk_bytes_read trunk_io_seconds)
+            }
         }
-    }
+    };
+    (@fields $a:ident $b:ident $op:tt; $($x:ident)*) => {
+        Stats { $($x: $a.$x $op $b.$x),* }
+    };
 }
-
-/// What happened between two readings of the counters: `after - before`.
-impl std::ops::Sub for Stats {
-    type Output = Stats;
-    fn sub(self, b: Stats) -> Stats {
-        Stats {
-            tokens: self.tokens - b.tokens,
-            experts_hit: self.experts_hit - b.experts_hit,
-            experts_missed: self.experts_missed - b.experts_missed,
-            bytes_read: self.bytes_read - b.bytes_read,
-            prefetch_issued: self.prefetch_issued - b.prefetch_issued,
-            io_seconds: self.io_seconds - b.io_seconds,
-            trunk_seconds: self.trunk_seconds - b.trunk_seconds,
-            attn_seconds: self.attn_seconds - b.attn_seconds,
-            expert_seconds: self.expert_seconds - b.expert_seconds,
-            expert_runs: self.expert_runs - b.expert_runs,
-            experts_acquired: self.experts_acquired - b.experts_acquired,
-            trunk_bytes_read: self.trunk_bytes_read - b.trunk_bytes_read,
-            trunk_io_seconds: self.trunk_io_seconds - b.trunk_io_seconds,
-        }
-    }
-}
+stats_op!(Add, add, +, "Two sessions' counters together (a batch's: its sessions' sum).");
+stats_op!(Sub, sub, -, "What happened between two readings of the counters: `after - before`.");
 
 enum LayerState {
     Kda(KdaState),
@@ -696,6 +673,19 @@ fn check_logits(lanes: &[&mut Lane], shape: Shape, wanted: std::ops::Range<usize
     Ok(())
 }
 
+/// Start `f` on a scoped loader thread (a streamed layer or head piece,
+/// read while the step computes: issue 48).
+fn loader<'s, T: Send + 's>(
+    s: &'s std::thread::Scope<'s, '_>,
+    what: &'static str,
+    f: impl FnOnce() -> T + Send + 's,
+) -> Result<std::thread::ScopedJoinHandle<'s, T>> {
+    std::thread::Builder::new()
+        .name(format!("waste-{what}"))
+        .spawn_scoped(s, f)
+        .map_err(|source| waste_io::Error::Thread { what: "trunk loader", source }.into())
+}
+
 /// Token `t`'s sequence: its index in a step's lanes.
 fn owner(shape: Shape, t: usize) -> usize {
     match shape {
@@ -753,12 +743,8 @@ impl Work {
     fn layers(&mut self, m: &Model, lanes: &mut [&mut Lane], shape: Shape, pos: &[usize]) -> Result<()> {
         let streamed = &m.split.streamed;
         std::thread::scope(|s| -> Result<()> {
-            let load = |l: usize| {
-                std::thread::Builder::new()
-                    .name(format!("waste-layer-{l}"))
-                    .spawn_scoped(s, move || crate::weights::stream_layer(&m.container, l))
-                    .map_err(|source| waste_io::Error::Thread { what: "layer loader", source })
-            };
+            let load =
+                |l: usize| loader(s, "layer", move || crate::weights::stream_layer(&m.container, &m.trunk_file, l));
             let mut ahead = match streamed.first() {
                 Some(&l) => Some((l, load(l)?)),
                 None => None,
@@ -768,15 +754,10 @@ impl Work {
                 let layer = match &m.layers[l] {
                     Some(x) => x,
                     None => {
-                        let t = Instant::now();
-                        let (layer, bytes) = ahead
-                            .take()
-                            .filter(|(al, _)| *al == l)
-                            .ok_or_else(|| Error::Unsupported(format!("layer {l} is neither resident nor read ahead")))?
-                            .1
-                            .join()
-                            .map_err(|_| Error::Unsupported(format!("the loader of layer {l} panicked")))??;
-                        self.stats.trunk_io_seconds += t.elapsed().as_secs_f64();
+                        let (_, h) = ahead.take().filter(|(al, _)| *al == l).ok_or_else(|| {
+                            Error::Unsupported(format!("layer {l} is neither resident nor read ahead"))
+                        })?;
+                        let (layer, bytes) = self.arrived(h)?;
                         self.stats.trunk_bytes_read += bytes;
                         if let Some(&next) = streamed.iter().find(|&&x| x > l) {
                             ahead = Some((next, load(next)?));
@@ -789,6 +770,15 @@ impl Work {
             }
             Ok(())
         })
+    }
+
+    /// A loader's result once it has arrived, the wait counted as the
+    /// trunk's I/O.
+    fn arrived<T>(&mut self, h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
+        let t = Instant::now();
+        let v = h.join().map_err(|_| Error::Unsupported("a trunk loader thread panicked".into()))?;
+        self.stats.trunk_io_seconds += t.elapsed().as_secs_f64();
+        v
     }
 
     /// Layer `l` for a step's tokens: attention, then the FFN, each with
@@ -1019,18 +1009,11 @@ impl Work {
         let rb = rows.row_bytes().max(1);
         let per = (crate::plan::head_piece_bytes(rb * total as u64) / rb).max(1) as usize;
         std::thread::scope(|s| -> Result<()> {
-            let load = |r0: usize| {
-                std::thread::Builder::new()
-                    .name("waste-head".into())
-                    .spawn_scoped(s, move || rows.read(r0, per.min(total - r0)))
-                    .map_err(|source| waste_io::Error::Thread { what: "head loader", source })
-            };
+            let load = |r0: usize| loader(s, "head", move || rows.read(r0, per.min(total - r0)));
             let mut ahead = Some(load(0)?);
             let mut r0 = 0;
-            while let Some(piece) = ahead.take() {
-                let t = Instant::now();
-                let piece = piece.join().map_err(|_| Error::Unsupported("the head's loader panicked".into()))??;
-                self.stats.trunk_io_seconds += t.elapsed().as_secs_f64();
+            while let Some(h) = ahead.take() {
+                let piece = self.arrived(h)?;
                 self.stats.trunk_bytes_read += piece.rows as u64 * rows.row_bytes();
                 if r0 + piece.rows < total {
                     ahead = Some(load(r0 + piece.rows)?);

@@ -10,13 +10,30 @@ use waste_quant::{Matrix, VqBook};
 /// Read tensors from trunk.bin with positional reads (never the whole file).
 pub struct TrunkReader<'c> {
     c: &'c Container,
-    file: DirectFile,
+    file: TrunkFile<'c>,
     /// Bytes of resident tensors loaded so far.
     pub loaded: u64,
     /// Back each tensor with 2 MiB pages where the OS allows it.
     huge_pages: bool,
     /// Drop each read range from the page cache ([`TrunkReader::for_stream`]).
     drop_behind: bool,
+}
+
+/// trunk.bin, opened by the reader or lent to it (a streamed layer's
+/// reader, made every token, reads through the model's one handle).
+enum TrunkFile<'c> {
+    Owned(DirectFile),
+    Lent(&'c DirectFile),
+}
+
+impl std::ops::Deref for TrunkFile<'_> {
+    type Target = DirectFile;
+    fn deref(&self) -> &DirectFile {
+        match self {
+            TrunkFile::Owned(f) => f,
+            TrunkFile::Lent(f) => f,
+        }
+    }
 }
 
 impl<'c> TrunkReader<'c> {
@@ -41,11 +58,11 @@ impl<'c> TrunkReader<'c> {
     pub fn skipping(c: &'c Container, streamed: &[usize], head: bool) -> Result<Self> {
         let file = DirectFile::open(&c.trunk_path(), false)?;
         let mut skip: Vec<(u64, u64)> = vec![];
-        let prefixes: Vec<String> = streamed.iter().map(|l| c.full_name(&format!("model.layers.{l}."))).collect();
+        let prefix = c.full_name("");
         for t in c.tensors.values() {
-            let streamed = prefixes.iter().any(|p| t.name.starts_with(p.as_str()));
-            let on_disk =
-                t.name == c.full_name("model.embed_tokens.weight") || (head && t.name == c.full_name("lm_head.weight"));
+            let name = t.name.strip_prefix(prefix.as_str()).unwrap_or(&t.name);
+            let streamed = crate::plan::layer_of(name).is_some_and(|l| streamed.contains(&l));
+            let on_disk = name == "model.embed_tokens.weight" || (head && name == "lm_head.weight");
             if streamed || on_disk {
                 skip.push((t.off, t.off.saturating_add(t.payload_len)));
                 if t.scale_len > 0 {
@@ -61,19 +78,16 @@ impl<'c> TrunkReader<'c> {
             }
             at = at.max(b);
         }
-        Ok(TrunkReader { c, file, loaded: 0, huge_pages: false, drop_behind: false })
+        Ok(TrunkReader { c, file: TrunkFile::Owned(file), loaded: 0, huge_pages: false, drop_behind: false })
     }
 
-    /// A reader for streaming one layer (issue 48's budgets below the
-    /// floor): no read-ahead advice, and each tensor's pages dropped from
-    /// the page cache once read, so a layer read every token leaves no
-    /// copy beside the budget.
-    ///
-    /// # Errors
-    /// When trunk.bin cannot be opened.
-    pub fn for_stream(c: &'c Container) -> Result<Self> {
-        let file = DirectFile::open(&c.trunk_path(), false)?;
-        Ok(TrunkReader { c, file, loaded: 0, huge_pages: false, drop_behind: true })
+    /// A reader for streaming one layer through `file` (trunk.bin, opened
+    /// once by the model; issue 48's budgets below the floor): no
+    /// read-ahead advice, and each tensor's pages dropped from the page
+    /// cache once read, so a layer read every token leaves no copy beside
+    /// the budget.
+    pub fn for_stream(c: &'c Container, file: &'c DirectFile) -> Self {
+        TrunkReader { c, file: TrunkFile::Lent(file), loaded: 0, huge_pages: false, drop_behind: true }
     }
 
     /// Ask for 2 MiB pages behind the tensors read from here on (the
@@ -335,8 +349,8 @@ pub fn load_layer(c: &Container, r: &mut TrunkReader<'_>, l: usize) -> Result<La
 ///
 /// # Errors
 /// As [`load_layer`].
-pub fn stream_layer(c: &Container, l: usize) -> Result<(Layer, u64)> {
-    let mut r = TrunkReader::for_stream(c)?;
+pub fn stream_layer(c: &Container, file: &DirectFile, l: usize) -> Result<(Layer, u64)> {
+    let mut r = TrunkReader::for_stream(c, file);
     let layer = load_layer(c, &mut r, l)?;
     Ok((layer, r.loaded))
 }

@@ -3,27 +3,20 @@
 //! the resident run — at several budgets down to the lowest any split
 //! reaches, in prefill chunks and decode, for every fixture architecture.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use waste_model::{Error, Model, ModelOptions};
 
+mod common;
+
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures").join(name)
+    common::fixtures().join(name)
 }
 
 const CTX: usize = 64;
 
 /// The prompt's logits, then 6 greedy steps' logits, as bits; and the stats.
 fn run(m: &Model) -> (Vec<u32>, waste_model::Stats) {
-    let mut s = m.session();
-    let prompt: Vec<u32> = (0..21).map(|i| (i * 53 + 7) % 250).collect();
-    let mut bits: Vec<u32> = s.eval(&prompt).unwrap().iter().map(|v| v.to_bits()).collect();
-    let mut next = 1;
-    for _ in 0..6 {
-        let l = s.eval(&[next]).unwrap();
-        next = (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b }) as u32;
-        bits.extend(l.iter().map(|v| v.to_bits()));
-    }
-    (bits, s.stats())
+    common::greedy_bits(m, &common::prompt(21), 6)
 }
 
 #[test]
@@ -86,7 +79,7 @@ fn budgets_below_the_floor_stream_layers_and_give_the_resident_logits() {
 /// Two sessions decoded together (a batched step: the streamed head's
 /// pieces as matmats) each give what the resident model gave alone.
 fn batched_equals_alone(m: &Model, want: &[u32]) {
-    let prompt: Vec<u32> = (0..21).map(|i| (i * 53 + 7) % 250).collect();
+    let prompt = common::prompt(21);
     let other: Vec<u32> = (0..9).map(|i| (i * 31 + 5) % 250).collect();
     let (mut a, mut b) = (m.session(), m.session());
     let vocab = m.config().vocab;

@@ -8,24 +8,17 @@
 use std::path::{Path, PathBuf};
 use waste_model::{Error, Model, ModelOptions, Policy, PrefillShape};
 
+mod common;
+
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures").join(name)
+    common::fixtures().join(name)
 }
 
 const CTX: usize = 96;
 
 fn run(path: &Path, o: ModelOptions) -> (Vec<u32>, waste_model::Stats) {
     let m = Model::open(path, ModelOptions { ctx: CTX, ..o }).unwrap();
-    let mut s = m.session();
-    let prompt: Vec<u32> = (0..37).map(|i| (i * 53 + 7) % 250).collect();
-    let mut bits: Vec<u32> = s.eval(&prompt).unwrap().iter().map(|v| v.to_bits()).collect();
-    let mut next = 1;
-    for _ in 0..12 {
-        let l = s.eval(&[next]).unwrap();
-        next = (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b }) as u32;
-        bits.extend(l.iter().map(|v| v.to_bits()));
-    }
-    (bits, s.stats())
+    common::greedy_bits(&m, &common::prompt(37), 12)
 }
 
 /// A prompt's last layer runs its experts for the prompt's last token only:

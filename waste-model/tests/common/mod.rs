@@ -183,3 +183,22 @@ pub fn assert_k3_features(m: &Model) {
     assert!(c.kda_full_rank_gate, "full-rank KDA gate");
     assert_eq!(c.shared_experts, 2, "shared experts");
 }
+
+/// A prompt of `n` ids below 250 (every fixture's vocabulary holds them).
+pub fn prompt(n: u32) -> Vec<u32> {
+    (0..n).map(|i| (i * 53 + 7) % 250).collect()
+}
+
+/// The bits of `prompt`'s logits, then of `steps` greedy steps' (the first
+/// from token 1), and the session's stats: what placement tests compare.
+pub fn greedy_bits(m: &Model, prompt: &[u32], steps: usize) -> (Vec<u32>, waste_model::Stats) {
+    let mut s = m.session();
+    let mut bits: Vec<u32> = s.eval(prompt).unwrap().iter().map(|v| v.to_bits()).collect();
+    let mut next = 1;
+    for _ in 0..steps {
+        let l = s.eval(&[next]).unwrap();
+        next = waste_model::argmax(l);
+        bits.extend(l.iter().map(|v| v.to_bits()));
+    }
+    (bits, s.stats())
+}
