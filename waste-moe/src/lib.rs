@@ -18,7 +18,7 @@ use waste_quant::vq::{
     build_table_planes, matvec_rows_planes, planes_cover, planes_fit, planes_len, uses_planes, uses_vq4p_rows64,
     VqBook, VqLayout,
 };
-use waste_quant::{Level, MatJob, MatRef, Matrix, Pool, SyncSlice};
+use waste_quant::{vq_fast, Level, MatJob, MatRef, Matrix, Pool, SyncSlice};
 
 /// Router settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -327,6 +327,16 @@ impl ExpertKernel {
         });
     }
 
+    /// The fast mode's table code limit for these VQ experts: `Some` in a
+    /// mode with quantized activations when every book is full
+    /// ([`vq_fast::applies`]); `None` (the f32 tables) otherwise.
+    fn fast_vq(&self, numeric: waste_quant::fast::Numeric, books: &LayerBooks) -> Option<f32> {
+        let qmax = numeric.qmax().filter(|_| self.lay.quant.fmt.is_vq())?;
+        let (lg, ld) = (self.vq(self.lay.m, self.lay.lat), self.vq(self.lay.lat, self.lay.m));
+        let full = [&lg, &lg, &ld].iter().zip(&books.books).all(|(l, b)| vq_fast::applies(b, l));
+        full.then_some(qmax)
+    }
+
     /// Prepare per-token tables from the expert input `h` (VQ only).
     pub fn prepare(&self, pool: &Pool, books: &LayerBooks, h: &[f32], sc: &mut ExpertScratch) {
         if !self.lay.quant.fmt.is_vq() {
@@ -336,6 +346,19 @@ impl ExpertKernel {
         let bg: Vec<&VqBook> = books.books[0].iter().collect();
         let bu: Vec<&VqBook> = books.books[1].iter().collect();
         let lv = pool.level();
+        if let Some(qmax) = self.fast_vq(pool.numeric(), books) {
+            // the fast mode's int8 tables, in the f32 tables' buffers
+            let (tgs, tus) = (SyncSlice::new(&mut sc.t_gate), SyncSlice::new(&mut sc.t_up));
+            let nb = vq_fast::blocks(&lay);
+            pool.run(2, &|i| {
+                let (d, q) = vq_fast::block_ranges(&lay, 0, nb);
+                let (buf, books) = if i == 0 { (&tgs, &bg) } else { (&tus, &bu) };
+                // SAFETY: task 0 writes the gate table, task 1 the up one.
+                let (d, q) = unsafe { (buf.range(d.start, d.end), buf.range(q.start, q.end)) };
+                vq_fast::build(lv, books, &lay, h, qmax, (0, nb), d, bytemuck::cast_slice_mut(q));
+            });
+            return;
+        }
         let with_planes = uses_planes(lv, &lay) && !sc.p_gate.is_empty();
         // planes alone when they serve every row (the f32 table would go unread)
         let tlen = if with_planes && planes_cover(lv, &lay) { 0 } else { lay.table_len() };
@@ -504,6 +527,10 @@ impl ExpertKernel {
             let ld = self.vq(lat, m);
             let scales = &rec[so..so + l.scales_len];
             let (gs, us, ds) = (&scales[..2 * m], &scales[2 * m..4 * m], &scales[4 * m..]);
+            let fast = self.fast_vq(numeric, books);
+            if let Some(qmax) = fast {
+                return self.run_fast_vq(chunks, (lv, qmax), books, rec, shared, lane, out);
+            }
             {
                 let gi = &rec[go..go + lg.index_bytes()];
                 let ui = &rec[uo..uo + lg.index_bytes()];
@@ -586,6 +613,64 @@ impl ExpertKernel {
     }
 }
 
+impl ExpertKernel {
+    /// [`ExpertKernel::run`]'s VQ experts in the fast mode: the gate and
+    /// up rows over the layer's int8 tables ([`ExpertKernel::prepare`]),
+    /// the down table built by blocks of positions across `chunks`.
+    #[allow(clippy::too_many_arguments)]
+    fn run_fast_vq(
+        &self,
+        chunks: impl Fn(usize, &(dyn Fn(usize, usize) + Sync)),
+        (lv, qmax): (Level, f32),
+        books: &LayerBooks,
+        rec: &[u8],
+        shared: &Shared<'_>,
+        lane: &mut ExpertLane,
+        out: &mut [f32],
+    ) {
+        let l = &self.lay;
+        let (m, lat) = (l.m, l.lat);
+        let (lg, ld) = (self.vq(m, lat), self.vq(lat, m));
+        let [go, uo, dof, so] = waste_format::RecordHeader::decode(rec).expect("validated record").sections();
+        let scales = &rec[so..so + l.scales_len];
+        let (gs, us, ds) = (&scales[..2 * m], &scales[2 * m..4 * m], &scales[4 * m..]);
+        let (gi, ui) = (&rec[go..go + lg.index_bytes()], &rec[uo..uo + lg.index_bytes()]);
+        let unit = row_unit(false);
+        {
+            let (g, u) = (SyncSlice::new(&mut lane.g), SyncSlice::new(&mut lane.u));
+            let units = (m / unit).max(1);
+            chunks(units, &|a, b| {
+                let (ra, rb) = (unit * a, if b == units { m } else { unit * b });
+                // SAFETY: disjoint row ranges [unit·a, unit·b) (the last chunk takes the tail).
+                let (gy, uy) = unsafe { (g.range(ra, rb), u.range(ra, rb)) };
+                vq_fast::matvec_rows(lv, &lg, gi, gs, shared.t_gate, ra, gy);
+                vq_fast::matvec_rows(lv, &lg, ui, us, shared.t_up, ra, uy);
+            });
+        }
+        for (gv, uv) in lane.g.iter_mut().zip(lane.u.iter()) {
+            *gv = glu(self.act, *gv, *uv);
+        }
+        let bd: Vec<&VqBook> = books.books[2].iter().collect();
+        let tds = SyncSlice::new(&mut lane.t_down);
+        let gin = &lane.g;
+        chunks(vq_fast::blocks(&ld), &|a, b| {
+            let (d, q) = vq_fast::block_ranges(&ld, a, b);
+            // SAFETY: the tasks' block ranges [a, b) are disjoint, so are their scales and codes.
+            let (d, q) = unsafe { (tds.range(d.start, d.end), tds.range(q.start, q.end)) };
+            vq_fast::build(lv, &bd, &ld, gin, qmax, (a, b), d, bytemuck::cast_slice_mut(q));
+        });
+        let di = &rec[dof..dof + ld.index_bytes()];
+        let o = SyncSlice::new(out);
+        let units = (lat / unit).max(1);
+        chunks(units, &|a, b| {
+            let (ra, rb) = (unit * a, if b == units { lat } else { unit * b });
+            // SAFETY: disjoint row ranges.
+            let oy = unsafe { o.range(ra, rb) };
+            vq_fast::matvec_rows(lv, &ld, di, ds, &lane.t_down, ra, oy);
+        });
+    }
+}
+
 /// `f([gate, up, down])` over a validated record of a format a token reads
 /// directly (F16, BF16, Q4G). Q4G's scales are read in place when the
 /// record is 2-byte aligned (every cache slot is), else from a copy.
@@ -660,7 +745,37 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use waste_format::{ExpertQuant, ModelConfig, RecordLayout};
+    use waste_quant::fast::Numeric;
     use waste_quant::{f32_to_f16, Level};
+
+    /// The fast mode's VQ experts (int8 tables) stay near the exact ones —
+    /// within what 8-bit tables cost — and are not the exact ones (the
+    /// fast path ran); 4-bit tables (the control) are farther off.
+    #[test]
+    fn fast_vq_experts_are_near_exact() {
+        for fmt in [ExpertFmt::Vq3r, ExpertFmt::Vq4p] {
+            let (hidden, m) = (256, 128);
+            let (kernel, books, recs, h) = experts(fmt, hidden, m, 2, 11);
+            let run = |numeric: Numeric| {
+                let mut pool = Pool::with_level(2, waste_quant::level());
+                pool.set_numeric(numeric);
+                let mut sc = kernel.scratch(1);
+                kernel.prepare(&pool, &books, &h, &mut sc);
+                let mut out = vec![0f32; hidden];
+                kernel.forward(&pool, &books, &recs[1], &h, &mut sc, &mut out);
+                out
+            };
+            let exact = run(Numeric::Exact);
+            let rel = |o: &[f32]| {
+                let num: f32 = o.iter().zip(&exact).map(|(a, b)| (a - b) * (a - b)).sum();
+                (num / exact.iter().map(|b| b * b).sum::<f32>()).sqrt()
+            };
+            let (fast, control) = (run(Numeric::Fast), run(Numeric::Control4));
+            assert!(fast.iter().zip(&exact).any(|(a, b)| a.to_bits() != b.to_bits()), "{fmt:?}: the fast path did not run");
+            assert!(rel(&fast) < 0.03, "{fmt:?}: fast {} from exact", rel(&fast));
+            assert!(rel(&control) > 3.0 * rel(&fast), "{fmt:?}: control {} fast {}", rel(&control), rel(&fast));
+        }
+    }
 
     /// Random sealed records and books of a small VQ layout (`fmt` VQ3R or VQ4P).
     fn experts(
@@ -716,13 +831,15 @@ mod tests {
         /// remainder), VQ3R and VQ4P, shapes whose rows are whole 64-row
         /// groups (the 64-row kernels alone) or not (with the gathers).
         #[test]
-        fn forward_each_is_forward(wide in any::<bool>(), vq4p in any::<bool>(), n in 1usize..6, threads in 1usize..4, seed in any::<u64>()) {
+        fn forward_each_is_forward(wide in any::<bool>(), vq4p in any::<bool>(), fast in any::<bool>(), n in 1usize..6, threads in 1usize..4, seed in any::<u64>()) {
             let (hidden, m) = if wide { (128, 192) } else { (136, 72) };
             let fmt = if vq4p { ExpertFmt::Vq4p } else { ExpertFmt::Vq3r };
+            let numeric = if fast { Numeric::Fast } else { Numeric::Exact };
             let (kernel, books, recs, h) = experts(fmt, hidden, m, n, seed);
             let mut scalar = vec![0f32; n * hidden];
             {
-                let pool = Pool::with_level(1, Level::Scalar);
+                let mut pool = Pool::with_level(1, Level::Scalar);
+                pool.set_numeric(numeric);
                 let mut sc = kernel.scratch(1);
                 kernel.prepare(&pool, &books, &h, &mut sc);
                 for (e, r) in recs.iter().enumerate() {
@@ -730,7 +847,8 @@ mod tests {
                 }
             }
             for lv in Level::available() {
-                let pool = Pool::with_level(threads, lv);
+                let mut pool = Pool::with_level(threads, lv);
+                pool.set_numeric(numeric);
                 let mut sc = kernel.scratch(lanes_for(threads, n));
                 kernel.prepare(&pool, &books, &h, &mut sc);
                 let mut want = vec![0f32; n * hidden];

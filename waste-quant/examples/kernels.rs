@@ -394,6 +394,34 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
                 ts.push(t0.elapsed().as_secs_f64());
             }
         }
+        // the fast mode's int8 table (one form at every level) beside them
+        let mut qt = vec![0f32; lay.table_len()];
+        let nb = waste_quant::vq_fast::blocks(&lay);
+        let (d, q) = waste_quant::vq_fast::parts_mut(&lay, &mut qt, 0, nb);
+        waste_quant::vq_fast::build(Level::Scalar, &br, &lay, &x, 127.0, (0, nb), d, q);
+        let mut fast_ts = Vec::new();
+        for _ in 0..reps.max(1) {
+            let ix = if from_mem {
+                which = (which + 1) % sets.len();
+                &sets[which]
+            } else {
+                &idx
+            };
+            let t0 = Instant::now();
+            waste_quant::vq_fast::matvec_rows(Level::Avx2, &lay, ix, &scales, &qt, 0, &mut y);
+            fast_ts.push(t0.elapsed().as_secs_f64());
+        }
+        fast_ts.sort_by(f64::total_cmp);
+        println!(
+            "{name} rows {}x{} fast int8 table{}: {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
+            lay.rows,
+            lay.nvec * 8,
+            if from_mem { ", indices from memory" } else { "" },
+            fast_ts[fast_ts.len() / 2] * 1e3,
+            fast_ts[0] * 1e3,
+            fast_ts[fast_ts.len() - 1] * 1e3,
+            (lay.rows * lay.nvec * lay.stages) as f64 / fast_ts[fast_ts.len() / 2] / 1e9
+        );
         for (lv, k, ts) in runs.iter_mut() {
             ts.sort_by(f64::total_cmp);
             let med = ts[ts.len() / 2];

@@ -63,6 +63,7 @@ mod level;
 mod matrix;
 pub mod scalar;
 pub mod vq;
+pub mod vq_fast;
 pub mod vq_loads;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;

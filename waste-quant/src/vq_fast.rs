@@ -1,0 +1,418 @@
+//! The `fast` numeric mode's VQ row sums (issue 50): the per-input lookup
+//! table quantized to 8 bits in blocks of [`QBLOCK`] vector positions, the
+//! row sums taken in integers.
+//!
+//! The definition (every level reproduces it bit for bit):
+//!
+//! * **table**: the f32 table `T[v][s][e]` of [`crate::vq::build_table`]
+//!   (itself bit-identical across levels);
+//! * **blocks**: positions `QBLOCK·b .. QBLOCK·b + QBLOCK` (the last block
+//!   may be shorter) share one scale `d_b = amax_b / qmax`, `amax_b` the
+//!   largest `|T|` over the block's positions, stages and entries (NaN when
+//!   any entry is NaN, so damage still shows); the codes are
+//!   `q = clamp(rne(T · (qmax / amax_b)), −qmax, qmax)` (`rne`: round half to
+//!   even, by adding and subtracting 1.5·2²³), all 0 when `amax_b` is 0;
+//! * **row sum**: per block the exact integer sum `n_b(r) = Σ_{v∈b} Σ_s
+//!   q[v][s][idx(r, v, s)]`; the row's value `acc = fma(n_b, d_b, acc)` over
+//!   the blocks in order from 0, times the row's f16 scale `σ_r`.
+//!
+//! The integer sums do not depend on their order, and the float steps are
+//! the same operations in the same order at every level: the mode is
+//! bit-identical across levels, threads and placements. Only layouts whose
+//! books are full (every index names an entry) take it; a damaged or
+//! partial book keeps `exact`'s NaN entries ([`applies`]).
+//!
+//! A block of 4 positions is 32 activations, the block of the trunk's fast
+//! products ([`crate::fast::BLOCK`]); the table's 8 bits cost about what 8-bit
+//! activations cost (docs/FINDINGS.md, "Numeric modes").
+
+use crate::level::Level;
+use crate::vq::{build_table, VqBook, VqLayout};
+use waste_format::half::f16_to_f32;
+
+/// Vector positions per table scale.
+pub const QBLOCK: usize = 4;
+
+/// Rows summed together: eight independent integer sums.
+const GROUP: usize = 8;
+
+/// Vector positions per tile: 32 × 3 stages × 256 one-byte entries = 24 KiB,
+/// inside a 32 KiB L1. A whole number of blocks.
+const TILE: usize = 32;
+
+/// Adding and subtracting this rounds an f32 of magnitude below 2²² to the
+/// nearest integer, ties to even (the default rounding mode).
+const RNE: f32 = 12_582_912.0;
+
+/// Whether the fast table serves this layout with these books: every book
+/// full (as many entries as an index can name), one per stage.
+pub fn applies<'b>(books: impl IntoIterator<Item = &'b VqBook>, lay: &VqLayout) -> bool {
+    let mut n = 0;
+    for b in books {
+        if b.entries != lay.table_entries() {
+            return false;
+        }
+        n += 1;
+    }
+    n == lay.stages
+}
+
+/// Scale blocks of a layout.
+pub fn blocks(lay: &VqLayout) -> usize {
+    lay.nvec.div_ceil(QBLOCK)
+}
+
+/// Floats of a fast table in an f32 buffer: the block scales, then the
+/// codes four to a float. Never more than [`VqLayout::table_len`], so the
+/// exact mode's table buffer holds it.
+pub fn qtable_floats(lay: &VqLayout) -> usize {
+    blocks(lay).saturating_add(lay.table_len().div_ceil(4))
+}
+
+/// Table entries (codes) of one block of positions.
+fn block_entries(lay: &VqLayout) -> usize {
+    QBLOCK * lay.stages * lay.table_entries()
+}
+
+/// The scales and codes of a fast table in `buf` (from [`build`]).
+///
+/// # Panics
+/// When `buf` is shorter than [`qtable_floats`].
+pub fn parts<'a>(lay: &VqLayout, buf: &'a [f32]) -> (&'a [f32], &'a [i8]) {
+    let nb = blocks(lay);
+    let (d, q) = buf[..qtable_floats(lay)].split_at(nb);
+    (d, &bytemuck::cast_slice(q)[..lay.table_len()])
+}
+
+/// The scales and codes of blocks `b0..b1` of a fast table in `buf`, to write.
+///
+/// # Panics
+/// When `buf` is shorter than [`qtable_floats`] or the blocks are out of range.
+pub fn parts_mut<'a>(lay: &VqLayout, buf: &'a mut [f32], b0: usize, b1: usize) -> (&'a mut [f32], &'a mut [i8]) {
+    let (d, q) = block_ranges(lay, b0, b1);
+    let (lo, hi) = buf[..qtable_floats(lay)].split_at_mut(q.start);
+    (&mut lo[d], bytemuck::cast_slice_mut(&mut hi[..q.len()]))
+}
+
+/// Where blocks `b0..b1` of a fast table lie in its f32 buffer: their
+/// scales and their codes (four to a float), as float ranges — disjoint for
+/// disjoint blocks, so threads can build a table's blocks side by side.
+///
+/// # Panics
+/// When the blocks are out of range.
+pub fn block_ranges(lay: &VqLayout, b0: usize, b1: usize) -> (core::ops::Range<usize>, core::ops::Range<usize>) {
+    let nb = blocks(lay);
+    assert!(b0 <= b1 && b1 <= nb, "blocks {b0}..{b1} of {nb}");
+    // a block's codes are a multiple of 4 bytes (64 or 256 entries a stage)
+    let be = block_entries(lay) / 4;
+    (b0..b1, nb + b0 * be..nb + (b1 * be).min(lay.table_len() / 4))
+}
+
+/// Blocks `b0..b1` of the fast table of input `x` (the whole input, `nvec ·
+/// dim` long): `d` their scales, `q` their codes (from [`parts_mut`]).
+///
+/// # Panics
+/// As [`build_table`]; when `d` or `q` do not hold those blocks.
+#[allow(clippy::too_many_arguments)]
+pub fn build(
+    level: Level,
+    books: &[&VqBook],
+    lay: &VqLayout,
+    x: &[f32],
+    qmax: f32,
+    (b0, b1): (usize, usize),
+    d: &mut [f32],
+    q: &mut [i8],
+) {
+    let dim = books[0].dim;
+    assert_eq!(x.len(), lay.nvec * dim);
+    let be = block_entries(lay);
+    assert!(b1 <= blocks(lay) && d.len() == b1 - b0 && q.len() == ((b1 * be).min(lay.table_len()) - b0 * be));
+    let mut t = vec![0f32; be];
+    for b in b0..b1 {
+        let (v0, v1) = (b * QBLOCK, ((b + 1) * QBLOCK).min(lay.nvec));
+        let part = VqLayout { nvec: v1 - v0, ..*lay };
+        let t = &mut t[..part.table_len()];
+        build_table(level, books, &part, &x[v0 * dim..v1 * dim], t);
+        let qb = &mut q[(b - b0) * be..][..t.len()];
+        d[b - b0] = quantize_block(t, qmax, qb);
+    }
+}
+
+/// One block's codes into `q`; returns its scale `amax / qmax`.
+fn quantize_block(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
+    let mut amax = 0f32;
+    let mut nan = false;
+    for &v in t {
+        amax = amax.max(v.abs());
+        nan |= v.is_nan();
+    }
+    if nan {
+        q.fill(0);
+        return f32::NAN;
+    }
+    if amax == 0.0 {
+        q.fill(0);
+        return 0.0;
+    }
+    let inv = qmax / amax;
+    for (o, &v) in q.iter_mut().zip(t) {
+        // |v · inv| ≤ qmax (1 + ε): the rounding trick is exact there
+        *o = ((v * inv + RNE) - RNE).clamp(-qmax, qmax) as i8;
+    }
+    amax / qmax
+}
+
+/// `y[i] = σ_{r0+i} · Σ_b fma(n_b(r0+i), d_b, ·)`: the fast mode's row sums
+/// for rows `r0..r0 + y.len()` over a table from [`build`] (all its blocks)
+/// held in `qt` ([`parts`]). `scales` holds one f16 per row.
+///
+/// # Panics
+/// When the indices, scales or table are shorter than the layout needs, or
+/// the rows are out of range.
+pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], qt: &[f32], r0: usize, y: &mut [f32]) {
+    assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2);
+    assert!(r0.checked_add(y.len()).is_some_and(|e| e <= lay.rows));
+    let (d, q) = parts(lay, qt);
+    let _ = level;
+    rows(lay, idx, d, q, r0, y);
+    for (i, yo) in y.iter_mut().enumerate() {
+        let r = r0 + i;
+        *yo *= f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
+    }
+}
+
+/// Unscaled fast row sums (before `σ_r`), any layout, by plain loads: the
+/// definition at every level.
+fn rows(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32]) {
+    if y.is_empty() {
+        return;
+    }
+    match (lay.packed6, lay.stages) {
+        (false, 1) => rows_n::<1, 256, false>(lay, idx, d, q, r0, y),
+        (false, 2) => rows_n::<2, 256, false>(lay, idx, d, q, r0, y),
+        (false, 3) => rows_n::<3, 256, false>(lay, idx, d, q, r0, y),
+        (true, 4) => rows_n::<4, 64, true>(lay, idx, d, q, r0, y),
+        _ => rows_any(lay, idx, d, q, r0, y),
+    }
+}
+
+/// The stage indices of one row's stage group `g` (as `vq_loads`).
+#[inline(always)]
+fn field<const P6: bool>(g: &[u8], s: usize) -> usize {
+    if P6 {
+        let w = g[0] as usize | (g[1] as usize) << 8 | (g[2] as usize) << 16;
+        (w >> (6 * s)) & 63
+    } else {
+        g[s] as usize
+    }
+}
+
+fma_scalar! {
+    /// [`rows`] for `ST` stages of `TE` entries: eight rows interleaved,
+    /// positions in L1-sized tiles of whole blocks.
+    fn rows_n_body(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32], st: usize, te: usize, p6: bool) {
+        match (st, te, p6) {
+            (1, 256, false) => rows_generic::<1, 256, false>(lay, idx, d, q, r0, y),
+            (2, 256, false) => rows_generic::<2, 256, false>(lay, idx, d, q, r0, y),
+            (3, 256, false) => rows_generic::<3, 256, false>(lay, idx, d, q, r0, y),
+            _ => rows_generic::<4, 64, true>(lay, idx, d, q, r0, y),
+        }
+    }
+}
+
+fn rows_n<const ST: usize, const TE: usize, const P6: bool>(
+    lay: &VqLayout,
+    idx: &[u8],
+    d: &[f32],
+    q: &[i8],
+    r0: usize,
+    y: &mut [f32],
+) {
+    rows_n_body(lay, idx, d, q, r0, y, ST, TE, P6)
+}
+
+#[inline(always)]
+fn rows_generic<const ST: usize, const TE: usize, const P6: bool>(
+    lay: &VqLayout,
+    idx: &[u8],
+    d: &[f32],
+    q: &[i8],
+    r0: usize,
+    y: &mut [f32],
+) {
+    let bpv = if P6 { ST * 6 / 8 } else { ST };
+    let vstride = lay.vstride();
+    let end = r0 + y.len();
+    let mut v0 = 0;
+    while v0 < lay.nvec {
+        let v1 = (v0 + TILE).min(lay.nvec);
+        let mut r = r0;
+        while r < end {
+            let together = lay.block > 0 && r % lay.block + GROUP <= lay.block && r + GROUP <= end;
+            let n = if together { GROUP } else { 1 };
+            let yr = &mut y[r - r0..r - r0 + n];
+            let mut acc = [0f32; GROUP];
+            if v0 > 0 {
+                acc[..n].copy_from_slice(yr);
+            }
+            let mut o = lay.offset(r, v0);
+            let mut vb = v0;
+            while vb < v1 {
+                let ve = (vb + QBLOCK).min(v1);
+                let mut sum = [0i32; GROUP];
+                for v in vb..ve {
+                    let tv = &q[v * ST * TE..(v + 1) * ST * TE];
+                    let t: [&[i8; TE]; ST] = core::array::from_fn(|s| {
+                        <&[i8; TE]>::try_from(&tv[s * TE..(s + 1) * TE]).expect("a stage's table is TE entries")
+                    });
+                    if together {
+                        let g = &idx[o..o + GROUP * bpv];
+                        for (i, a) in sum.iter_mut().enumerate() {
+                            let gi = &g[i * bpv..(i + 1) * bpv];
+                            for (s, ts) in t.iter().enumerate() {
+                                *a += ts[field::<P6>(gi, s)] as i32;
+                            }
+                        }
+                    } else {
+                        let gi = &idx[o..o + bpv];
+                        for (s, ts) in t.iter().enumerate() {
+                            sum[0] += ts[field::<P6>(gi, s)] as i32;
+                        }
+                    }
+                    o += vstride;
+                }
+                let db = d[vb / QBLOCK];
+                for (a, &s) in acc.iter_mut().zip(&sum).take(n) {
+                    *a = (s as f32).mul_add(db, *a);
+                }
+                vb = ve;
+            }
+            yr.copy_from_slice(&acc[..n]);
+            r += n;
+        }
+        v0 = v1;
+    }
+}
+
+fma_scalar! {
+    /// [`rows`] for a layout no specialised form takes: one row at a time.
+    fn rows_any(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32]) {
+        let te = lay.table_entries();
+        let mut ix = [0usize; 8];
+        for (i, yo) in y.iter_mut().enumerate() {
+            let mut acc = 0f32;
+            let mut o = lay.offset(r0 + i, 0);
+            for (b, &db) in d.iter().enumerate() {
+                let mut sum = 0i32;
+                for v in b * QBLOCK..((b + 1) * QBLOCK).min(lay.nvec) {
+                    lay.indices_at(idx, o, &mut ix);
+                    for (s, &e) in ix.iter().enumerate().take(lay.stages) {
+                        sum += q[(v * lay.stages + s) * te + e] as i32;
+                    }
+                    o += lay.vstride();
+                }
+                acc = (sum as f32).mul_add(db, acc);
+            }
+            *yo = acc;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn book(entries: usize, seed: u64) -> VqBook {
+        let mut r = crate::SplitMix64::new(seed);
+        let bits: Vec<u16> = (0..entries * 8).map(|_| crate::f32_to_f16(r.unif() - 0.5)).collect();
+        VqBook::from_f16(&bits, entries, 8)
+    }
+
+    /// The definition written out once, one row at a time, from the f32
+    /// table: the kernel must give its bits.
+    fn reference(lay: &VqLayout, books: &[&VqBook], x: &[f32], idx: &[u8], scales: &[u8], qmax: f32) -> Vec<f32> {
+        let mut t = vec![0f32; lay.table_len()];
+        build_table(Level::Scalar, books, lay, x, &mut t);
+        let te = lay.table_entries();
+        let per_v = lay.stages * te;
+        (0..lay.rows)
+            .map(|r| {
+                let mut acc = 0f32;
+                for b in 0..blocks(lay) {
+                    let (v0, v1) = (b * QBLOCK, ((b + 1) * QBLOCK).min(lay.nvec));
+                    let tb = &t[v0 * per_v..v1 * per_v];
+                    let amax = tb.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let mut n = 0i64;
+                    let mut ix = [0usize; 8];
+                    for v in v0..v1 {
+                        lay.indices(idx, r, v, &mut ix);
+                        for (s, &e) in ix.iter().enumerate().take(lay.stages) {
+                            let tv = t[(v * lay.stages + s) * te + e];
+                            if amax > 0.0 {
+                                n += ((tv * (qmax / amax)).round_ties_even().clamp(-qmax, qmax)) as i64;
+                            }
+                        }
+                    }
+                    acc = (n as f32).mul_add(amax / qmax, acc);
+                }
+                acc * f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]))
+            })
+            .collect()
+    }
+
+    fn case(lay: VqLayout, seed: u64, level: Level) {
+        let mut r = crate::SplitMix64::new(seed);
+        let owned: Vec<VqBook> = (0..lay.stages).map(|s| book(lay.table_entries(), seed + s as u64)).collect();
+        let books: Vec<&VqBook> = owned.iter().collect();
+        let x: Vec<f32> = (0..lay.nvec * 8).map(|_| r.unif() * 4.0 - 2.0).collect();
+        let idx: Vec<u8> = (0..lay.index_bytes()).map(|_| (r.next_u64() & 0xff) as u8).collect();
+        let scales: Vec<u8> = (0..lay.rows).flat_map(|_| crate::f32_to_f16(0.5 + r.unif()).to_le_bytes()).collect();
+        let mut buf = vec![0f32; lay.table_len()];
+        assert!(qtable_floats(&lay) <= buf.len());
+        // built in two halves, as the pool builds it
+        let nb = blocks(&lay);
+        for (b0, b1) in [(0, nb / 2), (nb / 2, nb)] {
+            let (d, q) = parts_mut(&lay, &mut buf, b0, b1);
+            build(level, &books, &lay, &x, 127.0, (b0, b1), d, q);
+        }
+        let want = reference(&lay, &books, &x, &idx, &scales, 127.0);
+        // every row range the kernels may be given
+        for (a, b) in [(0, lay.rows), (1, lay.rows.min(13)), (lay.rows / 2, lay.rows)] {
+            let mut y = vec![0f32; b - a];
+            matvec_rows(level, &lay, &idx, &scales, &buf, a, &mut y);
+            for (i, (g, w)) in y.iter().zip(&want[a..b]).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "{lay:?} row {} level {level:?}", a + i);
+            }
+        }
+    }
+
+    #[test]
+    fn rows_are_the_definition_at_every_level() {
+        for level in Level::available() {
+            for (stages, packed6, nvec, block) in [(3, false, 37, 64), (2, false, 9, 8), (1, false, 5, 0), (4, true, 11, 64), (3, false, 1, 16)] {
+                let lay = VqLayout { rows: 70, nvec, stages, block, packed6 };
+                case(lay, 7 + nvec as u64, level);
+            }
+        }
+    }
+
+    #[test]
+    fn a_nan_input_shows_and_partial_books_stay_exact() {
+        let lay = VqLayout { rows: 8, nvec: 4, stages: 3, block: 8, packed6: false };
+        let owned: Vec<VqBook> = (0..3).map(|s| book(256, s)).collect();
+        let books: Vec<&VqBook> = owned.iter().collect();
+        let mut x = vec![0.5f32; 32];
+        x[3] = f32::NAN;
+        let mut buf = vec![0f32; lay.table_len()];
+        let (d, q) = parts_mut(&lay, &mut buf, 0, 1);
+        build(Level::Scalar, &books, &lay, &x, 127.0, (0, 1), d, q);
+        let mut y = vec![0f32; 8];
+        let scales = vec![0x3c; 16];
+        matvec_rows(Level::Scalar, &lay, &vec![1u8; lay.index_bytes()], &scales, &buf, 0, &mut y);
+        assert!(y.iter().all(|v| v.is_nan()));
+        let short = book(200, 9);
+        assert!(applies(books.iter().copied(), &lay));
+        assert!(!applies([&short, books[1], books[2]], &lay));
+    }
+}
