@@ -2,7 +2,7 @@
 //! the reference: a random Kimi-Linear made by transformers (hidden 256, 16
 //! experts top-4, 4 layers), converted with VQ3R experts and a Q4 trunk
 //! (tools/oracle/make_fast_quality.py made the container and transformers'
-//! float32 logits of the checkpoint it came from). Over 72 teacher-forced
+//! float32 logits of the checkpoint it came from). Over 256 teacher-forced
 //! positions, `fast`'s mean KL divergence from the reference must be at
 //! most 1.10 × `exact`'s, and its top-1 agreement with the reference no
 //! lower than `exact`'s minus 1 point. The negative control — activations
@@ -38,7 +38,7 @@ fn argmax(l: &[f32]) -> usize {
 
 fn measure(numeric: Numeric, ids: &[u32], want: &[Vec<f32>]) -> Quality {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures/fast-quality/model.waste");
-    let m = Model::open(&dir, ModelOptions { ctx: 128, numeric, ..Default::default() }).unwrap();
+    let m = Model::open(&dir, ModelOptions { ctx: 512, numeric, ..Default::default() }).unwrap();
     assert_eq!(m.numeric(), numeric);
     let mut s = m.session();
     let logits: Vec<Vec<f32>> = ids.iter().map(|&t| s.eval(&[t]).unwrap().to_vec()).collect();
