@@ -1293,3 +1293,134 @@ unsafe fn rows_axpy_fmt<const FMT: u8>(m: &MatRef<'_>, r0: usize, coef: &[f32], 
         c0 += nb * LANES;
     }
 }
+
+/// The fast mode's VQ row sums ([`crate::vq_fast`]) with each (vector
+/// position, stage) int8 table — 256 bytes, four registers — looked up by
+/// byte permutes for 64 rows at once ([`crate::vq::plane_lookup`]'s two
+/// forms, as [`vq_rows64`] looks up one of its four byte planes); a
+/// block's lookups summed in 16-bit lanes (at most 12 · 127), then each
+/// row's `fma(n_b, d_b, ·)` in block order: the definition's bits.
+///
+/// Rows `r0..r0+y.len()`, both multiples of 64, blocked layout with `block
+/// % 64 == 0`, 8-bit indices of 1 to 3 stages; `d` and `q` a whole table's
+/// scales and codes ([`crate::vq_fast::parts`]).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VBMI; sizes as asserted by `vq_fast::matvec_rows`.
+pub unsafe fn vq_fast_rows64(lay: &crate::vq::VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32]) {
+    use crate::vq::PlaneLookup::{OneSource, TwoSource};
+    // SAFETY: the caller's contract (1 to 3 byte stages).
+    unsafe {
+        match (crate::vq::plane_lookup(), lay.bpv()) {
+            (TwoSource, 3) => vq_fast_rows64_with::<true, 3>(lay, idx, d, q, r0, y),
+            (TwoSource, 2) => vq_fast_rows64_with::<true, 2>(lay, idx, d, q, r0, y),
+            (TwoSource, 1) => vq_fast_rows64_with::<true, 1>(lay, idx, d, q, r0, y),
+            (OneSource, 3) => vq_fast_rows64_with::<false, 3>(lay, idx, d, q, r0, y),
+            (OneSource, 2) => vq_fast_rows64_with::<false, 2>(lay, idx, d, q, r0, y),
+            (OneSource, 1) => vq_fast_rows64_with::<false, 1>(lay, idx, d, q, r0, y),
+            (_, b) => unreachable!("the fast byte lookups serve 1 to 3 stages, not {b}"),
+        }
+    }
+}
+
+/// [`vq_fast_rows64`] with the lookup form and the stage count fixed.
+///
+/// # Safety
+/// As [`vq_fast_rows64`]; `BPV == lay.bpv() == lay.stages`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
+unsafe fn vq_fast_rows64_with<const TWO_SOURCE: bool, const BPV: usize>(
+    lay: &crate::vq::VqLayout,
+    idx: &[u8],
+    d: &[f32],
+    q: &[i8],
+    r0: usize,
+    y: &mut [f32],
+) {
+    use crate::vq_fast::QBLOCK;
+    debug_assert!(lay.stages == BPV && lay.bpv() == BPV && !lay.packed6);
+    assert!(q.len() >= lay.table_len() && d.len() >= lay.nvec.div_ceil(QBLOCK));
+    // byte j of stage s's index vector: row j's index byte s
+    let mut ix = [_mm512_setzero_si512(); BPV];
+    let mut high = [0u64; BPV];
+    for (s, (ixs, hs)) in ix.iter_mut().zip(high.iter_mut()).enumerate() {
+        let b: [u8; 64] = core::array::from_fn(|j| {
+            let off = BPV * j + s;
+            if off >= 128 {
+                *hs |= 1 << j;
+            }
+            (off & 127) as u8
+        });
+        // SAFETY: 64-byte array.
+        *ixs = unsafe { _mm512_loadu_si512(b.as_ptr() as *const __m512i) };
+    }
+    y.fill(0.0);
+    let groups = y.len() / 64;
+    let goff: Vec<usize> = (0..groups).map(|g| lay.offset(r0 + 64 * g, 0)).collect();
+    // per group, the block's sums so far: rows 0..32 and 32..64 in 16 bits
+    let mut acc = vec![[_mm512_setzero_si512(); 2]; groups];
+    let vstride = lay.vstride();
+    let yp = y.as_mut_ptr();
+    for v in 0..lay.nvec {
+        let vbase = idx.as_ptr().wrapping_add(v * vstride);
+        // SAFETY: the tables of (v, 0..BPV) are 256·BPV bytes inside `q` (asserted).
+        let tb: [[__m512i; 4]; BPV] = core::array::from_fn(|s| {
+            core::array::from_fn(|k| unsafe {
+                _mm512_loadu_si512(q.as_ptr().add((v * BPV + s) * 256 + 64 * k) as *const __m512i)
+            })
+        });
+        for (g, &go) in goff.iter().enumerate() {
+            let p = vbase.wrapping_add(go);
+            prefetch_lines(p.wrapping_add(VQ_PREFETCH_V * lay.block * BPV), 64 * BPV);
+            // SAFETY: the group's 64·BPV index bytes are inside `idx` (asserted by the caller).
+            let z: [__m512i; BPV] = core::array::from_fn(|k| unsafe { _mm512_loadu_si512(p.add(64 * k) as *const __m512i) });
+            let [mut lo, mut hi] = acc[g];
+            for s in 0..BPV {
+                let iv = match BPV {
+                    1 => _mm512_permutexvar_epi8(ix[s], z[0]),
+                    2 => _mm512_permutex2var_epi8(z[0], ix[s], z[1]),
+                    _ => _mm512_mask_permutexvar_epi8(
+                        _mm512_permutex2var_epi8(z[0], ix[s], z[1]),
+                        high[s],
+                        ix[s],
+                        z[BPV - 1],
+                    ),
+                };
+                let t = &tb[s];
+                let b7 = _mm512_movepi8_mask(iv);
+                let look = if TWO_SOURCE {
+                    let l = _mm512_permutex2var_epi8(t[0], iv, t[1]);
+                    let h = _mm512_permutex2var_epi8(t[2], iv, t[3]);
+                    _mm512_mask_blend_epi8(b7, l, h)
+                } else {
+                    let b6 = _mm512_movepi8_mask(_mm512_add_epi8(iv, iv));
+                    let (q1, q3) = (_kandn_mask64(b7, b6), _kand_mask64(b7, b6));
+                    let r = _mm512_permutexvar_epi8(iv, t[0]);
+                    let r = _mm512_mask_permutexvar_epi8(r, q1, iv, t[1]);
+                    let r = _mm512_mask_permutexvar_epi8(r, b7, iv, t[2]);
+                    _mm512_mask_permutexvar_epi8(r, q3, iv, t[3])
+                };
+                lo = _mm512_add_epi16(lo, _mm512_cvtepi8_epi16(_mm512_castsi512_si256(look)));
+                hi = _mm512_add_epi16(hi, _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64::<1>(look)));
+            }
+            acc[g] = [lo, hi];
+        }
+        // a block ends: each row's fma(n_b, d_b, ·)
+        if (v + 1) % QBLOCK == 0 || v + 1 == lay.nvec {
+            let db = _mm512_set1_ps(d[v / QBLOCK]);
+            for (g, a) in acc.iter_mut().enumerate() {
+                for (h, half) in a.iter().enumerate() {
+                    let parts = [_mm512_castsi512_si256(*half), _mm512_extracti64x4_epi64::<1>(*half)];
+                    for (k, p16) in parts.iter().enumerate() {
+                        let n = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(*p16));
+                        // SAFETY: 64g + 32h + 16k + 16 <= y.len().
+                        unsafe {
+                            let o = yp.add(64 * g + 32 * h + 16 * k);
+                            _mm512_storeu_ps(o, _mm512_fmadd_ps(n, db, _mm512_loadu_ps(o)));
+                        }
+                    }
+                }
+                *a = [_mm512_setzero_si512(); 2];
+            }
+        }
+    }
+}
