@@ -635,8 +635,8 @@ impl ExpertKernel {
         let scales = &rec[so..so + l.scales_len];
         let (gs, us, ds) = (&scales[..2 * m], &scales[2 * m..4 * m], &scales[4 * m..]);
         let (gi, ui) = (&rec[go..go + lg.index_bytes()], &rec[uo..uo + lg.index_bytes()]);
-        let unit = row_unit(false);
         {
+            let unit = row_unit(vq_fast::rows64(lv, &lg));
             let (g, u) = (SyncSlice::new(&mut lane.g), SyncSlice::new(&mut lane.u));
             let units = (m / unit).max(1);
             chunks(units, &|a, b| {
@@ -661,6 +661,7 @@ impl ExpertKernel {
         });
         let di = &rec[dof..dof + ld.index_bytes()];
         let o = SyncSlice::new(out);
+        let unit = row_unit(vq_fast::rows64(lv, &ld));
         let units = (lat / unit).max(1);
         chunks(units, &|a, b| {
             let (ra, rb) = (unit * a, if b == units { lat } else { unit * b });

@@ -141,24 +141,41 @@ pub fn build(
 
 /// One block's codes into `q`; returns its scale `amax / qmax`.
 fn quantize_block(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
-    let mut amax = 0f32;
-    let mut nan = false;
-    for &v in t {
-        amax = amax.max(v.abs());
-        nan |= v.is_nan();
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        /// The same integer and IEEE steps, vectorized 8 lanes wide.
+        #[target_feature(enable = "avx2")]
+        unsafe fn wide(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
+            quantize_body(t, qmax, q)
+        }
+        // SAFETY: the CPU has AVX2.
+        return unsafe { wide(t, qmax, q) };
     }
-    if nan {
+    quantize_body(t, qmax, q)
+}
+
+/// [`quantize_block`]'s steps, written so they vectorize: the largest
+/// magnitude as the largest of the values' bits without the sign (an order
+/// the same as the floats' for every non-NaN value; above infinity's bits
+/// a NaN is present), and each code read from the bits of `T · inv + 1.5·2²³`
+/// (the rounded integer sits in the low mantissa bits).
+#[inline(always)]
+fn quantize_body(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
+    let m = t.iter().fold(0u32, |m, v| m.max(v.to_bits() & 0x7fff_ffff));
+    if m > f32::INFINITY.to_bits() {
         q.fill(0);
         return f32::NAN;
     }
+    let amax = f32::from_bits(m);
     if amax == 0.0 {
         q.fill(0);
         return 0.0;
     }
     let inv = qmax / amax;
+    let (qm, rne) = (qmax as i32, RNE.to_bits() as i32);
     for (o, &v) in q.iter_mut().zip(t) {
         // |v · inv| ≤ qmax (1 + ε): the rounding trick is exact there
-        *o = ((v * inv + RNE) - RNE).clamp(-qmax, qmax) as i8;
+        *o = ((v * inv + RNE).to_bits() as i32 - rne).clamp(-qm, qm) as i8;
     }
     amax / qmax
 }
