@@ -641,9 +641,10 @@ impl Model {
     }
     /// What computes the routed experts on this CPU (format and kernel,
     /// [`ExpertKernel::kernel_name`]; the AVX2 VQ row form is chosen by
-    /// timing both on the first expert matvecs); `None` without routed experts.
+    /// timing both on the first expert matvecs; the fast mode names its
+    /// own VQ kernel); `None` without routed experts.
     pub fn expert_kernel(&self) -> Option<String> {
-        self.kernel.as_ref().map(|k| k.kernel_name(self.simd()))
+        self.kernel.as_ref().map(|k| k.kernel_name(self.simd(), self.numeric()))
     }
     /// A new session (its own state, position 0).
     pub fn session(&self) -> crate::Session<'_> {

@@ -239,10 +239,17 @@ impl ExpertKernel {
     /// ([`waste_quant::vq::rows_kernel_name`]: `vq3r avx2-gather`, `vq3r
     /// scalar-loads`, …); for the other formats the level's matvec (`q4g
     /// avx2`).
-    pub fn kernel_name(&self, level: Level) -> String {
+    ///
+    /// In the fast mode VQ experts whose books are full name the fast
+    /// kernel ([`vq_fast::rows_kernel_name`]: `vq3r fast
+    /// avx512-int8-permutes`, `vq3r fast int8-loads`).
+    pub fn kernel_name(&self, level: Level, numeric: waste_quant::fast::Numeric) -> String {
         let fmt = self.lay.quant.fmt;
         let name = fmt.name().to_ascii_lowercase();
-        if fmt.is_vq() {
+        let lay = self.vq(self.lay.m, self.lay.lat);
+        if fmt.is_vq() && numeric.qmax().is_some() && self.lay.quant.entries == lay.table_entries() {
+            format!("{name} fast {}", vq_fast::rows_kernel_name(level, &lay))
+        } else if fmt.is_vq() {
             format!("{name} {}", waste_quant::vq::rows_kernel_name(level, &self.vq(self.lay.m, self.lay.lat)))
         } else {
             format!("{name} {}", level.name())
@@ -1023,7 +1030,7 @@ mod tests {
             assert!(want.iter().any(|&b| b << 1 != 0), "{}: all zero", spec.name);
             for lv in Level::available() {
                 assert_eq!(run(lv), want, "{} at {lv:?}", spec.name);
-                assert!(!kernel.kernel_name(lv).is_empty());
+                assert!(!kernel.kernel_name(lv, Numeric::Exact).is_empty());
             }
         }
     }
