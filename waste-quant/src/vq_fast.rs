@@ -202,6 +202,12 @@ pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], qt: 
         // SAFETY: features checked by rows64; sizes asserted above and by parts.
         unsafe { crate::x86_64::avx512::vq_fast_rows64(lay, idx, d, q, r0, &mut y[..done]) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if done == 0 && rows32(level, lay) && r0.is_multiple_of(32) {
+        done = y.len() / 32 * 32;
+        // SAFETY: features checked by rows32; sizes asserted above and by parts.
+        unsafe { crate::x86_64::avx2::vq_fast_rows32(lay, idx, d, q, r0, &mut y[..done]) };
+    }
     let _ = level;
     rows(lay, idx, d, q, r0 + done, &mut y[done..]);
     for (i, yo) in y.iter_mut().enumerate() {
@@ -218,11 +224,25 @@ pub fn rows64(level: Level, lay: &VqLayout) -> bool {
     crate::vq::uses_planes(level, lay)
 }
 
+/// Whether `level` on this CPU sums this layout's fast rows 32 at a time by
+/// `pshufb` lookups (AVX2 kernels, where [`rows64`] does not; byte indices
+/// of 1 to 3 stages in index blocks of a multiple of 32 rows).
+pub fn rows32(level: Level, lay: &VqLayout) -> bool {
+    level.avx2_kernels()
+        && !rows64(level, lay)
+        && !lay.packed6
+        && (1..=3).contains(&lay.stages)
+        && lay.block > 0
+        && lay.block.is_multiple_of(32)
+}
+
 /// The kernel that sums this layout's fast rows at `level` on this CPU, as
-/// reports name it: `avx512-int8-permutes` or `int8-loads`.
+/// reports name it: `avx512-int8-permutes`, `avx2-int8-pshufb` or `int8-loads`.
 pub fn rows_kernel_name(level: Level, lay: &VqLayout) -> &'static str {
     if rows64(level, lay) {
         "avx512-int8-permutes"
+    } else if rows32(level, lay) {
+        "avx2-int8-pshufb"
     } else {
         "int8-loads"
     }

@@ -507,3 +507,138 @@ pub unsafe fn update_read(k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f
     }
     n8
 }
+
+/// The fast mode's VQ row sums ([`crate::vq_fast`]) without a load per
+/// lookup: each (vector position, stage) int8 table is 16 sub-tables of 16
+/// entries; 32 rows' indices look all 16 up by `pshufb` on their low
+/// nibble, and a blend tree on the high nibble's bits (4, 5, 6, 7) keeps
+/// each row's entry. A block's lookups are summed in 16-bit lanes, then
+/// each row's `fma(n_b, d_b, ·)` in block order: the definition's bits.
+///
+/// Rows `r0..r0+y.len()`, both multiples of 32, blocked layout with `block
+/// % 32 == 0`, 8-bit indices of 1 to 3 stages; `d` and `q` a whole table's
+/// scales and codes ([`crate::vq_fast::parts`]).
+///
+/// # Safety
+/// AVX2 and FMA; sizes as asserted by `vq_fast::matvec_rows`.
+pub unsafe fn vq_fast_rows32(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32]) {
+    // SAFETY: the caller's contract (1 to 3 byte stages).
+    unsafe {
+        match lay.bpv() {
+            3 => vq_fast_rows32_with::<3>(lay, idx, d, q, r0, y),
+            2 => vq_fast_rows32_with::<2>(lay, idx, d, q, r0, y),
+            1 => vq_fast_rows32_with::<1>(lay, idx, d, q, r0, y),
+            b => unreachable!("the fast AVX2 lookups serve 1 to 3 byte stages, not {b}"),
+        }
+    }
+}
+
+/// One 256-entry int8 table lookup for 32 indices `iv` (`lo` their low
+/// nibbles): 16 `pshufb`s and a 15-blend tree on bits 4–7.
+///
+/// # Safety
+/// AVX2; 256 readable bytes at `t`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn lookup256(t: *const i8, iv: __m256i, lo: __m256i) -> __m256i {
+    let mut sub = [_mm256_setzero_si256(); 16];
+    for (k, sk) in sub.iter_mut().enumerate() {
+        // SAFETY: the caller passes 256 readable bytes at `t`.
+        let tk = unsafe { _mm_loadu_si128(t.add(16 * k) as *const __m128i) };
+        *sk = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(tk), lo);
+    }
+    // blendv picks by each byte's top bit: bit 4 of the index moved there
+    // (a 16-bit shift moves each byte's own bit: what crosses from the low
+    // byte lands in the high byte's low bits), then 5, 6, and 7 itself
+    let m = [_mm256_slli_epi16(iv, 3), _mm256_slli_epi16(iv, 2), _mm256_slli_epi16(iv, 1), iv];
+    let mut n = 16;
+    for mb in m {
+        for k in 0..n / 2 {
+            sub[k] = _mm256_blendv_epi8(sub[2 * k], sub[2 * k + 1], mb);
+        }
+        n /= 2;
+    }
+    sub[0]
+}
+
+/// [`vq_fast_rows32`] with the stage count fixed.
+///
+/// # Safety
+/// As [`vq_fast_rows32`]; `BPV == lay.bpv() == lay.stages`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn vq_fast_rows32_with<const BPV: usize>(
+    lay: &VqLayout,
+    idx: &[u8],
+    d: &[f32],
+    q: &[i8],
+    r0: usize,
+    y: &mut [f32],
+) {
+    use crate::vq_fast::QBLOCK;
+    debug_assert!(lay.stages == BPV && !lay.packed6 && lay.block.is_multiple_of(32));
+    assert!(q.len() >= lay.table_len() && d.len() >= lay.nvec.div_ceil(QBLOCK) && y.len().is_multiple_of(32));
+    // a group's 32·BPV index bytes as BPV registers: load k takes bytes
+    // 16k.. (rows 0–15) and 16·BPV + 16k.. (rows 16–31); byte i of a lane
+    // for stage s is row i's byte BPV·i + s, in load (BPV·i + s) / 16
+    let masks: [[__m256i; BPV]; BPV] = core::array::from_fn(|s| {
+        core::array::from_fn(|k| {
+            let b: [u8; 16] = core::array::from_fn(|i| {
+                let o = (BPV * i + s) as isize - 16 * k as isize;
+                if (0..16).contains(&o) {
+                    o as u8
+                } else {
+                    0x80
+                }
+            });
+            // SAFETY: 16-byte array.
+            let m = unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) };
+            _mm256_broadcastsi128_si256(m)
+        })
+    });
+    let nib = _mm256_set1_epi8(0x0f);
+    let vstride = lay.vstride();
+    for g in 0..y.len() / 32 {
+        let base = lay.offset(r0 + 32 * g, 0);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut v = 0;
+        while v < lay.nvec {
+            let ve = (v + QBLOCK).min(lay.nvec);
+            let (mut a0, mut a1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for vi in v..ve {
+                let p = idx.as_ptr().wrapping_add(base + vi * vstride);
+                // a hint: never faults
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * vstride) as *const i8);
+                // SAFETY: the group's 32·BPV index bytes at this position are inside `idx` (asserted by the caller).
+                let z: [__m256i; BPV] = core::array::from_fn(|k| unsafe {
+                    _mm256_loadu2_m128i(p.add(16 * BPV + 16 * k) as *const __m128i, p.add(16 * k) as *const __m128i)
+                });
+                for (s, ms) in masks.iter().enumerate() {
+                    let mut iv = _mm256_shuffle_epi8(z[0], ms[0]);
+                    for k in 1..BPV {
+                        iv = _mm256_or_si256(iv, _mm256_shuffle_epi8(z[k], ms[k]));
+                    }
+                    let lo = _mm256_and_si256(iv, nib);
+                    // SAFETY: (vi, s)'s 256 codes are inside `q` (asserted).
+                    let look = unsafe { lookup256(q.as_ptr().add((vi * BPV + s) * 256), iv, lo) };
+                    a0 = _mm256_add_epi16(a0, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(look)));
+                    a1 = _mm256_add_epi16(a1, _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(look)));
+                }
+            }
+            let db = _mm256_set1_ps(d[v / QBLOCK]);
+            let n = [
+                _mm256_cvtepi16_epi32(_mm256_castsi256_si128(a0)),
+                _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(a0)),
+                _mm256_cvtepi16_epi32(_mm256_castsi256_si128(a1)),
+                _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(a1)),
+            ];
+            for (a, nk) in acc.iter_mut().zip(n) {
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(nk), db, *a);
+            }
+            v = ve;
+        }
+        for (k, a) in acc.iter().enumerate() {
+            // SAFETY: 32g + 8k + 8 <= y.len().
+            unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(32 * g + 8 * k), *a) };
+        }
+    }
+}
