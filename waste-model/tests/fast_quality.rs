@@ -1,12 +1,18 @@
 //! The `fast` numeric mode's quality contract (issue 50), measured against
-//! the reference: a random Kimi-Linear made by transformers (hidden 256, 16
-//! experts top-4, 4 layers), converted with VQ3R experts and a Q4 trunk
-//! (tools/oracle/make_fast_quality.py made the container and transformers'
-//! float32 logits of the checkpoint it came from). Over 256 teacher-forced
-//! positions, `fast`'s mean KL divergence from the reference must be at
-//! most 1.10 × `exact`'s, and its top-1 agreement with the reference no
-//! lower than `exact`'s minus 1 point. The negative control — activations
-//! at 4 bits — must fail the contract.
+//! references on two fixtures:
+//!
+//! * a random Kimi-Linear made by transformers (hidden 256, 16 experts
+//!   top-4, 4 layers), converted with VQ3R experts and a Q4 trunk
+//!   (tools/oracle/make_fast_quality.py made the container and
+//!   transformers' float32 logits of the checkpoint it came from);
+//! * the tiny K3 of the oracle configurations (hidden 128, 8 experts top-3,
+//!   5 layers), converted the same way, against the float64 K3 oracle
+//!   (tools/oracle/make_fast_quality_k3.sh).
+//!
+//! Over 256 teacher-forced positions, `fast`'s mean KL divergence from the
+//! reference must be at most 1.10 × `exact`'s, and its top-1 agreement with
+//! the reference no lower than `exact`'s minus 1 point. The negative control
+//! — activations and VQ tables at 4 bits — must fail the contract.
 
 use std::path::Path;
 use waste_model::{Model, ModelOptions, Numeric};
@@ -36,8 +42,8 @@ fn argmax(l: &[f32]) -> usize {
     (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b })
 }
 
-fn measure(numeric: Numeric, ids: &[u32], want: &[Vec<f32>]) -> Quality {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures/fast-quality/model.waste");
+fn measure(fixture: &str, numeric: Numeric, ids: &[u32], want: &[Vec<f32>]) -> Quality {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures").join(fixture).join("model.waste");
     let m = Model::open(&dir, ModelOptions { ctx: 512, numeric, ..Default::default() }).unwrap();
     assert_eq!(m.numeric(), numeric);
     let mut s = m.session();
@@ -55,9 +61,9 @@ fn meets(q: &Quality, exact: &Quality) -> bool {
     q.kl <= 1.10 * exact.kl && q.top1 >= exact.top1 - 1.0
 }
 
-#[test]
-fn fast_meets_its_quality_contract_and_4_bit_activations_do_not() {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures/fast-quality/reference.json");
+/// The contract on one fixture: `fast` meets it, the 4-bit control does not.
+fn contract(fixture: &str) {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures").join(fixture).join("reference.json");
     let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
     let ids: Vec<u32> = r["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     let want: Vec<Vec<f32>> = r["logits"]
@@ -67,12 +73,12 @@ fn fast_meets_its_quality_contract_and_4_bit_activations_do_not() {
         .map(|row| row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect())
         .collect();
     assert!(ids.len() >= 64, "the contract is measured over at least 64 positions");
-    let exact = measure(Numeric::Exact, &ids, &want);
-    let fast = measure(Numeric::Fast, &ids, &want);
-    let control = measure(Numeric::Control4, &ids, &want);
+    let exact = measure(fixture, Numeric::Exact, &ids, &want);
+    let fast = measure(fixture, Numeric::Fast, &ids, &want);
+    let control = measure(fixture, Numeric::Control4, &ids, &want);
     let between: f64 = exact.logits.iter().zip(&fast.logits).map(|(e, f)| kl(e, f)).sum::<f64>() / ids.len() as f64;
     eprintln!(
-        "over {} positions: exact KL {:.3e} top-1 {:.1} %; fast KL {:.3e} ({:.3}×) top-1 {:.1} %; KL(exact‖fast) {:.3e}; \
+        "{fixture} over {} positions: exact KL {:.3e} top-1 {:.1} %; fast KL {:.3e} ({:.3}×) top-1 {:.1} %; KL(exact‖fast) {:.3e}; \
          4-bit control KL {:.3e} ({:.2}×) top-1 {:.1} %",
         ids.len(),
         exact.kl,
@@ -87,8 +93,21 @@ fn fast_meets_its_quality_contract_and_4_bit_activations_do_not() {
     );
     // the quantized weights cost something, and fast is not exact
     assert!(exact.kl > 0.0 && between > 0.0);
-    assert!(meets(&fast, &exact), "fast misses the contract");
-    assert!(!meets(&control, &exact), "the 4-bit control meets the contract: the test cannot tell");
+    assert!(meets(&fast, &exact), "{fixture}: fast misses the contract");
+    assert!(!meets(&control, &exact), "{fixture}: the 4-bit control meets the contract: the test cannot tell");
+}
+
+/// A random Kimi-Linear made by transformers (KDA and MLA layers).
+#[test]
+fn fast_meets_its_quality_contract_and_4_bit_activations_do_not() {
+    contract("fast-quality");
+}
+
+/// The K3 oracle configuration (hidden 128, 8 experts top-3, 5 layers:
+/// KDA, MLA, latent MoE, SiTU, AttnRes) against the float64 oracle.
+#[test]
+fn fast_meets_its_quality_contract_on_k3() {
+    contract("fast-quality-k3");
 }
 
 /// Within the fast mode, placement never changes a bit: threads, the cache
