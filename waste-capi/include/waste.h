@@ -54,7 +54,8 @@ typedef struct waste_options {
     const char *usage_path; /* usage hotlist to preload, or NULL */
     int32_t images;         /* 1 = load K3's vision tower (images in prompts) */
     int32_t fast;           /* 1 = the fast numeric mode: 8-bit activations for Q8G/Q4G
-                               products (issue 50's quality contract), 0 = exact;
+                               products, 8-bit VQ lookup tables (issue 50's quality
+                               contract), 0 = exact;
                                in what was tail padding, so the size is unchanged */
 } waste_options;
 

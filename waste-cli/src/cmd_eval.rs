@@ -57,8 +57,9 @@ pub struct EngineArgs {
     #[arg(long)]
     pub kda_chunked: bool,
     /// The fast numeric mode: Q8G / Q4G products with 8-bit activations and
-    /// integer dots (issue 50; its measured quality against the references
-    /// is in docs/FINDINGS.md). Not the references' bits.
+    /// integer dots, VQ experts with 8-bit lookup tables and integer row
+    /// sums (issue 50; its measured quality against the references is in
+    /// docs/FINDINGS.md). Not the references' bits.
     #[arg(long, conflicts_with = "exact")]
     pub fast: bool,
     /// The exact numeric mode (the default): the references' arithmetic.

@@ -2,7 +2,8 @@
 //! quantized to 8 bits in blocks of [`BLOCK`] values with one f32 scale
 //! (llama.cpp's Q8_0), integer dot products against Q8G / Q4G weights.
 //! Other formats, and grouped matrices whose groups are not whole blocks,
-//! compute as in `exact`.
+//! compute as in `exact`; the VQ experts' fast form (8-bit lookup tables)
+//! is [`crate::vq_fast`].
 //!
 //! The definition (every level reproduces it bit for bit, like `exact`'s):
 //!
@@ -34,7 +35,8 @@ pub enum Numeric {
     /// Exact f32 activations: the definition every oracle test uses.
     #[default]
     Exact,
-    /// 8-bit activations in blocks of 32 for Q8G / Q4G products.
+    /// 8-bit activations in blocks of 32 for Q8G / Q4G products, and VQ
+    /// lookup tables in 8 bits per block of 4 positions ([`crate::vq_fast`]).
     Fast,
     /// The same with 4-bit activations: the quality contract's negative
     /// control (its tests must see it fail the contract), never offered to
