@@ -779,7 +779,10 @@ mod tests {
                 (num / exact.iter().map(|b| b * b).sum::<f32>()).sqrt()
             };
             let (fast, control) = (run(Numeric::Fast), run(Numeric::Control4));
-            assert!(fast.iter().zip(&exact).any(|(a, b)| a.to_bits() != b.to_bits()), "{fmt:?}: the fast path did not run");
+            assert!(
+                fast.iter().zip(&exact).any(|(a, b)| a.to_bits() != b.to_bits()),
+                "{fmt:?}: the fast path did not run"
+            );
             assert!(rel(&fast) < 0.03, "{fmt:?}: fast {} from exact", rel(&fast));
             assert!(rel(&control) > 3.0 * rel(&fast), "{fmt:?}: control {} fast {}", rel(&control), rel(&fast));
         }

@@ -412,7 +412,13 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
             ts.sort_by(f64::total_cmp);
             ((), ts[ts.len() / 2])
         };
-        println!("{name} {}x{} fast table build {}: {:.3} ms", lay.rows, lay.nvec * 8, fast_level.name(), build_med * 1e3);
+        println!(
+            "{name} {}x{} fast table build {}: {:.3} ms",
+            lay.rows,
+            lay.nvec * 8,
+            fast_level.name(),
+            build_med * 1e3
+        );
         let mut fast_ts = Vec::new();
         for _ in 0..reps.max(1) {
             let ix = if from_mem {

@@ -1372,7 +1372,8 @@ unsafe fn vq_fast_rows64_with<const TWO_SOURCE: bool, const BPV: usize>(
             let p = vbase.wrapping_add(go);
             prefetch_lines(p.wrapping_add(VQ_PREFETCH_V * lay.block * BPV), 64 * BPV);
             // SAFETY: the group's 64·BPV index bytes are inside `idx` (asserted by the caller).
-            let z: [__m512i; BPV] = core::array::from_fn(|k| unsafe { _mm512_loadu_si512(p.add(64 * k) as *const __m512i) });
+            let z: [__m512i; BPV] =
+                core::array::from_fn(|k| unsafe { _mm512_loadu_si512(p.add(64 * k) as *const __m512i) });
             let [mut lo, mut hi] = acc[g];
             for s in 0..BPV {
                 let iv = match BPV {
