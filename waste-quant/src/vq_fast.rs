@@ -28,6 +28,7 @@
 
 use crate::level::Level;
 use crate::vq::{build_table, VqBook, VqLayout};
+use crate::vq_loads::field;
 use waste_format::half::f16_to_f32;
 
 /// Vector positions per table scale.
@@ -248,56 +249,25 @@ pub fn rows_kernel_name(level: Level, lay: &VqLayout) -> &'static str {
     }
 }
 
-/// Unscaled fast row sums (before `σ_r`), any layout, by plain loads: the
-/// definition at every level.
-fn rows(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32]) {
-    if y.is_empty() {
-        return;
-    }
-    match (lay.packed6, lay.stages) {
-        (false, 1) => rows_n::<1, 256, false>(lay, idx, d, q, r0, y),
-        (false, 2) => rows_n::<2, 256, false>(lay, idx, d, q, r0, y),
-        (false, 3) => rows_n::<3, 256, false>(lay, idx, d, q, r0, y),
-        (true, 4) => rows_n::<4, 64, true>(lay, idx, d, q, r0, y),
-        _ => rows_any(lay, idx, d, q, r0, y),
-    }
-}
-
-/// The stage indices of one row's stage group `g` (as `vq_loads`).
-#[inline(always)]
-fn field<const P6: bool>(g: &[u8], s: usize) -> usize {
-    if P6 {
-        let w = g[0] as usize | (g[1] as usize) << 8 | (g[2] as usize) << 16;
-        (w >> (6 * s)) & 63
-    } else {
-        g[s] as usize
-    }
-}
-
 fma_scalar! {
-    /// [`rows`] for `ST` stages of `TE` entries: eight rows interleaved,
-    /// positions in L1-sized tiles of whole blocks.
-    fn rows_n_body(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32], st: usize, te: usize, p6: bool) {
-        match (st, te, p6) {
-            (1, 256, false) => rows_generic::<1, 256, false>(lay, idx, d, q, r0, y),
-            (2, 256, false) => rows_generic::<2, 256, false>(lay, idx, d, q, r0, y),
-            (3, 256, false) => rows_generic::<3, 256, false>(lay, idx, d, q, r0, y),
-            _ => rows_generic::<4, 64, true>(lay, idx, d, q, r0, y),
+    /// Unscaled fast row sums (before `σ_r`), any layout, by plain loads:
+    /// the definition at every level.
+    fn rows(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32]) {
+        if y.is_empty() {
+            return;
+        }
+        match (lay.packed6, lay.stages) {
+            (false, 1) => rows_generic::<1, 256, false>(lay, idx, d, q, r0, y),
+            (false, 2) => rows_generic::<2, 256, false>(lay, idx, d, q, r0, y),
+            (false, 3) => rows_generic::<3, 256, false>(lay, idx, d, q, r0, y),
+            (true, 4) => rows_generic::<4, 64, true>(lay, idx, d, q, r0, y),
+            _ => rows_any(lay, idx, d, q, r0, y),
         }
     }
 }
 
-fn rows_n<const ST: usize, const TE: usize, const P6: bool>(
-    lay: &VqLayout,
-    idx: &[u8],
-    d: &[f32],
-    q: &[i8],
-    r0: usize,
-    y: &mut [f32],
-) {
-    rows_n_body(lay, idx, d, q, r0, y, ST, TE, P6)
-}
-
+/// [`rows`] for `ST` stages of `TE` entries: eight rows interleaved,
+/// positions in L1-sized tiles of whole blocks.
 #[inline(always)]
 fn rows_generic<const ST: usize, const TE: usize, const P6: bool>(
     lay: &VqLayout,
@@ -337,13 +307,13 @@ fn rows_generic<const ST: usize, const TE: usize, const P6: bool>(
                         for (i, a) in sum.iter_mut().enumerate() {
                             let gi = &g[i * bpv..(i + 1) * bpv];
                             for (s, ts) in t.iter().enumerate() {
-                                *a += ts[field::<P6>(gi, s)] as i32;
+                                *a += ts[field::<ST, P6>(gi, s)] as i32;
                             }
                         }
                     } else {
                         let gi = &idx[o..o + bpv];
                         for (s, ts) in t.iter().enumerate() {
-                            sum[0] += ts[field::<P6>(gi, s)] as i32;
+                            sum[0] += ts[field::<ST, P6>(gi, s)] as i32;
                         }
                     }
                     o += vstride;

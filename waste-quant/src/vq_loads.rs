@@ -48,7 +48,7 @@ pub fn rows(lay: &VqLayout, idx: &[u8], table: &[f32], r0: usize, y: &mut [f32])
 /// The stage indices of one row's stage group `g` (`bpv` bytes): byte `s`,
 /// or for 6-bit packing the field `6s..6s + 6` of the 24 bits.
 #[inline(always)]
-fn field<const ST: usize, const P6: bool>(g: &[u8], s: usize) -> usize {
+pub(crate) fn field<const ST: usize, const P6: bool>(g: &[u8], s: usize) -> usize {
     if P6 {
         let w = g[0] as usize | (g[1] as usize) << 8 | (g[2] as usize) << 16;
         (w >> (6 * s)) & 63
