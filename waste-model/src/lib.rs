@@ -50,6 +50,7 @@ mod compute;
 mod generate;
 mod model;
 mod plan;
+pub mod quality;
 mod sample;
 mod session;
 mod state;

@@ -15,31 +15,14 @@
 //! — activations and VQ tables at 4 bits — must fail the contract.
 
 use std::path::Path;
+use waste_model::quality::{agreement, kl, meets, Agreement};
 use waste_model::{Model, ModelOptions, Numeric};
 
 struct Quality {
-    /// Mean KL(reference ‖ engine) per position, nats.
-    kl: f64,
-    /// Positions whose top token is the reference's, percent.
-    top1: f64,
+    /// Agreement with the reference.
+    at: Agreement,
     /// The logits, for KL(exact ‖ fast).
     logits: Vec<Vec<f32>>,
-}
-
-fn log_softmax(l: &[f32]) -> Vec<f64> {
-    let m = l.iter().fold(f64::MIN, |a, &v| a.max(v as f64));
-    let s: f64 = l.iter().map(|&v| (v as f64 - m).exp()).sum();
-    l.iter().map(|&v| v as f64 - m - s.ln()).collect()
-}
-
-/// KL(p ‖ q) from logits.
-fn kl(p: &[f32], q: &[f32]) -> f64 {
-    let (lp, lq) = (log_softmax(p), log_softmax(q));
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
-}
-
-fn argmax(l: &[f32]) -> usize {
-    (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b })
 }
 
 fn measure(fixture: &str, numeric: Numeric, ids: &[u32], want: &[Vec<f32>]) -> Quality {
@@ -48,17 +31,7 @@ fn measure(fixture: &str, numeric: Numeric, ids: &[u32], want: &[Vec<f32>]) -> Q
     assert_eq!(m.numeric(), numeric);
     let mut s = m.session();
     let logits: Vec<Vec<f32>> = ids.iter().map(|&t| s.eval(&[t]).unwrap().to_vec()).collect();
-    let n = ids.len() as f64;
-    Quality {
-        kl: logits.iter().zip(want).map(|(g, w)| kl(w, g)).sum::<f64>() / n,
-        top1: 100.0 * logits.iter().zip(want).filter(|(g, w)| argmax(g) == argmax(w)).count() as f64 / n,
-        logits,
-    }
-}
-
-/// Whether `q` meets the contract against `exact`.
-fn meets(q: &Quality, exact: &Quality) -> bool {
-    q.kl <= 1.10 * exact.kl && q.top1 >= exact.top1 - 1.0
+    Quality { at: agreement(want, &logits), logits }
 }
 
 /// The contract on one fixture: `fast` meets it, the 4-bit control does not.
@@ -81,20 +54,20 @@ fn contract(fixture: &str) {
         "{fixture} over {} positions: exact KL {:.3e} top-1 {:.1} %; fast KL {:.3e} ({:.3}×) top-1 {:.1} %; KL(exact‖fast) {:.3e}; \
          4-bit control KL {:.3e} ({:.2}×) top-1 {:.1} %",
         ids.len(),
-        exact.kl,
-        exact.top1,
-        fast.kl,
-        fast.kl / exact.kl,
-        fast.top1,
+        exact.at.kl,
+        exact.at.top1,
+        fast.at.kl,
+        fast.at.kl / exact.at.kl,
+        fast.at.top1,
         between,
-        control.kl,
-        control.kl / exact.kl,
-        control.top1
+        control.at.kl,
+        control.at.kl / exact.at.kl,
+        control.at.top1
     );
     // the quantized weights cost something, and fast is not exact
-    assert!(exact.kl > 0.0 && between > 0.0);
-    assert!(meets(&fast, &exact), "{fixture}: fast misses the contract");
-    assert!(!meets(&control, &exact), "{fixture}: the 4-bit control meets the contract: the test cannot tell");
+    assert!(exact.at.kl > 0.0 && between > 0.0);
+    assert!(meets(&fast.at, &exact.at), "{fixture}: fast misses the contract");
+    assert!(!meets(&control.at, &exact.at), "{fixture}: the 4-bit control meets the contract: the test cannot tell");
 }
 
 /// A random Kimi-Linear made by transformers (KDA and MLA layers).
