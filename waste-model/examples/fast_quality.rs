@@ -11,7 +11,7 @@
 //! configuration cannot tell).
 
 use std::path::PathBuf;
-use waste_model::quality::{agreement, kl, meets};
+use waste_model::quality::{agreement, kl, meets, read_reference};
 use waste_model::{Model, ModelOptions, Numeric};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -19,15 +19,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (Some(container), Some(refdir)) = (args.get(1), args.get(2)) else {
         return Err("usage: fast_quality CONTAINER REFERENCE_DIR".into());
     };
-    let refdir = PathBuf::from(refdir);
-    let ids: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(refdir.join("ids.json"))?)?;
-    let raw = std::fs::read(refdir.join("logits.f32"))?;
-    if ids.is_empty() || raw.len() % (4 * ids.len()) != 0 {
-        return Err(format!("logits.f32: {} bytes is not {} rows of f32", raw.len(), ids.len()).into());
-    }
-    let vocab = raw.len() / 4 / ids.len();
-    let floats: Vec<f32> = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    let want: Vec<Vec<f32>> = floats.chunks_exact(vocab).map(<[f32]>::to_vec).collect();
+    let (ids, want) = read_reference(&PathBuf::from(refdir))?;
+    let vocab = want[0].len();
     let run = |numeric: Numeric| -> Result<Vec<Vec<f32>>, waste_model::Error> {
         let opts = ModelOptions { ctx: ids.len().next_power_of_two().max(64), numeric, ..Default::default() };
         let m = Model::open(std::path::Path::new(container), opts)?;

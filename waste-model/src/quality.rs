@@ -11,6 +11,25 @@ pub struct Agreement {
     pub top1: f64,
 }
 
+/// Teacher-forced ids and reference logits from a directory holding
+/// `ids.json` (a JSON array of token ids) and `logits.f32` (little-endian
+/// f32, one row of the vocabulary per id): the format the contract's
+/// reference scripts write (tools/oracle/make_fast_quality_*.py).
+///
+/// # Errors
+/// Unreadable files, or logits that are not one whole row per id.
+pub fn read_reference(dir: &std::path::Path) -> Result<(Vec<u32>, Vec<Vec<f32>>), String> {
+    let ids_text = std::fs::read_to_string(dir.join("ids.json")).map_err(|e| format!("ids.json: {e}"))?;
+    let ids: Vec<u32> = serde_json::from_str(&ids_text).map_err(|e| format!("ids.json: {e}"))?;
+    let raw = std::fs::read(dir.join("logits.f32")).map_err(|e| format!("logits.f32: {e}"))?;
+    if ids.is_empty() || raw.is_empty() || !raw.len().is_multiple_of(4 * ids.len()) {
+        return Err(format!("logits.f32: {} bytes is not {} whole rows of f32", raw.len(), ids.len()));
+    }
+    let vocab = raw.len() / 4 / ids.len();
+    let floats: Vec<f32> = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    Ok((ids, floats.chunks_exact(vocab).map(<[f32]>::to_vec).collect()))
+}
+
 /// Log-softmax in f64.
 fn log_softmax64(l: &[f32]) -> Vec<f64> {
     let m = l.iter().fold(f64::MIN, |a, &v| a.max(v as f64));
@@ -54,6 +73,20 @@ mod tests {
         // p = softmax(0, ln 3) = (1/4, 3/4), q uniform: ¼ ln ½ + ¾ ln 3/2
         let want = 0.25 * (0.5f64).ln() + 0.75 * (1.5f64).ln();
         assert!((kl(&[0.0, 3f32.ln()], &[0.0, 0.0]) - want).abs() < 1e-7);
+    }
+
+    #[test]
+    fn a_reference_is_whole_rows() {
+        let dir = std::env::temp_dir().join(format!("waste-quality-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ids.json"), "[1, 2]").unwrap();
+        let row: Vec<u8> = [0.5f32, -1.0, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(dir.join("logits.f32"), [row.clone(), row.clone()].concat()).unwrap();
+        let (ids, l) = read_reference(&dir).unwrap();
+        assert_eq!((ids, l), (vec![1, 2], vec![vec![0.5, -1.0, 2.0]; 2]));
+        std::fs::write(dir.join("logits.f32"), [row.clone(), row[..4].to_vec()].concat()).unwrap();
+        assert!(read_reference(&dir).unwrap_err().contains("whole rows"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
