@@ -84,7 +84,8 @@ mod tests {
         std::fs::write(dir.join("logits.f32"), [row.clone(), row.clone()].concat()).unwrap();
         let (ids, l) = read_reference(&dir).unwrap();
         assert_eq!((ids, l), (vec![1, 2], vec![vec![0.5, -1.0, 2.0]; 2]));
-        std::fs::write(dir.join("logits.f32"), [row.clone(), row[..4].to_vec()].concat()).unwrap();
+        // 14 bytes: not two rows of f32 of any width
+        std::fs::write(dir.join("logits.f32"), [row.clone(), vec![0u8; 2]].concat()).unwrap();
         assert!(read_reference(&dir).unwrap_err().contains("whole rows"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
