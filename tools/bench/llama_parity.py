@@ -2,7 +2,7 @@
 
     python tools/bench/llama_parity.py --llama-src DIR --waste target/release/waste --work /tmp/parity
            [--layers 3] [--tokens 16] [--runs 3] [--threads 2] [--experts vq3r,q4g]
-           [--heads q8,q4] [--llama-heads q6_k,q8_0,q4_k]
+           [--heads q8,q4] [--llama-heads q6_k,q8_0,q4_k] [--levels avx512,avx2] [--modes exact,fast]
 
 Builds, once, in WORK (about 30 GB at the peak; the intermediate files are
 deleted as soon as they are used):
@@ -33,7 +33,8 @@ threads, prompt ids 1..8, greedy: llama.cpp through llama-cpp-python
 same prefill 3 more times on a reset context) and
 `waste bench --budget 20G --json` (the same ids and loop, and its
 `prefill_warm_ms_per_token`: the prompt 3 more times on a reset session) on
-each container EXPERTS names. Prints a markdown table of medians and
+each container EXPERTS names, at each WASTE_SIMD level LEVELS names (the
+best the CPU has when empty) and in each numeric mode MODES names. Prints a markdown table of medians and
 ranges (ms per token). The first prefill after a load and the repeated one
 differ on a VM whose cores were idle through an I/O-bound load
 (docs/lab/2026-12-03-43-a-first-prefill-after-an-i-o-bound-open.md, nineteenth session); both are shown.
@@ -65,6 +66,9 @@ ap.add_argument("--heads", default="q8", help="WASTE-rs head formats (`waste con
 ap.add_argument("--llama-heads", default="q6_k",
                 help="llama.cpp output-tensor types beside Q4_K_M's own q6_k: q8_0, q4_k (llama-quantize's "
                      "--output-tensor-type); comma-separated")
+ap.add_argument("--levels", default="",
+                help="WASTE_SIMD levels to run WASTE-rs at (comma-separated, e.g. avx512,avx2); empty: the best the CPU has")
+ap.add_argument("--modes", default="exact", help="WASTE-rs numeric modes to run: exact, fast (comma-separated)")
 ap.add_argument("--only-slice", action="store_true", help="build the HF slice and the WASTE containers, then stop")
 a = ap.parse_args()
 os.makedirs(a.work, exist_ok=True)
@@ -77,6 +81,8 @@ def names(s):
 
 FORMATS = names(a.experts)
 HEADS = names(a.heads)
+LEVELS = names(a.levels) or [""]
+MODES = names(a.modes)
 LLAMA_HEADS = {"q6_k": 14, "q8_0": 8, "q4_k": 12}
 for h in names(a.llama_heads):
     if h not in LLAMA_HEADS:
@@ -250,10 +256,13 @@ def all_experts_usage():
     return path
 
 
-def run_waste(container):
+def run_waste(container, level, mode):
+    env = dict(os.environ)
+    if level:
+        env["WASTE_SIMD"] = level
     o = subprocess.run([a.waste, "bench", container, "--budget", "20G", "--threads", str(a.threads), "-n", str(a.tokens),
-                        "--prompt-len", str(len(PROMPT)), "--usage", all_experts_usage(), "--json"],
-                       capture_output=True, text=True, check=True)
+                        "--prompt-len", str(len(PROMPT)), "--usage", all_experts_usage(), "--json", f"--{mode}"],
+                       capture_output=True, text=True, check=True, env=env)
     v = json.loads(o.stdout)
     return v["prefill_ms_per_token"], v["ms_per_token"], v["prefill_warm_ms_per_token"], v
 
@@ -283,12 +292,14 @@ def llama_name(h):
     return "llama.cpp Q4_K_M" + ("" if h == "q6_k" else f", {h.upper()} head")
 
 
-def waste_name(f, h):
-    return f"WASTE-rs {f.upper()} experts + Q4G trunk" + ("" if h == "q8" else f", {h.upper()}G head")
+def waste_name(f, h, lv="", md="exact"):
+    return (f"WASTE-rs {f.upper()} experts + Q4G trunk" + ("" if h == "q8" else f", {h.upper()}G head")
+            + (f", {lv}" if lv else "") + (f", {md}" if md != "exact" else ""))
 
 
+variants = [(f, h, lv, md) for (f, h) in containers for lv in LEVELS for md in MODES]
 res = {llama_name(h): ([], [], []) for h in ggufs}
-res.update({waste_name(f, h): ([], [], []) for (f, h) in containers})
+res.update({waste_name(*v): ([], [], []) for v in variants})
 last = {}
 for r in range(a.runs):
     line = f"run {r + 1}:"
@@ -297,11 +308,11 @@ for r in range(a.runs):
         for xs, x in zip(res[llama_name(h)], (p, d, w)):
             xs.append(x)
         line += f" llama.cpp {h} head {d:.1f} / {p:.1f} / {w:.1f},"
-    for (f, h), c in containers.items():
-        p, d, w, last[(f, h)] = run_waste(c)
-        for xs, x in zip(res[waste_name(f, h)], (p, d, w)):
+    for v in variants:
+        p, d, w, last[v] = run_waste(containers[v[:2]], v[2], v[3])
+        for xs, x in zip(res[waste_name(*v)], (p, d, w)):
             xs.append(x)
-        line += f" {f} {h} head {d:.1f} / {p:.1f} / {w:.1f},"
+        line += f" {waste_name(*v)[9:]} {d:.1f} / {p:.1f} / {w:.1f},"
     log(line.rstrip(",") + " ms per token (decode / first prefill / prefill again)")
 
 
@@ -314,8 +325,8 @@ print(f"| engine ({a.layers}-layer 48B slice, {a.threads} threads, {a.runs} alte
 print("|---|---|---|---|")
 for k, (p, d, w) in res.items():
     print(f"| {k} | {fmt(d)} | {fmt(p)} | {fmt(w)} |")
-for (f, h), v in last.items():
-    print(f"\n{waste_name(f, h)} (last run): roofline share {v['roofline_share']:.2f}, simd {v['simd']}, hit rate {v['hit_rate']:.3f}, "
+for k, v in last.items():
+    print(f"\n{waste_name(*k)} (last run): roofline share {v['roofline_share']:.2f}, simd {v['simd']}, hit rate {v['hit_rate']:.3f}, "
           f"split ms/token: experts {v['expert_ms_per_token']:.1f}, attention {v['attention_ms_per_token']:.1f}, "
           f"trunk {v['trunk_ms_per_token']:.1f}, I/O wait {v['io_wait_ms_per_token']:.1f}; "
           f"prefill split ms/token: experts {v.get('prefill_expert_ms_per_token', float('nan')):.1f}, "

@@ -222,12 +222,18 @@ fn pool_and_head(reps: usize, r: &mut impl FnMut() -> u64) {
         let (m, x) = random_trunk(fmt, rows, cols, r);
         let mut y = vec![0f32; rows];
         let bytes = m.heap_bytes() as f64;
-        for threads in [1, 2] {
-            let pool = waste_quant::Pool::new(threads);
+        let modes = [waste_quant::fast::Numeric::Exact, waste_quant::fast::Numeric::Fast];
+        let levels: Vec<Level> = Level::available().into_iter().filter(|&l| l != Level::Scalar).collect();
+        for (threads, lv, numeric) in
+            [1, 2].into_iter().flat_map(|t| levels.iter().flat_map(move |&l| modes.map(move |n| (t, l, n))))
+        {
+            let mut pool = waste_quant::Pool::with_level(threads, lv);
+            pool.set_numeric(numeric);
             let (med, lo, hi) = time(reps.min(9), || pool.matvec(&m.view(), &x, &mut y));
             println!(
-                "dram {fmt:?} {rows}x{cols} {threads} thread(s) {:>7}: {:.2} ms ({:.2}–{:.2}) {:.1} GB/s",
+                "dram {fmt:?} {rows}x{cols} {threads} thread(s) {:>7} {:>5}: {:.2} ms ({:.2}–{:.2}) {:.1} GB/s",
                 pool.level().name(),
+                numeric.name(),
                 med * 1e3,
                 lo * 1e3,
                 hi * 1e3,
