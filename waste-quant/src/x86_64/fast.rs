@@ -21,6 +21,28 @@ unsafe fn reduce8(a: __m256) -> f32 {
 /// Rows this kernel computes together (each block of the input loaded once for them).
 const ROWS: usize = 4;
 
+/// The passes over `n` rows: each takes row `j` with rows `q + j`, `2q + j`,
+/// `3q + j` (`q = ⌈n / ROWS⌉`; fewer at the end), so each of a pass's
+/// streams runs on into its next row as the hardware prefetcher follows it.
+/// Adjacent rows per pass read as many short interleaved streams: the Q8G
+/// head from memory ran at 9.3 GB/s a thread against the exact kernel's
+/// 13.2, which takes its rows from two halves for this reason
+/// (docs/lab/2026-12-01-30-matvec-streams-the-pool-s-per-call-cost-byte.md; entry 65).
+fn passes(n: usize) -> impl Iterator<Item = ([usize; ROWS], usize)> {
+    let q = n.div_ceil(ROWS);
+    (0..q).map(move |j| {
+        let mut rs = [0; ROWS];
+        let mut k = 0;
+        for t in 0..ROWS {
+            if t * q + j < n {
+                rs[k] = t * q + j;
+                k += 1;
+            }
+        }
+        (rs, k)
+    })
+}
+
 /// Lane `j` of the result: the exact sum of `w · q` over the block's
 /// columns `4j..4j+4`, for 32 codes `w` (signed bytes) and 32 inputs `q`.
 #[inline]
@@ -83,13 +105,12 @@ impl RowScales {
             &mut self.heap
         }
     }
-    /// Convert rows `r0..r0 + k`'s scales.
+    /// Convert the scales of rows `rows` (absolute row numbers).
     #[target_feature(enable = "f16c")]
-    fn fill(&mut self, m: &MatRef<'_>, r0: usize, k: usize) {
+    fn fill(&mut self, m: &MatRef<'_>, rows: &[usize]) {
         let gpr = self.gpr;
         let buf = self.buf();
-        for t in 0..k {
-            let r = r0 + t;
+        for (t, &r) in rows.iter().enumerate() {
             for (o, &h) in buf[t * gpr..(t + 1) * gpr].iter_mut().zip(&m.scales[r * gpr..(r + 1) * gpr]) {
                 *o = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
             }
@@ -145,13 +166,13 @@ unsafe fn input_block(x: &QInput, b: usize) -> (__m256i, __m256i) {
     }
 }
 
-/// Reduce the accumulators of rows `i..i + acc.len()` into `y`.
+/// Reduce the accumulators of rows `rs` (indices into `y`) into `y`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn store(acc: &[__m256], y: &mut [f32], i: usize) {
-    for (t, a) in acc.iter().enumerate() {
+unsafe fn store(acc: &[__m256], y: &mut [f32], rs: &[usize]) {
+    for (a, &i) in acc.iter().zip(rs) {
         // SAFETY: AVX2 present (this function's contract).
-        y[i + t] = unsafe { reduce8(*a) };
+        y[i] = unsafe { reduce8(*a) };
     }
 }
 
@@ -178,10 +199,9 @@ pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]
 unsafe fn rows_avx2<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
     let (rbs, g) = (m.row_bytes(), m.group);
     let mut ws = RowScales::new(m.groups());
-    let mut i = 0;
-    while i < y.len() {
-        let k = (y.len() - i).min(ROWS);
-        ws.fill(m, row0 + i, k);
+    for (rs, k) in passes(y.len()) {
+        let rows = rs.map(|i| row0 + i);
+        ws.fill(m, &rows[..k]);
         let mut acc = [_mm256_setzero_ps(); ROWS];
         for (b, &db) in x.d.iter().enumerate() {
             // SAFETY: b is a block of x; AVX2 present.
@@ -189,14 +209,13 @@ unsafe fn rows_avx2<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
             // the block's weight group (one division a block, not a block and row)
             let gi = b * BLOCK / g;
             for (t, a) in acc[..k].iter_mut().enumerate() {
-                // SAFETY: row row0 + i + t of the matrix holds the block.
-                let p = unsafe { block_sums::<Q4>(m.data.as_ptr().add((row0 + i + t) * rbs), b, xq, s8) };
+                // SAFETY: row rows[t] of the matrix holds the block.
+                let p = unsafe { block_sums::<Q4>(m.data.as_ptr().add(rows[t] * rbs), b, xq, s8) };
                 *a = _mm256_fmadd_ps(_mm256_set1_ps(ws.get(t, gi) * db), _mm256_cvtepi32_ps(p), *a);
             }
         }
         // SAFETY: AVX2 present.
-        unsafe { store(&acc[..k], y, i) };
-        i += k;
+        unsafe { store(&acc[..k], y, &rs[..k]) };
     }
 }
 
@@ -254,10 +273,9 @@ unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
     let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
     let nb = x.d.len();
     let mut ws = RowScales::new(m.groups());
-    let mut i = 0;
-    while i < y.len() {
-        let k = (y.len() - i).min(ROWS);
-        ws.fill(m, row0 + i, k);
+    for (rs, k) in passes(y.len()) {
+        let rows = rs.map(|i| row0 + i);
+        ws.fill(m, &rows[..k]);
         let mut acc = [_mm256_setzero_ps(); ROWS];
         let mut b = 0;
         while b + 2 <= nb {
@@ -271,8 +289,8 @@ unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
             let (g0, g1) = (b * BLOCK / g, (b + 1) * BLOCK / g);
             for (t, a) in acc[..k].iter_mut().enumerate() {
                 let (d0, d1) = (ws.get(t, g0) * x.d[b], ws.get(t, g1) * x.d[b + 1]);
-                // SAFETY: row row0 + i + t holds both blocks' bytes.
-                let row = unsafe { m.data.as_ptr().add((row0 + i + t) * rbs) };
+                // SAFETY: row rows[t] holds both blocks' bytes.
+                let row = unsafe { m.data.as_ptr().add(rows[t] * rbs) };
                 super::prefetch_ahead(row, b * bbytes, 2 * bbytes);
                 let rb = row.wrapping_add(b * bbytes);
                 // SAFETY: 32 (Q4G) or 64 (Q8G) bytes of the row; the features are this function's.
@@ -295,14 +313,13 @@ unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
             let (xq, s8) = unsafe { input_block(x, b) };
             let gi = b * BLOCK / g;
             for (t, a) in acc[..k].iter_mut().enumerate() {
-                // SAFETY: row row0 + i + t holds the block.
-                let p = unsafe { block_sums::<Q4>(m.data.as_ptr().add((row0 + i + t) * rbs), b, xq, s8) };
+                // SAFETY: row rows[t] holds the block.
+                let p = unsafe { block_sums::<Q4>(m.data.as_ptr().add(rows[t] * rbs), b, xq, s8) };
                 *a = _mm256_fmadd_ps(_mm256_set1_ps(ws.get(t, gi) * x.d[b]), _mm256_cvtepi32_ps(p), *a);
             }
         }
         // SAFETY: AVX2 present.
-        unsafe { store(&acc[..k], y, i) };
-        i += k;
+        unsafe { store(&acc[..k], y, &rs[..k]) };
     }
 }
 
