@@ -53,6 +53,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
+from kimi_linear_slice import rename_dense, slice_48b_config  # noqa: E402
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--llama-src", required=True)
 ap.add_argument("--waste", required=True)
@@ -100,47 +103,19 @@ def log(*x):
     print(*x, file=sys.stderr, flush=True)
 
 
-def layer_types(n):
-    """The 48B layout (MLA at every 4th layer) for the first n layers; a
-    slice too short to reach one gets MLA in its last layer, since
-    llama.cpp's kimi-linear graph fails without any attention layer (its
-    KV cache is then empty: GGML_ASSERT(buffer) in ggml-backend.cpp)."""
-    t = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
-    if "full_attention" not in t:
-        t[-1] = "full_attention"
-    return t
-
-
 def make_slice():
     sys.modules["fla"] = None
     import torch
     from transformers import KimiLinearConfig, KimiLinearForCausalLM
 
-    n = a.layers
-    cfg = KimiLinearConfig(
-        vocab_size=163840, hidden_size=2304, intermediate_size=9216, moe_intermediate_size=1024, num_hidden_layers=n,
-        num_attention_heads=32, num_key_value_heads=32, n_shared_experts=1, kv_lora_rank=512, q_lora_rank=None,
-        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, num_experts_per_tok=8, num_local_experts=256,
-        layer_types=layer_types(n),
-        mlp_layer_types=["dense"] + ["sparse"] * (n - 1), linear_head_dim=128, linear_num_heads=32,
-        pad_token_id=None, bos_token_id=163584, eos_token_id=163586, routed_scaling_factor=2.446)
+    cfg = slice_48b_config(KimiLinearConfig, a.layers)
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)  # the init itself in bf16: the f32 model would not fit beside its copy
     model = KimiLinearForCausalLM(cfg).eval()
     log("slice initialised; saving")
     model.save_pretrained(hf, max_shard_size="2GB")
     del model
-    # the dense FFN of layer 0: transformers saves block_sparse_moe.{gate,up,down}_proj; the release says mlp.*
-    for f in sorted(os.listdir(hf)):
-        if f.endswith(".safetensors"):
-            rename_in_shard(os.path.join(hf, f))
-    idx = os.path.join(hf, "model.safetensors.index.json")
-    if os.path.exists(idx):
-        with open(idx) as fh:
-            j = json.load(fh)
-        j["weight_map"] = {dense_name(k): v for k, v in j["weight_map"].items()}
-        with open(idx, "w") as fh:
-            json.dump(j, fh)
+    rename_dense(hf)
 
 
 def release_config():
@@ -161,31 +136,6 @@ def release_config():
     c["moe_router_activation_func"] = "sigmoid"  # the release's router (transformers' own code hard-wires it)
     with open(path, "w") as fh:
         json.dump(c, fh, indent=1)
-
-
-def dense_name(k):
-    return k.replace("model.layers.0.block_sparse_moe.", "model.layers.0.mlp.")
-
-
-def rename_in_shard(path):
-    """Rename tensors in a safetensors header (the data section is unchanged)."""
-    with open(path, "rb") as fh:
-        n = struct.unpack("<Q", fh.read(8))[0]
-        head = json.loads(fh.read(n))
-        if not any(dense_name(k) != k for k in head):
-            return
-        new = json.dumps({dense_name(k): v for k, v in head.items()}, separators=(",", ":")).encode()
-        new += b" " * (-len(new) % 8)
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as out:
-            out.write(struct.pack("<Q", len(new)))
-            out.write(new)
-            while True:
-                b = fh.read(1 << 24)
-                if not b:
-                    break
-                out.write(b)
-    os.replace(tmp, path)
 
 
 def make_gguf():

@@ -25,6 +25,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import KimiLinearConfig, KimiLinearForCausalLM  # noqa: E402
 
+from kimi_linear_slice import init_weights  # noqa: E402
+
 waste, out = sys.argv[1], sys.argv[2]
 os.makedirs(out, exist_ok=True)
 torch.manual_seed(5)
@@ -36,19 +38,8 @@ cfg = KimiLinearConfig(
     mlp_layer_types=["dense", "sparse", "sparse", "sparse"], linear_head_dim=64, linear_num_heads=4,
     pad_token_id=None, bos_token_id=256, eos_token_id=257, routed_scaling_factor=2.446)
 model = KimiLinearForCausalLM(cfg).float().eval()
-with torch.no_grad():
-    for name, p in model.named_parameters():
-        if p.dim() >= 2:
-            fan_in = p.shape[-1]
-            p.normal_(0.0, (4.0 if name.endswith("mlp.gate.weight") else 1.0) / fan_in ** 0.5)
-        elif "norm" in name:
-            p.copy_(1.0 + 0.1 * torch.randn_like(p))
-        elif name.endswith("e_score_correction_bias"):
-            p.copy_(0.05 * torch.randn_like(p))
-        elif name.endswith("dt_bias"):
-            p.copy_(0.5 * torch.randn_like(p))
-        # bf16-representable, so the checkpoint can be stored in bf16 losslessly
-        p.copy_(p.bfloat16().float())
+# bf16-representable, so the checkpoint can be stored in bf16 losslessly
+init_weights(model, torch, round_to=torch.bfloat16)
 rng = np.random.default_rng(11)
 ids = [256] + rng.integers(0, 256, 255).tolist()
 with torch.no_grad():

@@ -14,6 +14,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import KimiLinearConfig, KimiLinearForCausalLM  # noqa: E402
 
+from kimi_linear_slice import init_weights  # noqa: E402
+
 out = sys.argv[1]
 torch.manual_seed(0)
 cfg = KimiLinearConfig(
@@ -24,20 +26,9 @@ cfg = KimiLinearConfig(
     mlp_layer_types=["dense", "sparse", "sparse", "sparse"], linear_head_dim=16, linear_num_heads=4,
     pad_token_id=None, bos_token_id=256, eos_token_id=257, routed_scaling_factor=2.446)
 model = KimiLinearForCausalLM(cfg).float().eval()
+# weights rounded to f16 so storage at f16 loses nothing
+init_weights(model, torch, round_to=torch.half)
 with torch.no_grad():
-    for name, p in model.named_parameters():
-        if p.dim() >= 2:
-            # unit-ish activations: std 1/sqrt(fan_in); sharpen routers (x4: enough to avoid near-ties, not so much that sigmoid saturates to exact 1.0 ties)
-            fan_in = p.shape[-1]
-            p.normal_(0.0, (4.0 if name.endswith("mlp.gate.weight") else 1.0) / fan_in ** 0.5)
-        elif "norm" in name:
-            p.copy_(1.0 + 0.1 * torch.randn_like(p))
-        elif name.endswith("e_score_correction_bias"):
-            p.copy_(0.05 * torch.randn_like(p))
-        elif name.endswith("dt_bias"):
-            p.copy_(0.5 * torch.randn_like(p))
-        # round every weight to f16 so storage at f16 loses nothing
-        p.copy_(p.half().float())
     for name, b in model.named_buffers():
         if b.is_floating_point():
             b.copy_(b.half().float())

@@ -379,7 +379,17 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
         let mut y = vec![0f32; lay.rows];
         // 64 index sets read in turn (56 MB for VQ3R): from memory, as decode reads experts
         let sets: Vec<Vec<u8>> = (0..64).map(|_| (0..lay.index_bytes()).map(|_| r() as u8).collect()).collect();
+        // the indices of each call: one set (in L2), or the 64 in turn (from memory)
         let mut which = 0;
+        let (sets_r, idx_r) = (&sets, &idx);
+        let mut pick = move || -> &Vec<u8> {
+            if from_mem {
+                which = (which + 1) % sets_r.len();
+                &sets_r[which]
+            } else {
+                idx_r
+            }
+        };
         let mut runs: Vec<(Level, RowsKernel, Vec<f64>)> = Vec::new();
         for lv in [Level::Scalar, Level::Avx2].into_iter().filter(|l| l.supported()) {
             for k in RowsKernel::ALL {
@@ -389,12 +399,7 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
         for _ in 0..reps.max(1) {
             for (lv, k, ts) in runs.iter_mut() {
                 set_rows_kernel(*k);
-                let ix = if from_mem {
-                    which = (which + 1) % sets.len();
-                    &sets[which]
-                } else {
-                    &idx
-                };
+                let ix = pick();
                 let t0 = Instant::now();
                 matvec_rows(*lv, &lay, ix, &scales, &t, 0, &mut y);
                 ts.push(t0.elapsed().as_secs_f64());
@@ -403,21 +408,11 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
         // the fast mode's int8 table (one form at every level) beside them
         let mut qt = vec![0f32; lay.table_len()];
         let nb = waste_quant::vq_fast::blocks(&lay);
-        let (d, q) = waste_quant::vq_fast::parts_mut(&lay, &mut qt, 0, nb);
-        waste_quant::vq_fast::build(Level::Scalar, &br, &lay, &x, 127.0, (0, nb), d, q);
         let fast_level = if std::env::var("WASTE_SIMD").is_ok() { waste_quant::level() } else { Level::Avx2 };
-        let (_, build_med) = {
-            let mut ts: Vec<f64> = (0..reps.max(1))
-                .map(|_| {
-                    let (d, q) = waste_quant::vq_fast::parts_mut(&lay, &mut qt, 0, nb);
-                    let t0 = Instant::now();
-                    waste_quant::vq_fast::build(fast_level, &br, &lay, &x, 127.0, (0, nb), d, q);
-                    t0.elapsed().as_secs_f64()
-                })
-                .collect();
-            ts.sort_by(f64::total_cmp);
-            ((), ts[ts.len() / 2])
-        };
+        let (build_med, _, _) = time(reps.max(1), || {
+            let (d, q) = waste_quant::vq_fast::parts_mut(&lay, &mut qt, 0, nb);
+            waste_quant::vq_fast::build(fast_level, &br, &lay, &x, 127.0, (0, nb), d, q);
+        });
         println!(
             "{name} {}x{} fast table build {}: {:.3} ms",
             lay.rows,
@@ -425,29 +420,18 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
             fast_level.name(),
             build_med * 1e3
         );
-        let mut fast_ts = Vec::new();
-        for _ in 0..reps.max(1) {
-            let ix = if from_mem {
-                which = (which + 1) % sets.len();
-                &sets[which]
-            } else {
-                &idx
-            };
-            let t0 = Instant::now();
-            waste_quant::vq_fast::matvec_rows(fast_level, &lay, ix, &scales, &qt, 0, &mut y);
-            fast_ts.push(t0.elapsed().as_secs_f64());
-        }
-        fast_ts.sort_by(f64::total_cmp);
+        let (med, lo, hi) =
+            time(reps.max(1), || waste_quant::vq_fast::matvec_rows(fast_level, &lay, pick(), &scales, &qt, 0, &mut y));
         println!(
             "{name} rows {}x{} fast {}{}: {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
             lay.rows,
             lay.nvec * 8,
             waste_quant::vq_fast::rows_kernel_name(fast_level, &lay),
             if from_mem { ", indices from memory" } else { "" },
-            fast_ts[fast_ts.len() / 2] * 1e3,
-            fast_ts[0] * 1e3,
-            fast_ts[fast_ts.len() - 1] * 1e3,
-            (lay.rows * lay.nvec * lay.stages) as f64 / fast_ts[fast_ts.len() / 2] / 1e9
+            med * 1e3,
+            lo * 1e3,
+            hi * 1e3,
+            (lay.rows * lay.nvec * lay.stages) as f64 / med / 1e9
         );
         for (lv, k, ts) in runs.iter_mut() {
             ts.sort_by(f64::total_cmp);

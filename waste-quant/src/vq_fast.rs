@@ -132,7 +132,16 @@ pub fn build(
     assert_eq!(x.len(), lay.nvec * dim);
     let be = block_entries(lay);
     assert!(b1 <= blocks(lay) && d.len() == b1 - b0 && q.len() == ((b1 * be).min(lay.table_len()) - b0 * be));
-    let mut t = vec![0f32; be];
+    // one block's f32 table: on the stack for the standard formats (this
+    // runs per expert and token for the down table), else one allocation
+    let mut stack = [0f32; QBLOCK * 3 * 256];
+    let mut heap = Vec::new();
+    let t: &mut [f32] = if be <= stack.len() {
+        &mut stack[..be]
+    } else {
+        heap.resize(be, 0f32);
+        &mut heap
+    };
     for b in b0..b1 {
         let (v0, v1) = (b * QBLOCK, ((b + 1) * QBLOCK).min(lay.nvec));
         let part = VqLayout { nvec: v1 - v0, ..*lay };
