@@ -231,7 +231,8 @@ impl MatRef<'_> {
 
     /// `outs[t][i] = W[row0 + i] · xs[t]` in the fast mode for several
     /// inputs (a prefill chunk): each weight block decoded once for up to
-    /// four of them at AVX2 and AVX-512, every dot the definition's — the
+    /// four of them at AVX2, eight at AVX-512 with VNNI (two per
+    /// instruction), every dot the definition's — the
     /// same bits as a [`MatRef::matvec_rows_fast`] per input.
     ///
     /// # Panics
@@ -252,6 +253,14 @@ impl MatRef<'_> {
         if level.avx2_kernels() && applies(self) && n > 0 {
             assert!(xs.iter().all(|x| x.q.len() == self.cols_padded()), "quantized input length");
             assert!(row0 + n <= self.rows, "matmat rows out of range");
+            if level == Level::Avx512 && vnni() {
+                let t = crate::x86_64::fast::VNNI_TOKENS;
+                for (xc, oc) in xs.chunks(t).zip(outs.chunks_mut(t)) {
+                    // SAFETY: AVX-512 F/BW/VL/DQ + VNNI (and AVX2/FMA/F16C) verified; shapes asserted above.
+                    unsafe { crate::x86_64::fast::matmat_rows_vnni(self, xc, row0, oc) };
+                }
+                return;
+            }
             let t = crate::x86_64::fast::TOKENS;
             for (xc, oc) in xs.chunks(t).zip(outs.chunks_mut(t)) {
                 // SAFETY: AVX2/FMA/F16C verified; shapes asserted above.
@@ -318,8 +327,9 @@ mod tests {
                 let v = m.view();
                 let qx = quantize(&x, v.cols_padded());
                 let want: Vec<u32> = (0..rows).map(|r| row_dot_scalar(&v, r, &qx).to_bits()).collect();
-                // five more inputs for the several-input form (a chunk of six: 4 + 2)
-                let qs: Vec<QInput> = (0..6)
+                // eight more inputs for the several-input form (nine: AVX2's
+                // chunks 4 + 4 + 1, VNNI's 8 + 1, a pair half empty)
+                let qs: Vec<QInput> = (0..9)
                     .map(|t| {
                         if t == 0 {
                             qx.clone()
@@ -332,7 +342,7 @@ mod tests {
                     let mut y = vec![0f32; rows];
                     v.matvec_rows_fast(lv, &qx, 0, &mut y);
                     assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want, "{fmt:?} {cols} at {lv:?}");
-                    let mut ys = vec![vec![0f32; rows - 1]; 6];
+                    let mut ys = vec![vec![0f32; rows - 1]; 9];
                     let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
                     v.matmat_rows_fast(lv, &qs, 1, &mut outs);
                     for (t, (q, y)) in qs.iter().zip(&ys).enumerate() {

@@ -389,3 +389,176 @@ unsafe fn multi_avx2<const Q4: bool>(m: &MatRef<'_>, xs: &[QInput], row0: usize,
         }
     }
 }
+
+/// Inputs [`matmat_rows_vnni`] computes together: pairs of them, a pair's
+/// block in one 512-bit register (the first input's eight lanes, then the
+/// second's), so one `vpdpbusd` gives both inputs' sums of a weight block.
+pub const VNNI_TOKENS: usize = 8;
+
+/// The inputs of one [`matmat_rows_vnni`] call laid out by pair and block:
+/// per pair `p` and block `b`, the two inputs' 32 codes each, the integer
+/// correction each lane starts from, and each lane's input scale.
+struct PairedInputs {
+    codes: Vec<__m512i>,
+    start: Vec<__m512i>,
+    scale: Vec<__m512>,
+    nb: usize,
+}
+
+impl PairedInputs {
+    /// Pair `xs` (the last pair's second half zero when their number is
+    /// odd). `q8`: the weights are signed bytes fed as `w + 128`, so a lane
+    /// starts from `−128 Σ q` (`−16 · sum8`); Q4G nibbles are fed as they
+    /// are and start from `−8 Σ q` (`−sum8`): either way the lane ends at
+    /// the exact `Σ w·q` of the definition.
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    fn new(xs: &[QInput], q8: bool) -> PairedInputs {
+        let nb = xs.first().map_or(0, |x| x.d.len());
+        let np = xs.len().div_ceil(2);
+        let (mut codes, mut start, mut scale) =
+            (Vec::with_capacity(np * nb), Vec::with_capacity(np * nb), Vec::with_capacity(np * nb));
+        let k = if q8 { -16 } else { -1 };
+        for pair in xs.chunks(2) {
+            for b in 0..nb {
+                let mut c = [0i8; 2 * BLOCK];
+                let mut s = [0i32; 16];
+                let mut d = [0f32; 16];
+                for (h, x) in pair.iter().enumerate() {
+                    c[h * BLOCK..(h + 1) * BLOCK].copy_from_slice(&x.q[b * BLOCK..(b + 1) * BLOCK]);
+                    for j in 0..8 {
+                        s[8 * h + j] = k * x.sum8[b][j];
+                        d[8 * h + j] = x.d[b];
+                    }
+                }
+                // SAFETY: 64-byte arrays; AVX-512 F present (this function's features).
+                unsafe {
+                    codes.push(_mm512_loadu_si512(c.as_ptr() as *const __m512i));
+                    start.push(_mm512_loadu_si512(s.as_ptr() as *const __m512i));
+                    scale.push(_mm512_loadu_ps(d.as_ptr()));
+                }
+            }
+        }
+        PairedInputs { codes, start, scale, nb }
+    }
+}
+
+/// `outs[t][i] = W[row0 + i] · xs[t]` for up to [`VNNI_TOKENS`] inputs with
+/// AVX-512 VNNI: each weight block decoded once, broadcast to both halves
+/// of a register and dotted with a pair of inputs per `vpdpbusd`; each
+/// lane's sum is the definition's exact integer, fused into its input's
+/// eight lanes as `fma(s_g · d_b, sum, lane)` in block order, the lanes
+/// reduced as the definition does — the same bits as [`matmat_rows`].
+///
+/// # Safety
+/// As [`matmat_rows`] with `xs.len() ≤ VNNI_TOKENS`, and AVX-512
+/// F/BW/VL/DQ with VNNI present.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn matmat_rows_vnni(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
+    let q4 = m.fmt == Fmt::Q4G;
+    let px = PairedInputs::new(xs, !q4);
+    // SAFETY: this function's contract.
+    unsafe {
+        if q4 {
+            multi_vnni::<true>(m, &px, row0, outs)
+        } else {
+            multi_vnni::<false>(m, &px, row0, outs)
+        }
+    }
+}
+
+/// [`matmat_rows_vnni`] for Q4G (`Q4`) or Q8G, `NP` pairs of inputs:
+/// [`ROWS`] rows a pass (from [`passes`]' quarters), so each pair's codes,
+/// starts and scales, loaded once a block, serve four rows (one row a pass
+/// read them from L2 for every row: 31 G weights/s against exact's 47).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn multi_vnni<const Q4: bool>(m: &MatRef<'_>, px: &PairedInputs, row0: usize, outs: &mut [&mut [f32]]) {
+    // SAFETY (every call): this function's contract.
+    unsafe {
+        match outs.len().div_ceil(2) {
+            1 => multi_vnni_np::<Q4, 1>(m, px, row0, outs),
+            2 => multi_vnni_np::<Q4, 2>(m, px, row0, outs),
+            3 => multi_vnni_np::<Q4, 3>(m, px, row0, outs),
+            _ => multi_vnni_np::<Q4, 4>(m, px, row0, outs),
+        }
+    }
+}
+
+/// [`multi_vnni`] with its pair count fixed (the accumulators in registers).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn multi_vnni_np<const Q4: bool, const NP: usize>(
+    m: &MatRef<'_>,
+    px: &PairedInputs,
+    row0: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let n = outs.first().map_or(0, |o| o.len());
+    for (rs, k) in passes(n) {
+        if k == ROWS {
+            // SAFETY: rows of the matrix; this function's contract.
+            unsafe { vnni_pass::<Q4, NP, ROWS>(m, px, row0, &rs, outs) };
+        } else {
+            for r in &rs[..k] {
+                // SAFETY: as above.
+                unsafe { vnni_pass::<Q4, NP, 1>(m, px, row0, core::slice::from_ref(r), outs) };
+            }
+        }
+    }
+}
+
+/// Rows `rs` (`R` of them, indices into the outputs) of [`multi_vnni`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn vnni_pass<const Q4: bool, const NP: usize, const R: usize>(
+    m: &MatRef<'_>,
+    px: &PairedInputs,
+    row0: usize,
+    rs: &[usize],
+    outs: &mut [&mut [f32]],
+) {
+    let (rbs, g, gpr, nb, nt) = (m.row_bytes(), m.group, m.groups(), px.nb, outs.len());
+    let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
+    let mut acc = [[_mm512_setzero_ps(); NP]; R];
+    let rows: [usize; R] = core::array::from_fn(|t| row0 + rs[t]);
+    for b in 0..nb {
+        let mut w = [_mm512_setzero_si512(); R];
+        let mut wsv = [_mm512_setzero_ps(); R];
+        for t in 0..R {
+            let r = rows[t];
+            let ws = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(m.scales[r * gpr + b * BLOCK / g] as i32)));
+            wsv[t] = _mm512_set1_ps(ws);
+            // SAFETY: row r of the matrix.
+            let row = unsafe { m.data.as_ptr().add(r * rbs) };
+            super::prefetch_ahead(row, b * bbytes, bbytes);
+            let rb = row.wrapping_add(b * bbytes);
+            // the block's 32 weights as unsigned bytes, in both halves
+            // SAFETY: 16 (Q4G) or 32 (Q8G) bytes of the row.
+            let v = unsafe {
+                if Q4 {
+                    q4_nibbles(rb)
+                } else {
+                    _mm256_xor_si256(_mm256_loadu_si256(rb as *const __m256i), _mm256_set1_epi8(-128))
+                }
+            };
+            w[t] = _mm512_broadcast_i64x4(v);
+        }
+        for p in 0..NP {
+            let k = p * nb + b;
+            let (c, st, sc) = (px.codes[k], px.start[k], px.scale[k]);
+            for t in 0..R {
+                let s = _mm512_dpbusd_epi32(st, w[t], c);
+                acc[t][p] = _mm512_fmadd_ps(_mm512_mul_ps(wsv[t], sc), _mm512_cvtepi32_ps(s), acc[t][p]);
+            }
+        }
+    }
+    for t in 0..R {
+        for (p, a) in acc[t].iter().enumerate() {
+            let (lo, hi) = (_mm512_castps512_ps256(*a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*a), 1)));
+            // SAFETY: AVX2 present.
+            outs[2 * p][rs[t]] = unsafe { reduce8(lo) };
+            if 2 * p + 1 < nt {
+                // SAFETY: AVX2 present.
+                outs[2 * p + 1][rs[t]] = unsafe { reduce8(hi) };
+            }
+        }
+    }
+}
