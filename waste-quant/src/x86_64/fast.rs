@@ -519,13 +519,18 @@ unsafe fn vnni_pass<const Q4: bool, const NP: usize, const R: usize>(
     let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
     let mut acc = [[_mm512_setzero_ps(); NP]; R];
     let rows: [usize; R] = core::array::from_fn(|t| row0 + rs[t]);
+    let mut wsv = [_mm512_setzero_ps(); R];
     for b in 0..nb {
         let mut w = [_mm512_setzero_si512(); R];
-        let mut wsv = [_mm512_setzero_ps(); R];
+        if (b * BLOCK).is_multiple_of(g) {
+            // a new weight group: its rows' scales (once a group, not a block)
+            for t in 0..R {
+                let h = m.scales[rows[t] * gpr + b * BLOCK / g];
+                wsv[t] = _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32))));
+            }
+        }
         for t in 0..R {
             let r = rows[t];
-            let ws = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(m.scales[r * gpr + b * BLOCK / g] as i32)));
-            wsv[t] = _mm512_set1_ps(ws);
             // SAFETY: row r of the matrix.
             let row = unsafe { m.data.as_ptr().add(r * rbs) };
             super::prefetch_ahead(row, b * bbytes, bbytes);
