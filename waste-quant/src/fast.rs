@@ -231,8 +231,8 @@ impl MatRef<'_> {
 
     /// `outs[t][i] = W[row0 + i] · xs[t]` in the fast mode for several
     /// inputs (a prefill chunk): each weight block decoded once for up to
-    /// four of them at AVX2, eight at AVX-512 with VNNI (two per
-    /// instruction), every dot the definition's — the
+    /// eight of them at AVX2 and at AVX-512 with VNNI (two per
+    /// instruction there), every dot the definition's — the
     /// same bits as a [`MatRef::matvec_rows_fast`] per input.
     ///
     /// # Panics
@@ -327,8 +327,8 @@ mod tests {
                 let v = m.view();
                 let qx = quantize(&x, v.cols_padded());
                 let want: Vec<u32> = (0..rows).map(|r| row_dot_scalar(&v, r, &qx).to_bits()).collect();
-                // eight more inputs for the several-input form (nine: AVX2's
-                // chunks 4 + 4 + 1, VNNI's 8 + 1, a pair half empty)
+                // eight more inputs for the several-input form (up to nine:
+                // AVX2's and VNNI's chunks 8 + 1, a pair half empty)
                 let qs: Vec<QInput> = (0..9)
                     .map(|t| {
                         if t == 0 {
@@ -342,16 +342,19 @@ mod tests {
                     let mut y = vec![0f32; rows];
                     v.matvec_rows_fast(lv, &qx, 0, &mut y);
                     assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want, "{fmt:?} {cols} at {lv:?}");
-                    let mut ys = vec![vec![0f32; rows - 1]; 9];
-                    let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
-                    v.matmat_rows_fast(lv, &qs, 1, &mut outs);
-                    for (t, (q, y)) in qs.iter().zip(&ys).enumerate() {
-                        let w: Vec<u32> = (1..rows).map(|r| row_dot_scalar(&v, r, q).to_bits()).collect();
-                        assert_eq!(
-                            y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                            w,
-                            "{fmt:?} {cols} matmat input {t} at {lv:?}"
-                        );
+                    // every chunk size the kernels fix at compile time
+                    for nt in 2..=qs.len() {
+                        let mut ys = vec![vec![0f32; rows - 1]; nt];
+                        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| &mut y[..]).collect();
+                        v.matmat_rows_fast(lv, &qs[..nt], 1, &mut outs);
+                        for (t, (q, y)) in qs.iter().zip(&ys).enumerate() {
+                            let w: Vec<u32> = (1..rows).map(|r| row_dot_scalar(&v, r, q).to_bits()).collect();
+                            assert_eq!(
+                                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                                w,
+                                "{fmt:?} {cols} matmat input {t} of {nt} at {lv:?}"
+                            );
+                        }
                     }
                 }
             }

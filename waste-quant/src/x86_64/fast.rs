@@ -324,7 +324,7 @@ unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
 }
 
 /// Tokens [`matmat_rows`] computes together (each weight block decoded once for them).
-pub const TOKENS: usize = 4;
+pub const TOKENS: usize = 8;
 
 /// `outs[t][i] = W[row0 + i] · xs[t]` for up to [`TOKENS`] inputs: each
 /// row's weight blocks decoded once for all of them, every dot the
@@ -349,41 +349,73 @@ pub unsafe fn matmat_rows(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut
 /// [`matmat_rows`] for Q4G (`Q4`) or Q8G.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn multi_avx2<const Q4: bool>(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
+    // SAFETY (every call): this function's contract.
+    unsafe {
+        match xs.len() {
+            1 => multi_avx2_nt::<Q4, 1>(m, xs, row0, outs),
+            2 => multi_avx2_nt::<Q4, 2>(m, xs, row0, outs),
+            3 => multi_avx2_nt::<Q4, 3>(m, xs, row0, outs),
+            4 => multi_avx2_nt::<Q4, 4>(m, xs, row0, outs),
+            5 => multi_avx2_nt::<Q4, 5>(m, xs, row0, outs),
+            6 => multi_avx2_nt::<Q4, 6>(m, xs, row0, outs),
+            7 => multi_avx2_nt::<Q4, 7>(m, xs, row0, outs),
+            _ => multi_avx2_nt::<Q4, 8>(m, xs, row0, outs),
+        }
+    }
+}
+
+/// [`multi_avx2`] with its input count fixed (the accumulators in
+/// registers): a row at a time, its group scale converted once a group,
+/// each input's block scale broadcast from memory.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn multi_avx2_nt<const Q4: bool, const NT: usize>(
+    m: &MatRef<'_>,
+    xs: &[QInput],
+    row0: usize,
+    outs: &mut [&mut [f32]],
+) {
     let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
     let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
-    let (nt, n) = (xs.len(), outs.first().map_or(0, |o| o.len()));
+    let n = outs.first().map_or(0, |o| o.len());
     let nb = xs.first().map_or(0, |x| x.d.len());
+    let xs: &[QInput; NT] = xs.try_into().expect("NT inputs");
     for i in 0..n {
         let r = row0 + i;
-        let mut acc = [_mm256_setzero_ps(); TOKENS];
+        let mut acc = [_mm256_setzero_ps(); NT];
+        let mut wsv = _mm256_setzero_ps();
         // SAFETY: row r of the matrix.
         let row = unsafe { m.data.as_ptr().add(r * rbs) };
         for b in 0..nb {
-            let ws = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(m.scales[r * gpr + b * BLOCK / g] as i32)));
+            if (b * BLOCK).is_multiple_of(g) {
+                let h = m.scales[r * gpr + b * BLOCK / g];
+                wsv = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32))));
+            }
             super::prefetch_ahead(row, b * bbytes, bbytes);
             let rb = row.wrapping_add(b * bbytes);
             if Q4 {
                 // SAFETY: 16 bytes of the row.
                 let nib = unsafe { q4_nibbles(rb) };
-                for (a, x) in acc[..nt].iter_mut().zip(xs) {
+                for (a, x) in acc.iter_mut().zip(xs) {
                     // SAFETY: b is a block of this input.
                     let (q, s8) = unsafe { input_block(x, b) };
                     let p = _mm256_sub_epi32(dot_nibbles(nib, q), s8);
-                    *a = _mm256_fmadd_ps(_mm256_set1_ps(ws * x.d[b]), _mm256_cvtepi32_ps(p), *a);
+                    let d = _mm256_mul_ps(wsv, _mm256_broadcast_ss(&x.d[b]));
+                    *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *a);
                 }
             } else {
                 // SAFETY: 32 bytes of the row.
                 let w = unsafe { _mm256_loadu_si256(rb as *const __m256i) };
                 let u = _mm256_sign_epi8(w, w);
-                for (a, x) in acc[..nt].iter_mut().zip(xs) {
+                for (a, x) in acc.iter_mut().zip(xs) {
                     // SAFETY: the block's codes of this input.
                     let q = unsafe { _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK) as *const __m256i) };
                     let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(q, w)), _mm256_set1_epi16(1));
-                    *a = _mm256_fmadd_ps(_mm256_set1_ps(ws * x.d[b]), _mm256_cvtepi32_ps(p), *a);
+                    let d = _mm256_mul_ps(wsv, _mm256_broadcast_ss(&x.d[b]));
+                    *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *a);
                 }
             }
         }
-        for (o, a) in outs.iter_mut().zip(&acc[..nt]) {
+        for (o, a) in outs.iter_mut().zip(&acc) {
             // SAFETY: AVX2 present.
             o[i] = unsafe { reduce8(*a) };
         }
@@ -557,7 +589,8 @@ unsafe fn vnni_pass<const Q4: bool, const NP: usize, const R: usize>(
     }
     for t in 0..R {
         for (p, a) in acc[t].iter().enumerate() {
-            let (lo, hi) = (_mm512_castps512_ps256(*a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*a), 1)));
+            let (lo, hi) =
+                (_mm512_castps512_ps256(*a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*a), 1)));
             // SAFETY: AVX2 present.
             outs[2 * p][rs[t]] = unsafe { reduce8(lo) };
             if 2 * p + 1 < nt {
