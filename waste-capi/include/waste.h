@@ -55,7 +55,9 @@ typedef struct waste_options {
     int32_t images;         /* 1 = load K3's vision tower (images in prompts) */
     int32_t fast;           /* 1 = the fast numeric mode: 8-bit activations for Q8G/Q4G
                                products, 8-bit VQ lookup tables (issue 50's quality
-                               contract), 0 = exact;
+                               contract), 0 = exact, -1 = the engine's default
+                               (waste_options_init's: WASTE_NUMERIC if set, else fast
+                               on AVX2 and AVX-512 with VNNI and VBMI, exact elsewhere);
                                in what was tail padding, so the size is unchanged */
 } waste_options;
 

@@ -76,7 +76,9 @@ pub struct waste_options {
     /// 1 = load K3's vision tower (images in prompts; its bytes come out of the expert cache).
     pub images: i32,
     /// 1 = the fast numeric mode (8-bit activations for Q8G/Q4G products;
-    /// issue 50's quality contract), 0 = exact. Sits in what was the
+    /// issue 50's quality contract), 0 = exact, −1 = the engine's default
+    /// (`waste_options_init`'s: `WASTE_NUMERIC` if set, else fast on AVX2
+    /// and on AVX-512 with VNNI and VBMI, exact elsewhere). Sits in what was the
     /// struct's tail padding: its size is unchanged.
     pub fast: i32,
 }
@@ -411,7 +413,7 @@ pub unsafe extern "C" fn waste_options_init(o: *mut waste_options) {
             verify_records: d.verify_records as i32,
             usage_path: std::ptr::null(),
             images: 0,
-            fast: 0,
+            fast: -1,
         };
     }
 }
@@ -470,7 +472,11 @@ pub unsafe extern "C" fn waste_open(
             o.direct_io = x.direct_io != 0;
             o.verify_records = x.verify_records != 0;
             o.vision = x.images != 0;
-            o.numeric = if x.fast != 0 { engine::Numeric::Fast } else { engine::Numeric::Exact };
+            o.numeric = match x.fast {
+                0 => Some(engine::Numeric::Exact),
+                f if f > 0 => Some(engine::Numeric::Fast),
+                _ => None,
+            };
             if !x.usage_path.is_null() {
                 // SAFETY: per the contract
                 o.usage = Some(unsafe { text(x.usage_path, "usage_path")? }.into());

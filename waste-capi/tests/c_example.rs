@@ -99,7 +99,7 @@ fn the_c_example_runs_and_agrees_with_the_rust_api() {
         out.lines().find_map(|l| l.strip_prefix(k)).unwrap_or_else(|| panic!("no {k:?} in {out}")).trim().to_string()
     };
     // the same through the Rust API
-    let m = Model::open(anchor(), ModelOptions { ctx: 256, threads: 1, ..Default::default() }).unwrap();
+    let m = Model::open(anchor(), ModelOptions { ctx: 256, threads: 1, ..ModelOptions::exact() }).unwrap();
     let ids = m.encode_chat(&[waste_model::tokenizer::Message::new("user", prompt)], true).unwrap();
     let g = m
         .session()
@@ -176,7 +176,7 @@ fn the_c_example_runs_and_agrees_with_the_rust_api() {
     let l = out.lines().find_map(|l| l.strip_prefix("image ")).unwrap_or_else(|| panic!("no image line in {out}"));
     let f: Vec<&str> = l.split_whitespace().collect();
     // "84x56 positions P ids N position Q": the placeholder stands for the image's P positions
-    let m = Model::open(&vis, ModelOptions { ctx: 256, threads: 1, vision: true, ..Default::default() }).unwrap();
+    let m = Model::open(&vis, ModelOptions { ctx: 256, threads: 1, vision: true, ..ModelOptions::exact() }).unwrap();
     let want = m.image_positions(&std::fs::read(&png).unwrap()).unwrap();
     assert_eq!((f[0], f[2].parse::<usize>().unwrap()), ("84x56", want), "{l}");
     let (n, q): (usize, usize) = (f[4].parse().unwrap(), f[6].parse().unwrap());

@@ -58,7 +58,8 @@ fn thinking_is_set_per_level_and_off_by_default() {
 
 /// `waste_options.fast` sits in what was the struct's tail padding (the
 /// size a host compiled against the earlier header allocates is the same)
-/// and selects the fast numeric mode: other logits than exact's.
+/// and selects the fast numeric mode: other logits than exact's; −1 (what
+/// `waste_options_init` sets) the engine's default for this CPU.
 #[test]
 fn the_fast_option_keeps_the_options_size_and_changes_the_logits() {
     #[cfg(target_pointer_width = "64")]
@@ -70,7 +71,7 @@ fn the_fast_option_keeps_the_options_size_and_changes_the_logits() {
         unsafe {
             let mut o = std::mem::zeroed::<waste_options>();
             waste_options_init(&mut o);
-            assert_eq!(o.fast, 0);
+            assert_eq!(o.fast, -1, "the engine's default");
             o.fast = fast;
             let mut m = std::ptr::null_mut();
             assert_eq!(waste_open(path.as_ptr(), &o, &mut m), waste_status::WASTE_OK, "{}", last_error());
@@ -88,4 +89,7 @@ fn the_fast_option_keeps_the_options_size_and_changes_the_logits() {
     let (exact, fast) = (logits(0), logits(1));
     assert_eq!(exact.len(), fast.len());
     assert_ne!(exact, fast);
+    // the default computes in the mode build_info names for this CPU
+    let default = if ::waste_model::build_info().numeric == "fast" { &fast } else { &exact };
+    assert_eq!(&logits(-1), default);
 }

@@ -59,10 +59,12 @@ pub struct EngineArgs {
     /// The fast numeric mode: Q8G / Q4G products with 8-bit activations and
     /// integer dots, VQ experts with 8-bit lookup tables and integer row
     /// sums (issue 50; its measured quality against the references is in
-    /// docs/FINDINGS.md). Not the references' bits.
+    /// docs/FINDINGS.md). Not the references' bits. The default on AVX2 and
+    /// on AVX-512 with VNNI and VBMI (`WASTE_NUMERIC` overrides the default).
     #[arg(long, conflicts_with = "exact")]
     pub fast: bool,
-    /// The exact numeric mode (the default): the references' arithmetic.
+    /// The exact numeric mode: the references' arithmetic. The default on
+    /// every other CPU (scalar, NEON, AVX-512 without VNNI).
     #[arg(long)]
     pub exact: bool,
     /// Write which experts this run used to the usage hotlist when done.
@@ -219,7 +221,11 @@ impl EngineArgs {
             prefault: !self.no_prefault,
             max_chunk: self.chunk,
             kda_chunked: self.kda_chunked,
-            numeric: if self.fast { waste_model::Numeric::Fast } else { waste_model::Numeric::Exact },
+            numeric: match (self.fast, self.exact) {
+                (true, _) => Some(waste_model::Numeric::Fast),
+                (_, true) => Some(waste_model::Numeric::Exact),
+                _ => None,
+            },
             usage: self.usage.clone(),
             force: self.force,
             usable_ram: None,

@@ -49,6 +49,7 @@ pub fn info(a: InfoArgs) -> Result<ExitCode> {
     let kinds: String =
         cfg.attn_kinds.iter().map(|k| if *k == waste_model::format::AttnKind::Kda { 'K' } else { 'M' }).collect();
     let vision = waste_model::plan(&a.model, 1).map(|p| p.vision_bytes()).unwrap_or(0);
+    let numeric = waste_model::build_info().numeric;
     let (efmt, rec) = c.experts.as_ref().map(|(q, l)| (q.fmt.name(), l.rec_bytes)).unwrap_or(("none", 0));
     let v = json!({
         "path": a.model.display().to_string(),
@@ -73,6 +74,8 @@ pub fn info(a: InfoArgs) -> Result<ExitCode> {
         "quantization": c.quant_summary(),
         // K3's vision tower: what enabling images adds (0 = no tower)
         "vision_bytes": vision,
+        // what a run here computes in without --exact / --fast
+        "numeric_mode": numeric,
     });
     if a.json {
         print_json(&v)?;
@@ -94,6 +97,7 @@ pub fn info(a: InfoArgs) -> Result<ExitCode> {
         if vision > 0 {
             outln!("  vision tower: yes (images add {} bytes: --image, serve)", group(vision));
         }
+        outln!("  numeric mode on this machine: {numeric} (--exact / --fast choose)");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -177,15 +181,15 @@ pub fn verify(a: VerifyArgs) -> Result<ExitCode> {
 pub fn version(a: VersionArgs) -> Result<ExitCode> {
     let b = waste_model::build_info();
     if a.json {
-        print_json(
-            &json!({"version": b.version, "simd": b.simd, "simd_available": b.simd_available, "format_version": b.format_version}),
-        )?;
+        print_json(&json!({"version": b.version, "simd": b.simd, "simd_available": b.simd_available,
+                    "format_version": b.format_version, "numeric_mode": b.numeric}))?;
     } else {
         outln!(
-            "waste {} (simd {}; available: {}; container format v{})",
+            "waste {} (simd {}; available: {}; numeric mode {}; container format v{})",
             b.version,
             b.simd,
             b.simd_available.join(", "),
+            b.numeric,
             b.format_version
         );
     }

@@ -281,10 +281,11 @@ fn expert_kernel_is_named_and_every_form_gives_the_same_logits() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         serde_json::from_slice::<Value>(&o.stdout).unwrap()
     };
-    let ids = ["eval", a.to_str().unwrap(), "--ids", "1,2,3,4,5", "--logits", "--json"];
+    // the exact mode's VQ kernels (the fast mode names its own: cli_text's numeric test)
+    let ids = ["eval", a.to_str().unwrap(), "--ids", "1,2,3,4,5", "--logits", "--json", "--exact"];
     let want = run("scalar", "loads", &ids)["logits"].clone();
     assert!(want.as_array().is_some_and(|l| !l.is_empty()), "{want}");
-    let bench = ["bench", a.to_str().unwrap(), "-n", "1", "--prefill-repeats", "0", "--json"];
+    let bench = ["bench", a.to_str().unwrap(), "-n", "1", "--prefill-repeats", "0", "--json", "--exact"];
     assert_eq!(run("scalar", "vector", &bench)["expert_kernel"], "vq3r scalar-loads");
     if !cfg!(target_arch = "x86_64") || !waste_has_avx2() {
         // AVX2 is a required level on x86_64 (as in waste-quant's suites)

@@ -6,7 +6,7 @@
 mod c_vision;
 mod common;
 
-use common::{anchor, waste};
+use common::{anchor, waste, waste_numeric};
 
 #[test]
 fn chat_state_saved_after_two_turns_continues_identically_in_a_new_process() {
@@ -184,6 +184,8 @@ fn eval_takes_text_and_images_as_the_c_cli() {
     let m = dir.join("k3-vision-tiny.waste");
     let (a, b) = (dir.join("img_w84_h56.png"), dir.join("img_w50_h33.png"));
     let args = [m.to_str().unwrap(), "--image", a.to_str().unwrap(), "--image", b.to_str().unwrap()];
+    // the C engine's arithmetic is exact's
+    let args = [&args[..], &["--exact"]].concat();
     let (code, out, err) = waste(&[&["eval"][..], &args, &["Describe: ", "--logits", "--json"]].concat(), "");
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -450,29 +452,41 @@ fn model_and_prompt_flags_as_llama_cpp_spells_them() {
 }
 
 /// `--fast` computes in the fast numeric mode (other logits than `exact`'s,
-/// the same top token on the anchor), `bench --json` names the mode, and
-/// `--fast --exact` is refused.
+/// the same top token on the anchor); without a flag the mode is
+/// `WASTE_NUMERIC`'s, else this CPU's default (what `version --json`
+/// names); `bench --json` names the mode in use; `--fast --exact` and an
+/// unknown `WASTE_NUMERIC` are refused.
 #[test]
 fn the_numeric_mode_is_chosen_by_flags_and_reported() {
     let a = anchor();
     let m = a.to_str().unwrap();
-    let top = |extra: &[&str]| {
+    let top = |extra: &[&str], env: Option<&str>| {
         let (code, out, err) =
-            waste(&[&["eval", m, "--ids", "305,10,20,30", "--json", "--top", "1"][..], extra].concat(), "");
+            waste_numeric(&[&["eval", m, "--ids", "305,10,20,30", "--json", "--top", "1"][..], extra].concat(), env);
         assert_eq!(code, 0, "{err}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         (v["top"][0]["id"].as_u64().unwrap(), v["top"][0]["logit"].as_f64().unwrap())
     };
-    let (exact, fast) = (top(&[]), top(&["--fast"]));
-    assert_eq!(top(&["--exact"]), exact);
+    let (exact, fast) = (top(&["--exact"], None), top(&["--fast"], None));
     assert_eq!(exact.0, fast.0, "the top token");
     assert_ne!(exact.1, fast.1, "the fast mode computed as exact");
     assert!((exact.1 - fast.1).abs() < 0.05 * exact.1.abs(), "{exact:?} {fast:?}");
-    for (flag, name) in [("--fast", "fast"), ("--exact", "exact")] {
-        let (code, out, err) = waste(&["bench", m, "-n", "1", "--json", "--prefill-repeats", "0", flag], "");
+    let (code, out, err) = waste_numeric(&["version", "--json"], None);
+    assert_eq!(code, 0, "{err}");
+    let here = serde_json::from_str::<serde_json::Value>(&out).unwrap()["numeric_mode"].as_str().unwrap().to_string();
+    assert_eq!(here, waste_model::build_info().numeric, "{out}");
+    assert_eq!(top(&[], None), if here == "fast" { fast } else { exact }, "the default ({here})");
+    assert_eq!(top(&[], Some("exact")), exact);
+    assert_eq!(top(&[], Some("fast")), fast);
+    assert_eq!(top(&["--exact"], Some("fast")), exact, "a flag wins over WASTE_NUMERIC");
+    let (code, _, err) = waste_numeric(&["eval", m, "--ids", "305"], Some("fastest"));
+    assert!(code != 0 && err.contains("WASTE_NUMERIC=fastest: expected exact or fast"), "{err}");
+    for (flags, name) in [(&["--fast"][..], "fast"), (&["--exact"], "exact"), (&[], &here)] {
+        let (code, out, err) =
+            waste_numeric(&[&["bench", m, "-n", "1", "--json", "--prefill-repeats", "0"][..], flags].concat(), None);
         assert_eq!(code, 0, "{err}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        assert_eq!(v["numeric_mode"], name, "{out}");
+        assert_eq!(v["numeric_mode"], *name, "{flags:?}: {out}");
     }
     let (code, _, err) = waste(&["run", m, "hi", "--fast", "--exact"], "");
     assert_eq!(code, 2, "{err}");

@@ -29,7 +29,7 @@ use common::fixtures;
 fn agrees_with(container: &Path, reference: &Path, bound: f32) -> f32 {
     let f: Value = serde_json::from_slice(&std::fs::read(reference).unwrap()).unwrap();
     let ids: Vec<u32> = f["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
-    let m = Model::open(container, ModelOptions { ctx: 96, threads: 2, ..Default::default() }).unwrap();
+    let m = Model::open(container, ModelOptions { ctx: 96, threads: 2, ..ModelOptions::exact() }).unwrap();
     let mut s = m.session();
     let mut worst = 0f32;
     for (p, &t) in ids.iter().enumerate() {
@@ -121,7 +121,7 @@ fn a_q4_head_changes_only_the_head() {
     let f: Value = serde_json::from_slice(&std::fs::read(src.join("reference.json")).unwrap()).unwrap();
     let ids: Vec<u32> = f["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
     let worst = |c: &Path| {
-        let m = Model::open(c, ModelOptions { ctx: 96, threads: 2, ..Default::default() }).unwrap();
+        let m = Model::open(c, ModelOptions { ctx: 96, threads: 2, ..ModelOptions::exact() }).unwrap();
         let mut s = m.session();
         let mut worst = 0f32;
         for (p, &t) in ids.iter().enumerate() {
@@ -145,7 +145,7 @@ fn a_q4_head_changes_only_the_head() {
 #[test]
 fn k3_release_form_matches_llama_cpp() {
     let out = convert_exact("hf-k3", "k3");
-    let m = Model::open(&out, ModelOptions { ctx: 96, threads: 2, ..Default::default() }).unwrap();
+    let m = Model::open(&out, ModelOptions { ctx: 96, threads: 2, ..ModelOptions::exact() }).unwrap();
     common::assert_k3_features(&m);
     drop(m);
     // measured worst 2.09e-5 (the L2-norm epsilon difference, REFERENCE-DIFFERENCES)
@@ -192,7 +192,7 @@ fn vq3r_error_is_in_the_3_bit_range_and_verify_agrees() {
     assert!(e.contains("expert 0 of layer 1: gate is 16x128, the config needs 32x64"), "{e}");
     std::fs::remove_dir_all(&other).ok();
     // the converted model runs
-    let m = Model::open(&out, ModelOptions { ctx: 16, ..Default::default() }).unwrap();
+    let m = Model::open(&out, ModelOptions { ctx: 16, ..ModelOptions::exact() }).unwrap();
     assert!(m.session().eval(&[256, 1, 2]).unwrap().iter().all(|x| x.is_finite()));
     let vr = waste_model::verify(&out, Default::default(), &|_, _| {}).unwrap();
     assert!(vr.problems.is_empty());
@@ -212,7 +212,7 @@ fn vq3r_error_is_in_the_3_bit_range_and_verify_agrees() {
 fn q4g_error_is_in_the_4_bit_range_and_verify_agrees() {
     let o = ConvertOptions { experts: ExpertFmt::Q4g, trunk: TrunkMode::Q4, jobs: 2, ..Default::default() };
     let out = convert_in_range_and_verify("q4g", &o, 0.06..0.14, 1e-6);
-    let m = Model::open(&out, ModelOptions { ctx: 16, ..Default::default() }).unwrap();
+    let m = Model::open(&out, ModelOptions { ctx: 16, ..ModelOptions::exact() }).unwrap();
     let ids = [256, 1, 2, 3, 4, 5, 6, 7, 8, 9];
     let prefill = m.session().eval(&ids).unwrap().to_vec();
     let mut s = m.session();

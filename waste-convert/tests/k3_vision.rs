@@ -83,7 +83,7 @@ fn container() -> &'static Path {
 }
 
 fn open(threads: usize, simd: Option<Level>) -> Model {
-    Model::open(container(), ModelOptions { ctx: 256, threads, simd, vision: true, ..Default::default() }).unwrap()
+    Model::open(container(), ModelOptions { ctx: 256, threads, simd, vision: true, ..ModelOptions::exact() }).unwrap()
 }
 
 /// Queue both images and evaluate the prompt token by token; the logits
@@ -161,7 +161,7 @@ fn no_vision_leaves_the_tower_out() {
     let m = std::fs::read_to_string(out.join("manifest.json")).unwrap();
     assert!(!m.contains("vision_tower") && !m.contains("mm_projector"));
     // images asked of a container without a tower: a precise refusal
-    let e = Model::open(&out, ModelOptions { ctx: 64, vision: true, ..Default::default() }).err().unwrap();
+    let e = Model::open(&out, ModelOptions { ctx: 64, vision: true, ..ModelOptions::exact() }).err().unwrap();
     assert!(matches!(e, Error::Unsupported(_)) && e.to_string().contains("no vision tower"), "{e}");
     let _ = std::fs::remove_dir_all(&out);
 }
@@ -241,7 +241,7 @@ fn the_normalisation_comes_from_vision_json() {
     v["image_mean"] = serde_json::json!([0.5, 0.5, 0.5]);
     v["image_std"] = serde_json::json!([0.5, 0.5, 0.5]);
     std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
-    let m = Model::open(&d, ModelOptions { ctx: 64, threads: 2, vision: true, ..Default::default() }).unwrap();
+    let m = Model::open(&d, ModelOptions { ctx: 64, threads: 2, vision: true, ..ModelOptions::exact() }).unwrap();
     let (png, .., want) = &oracle().images[0];
     let e = rel_err(m.encode_image(png).unwrap().rows(), want);
     assert!(e > 100.0 * EMBED_BOUND, "{e:.2e}");
@@ -261,7 +261,8 @@ fn placeholders_and_images_must_match() {
     let img = m.encode_image(&o.images[0].0).unwrap();
     let n = img.positions();
     let small =
-        Model::open(container(), ModelOptions { ctx: n + 1, threads: 2, vision: true, ..Default::default() }).unwrap();
+        Model::open(container(), ModelOptions { ctx: n + 1, threads: 2, vision: true, ..ModelOptions::exact() })
+            .unwrap();
     let mut s = small.session();
     s.add_image(img.clone()).unwrap();
     assert!(matches!(s.eval(&[1, 2, pad]), Err(Error::ContextFull { n: got, .. }) if got == n + 2));
@@ -269,7 +270,7 @@ fn placeholders_and_images_must_match() {
     s.eval(&[1, pad]).unwrap();
     assert_eq!(s.position(), n + 1);
     // without images enabled the placeholder is an ordinary token and images are refused
-    let plain = Model::open(container(), ModelOptions { ctx: 64, threads: 2, ..Default::default() }).unwrap();
+    let plain = Model::open(container(), ModelOptions { ctx: 64, threads: 2, ..ModelOptions::exact() }).unwrap();
     assert!(matches!(plain.encode_image(&o.images[0].0), Err(Error::Unsupported(_))));
     let mut s = plain.session();
     assert!(matches!(s.add_image(img), Err(Error::Unsupported(_))));
@@ -282,7 +283,7 @@ fn the_tower_is_planned_and_taken_from_the_expert_budget() {
     let plan = waste_model::plan(container(), 256).unwrap();
     assert!(plan.vision_weight_bytes > 0 && plan.vision_scratch_bytes > 0 && !plan.vision);
     let budget = plan.with_vision().floor_bytes + 4 * plan.record_bytes;
-    let o = |vision| ModelOptions { ctx: 256, threads: 2, budget, vision, huge_pages: false, ..Default::default() };
+    let o = |vision| ModelOptions { ctx: 256, threads: 2, budget, vision, huge_pages: false, ..ModelOptions::exact() };
     let with = Model::open(container(), o(true)).unwrap();
     let without = Model::open(container(), o(false)).unwrap();
     // one image's buffers cover decoding the largest image the header check

@@ -22,7 +22,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ids, want) = read_reference(&PathBuf::from(refdir))?;
     let vocab = want[0].len();
     let run = |numeric: Numeric| -> Result<Vec<Vec<f32>>, waste_model::Error> {
-        let opts = ModelOptions { ctx: ids.len().next_power_of_two().max(64), numeric, ..Default::default() };
+        let opts = ModelOptions {
+            ctx: ids.len().next_power_of_two().max(64),
+            numeric: Some(numeric),
+            ..ModelOptions::exact()
+        };
         let m = Model::open(std::path::Path::new(container), opts)?;
         let mut s = m.session();
         ids.iter().map(|&t| s.eval(&[t]).map(|l| l.to_vec())).collect()

@@ -18,7 +18,7 @@ fn main() {
     let plen: u32 = a[3].parse::<u32>().unwrap().max(1);
     let rounds: usize = a[4].parse::<usize>().unwrap().max(1);
     let budget: u64 = a.get(5).map(|s| s.parse().unwrap()).unwrap_or(20) << 30;
-    let opts = ModelOptions { usage: Some(usage.into()), budget, ..Default::default() };
+    let opts = ModelOptions { usage: Some(usage.into()), budget, ..ModelOptions::exact() };
     let m = Model::open(model, opts).unwrap();
     let ids: Vec<u32> = (1..=plen).collect();
     let mut t = vec![];

@@ -34,6 +34,10 @@ pub struct BuildInfo {
     pub simd_available: Vec<&'static str>,
     /// Container format version read and written.
     pub format_version: u64,
+    /// The numeric mode a model opened with default options computes in
+    /// at [`BuildInfo::simd`] ([`default_numeric`]; `WASTE_NUMERIC=…` when
+    /// that variable holds neither `exact` nor `fast`).
+    pub numeric: &'static str,
 }
 
 /// Version and build facts.
@@ -43,6 +47,7 @@ pub fn build_info() -> BuildInfo {
         simd: waste_quant::level().name(),
         simd_available: waste_quant::Level::available().iter().map(|l| l.name()).collect(),
         format_version: waste_format::FORMAT_VERSION,
+        numeric: default_numeric(waste_quant::level()).map_or("WASTE_NUMERIC=…", |n| n.name()),
     }
 }
 
@@ -62,7 +67,7 @@ pub use generate::{
     Control, Finish, GenerateParams, Generation, Generator, Pick, TokenConstraint, TokenEvent, MARK_CLOSE, MARK_OPEN,
     NO_TOKEN,
 };
-pub use model::{Model, ModelOptions, MAX_IO_THREADS, MAX_THREADS_PER_CORE};
+pub use model::{default_numeric, Model, ModelOptions, MAX_IO_THREADS, MAX_THREADS_PER_CORE};
 pub use plan::CHUNK;
 pub use plan::{
     head_bytes, head_piece_bytes, layer_bytes, layer_read_bytes, plan, split, Plan, Split, GRAMMAR_BYTES_PER_TOKEN,

@@ -56,12 +56,16 @@ pub struct ModelOptions {
     /// bit-identical to it — so with this on, the logits depend on how the
     /// prompt was chunked (the cache size). Off by default.
     pub kda_chunked: bool,
-    /// How the products compute: `Exact` (the references' arithmetic, the
-    /// default) or `Fast` (8-bit activations with integer dots for Q8G /
-    /// Q4G matrices: issue 50's numeric mode, held to its quality contract,
-    /// not to the references' bits; bit-identical across levels, threads
-    /// and placements within the mode).
-    pub numeric: Numeric,
+    /// How the products compute: `Exact` (the references' arithmetic) or
+    /// `Fast` (8-bit activations with integer dots for Q8G / Q4G matrices
+    /// and 8-bit VQ tables: issue 50's numeric mode, held to its quality
+    /// contract, not to the references' bits; bit-identical across levels,
+    /// threads and placements within the mode). `None` (the default): the
+    /// `WASTE_NUMERIC` environment variable (`exact` / `fast`) when set,
+    /// else [`Numeric::preferred`] for the SIMD level in use — `fast` on
+    /// AVX2 and on AVX-512 with VNNI and VBMI, `exact` elsewhere.
+    /// [`ModelOptions::exact`] asks for the references' arithmetic.
+    pub numeric: Option<Numeric>,
     /// Usage hotlist to preload from (None = the container's `usage.waste` if present).
     pub usage: Option<PathBuf>,
     /// Open even when the floor exceeds usable RAM (the default refuses with
@@ -93,6 +97,37 @@ pub struct ModelOptions {
     pub snapshots: usize,
 }
 
+impl ModelOptions {
+    /// The defaults in the `exact` numeric mode (the references'
+    /// arithmetic, what every oracle comparison uses), whatever the CPU.
+    pub fn exact() -> Self {
+        ModelOptions { numeric: Some(Numeric::Exact), ..Default::default() }
+    }
+}
+
+/// The numeric mode `asked` for, else [`default_numeric`]'s.
+fn numeric_mode(asked: Option<Numeric>, level: Level) -> Result<Numeric> {
+    match asked {
+        Some(n) => Ok(n),
+        None => default_numeric(level),
+    }
+}
+
+/// The numeric mode a model opened at SIMD `level` computes in when its
+/// options name none: `WASTE_NUMERIC`'s (`exact` / `fast`; another value is
+/// an error) when set, else [`Numeric::preferred`]`(level)`.
+///
+/// # Errors
+/// [`Error::Unsupported`] when `WASTE_NUMERIC` holds another value.
+pub fn default_numeric(level: Level) -> Result<Numeric> {
+    match std::env::var_os("WASTE_NUMERIC") {
+        Some(v) => v.to_str().and_then(Numeric::parse).ok_or_else(|| {
+            Error::Unsupported(format!("WASTE_NUMERIC={}: expected exact or fast", v.to_string_lossy()))
+        }),
+        None => Ok(Numeric::preferred(level)),
+    }
+}
+
 /// Compute threads at most this many per core (more only adds switching).
 pub const MAX_THREADS_PER_CORE: usize = 4;
 /// Reader threads at most (each holds one read in flight).
@@ -115,7 +150,7 @@ impl Default for ModelOptions {
             prefault: true,
             max_chunk: crate::plan::CHUNK,
             kda_chunked: false,
-            numeric: Numeric::Exact,
+            numeric: None,
             usage: None,
             force: false,
             usable_ram: None,
@@ -239,7 +274,7 @@ impl Model {
         let fingerprint = fingerprint(&container)?;
         let mut pool = Pool::try_with_level(threads, level)
             .map_err(|source| waste_io::Error::Thread { what: "compute", source })?;
-        pool.set_numeric(opts.numeric);
+        pool.set_numeric(numeric_mode(opts.numeric, level)?);
         let trunk_file = waste_io::DirectFile::open(&container.trunk_path(), false)?;
         let mut m = Model {
             embed: Embedding::new(&container)?,

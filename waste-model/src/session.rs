@@ -1278,7 +1278,7 @@ mod tests {
     #[test]
     fn a_step_cut_short_by_a_panic_marks_the_session_incomplete() {
         let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/anchor-tiny/kimi-linear-tiny.waste");
-        let m = Model::open(&p, ModelOptions { ctx: 32, threads: 1, ..Default::default() }).unwrap();
+        let m = Model::open(&p, ModelOptions { ctx: 32, threads: 1, ..ModelOptions::exact() }).unwrap();
         let mut s = m.session();
         s.eval(&[1, 2]).unwrap();
         s.work.panic_at_layer = Some(2);

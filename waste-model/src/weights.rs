@@ -551,7 +551,7 @@ mod tests {
             jobs: 2,
         };
         waste_synth::synth(&dir, &o, &|_, _| {}).unwrap();
-        let m = Model::open(&dir, ModelOptions { huge_pages: true, ctx: 16, ..Default::default() }).unwrap();
+        let m = Model::open(&dir, ModelOptions { huge_pages: true, ctx: 16, ..ModelOptions::exact() }).unwrap();
         let crate::model::Head::Resident(head) = &m.head else { panic!("a resident head") };
         assert_eq!(head.data.len(), 8 << 20);
         let mid = head.data.as_ptr() as usize + (4 << 20);

@@ -49,7 +49,7 @@ fn argmax(l: &[f32]) -> u32 {
 fn open(threads: usize, simd: Level) -> Model {
     Model::open(
         data().join("kimi-linear-tiny.waste"),
-        ModelOptions { ctx: 256, threads, simd: Some(simd), ..Default::default() },
+        ModelOptions { ctx: 256, threads, simd: Some(simd), ..ModelOptions::exact() },
     )
     .unwrap()
 }

@@ -87,17 +87,21 @@ fn batched_steps_equal_each_sequence_alone() {
         let mut variants = vec![
             (
                 "everything cached, 1 thread",
-                ModelOptions { budget: plan.floor_bytes + 400 * rec, threads: 1, ..Default::default() },
+                ModelOptions { budget: plan.floor_bytes + 400 * rec, threads: 1, ..ModelOptions::exact() },
             ),
             (
                 "12 records, 2 threads",
-                ModelOptions { budget: plan.floor_bytes + 12 * rec, threads: 2, ..Default::default() },
+                ModelOptions { budget: plan.floor_bytes + 12 * rec, threads: 2, ..ModelOptions::exact() },
             ),
         ];
         if name == "tiny-q4g.waste" {
             variants.push((
                 "fast mode",
-                ModelOptions { budget: plan.floor_bytes + 400 * rec, numeric: Numeric::Fast, ..Default::default() },
+                ModelOptions {
+                    budget: plan.floor_bytes + 400 * rec,
+                    numeric: Some(Numeric::Fast),
+                    ..ModelOptions::exact()
+                },
             ));
         }
         for (what, o) in variants {
@@ -122,8 +126,9 @@ fn batched_steps_equal_each_sequence_alone() {
 /// hits) and its position.
 #[test]
 fn a_batched_step_reads_the_union_of_its_experts() {
-    let open =
-        || Model::open(fixture("tiny.waste"), ModelOptions { ctx: CTX, lookahead: 0, ..Default::default() }).unwrap();
+    let open = || {
+        Model::open(fixture("tiny.waste"), ModelOptions { ctx: CTX, lookahead: 0, ..ModelOptions::exact() }).unwrap()
+    };
     let (m, m1) = (open(), open());
     let (moe, k) = (m.config().n_moe_layers() as u64, m.config().top_k as u64);
     let n = m.max_batch().min(4);
@@ -150,8 +155,8 @@ fn a_batched_step_reads_the_union_of_its_experts() {
 #[test]
 fn a_batched_step_refuses_what_it_cannot_do_before_changing_anything() {
     let path = fixture("tiny.waste");
-    let m = Model::open(&path, ModelOptions { ctx: 4, ..Default::default() }).unwrap();
-    let other = Model::open(&path, ModelOptions { ctx: 4, ..Default::default() }).unwrap();
+    let m = Model::open(&path, ModelOptions { ctx: 4, ..ModelOptions::exact() }).unwrap();
+    let other = Model::open(&path, ModelOptions { ctx: 4, ..ModelOptions::exact() }).unwrap();
     let (mut a, mut b, mut c) = (m.session(), m.session(), other.session());
     a.eval(&[1, 2, 3]).unwrap();
     let a0 = bits(a.logits());
@@ -165,8 +170,8 @@ fn a_batched_step_refuses_what_it_cannot_do_before_changing_anything() {
     arg(m.step_many(&mut [&mut a, &mut b], &[1, 1 << 30]), "outside the vocabulary");
     // a plan for more sessions than a step takes is refused at the open
     for o in [
-        ModelOptions { parallel: 17, ..Default::default() },
-        ModelOptions { snapshots: usize::MAX, ..Default::default() },
+        ModelOptions { parallel: 17, ..ModelOptions::exact() },
+        ModelOptions { snapshots: usize::MAX, ..ModelOptions::exact() },
     ] {
         match Model::open(&path, o) {
             Err(Error::Arg(msg)) => assert!(msg.contains("at most 16"), "{msg}"),
@@ -201,7 +206,7 @@ fn the_plan_for_parallel_sessions_is_what_they_allocate() {
                 threads: 1,
                 parallel: n,
                 budget: plan.floor_bytes + 40 * plan.record_bytes,
-                ..Default::default()
+                ..ModelOptions::exact()
             },
         )
         .unwrap();
@@ -226,7 +231,7 @@ fn a_snapshot_at_full_context_fits_its_plan() {
     for name in ["tiny.waste", "tiny-k3.waste"] {
         let path = fixture(name);
         let ctx = 24;
-        let m = Model::open(&path, ModelOptions { ctx, snapshots: 2, ..Default::default() }).unwrap();
+        let m = Model::open(&path, ModelOptions { ctx, snapshots: 2, ..ModelOptions::exact() }).unwrap();
         let plan = waste_model::plan(&path, ctx).unwrap();
         let per = plan.with_snapshots(1).snapshot_bytes;
         assert_eq!(m.plan().snapshot_bytes, 2 * per, "{name}");

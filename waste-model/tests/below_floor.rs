@@ -23,7 +23,7 @@ fn run(m: &Model) -> (Vec<u32>, waste_model::Stats) {
 fn budgets_below_the_floor_stream_layers_and_give_the_resident_logits() {
     for name in ["tiny.waste", "tiny-q4g.waste", "tiny-k3.waste", "tiny-k3-4.waste"] {
         let path = fixture(name);
-        let o = |budget: u64| ModelOptions { ctx: CTX, budget, max_chunk: 8, ..Default::default() };
+        let o = |budget: u64| ModelOptions { ctx: CTX, budget, max_chunk: 8, ..ModelOptions::exact() };
         let resident = Model::open(&path, o(0)).unwrap();
         assert!(resident.streamed_layers().is_empty());
         let plan = *resident.plan();

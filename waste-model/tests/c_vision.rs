@@ -56,9 +56,11 @@ fn ours(m: &Model, images: &[&str]) -> (Vec<f32>, usize) {
 
 #[test]
 fn the_c_converters_vision_container_matches_the_c_engine() {
-    let m =
-        Model::open(dir().join("k3-vision-tiny.waste"), ModelOptions { ctx: 256, vision: true, ..Default::default() })
-            .unwrap();
+    let m = Model::open(
+        dir().join("k3-vision-tiny.waste"),
+        ModelOptions { ctx: 256, vision: true, ..ModelOptions::exact() },
+    )
+    .unwrap();
     for (case, images) in [
         ("noimage", &[][..]),
         ("w84_h56", &["img_w84_h56.png"][..]),
@@ -83,7 +85,7 @@ fn the_c_converters_vision_container_matches_the_c_engine() {
 fn a_tower_that_cannot_load_takes_only_the_images_down() {
     let path = std::env::temp_dir().join(format!("waste-c-vision-broken-{}", std::process::id()));
     c_vision::broken_tower_copy(env!("CARGO_MANIFEST_DIR"), &path);
-    let strict = ModelOptions { ctx: 256, vision: true, ..Default::default() };
+    let strict = ModelOptions { ctx: 256, vision: true, ..ModelOptions::exact() };
     let e = Model::open(&path, strict.clone()).err().expect("a tower of the wrong width must not load").to_string();
     assert!(e.contains("vision_tower.") && e.contains("the tower needs"), "{e}");
     let m = Model::open(&path, ModelOptions { vision_optional: true, ..strict }).unwrap();
@@ -92,7 +94,7 @@ fn a_tower_that_cannot_load_takes_only_the_images_down() {
     assert!(w.contains("images are off") && w.contains("the tower needs"), "{w}");
     // text: the same logits as the intact container opened without images
     let text =
-        Model::open(dir().join("k3-vision-tiny.waste"), ModelOptions { ctx: 256, ..Default::default() }).unwrap();
+        Model::open(dir().join("k3-vision-tiny.waste"), ModelOptions { ctx: 256, ..ModelOptions::exact() }).unwrap();
     let ids = text.tokenizer().unwrap().encode_plain("Describe: ");
     let (a, b) = (m.session().eval(&ids).unwrap().to_vec(), text.session().eval(&ids).unwrap().to_vec());
     assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));

@@ -261,7 +261,7 @@ fn put_f32s(path: &Path, off: usize, vals: &[f32]) {
 }
 
 fn model_err(dir: &Path, needles: &[&str]) {
-    let opts = waste_model::ModelOptions { ctx: 64, threads: 1, ..Default::default() };
+    let opts = waste_model::ModelOptions { ctx: 64, threads: 1, ..waste_model::ModelOptions::exact() };
     let e = waste_model::Model::open(dir, opts).err().expect("damaged container opened").to_string();
     for n in needles {
         assert!(e.contains(n), "error {e:?} lacks {n:?}");
@@ -348,8 +348,11 @@ fn overflowing_weights_are_an_error_naming_where() {
 /// at `want_pos` whose place `want_at` accepts and whose message names it;
 /// removes `d`.
 fn expect_non_finite(d: &Path, what: &str, want_pos: usize, want_at: impl Fn(waste_model::NonFiniteAt) -> bool) {
-    let m = waste_model::Model::open(d, waste_model::ModelOptions { ctx: 64, threads: 1, ..Default::default() })
-        .expect("finite weights load");
+    let m = waste_model::Model::open(
+        d,
+        waste_model::ModelOptions { ctx: 64, threads: 1, ..waste_model::ModelOptions::exact() },
+    )
+    .expect("finite weights load");
     let mut s = m.session();
     match s.eval(&[1, 2, 3]) {
         Err(e @ waste_model::Error::NonFinite { pos, at, .. }) => {
@@ -428,8 +431,11 @@ fn a_sealed_infinite_record_scale_is_refused_when_read() {
         waste_format::seal_record(rec, 1, e, &lay, base as u16);
     }
     std::fs::write(&p, b).unwrap();
-    let m = waste_model::Model::open(&d, waste_model::ModelOptions { ctx: 64, threads: 1, ..Default::default() })
-        .expect("the damage is inside the records");
+    let m = waste_model::Model::open(
+        &d,
+        waste_model::ModelOptions { ctx: 64, threads: 1, ..waste_model::ModelOptions::exact() },
+    )
+    .expect("the damage is inside the records");
     let e = m.session().eval(&[1, 2, 3]).expect_err("an infinite scale was used").to_string();
     assert!(e.contains("of layer 1: the down scale of row 7 is not finite (f16 0xfc00)"), "{e}");
     drop(m);
@@ -453,7 +459,8 @@ fn a_step_failed_part_way_refuses_until_reset() {
         bad[e * REC + 500] ^= 0x10;
     }
     std::fs::write(&bank, &bad).unwrap();
-    let opts = waste_model::ModelOptions { ctx: 64, threads: 1, verify_records: true, ..Default::default() };
+    let opts =
+        waste_model::ModelOptions { ctx: 64, threads: 1, verify_records: true, ..waste_model::ModelOptions::exact() };
     let m = waste_model::Model::open(&d, opts.clone()).expect("damage inside records opens");
     let mut s = m.session();
     let e = s.eval(&[1, 2, 3]).expect_err("a damaged layer fails the step").to_string();

@@ -27,7 +27,7 @@ struct Quality {
 
 fn measure(fixture: &str, numeric: Numeric, ids: &[u32], want: &[Vec<f32>]) -> Quality {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures").join(fixture).join("model.waste");
-    let m = Model::open(&dir, ModelOptions { ctx: 512, numeric, ..Default::default() }).unwrap();
+    let m = Model::open(&dir, ModelOptions { ctx: 512, numeric: Some(numeric), ..ModelOptions::exact() }).unwrap();
     assert_eq!(m.numeric(), numeric);
     let mut s = m.session();
     let logits: Vec<Vec<f32>> = ids.iter().map(|&t| s.eval(&[t]).unwrap().to_vec()).collect();
@@ -106,7 +106,7 @@ fn the_fast_mode_is_bit_identical_across_placements() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures");
     for dir in [root.join("fast-quality/model.waste"), root.join("tiny-q4g.waste")] {
         let plan = waste_model::plan(&dir, 128).unwrap();
-        let base = ModelOptions { ctx: 128, numeric: Numeric::Fast, ..Default::default() };
+        let base = ModelOptions { ctx: 128, numeric: Some(Numeric::Fast), ..ModelOptions::exact() };
         let ids: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 250).collect();
         let run = |o: ModelOptions| -> Vec<u32> {
             let m = Model::open(&dir, o).unwrap();
@@ -124,6 +124,6 @@ fn the_fast_mode_is_bit_identical_across_placements() {
             assert_eq!(run(o), want, "{}: {name}", dir.display());
         }
         // and the mode does something here
-        assert_ne!(run(ModelOptions { numeric: Numeric::Exact, ..base.clone() }), want, "{}", dir.display());
+        assert_ne!(run(ModelOptions { numeric: Some(Numeric::Exact), ..base.clone() }), want, "{}", dir.display());
     }
 }

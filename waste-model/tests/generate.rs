@@ -13,7 +13,7 @@ fn anchor() -> PathBuf {
 }
 
 fn open(ctx: usize) -> Model {
-    Model::open(anchor(), ModelOptions { ctx, threads: 1, ..Default::default() }).unwrap()
+    Model::open(anchor(), ModelOptions { ctx, threads: 1, ..ModelOptions::exact() }).unwrap()
 }
 
 fn params(n: usize) -> GenerateParams {
@@ -210,7 +210,7 @@ fn snapshots_restore_exactly_and_refuse_what_does_not_fit() {
     let mut man = std::fs::read_to_string(dir.join("manifest.json")).unwrap();
     man.push('\n'); // other manifest bytes, another fingerprint
     std::fs::write(dir.join("manifest.json"), man).unwrap();
-    let other = Model::open(&dir, ModelOptions { ctx: 128, threads: 1, ..Default::default() }).unwrap();
+    let other = Model::open(&dir, ModelOptions { ctx: 128, threads: 1, ..ModelOptions::exact() }).unwrap();
     let e = other.session().restore_snapshot(&snap).expect_err("another model's snapshot restored").to_string();
     assert!(e.contains("different model"), "{e}");
     drop(other);
@@ -312,7 +312,7 @@ proptest::proptest! {
         use std::sync::OnceLock;
         static M: OnceLock<(Model, Vec<u8>)> = OnceLock::new();
         let (m, good) = M.get_or_init(|| {
-            let m = Model::open(anchor(), ModelOptions { ctx: 64, threads: 1, ..Default::default() }).unwrap();
+            let m = Model::open(anchor(), ModelOptions { ctx: 64, threads: 1, ..ModelOptions::exact() }).unwrap();
             let p = std::env::temp_dir().join(format!("waste-state-twin-{}.state", std::process::id()));
             {
                 let mut s = m.session();
@@ -377,7 +377,7 @@ fn the_plan_counts_rendering_a_jinja_chat_template() {
     let want = 7 * src.len() as u64 + waste_model::tokenizer::TEMPLATE_OUTPUT_BYTES as u64;
     assert_eq!(p.template_bytes, want);
     assert_eq!(p.floor_bytes, plain.floor_bytes + want, "in the floor");
-    let m = Model::open(&*copy, ModelOptions { ctx: 256, ..Default::default() }).unwrap();
+    let m = Model::open(&*copy, ModelOptions { ctx: 256, ..ModelOptions::exact() }).unwrap();
     assert_eq!(m.plan().template_bytes, want, "the model's plan");
     assert_eq!(m.plan().floor_bytes, p.floor_bytes);
 }
@@ -394,7 +394,7 @@ fn the_plan_counts_tokenizing_the_longest_prompt_its_context_admits() {
         assert!(p.tokenize_bytes > last, "ctx {ctx}: grows with the context");
         assert!(p.floor_bytes >= p.tokenizer_bytes + p.tokenize_bytes + p.trunk_bytes + p.state_bytes);
         last = p.tokenize_bytes;
-        let m = Model::open(anchor(), ModelOptions { ctx, ..Default::default() }).unwrap();
+        let m = Model::open(anchor(), ModelOptions { ctx, ..ModelOptions::exact() }).unwrap();
         assert_eq!(m.plan().tokenize_bytes, p.tokenize_bytes, "ctx {ctx}: the model's plan");
         let long = "a".repeat(text);
         assert!(m.encode_raw(&long).is_ok(), "ctx {ctx}: the longest text the plan counts is accepted");

@@ -31,7 +31,7 @@ fn a_prompt_reads_the_last_layer_experts_of_its_last_token_only() {
     for name in ["tiny.waste", "tiny-q4g.waste"] {
         let path = fixture(name);
         for max_chunk in [1, 3, 16] {
-            let m = Model::open(&path, ModelOptions { ctx: CTX, max_chunk, ..Default::default() }).unwrap();
+            let m = Model::open(&path, ModelOptions { ctx: CTX, max_chunk, ..ModelOptions::exact() }).unwrap();
             let (moe, k) = (m.config().n_moe_layers() as u64, m.config().top_k as u64);
             assert!(moe >= 2, "{name}: the count below needs an earlier MoE layer");
             let mut s = m.session();
@@ -56,7 +56,7 @@ fn every_placement_gives_bit_identical_logits() {
             lookahead: 0,
             io_threads: 1,
             threads: 1,
-            ..Default::default()
+            ..ModelOptions::exact()
         };
         let (want, st0) = run(&path, base.clone());
         assert!(st0.experts_missed > 0);
@@ -99,9 +99,9 @@ fn every_placement_gives_bit_identical_logits() {
 #[test]
 fn kda_chunked_prefill_is_close_not_identical() {
     let path = fixture("tiny.waste");
-    let m = Model::open(&path, ModelOptions { ctx: CTX, max_chunk: 16, ..Default::default() }).unwrap();
-    let mw =
-        Model::open(&path, ModelOptions { ctx: CTX, max_chunk: 16, kda_chunked: true, ..Default::default() }).unwrap();
+    let m = Model::open(&path, ModelOptions { ctx: CTX, max_chunk: 16, ..ModelOptions::exact() }).unwrap();
+    let mw = Model::open(&path, ModelOptions { ctx: CTX, max_chunk: 16, kda_chunked: true, ..ModelOptions::exact() })
+        .unwrap();
     let prompt: Vec<u32> = (0..37).map(|i| (i * 53 + 7) % 250).collect();
     let (mut s, mut sw) = (m.session(), mw.session());
     assert!(sw.chunk_len() >= 8, "chunk {}", sw.chunk_len());
@@ -118,7 +118,7 @@ fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
     let path = fixture("tiny-b.waste");
     let plan = waste_model::plan(&path, CTX).unwrap();
     // a cache too small to keep anything across chunks isolates the dedup effect
-    let o = ModelOptions { budget: plan.floor_bytes + 60 * plan.record_bytes, io_threads: 2, ..Default::default() };
+    let o = ModelOptions { budget: plan.floor_bytes + 60 * plan.record_bytes, io_threads: 2, ..ModelOptions::exact() };
     let m = Model::open(
         &path,
         ModelOptions { ctx: CTX, max_chunk: 1, policy: Policy::Lru, budget: plan.floor_bytes, ..o.clone() },
@@ -155,7 +155,12 @@ fn plan_equals_what_the_engine_allocates() {
         let plan = if threads > 0 { plan.with_threads(threads) } else { plan };
         let m = Model::open(
             &path,
-            ModelOptions { ctx: CTX, threads, budget: plan.floor_bytes + 3 * plan.record_bytes, ..Default::default() },
+            ModelOptions {
+                ctx: CTX,
+                threads,
+                budget: plan.floor_bytes + 3 * plan.record_bytes,
+                ..ModelOptions::exact()
+            },
         )
         .unwrap();
         assert_eq!(m.plan(), &plan, "{name}, {threads} threads: the model's plan");
@@ -176,7 +181,7 @@ fn plan_equals_what_the_engine_allocates() {
     // allocates only their arena, which the plan says (not the budget's share)
     let path = fixture("tiny.waste");
     let plan = waste_model::plan(&path, CTX).unwrap();
-    let m = Model::open(&path, ModelOptions { ctx: CTX, budget: 1 << 40, ..Default::default() }).unwrap();
+    let m = Model::open(&path, ModelOptions { ctx: CTX, budget: 1 << 40, ..ModelOptions::exact() }).unwrap();
     let (_, arena) = m.allocated_bytes();
     assert_eq!(m.cache_slots() as u64, plan.expert_records);
     assert_eq!(arena, plan.cache_arena_bytes(m.cache_slots(), m.huge_pages()));
@@ -191,14 +196,15 @@ fn below_the_floor_is_refused_naming_the_floor() {
     let path = fixture("tiny.waste");
     let plan = waste_model::plan(&path, CTX).unwrap();
     let e =
-        Model::open(&path, ModelOptions { ctx: CTX, budget: 1 << 20, ..Default::default() }).err().expect("refused");
+        Model::open(&path, ModelOptions { ctx: CTX, budget: 1 << 20, ..ModelOptions::exact() }).err().expect("refused");
     let Error::Budget { floor, .. } = &e else { panic!("{e}") };
     let msg = e.to_string();
     assert!(msg.contains(&floor.to_string()) && msg.contains("floor") && msg.contains("streamed"), "{msg}");
     assert!(*floor < plan.floor_bytes && *floor > 1 << 20, "{floor}");
-    Model::open(&path, ModelOptions { ctx: CTX, budget: *floor, ..Default::default() }).unwrap();
-    let e =
-        Model::open(&path, ModelOptions { ctx: CTX, budget: floor - 1, ..Default::default() }).err().expect("refused");
+    Model::open(&path, ModelOptions { ctx: CTX, budget: *floor, ..ModelOptions::exact() }).unwrap();
+    let e = Model::open(&path, ModelOptions { ctx: CTX, budget: floor - 1, ..ModelOptions::exact() })
+        .err()
+        .expect("refused");
     assert!(matches!(e, Error::Budget { floor: f, .. } if f == *floor), "{e}");
 }
 
@@ -211,7 +217,7 @@ fn usage_hotlist_roundtrip_and_corrupt_file_skipped() {
         ctx: CTX,
         budget: plan.floor_bytes + 4 * plan.record_bytes,
         usage: Some(usage.clone()),
-        ..Default::default()
+        ..ModelOptions::exact()
     };
     {
         let m = Model::open(&path, o.clone()).unwrap();
@@ -260,7 +266,7 @@ fn a_context_beyond_the_machine_is_an_error_naming_the_largest_that_fits() {
     for ctx in [0usize, waste_model::MAX_CTX + 1, usize::MAX / 2, usize::MAX] {
         let e = waste_model::plan(&path, ctx).unwrap_err().to_string();
         assert!(e.contains("ctx") && e.contains(&waste_model::MAX_CTX.to_string()), "{ctx}: {e}");
-        let e = Model::open(&path, ModelOptions { ctx, ..Default::default() }).err().expect("refused").to_string();
+        let e = Model::open(&path, ModelOptions { ctx, ..ModelOptions::exact() }).err().expect("refused").to_string();
         assert!(e.contains("ctx"), "{ctx}: {e}");
     }
     // a floor above the RAM planned against: refused with the figures and the largest ctx that fits
@@ -268,7 +274,7 @@ fn a_context_beyond_the_machine_is_an_error_naming_the_largest_that_fits() {
     let ram = small + (4 << 20);
     let big = 1 << 20;
     assert!(waste_model::plan(&path, big).unwrap().floor_bytes > ram, "the test needs a floor above {ram}");
-    let e = Model::open(&path, ModelOptions { ctx: big, usable_ram: Some(ram), ..Default::default() })
+    let e = Model::open(&path, ModelOptions { ctx: big, usable_ram: Some(ram), ..ModelOptions::exact() })
         .err()
         .expect("refused");
     let Error::FloorAboveRam { floor, usable, max_ctx: Some(max), .. } = e else { panic!("{e}") };
@@ -279,10 +285,10 @@ fn a_context_beyond_the_machine_is_an_error_naming_the_largest_that_fits() {
     assert!(max >= 64);
     assert!(e.to_string().contains(&format!("the largest ctx that fits is {max}")), "{e}");
     // the largest ctx opens; --force opens past the floor check
-    Model::open(&path, ModelOptions { ctx: max, usable_ram: Some(ram), ..Default::default() }).unwrap();
+    Model::open(&path, ModelOptions { ctx: max, usable_ram: Some(ram), ..ModelOptions::exact() }).unwrap();
     Model::open(
         &path,
-        ModelOptions { ctx: 2 * max, usable_ram: Some(ram), force: true, budget: 0, ..Default::default() },
+        ModelOptions { ctx: 2 * max, usable_ram: Some(ram), force: true, budget: 0, ..ModelOptions::exact() },
     )
     .unwrap();
 }
@@ -314,7 +320,7 @@ fn four_sessions_on_four_threads_share_one_model_exactly() {
             io_threads: 2,
             threads: 1,
             max_chunk: 1,
-            ..Default::default()
+            ..ModelOptions::exact()
         };
         let alone: Vec<Vec<u32>> = prompts.iter().map(|p| drive(&Model::open(&path, o.clone()).unwrap(), p)).collect();
         let m = Model::open(&path, o.clone()).unwrap();
@@ -338,7 +344,7 @@ fn a_recorded_routing_is_replayed_and_a_bad_one_refused() {
     let plan = waste_model::plan(&path, CTX).unwrap();
     let m = Model::open(
         &path,
-        ModelOptions { ctx: CTX, budget: plan.floor_bytes + 16 * plan.record_bytes, ..Default::default() },
+        ModelOptions { ctx: CTX, budget: plan.floor_bytes + 16 * plan.record_bytes, ..ModelOptions::exact() },
     )
     .unwrap();
     let c = m.config();
@@ -379,12 +385,13 @@ fn a_recorded_routing_is_replayed_and_a_bad_one_refused() {
 fn reserving_the_grammar_tables_takes_them_from_the_cache() {
     let path = fixture("tiny.waste");
     let plan = waste_model::plan(&path, CTX).unwrap();
-    let vocab = Model::open(&path, ModelOptions { ctx: CTX, ..Default::default() }).unwrap().config().vocab;
+    let vocab = Model::open(&path, ModelOptions { ctx: CTX, ..ModelOptions::exact() }).unwrap().config().vocab;
     let grammar = waste_model::GRAMMAR_BYTES_PER_TOKEN * vocab as u64;
     assert_eq!(plan.with_grammar(vocab).grammar_bytes, grammar);
     // a budget where the cache is not capped by the record count either way
     let budget = plan.with_grammar(vocab).floor_bytes + 4 * plan.record_bytes;
-    let open = |grammar| Model::open(&path, ModelOptions { ctx: CTX, budget, grammar, ..Default::default() }).unwrap();
+    let open =
+        |grammar| Model::open(&path, ModelOptions { ctx: CTX, budget, grammar, ..ModelOptions::exact() }).unwrap();
     let (plain, constrained) = (open(false), open(true));
     assert_eq!(plain.plan().grammar_bytes, 0);
     assert_eq!(constrained.plan().grammar_bytes, grammar);
@@ -402,7 +409,7 @@ fn reserving_the_grammar_tables_takes_them_from_the_cache() {
 #[test]
 fn the_compute_bound_probes_the_trunk_and_one_moe_layer() {
     for name in ["tiny.waste", "tiny-q4g.waste"] {
-        let m = Model::open(fixture(name), ModelOptions { ctx: CTX, ..Default::default() }).unwrap();
+        let m = Model::open(fixture(name), ModelOptions { ctx: CTX, ..ModelOptions::exact() }).unwrap();
         let before = m.session().eval(&[1, 2, 3]).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         let b = m.compute_bound().unwrap();
         assert!(b.trunk_ms.is_finite() && b.trunk_ms > 0.0, "{name}: {b:?}");
@@ -442,7 +449,7 @@ fn the_compute_bound_probes_the_trunk_and_one_moe_layer() {
 #[test]
 fn expert_runs_count_one_per_use_or_one_per_distinct_expert_of_a_chunk() {
     for (name, batches) in [("tiny.waste", false), ("tiny-q4g.waste", true)] {
-        let m = Model::open(fixture(name), ModelOptions { ctx: CTX, ..Default::default() }).unwrap();
+        let m = Model::open(fixture(name), ModelOptions { ctx: CTX, ..ModelOptions::exact() }).unwrap();
         let mut s = m.session();
         let prompt = [1u32, 2, 3, 4, 5, 6];
         s.eval(&prompt).unwrap();

@@ -61,6 +61,29 @@ impl Numeric {
             Numeric::Control4 => Some(7.0),
         }
     }
+    /// The mode used when none is asked for, at `level` on this CPU:
+    /// `Fast` where its kernels were measured faster end to end than
+    /// `exact`'s, decode and prefill (docs/FINDINGS.md, "Numeric modes") —
+    /// AVX2, and AVX-512 with VNNI and VBMI (the integer dots and the VQ
+    /// tables' byte permutes); `Exact` elsewhere: the scalar level and NEON
+    /// (their portable fast form is slower than exact's kernels), AVX-512
+    /// without those extensions (not measured). Both modes meet the quality
+    /// contract wherever they run.
+    pub fn preferred(level: Level) -> Numeric {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let fast = match level {
+                Level::Avx2 => Level::Avx2.supported(),
+                Level::Avx512 => vnni() && std::arch::is_x86_feature_detected!("avx512vbmi"),
+                _ => false,
+            };
+            if fast {
+                return Numeric::Fast;
+            }
+        }
+        let _ = level;
+        Numeric::Exact
+    }
     /// Parse `exact` / `fast`.
     pub fn parse(s: &str) -> Option<Numeric> {
         match s {

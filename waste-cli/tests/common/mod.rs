@@ -43,13 +43,24 @@ pub fn damage_layer2(d: &Path) {
 
 /// Run `waste args` with `stdin`: (exit code, stdout, stderr).
 pub fn waste(args: &[&str], stdin: &str) -> (i32, String, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_waste"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    waste_in(args, stdin, |c| c)
+}
+
+/// [`waste`] without stdin, with `WASTE_NUMERIC` set to `numeric` (unset
+/// when `None`, whatever this process has).
+#[allow(dead_code)]
+pub fn waste_numeric(args: &[&str], numeric: Option<&str>) -> (i32, String, String) {
+    waste_in(args, "", |c| match numeric {
+        Some(n) => c.env("WASTE_NUMERIC", n),
+        None => c.env_remove("WASTE_NUMERIC"),
+    })
+}
+
+/// [`waste`] with `env` applied to the command.
+pub fn waste_in(args: &[&str], stdin: &str, env: impl FnOnce(&mut Command) -> &mut Command) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_waste"));
+    env(&mut cmd);
+    let mut c = cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
     let o = c.wait_with_output().unwrap();
     (

@@ -39,7 +39,7 @@ pub fn reference(name: &str) -> Reference {
 
 /// The fixture container `NAME.waste`, two threads.
 pub fn open_fixture(name: &str, ctx: usize) -> Model {
-    Model::open(fixtures().join(format!("{name}.waste")), ModelOptions { ctx, threads: 2, ..Default::default() })
+    Model::open(fixtures().join(format!("{name}.waste")), ModelOptions { ctx, threads: 2, ..ModelOptions::exact() })
         .unwrap()
 }
 
@@ -52,7 +52,7 @@ pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
 
 /// Worst over positions of [`rel_err`], evaluating `ids` one token at a time.
 pub fn worst_rel(container: &Path, ids: &[u32], want: &[Vec<f32>], ctx: usize) -> f32 {
-    let m = Model::open(container, ModelOptions { ctx, threads: 2, ..Default::default() }).unwrap();
+    let m = Model::open(container, ModelOptions { ctx, threads: 2, ..ModelOptions::exact() }).unwrap();
     let mut s = m.session();
     let mut worst = 0f32;
     for (p, &t) in ids.iter().enumerate() {
