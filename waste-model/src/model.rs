@@ -215,43 +215,17 @@ impl Model {
         opts: ModelOptions,
         progress: &dyn Fn(usize, usize),
     ) -> Result<Model> {
-        if opts.parallel > crate::plan::MAX_PARALLEL || opts.snapshots > crate::plan::MAX_PARALLEL {
-            return Err(Error::Arg(format!(
-                "{} parallel sessions and {} snapshots planned: at most {} each",
-                opts.parallel,
-                opts.snapshots,
-                crate::plan::MAX_PARALLEL
-            )));
-        }
         let container = Container::open(path.as_ref())?;
-        if opts.lookahead > container.config.top_k {
-            return Err(Error::Arg(format!("lookahead {} exceeds top_k {}", opts.lookahead, container.config.top_k)));
-        }
+        check_options(&opts, &container)?;
         // the tokenizer first: its tables are part of the plan
         let tokenizer = crate::plan::load_tokenizer(&container)?;
         let template = crate::plan::load_chat_template(&container, tokenizer.as_ref())?;
         let (opts, threads, mut warnings) = capped(opts);
-        let (plan, vcfg, mut vision_error) = plan_of(&container, &opts, threads, &tokenizer, &template)?;
-        let usable = opts.usable_ram.unwrap_or_else(waste_cache::usable_ram);
-        let split = crate::plan::split_of(&container, &plan, opts.budget, usable)?;
-        let plan = plan.with_split(&split);
-        if opts.budget == 0 && split.streams() {
-            warnings.push(format!(
-                "the resident floor is above usable RAM ({usable} bytes): {} decoder layers{} stream from disk every token (slower; docs/ENGINE.md \"Below the floor\")",
-                split.streamed.len(),
-                if split.head { " and the head" } else { "" }
-            ));
-        }
-        if plan.floor_bytes > usable && !opts.force {
-            return Err(Error::FloorAboveRam {
-                floor: plan.floor_bytes,
-                ctx: opts.ctx,
-                usable,
-                max_ctx: Plan::largest_ctx_within(&container, usable, tokenizer.as_ref(), threads),
-            });
-        }
-        let resolved = budget_of(&plan, opts.budget, usable)?;
+        // what the options ask of this CPU, before anything loads
         let level = simd_level(opts.simd)?;
+        let numeric = numeric_mode(opts.numeric, level)?;
+        let Memory { plan, vcfg, mut vision_error, split, resolved } =
+            memory_of(&container, &opts, threads, (&tokenizer, &template), &mut warnings)?;
         let trunk = load_trunk(&container, &opts, &split, vcfg.as_ref(), progress)?;
         let vision = match trunk.vision {
             Some(Ok(t)) => Some(t),
@@ -274,7 +248,7 @@ impl Model {
         let fingerprint = fingerprint(&container)?;
         let mut pool = Pool::try_with_level(threads, level)
             .map_err(|source| waste_io::Error::Thread { what: "compute", source })?;
-        pool.set_numeric(numeric_mode(opts.numeric, level)?);
+        pool.set_numeric(numeric);
         let trunk_file = waste_io::DirectFile::open(&container.trunk_path(), false)?;
         let mut m = Model {
             embed: Embedding::new(&container)?,
@@ -713,6 +687,67 @@ impl Model {
     pub fn max_batch(&self) -> usize {
         crate::session::max_batch(self)
     }
+}
+
+/// Options no container can satisfy, or this one cannot: too many
+/// parallel sessions or snapshots, a lookahead past `top_k`.
+fn check_options(opts: &ModelOptions, container: &Container) -> Result<()> {
+    if opts.parallel > crate::plan::MAX_PARALLEL || opts.snapshots > crate::plan::MAX_PARALLEL {
+        return Err(Error::Arg(format!(
+            "{} parallel sessions and {} snapshots planned: at most {} each",
+            opts.parallel,
+            opts.snapshots,
+            crate::plan::MAX_PARALLEL
+        )));
+    }
+    if opts.lookahead > container.config.top_k {
+        return Err(Error::Arg(format!("lookahead {} exceeds top_k {}", opts.lookahead, container.config.top_k)));
+    }
+    Ok(())
+}
+
+/// The memory side of an open: the plan, the vision config (and why
+/// images are off although asked for), the split between resident and
+/// streamed layers, and the budget resolved against usable RAM.
+struct Memory {
+    plan: Plan,
+    vcfg: Option<crate::vision::VisionConfig>,
+    vision_error: Option<String>,
+    split: crate::plan::Split,
+    resolved: waste_cache::Budget,
+}
+
+/// [`Memory`] for these options, refusing a floor above usable RAM (unless
+/// forced) and a budget below the floor; a warning when layers stream
+/// because the floor is above usable RAM.
+fn memory_of(
+    container: &Container,
+    opts: &ModelOptions,
+    threads: usize,
+    (tokenizer, template): (&Option<waste_tokenizer::Tokenizer>, &Option<waste_tokenizer::ChatTemplate>),
+    warnings: &mut Vec<String>,
+) -> Result<Memory> {
+    let (plan, vcfg, vision_error) = plan_of(container, opts, threads, tokenizer, template)?;
+    let usable = opts.usable_ram.unwrap_or_else(waste_cache::usable_ram);
+    let split = crate::plan::split_of(container, &plan, opts.budget, usable)?;
+    let plan = plan.with_split(&split);
+    if opts.budget == 0 && split.streams() {
+        warnings.push(format!(
+            "the resident floor is above usable RAM ({usable} bytes): {} decoder layers{} stream from disk every token (slower; docs/ENGINE.md \"Below the floor\")",
+            split.streamed.len(),
+            if split.head { " and the head" } else { "" }
+        ));
+    }
+    if plan.floor_bytes > usable && !opts.force {
+        return Err(Error::FloorAboveRam {
+            floor: plan.floor_bytes,
+            ctx: opts.ctx,
+            usable,
+            max_ctx: Plan::largest_ctx_within(container, usable, tokenizer.as_ref(), threads),
+        });
+    }
+    let resolved = budget_of(&plan, opts.budget, usable)?;
+    Ok(Memory { plan, vcfg, vision_error, split, resolved })
 }
 
 /// The options with the thread counts capped (compute at
