@@ -604,13 +604,13 @@ pub fn head_update(
     for (ei, gi) in e.iter_mut().zip(g) {
         *ei = gi.exp();
     }
-    waste_quant::ops::decay_project_rows(level, e, khat, &mut s[..d * d], u);
+    crate::delta::decay_project_rows(level, e, khat, &mut s[..d * d], u);
     // S += k̂ dᵀ with d = beta (v - u); o = Sᵀ q̂
     o.fill(0.0);
     for j in 0..d {
         u[j] = beta * (v[j] - u[j]);
     }
-    waste_quant::ops::update_read_rows(level, khat, u, &mut s[..d * d], qhat, o);
+    crate::delta::update_read_rows(level, khat, u, &mut s[..d * d], qhat, o);
 }
 
 /// `out = x / √(x·x + 1e-6) · scale` (the key and query L2 norm).

@@ -15,6 +15,7 @@
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod delta;
 pub mod kda;
 pub mod mla;
 pub mod res;

@@ -211,7 +211,7 @@ fn sum_words(b: &[u8]) -> u64 {
         // architecturally, wherever the address points.
         unsafe {
             core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                c.as_ptr().wrapping_add(PREFETCH) as *const i8,
+                c.as_ptr().wrapping_add(PREFETCH) as *const i8
             )
         };
         for (k, a) in acc.iter_mut().enumerate() {

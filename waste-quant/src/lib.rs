@@ -30,9 +30,12 @@
 /// each call). x86_64's baseline has no FMA, so there `mul_add` is a libm
 /// call per product; with the feature it is the instruction. The same
 /// fused operations in the same order either way: the same bits.
+/// Exported for the crates whose scalar definitions need the same
+/// (`waste-attn`'s delta-rule rows).
+#[macro_export]
 macro_rules! fma_scalar {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
-        fma_scalar! { $(#[$m])* $vis fn $name($($arg: $ty),*) -> () $body }
+        $crate::fma_scalar! { $(#[$m])* $vis fn $name($($arg: $ty),*) -> () $body }
     };
     ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
         $(#[$m])*

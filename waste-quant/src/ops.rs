@@ -180,26 +180,6 @@ fma_scalar! {
     }
 }
 
-fma_scalar! {
-    /// The scalar form of [`decay_project`].
-    fn decay_project_scalar(e: f32, k: f32, row: &mut [f32], u: &mut [f32]) {
-        for (sv, uj) in row.iter_mut().zip(u.iter_mut()) {
-            *sv *= e;
-            *uj = k.mul_add(*sv, *uj);
-        }
-    }
-}
-
-fma_scalar! {
-    /// The scalar form of [`update_read`].
-    fn update_read_scalar(k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f32]) {
-        for ((sv, &dj), oj) in row.iter_mut().zip(d).zip(o.iter_mut()) {
-            *sv = k.mul_add(dj, *sv);
-            *oj = q.mul_add(*sv, *oj);
-        }
-    }
-}
-
 /// [`axpy`] at a SIMD level (one fused multiply-add per element either
 /// way, so bit-identical).
 ///
@@ -227,50 +207,6 @@ pub fn axpy_at(level: crate::Level, a: f32, x: &[f32], y: &mut [f32]) {
     axpy(a, &x[done..], &mut y[done..]);
 }
 
-/// `row[j] *= e; u[j] = fma(k, row[j], u[j])` — the decay-and-project step
-/// of a delta-rule state row.
-///
-/// # Panics
-/// When the slices' lengths differ.
-pub fn decay_project(level: crate::Level, e: f32, k: f32, row: &mut [f32], u: &mut [f32]) {
-    assert_eq!(row.len(), u.len());
-    #[allow(unused_mut)]
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if level.avx2_kernels() {
-        // SAFETY: AVX2/FMA verified; equal lengths asserted.
-        done = unsafe { crate::x86_64::avx2::decay_project(e, k, row, u) };
-    }
-    #[cfg(target_arch = "aarch64")]
-    if level.neon_kernels() {
-        done = crate::aarch64::neon::decay_project(e, k, row, u);
-    }
-    let _ = level;
-    decay_project_scalar(e, k, &mut row[done..], &mut u[done..]);
-}
-
-/// `row[j] = fma(k, d[j], row[j]); o[j] = fma(q, row[j], o[j])` — the
-/// rank-one update of a delta-rule state row and its read-out.
-///
-/// # Panics
-/// When the slices' lengths differ.
-pub fn update_read(level: crate::Level, k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f32]) {
-    assert!(d.len() == row.len() && row.len() == o.len());
-    #[allow(unused_mut)]
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if level.avx2_kernels() {
-        // SAFETY: AVX2/FMA verified; equal lengths asserted.
-        done = unsafe { crate::x86_64::avx2::update_read(k, d, row, q, o) };
-    }
-    #[cfg(target_arch = "aarch64")]
-    if level.neon_kernels() {
-        done = crate::aarch64::neon::update_read(k, d, row, q, o);
-    }
-    let _ = level;
-    update_read_scalar(k, &d[done..], &mut row[done..], q, &mut o[done..]);
-}
-
 /// [`crate::scalar::dot`] at a SIMD level (the F32 matvec of one row: the
 /// same 32 lanes and reduction, so bit-identical).
 ///
@@ -281,53 +217,6 @@ pub fn dot_at(level: crate::Level, a: &[f32], b: &[f32]) -> f32 {
     let mut y = [0f32];
     crate::f32_matrix(1, a.len(), a).matvec_rows(level, b, 0, &mut y);
     y[0]
-}
-
-/// [`decay_project`] over a whole state: `s` holds `e.len()` rows of
-/// `u.len()` columns, row `i` decayed by `e[i]` and projected with `k[i]`,
-/// rows in order. At AVX-512 for 64 or 128 columns `u` stays in registers
-/// for the whole pass; bit-identical to the per-row calls either way.
-///
-/// # Panics
-/// When the lengths disagree.
-pub fn decay_project_rows(level: crate::Level, e: &[f32], k: &[f32], s: &mut [f32], u: &mut [f32]) {
-    let w = u.len();
-    assert!(k.len() == e.len() && s.len() == e.len() * w);
-    #[cfg(target_arch = "x86_64")]
-    if level == crate::Level::Avx512 && crate::Level::Avx512.supported() {
-        // SAFETY: AVX-512 verified; lengths asserted above.
-        match w {
-            64 => return unsafe { crate::x86_64::avx512::decay_project_rows::<4>(e, k, s, u) },
-            128 => return unsafe { crate::x86_64::avx512::decay_project_rows::<8>(e, k, s, u) },
-            _ => {}
-        }
-    }
-    for (i, (&ei, &ki)) in e.iter().zip(k).enumerate() {
-        decay_project(level, ei, ki, &mut s[i * w..(i + 1) * w], u);
-    }
-}
-
-/// [`update_read`] over a whole state: `s` holds `k.len()` rows of
-/// `d.len()` columns, rows in order. At AVX-512 for 64 or 128 columns `d`
-/// and `o` stay in registers; bit-identical to the per-row calls either way.
-///
-/// # Panics
-/// When the lengths disagree.
-pub fn update_read_rows(level: crate::Level, k: &[f32], d: &[f32], s: &mut [f32], q: &[f32], o: &mut [f32]) {
-    let w = d.len();
-    assert!(q.len() == k.len() && o.len() == w && s.len() == k.len() * w);
-    #[cfg(target_arch = "x86_64")]
-    if level == crate::Level::Avx512 && crate::Level::Avx512.supported() {
-        // SAFETY: AVX-512 verified; lengths asserted above.
-        match w {
-            64 => return unsafe { crate::x86_64::avx512::update_read_rows::<4>(k, d, s, q, o) },
-            128 => return unsafe { crate::x86_64::avx512::update_read_rows::<8>(k, d, s, q, o) },
-            _ => {}
-        }
-    }
-    for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
-        update_read(level, ki, d, &mut s[i * w..(i + 1) * w], qi, o);
-    }
 }
 
 #[cfg(test)]
@@ -363,76 +252,28 @@ mod tests {
         }
     }
 
-    /// The whole-state passes equal the scalar per-row definition bit for
-    /// bit at every level, for the register-held widths and others.
+    /// `axpy` and `dot` at every level are the scalar definitions' bits
+    /// (the delta-rule rows' test is in waste-attn's `delta`).
     #[test]
-    fn state_passes_are_the_per_row_ops() {
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for (rows, w) in [(128, 128), (64, 64), (5, 128), (7, 48), (3, 37)] {
-            let f = |i: usize, m: usize, a: f32| ((i * m) % 113) as f32 / 57.0 - a;
-            let s0: Vec<f32> = (0..rows * w).map(|i| f(i, 7919, 1.0)).collect();
-            let e: Vec<f32> = (0..rows).map(|i| 0.5 + f(i, 31, 0.0) / 4.0).collect();
-            let k: Vec<f32> = (0..rows).map(|i| f(i, 104729, 0.9)).collect();
-            let q: Vec<f32> = (0..rows).map(|i| f(i, 7, 1.1)).collect();
-            let d: Vec<f32> = (0..w).map(|i| f(i, 97, 0.8)).collect();
-            let (mut s1, mut u1, mut o1) = (s0.clone(), d.clone(), d.clone());
-            for i in 0..rows {
-                let row = &mut s1[i * w..(i + 1) * w];
-                for (sv, uj) in row.iter_mut().zip(u1.iter_mut()) {
-                    *sv *= e[i];
-                    *uj = k[i].mul_add(*sv, *uj);
-                }
-            }
-            for i in 0..rows {
-                let row = &mut s1[i * w..(i + 1) * w];
-                for ((sv, &dj), oj) in row.iter_mut().zip(&d).zip(o1.iter_mut()) {
-                    *sv = k[i].mul_add(dj, *sv);
-                    *oj = q[i].mul_add(*sv, *oj);
-                }
-            }
-            for lv in crate::Level::available() {
-                assert_eq!(
-                    dot_at(lv, &s0[..w], &d).to_bits(),
-                    crate::scalar::dot(&s0[..w], &d).to_bits(),
-                    "dot, level {lv:?}"
-                );
-                let (mut s2, mut u2, mut o2) = (s0.clone(), d.clone(), d.clone());
-                decay_project_rows(lv, &e, &k, &mut s2, &mut u2);
-                assert_eq!(bits(&u2), bits(&u1), "u, {rows}×{w}, level {lv:?}");
-                update_read_rows(lv, &k, &d, &mut s2, &q, &mut o2);
-                assert_eq!(bits(&s2), bits(&s1), "state, {rows}×{w}, level {lv:?}");
-                assert_eq!(bits(&o2), bits(&o1), "read-out, {rows}×{w}, level {lv:?}");
-            }
-        }
-    }
-    #[test]
-    fn state_row_ops_are_bit_identical_across_levels() {
+    fn axpy_and_dot_are_bit_identical_across_levels() {
         // 37: two 16-wide vectors and a scalar tail; 45: 16-, 8-wide and scalar parts
         for n in [37, 45] {
-            row_ops_at(n);
-        }
-    }
-
-    fn row_ops_at(n: usize) {
-        let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 113) as f32 / 57.0 - 1.0).collect();
-        let d: Vec<f32> = (0..n).map(|i| ((i * 104729) % 97) as f32 / 31.0 - 1.5).collect();
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        let mut want = None;
-        for lv in crate::Level::available() {
-            let (mut y, mut row, mut u, mut o) = (d.clone(), x.clone(), d.clone(), x.clone());
-            axpy_at(lv, 0.37, &x, &mut y);
-            decay_project(lv, 0.93, -0.41, &mut row, &mut u);
-            update_read(lv, 0.21, &d, &mut row, 1.7, &mut o);
-            let got = (bits(&y), bits(&row), bits(&u), bits(&o));
-            if let Some(w) = &want {
-                assert_eq!(&got, w, "level {lv:?}");
+            let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 113) as f32 / 57.0 - 1.0).collect();
+            let d: Vec<f32> = (0..n).map(|i| ((i * 104729) % 97) as f32 / 31.0 - 1.5).collect();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let mut want = d.clone();
+            axpy(0.37, &x, &mut want);
+            for lv in crate::Level::available() {
+                let mut y = d.clone();
+                axpy_at(lv, 0.37, &x, &mut y);
+                assert_eq!(bits(&y), bits(&want), "axpy, {n} at level {lv:?}");
+                assert_eq!(
+                    dot_at(lv, &x, &d).to_bits(),
+                    crate::scalar::dot(&x, &d).to_bits(),
+                    "dot, {n} at level {lv:?}"
+                );
             }
-            want = Some(got);
         }
-        // the scalar forms are the definition
-        let mut y = d.clone();
-        axpy(0.37, &x, &mut y);
-        assert_eq!(want.unwrap().0, bits(&y));
     }
 
     #[test]

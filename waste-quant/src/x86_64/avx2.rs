@@ -464,50 +464,6 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) -> usize {
     n8
 }
 
-/// `row[j] *= e; u[j] = fma(k, row[j], u[j])` for the whole vectors at the start; returns how
-/// many elements it did (the caller finishes the rest with the scalar loop).
-///
-/// # Safety
-/// AVX2+FMA; `row.len() == u.len()`.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn decay_project(e: f32, k: f32, row: &mut [f32], u: &mut [f32]) -> usize {
-    let n8 = row.len() / 8 * 8;
-    let (ev, kv) = (_mm256_set1_ps(e), _mm256_set1_ps(k));
-    let mut j = 0;
-    while j < n8 {
-        // SAFETY: j + 8 <= len of both.
-        unsafe {
-            let s = _mm256_mul_ps(_mm256_loadu_ps(row.as_ptr().add(j)), ev);
-            _mm256_storeu_ps(row.as_mut_ptr().add(j), s);
-            _mm256_storeu_ps(u.as_mut_ptr().add(j), _mm256_fmadd_ps(kv, s, _mm256_loadu_ps(u.as_ptr().add(j))));
-        }
-        j += 8;
-    }
-    n8
-}
-
-/// `row[j] = fma(k, d[j], row[j]); o[j] = fma(q, row[j], o[j])` for the whole vectors at the start; returns how
-/// many elements it did (the caller finishes the rest with the scalar loop).
-///
-/// # Safety
-/// AVX2+FMA; equal lengths.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn update_read(k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f32]) -> usize {
-    let n8 = row.len() / 8 * 8;
-    let (kv, qv) = (_mm256_set1_ps(k), _mm256_set1_ps(q));
-    let mut j = 0;
-    while j < n8 {
-        // SAFETY: j + 8 <= len of all three.
-        unsafe {
-            let s = _mm256_fmadd_ps(kv, _mm256_loadu_ps(d.as_ptr().add(j)), _mm256_loadu_ps(row.as_ptr().add(j)));
-            _mm256_storeu_ps(row.as_mut_ptr().add(j), s);
-            _mm256_storeu_ps(o.as_mut_ptr().add(j), _mm256_fmadd_ps(qv, s, _mm256_loadu_ps(o.as_ptr().add(j))));
-        }
-        j += 8;
-    }
-    n8
-}
-
 /// The fast mode's VQ row sums ([`crate::vq_fast`]) without a load per
 /// lookup: each (vector position, stage) int8 table is 16 sub-tables of 16
 /// entries; 32 rows' indices look all 16 up by `pshufb` on their low
