@@ -1,0 +1,236 @@
+//! The MoE block of a step, as the math reads: route each token (or
+//! replay a recorded routing), acquire the union of the routed experts
+//! from the store, run the experts in the order they arrive (batched over
+//! the tokens routed to each, or token by token), combine with the shared
+//! experts; and the router lookahead's prefetch of the next layer.
+
+use super::*;
+
+impl Work {
+    /// A MoE layer for the step's tokens `first..first + nt`: route every
+    /// token, acquire the union of their experts once, run the experts
+    /// (each once for all its tokens where the format batches, else token
+    /// by token, resident ones first), combine, add the shared experts.
+    pub(super) fn moe(
+        &mut self,
+        m: &Model,
+        l: usize,
+        w: &MoeWeights,
+        lanes: &[&mut Lane],
+        span: Span<'_>,
+    ) -> Result<()> {
+        let (first, nt) = (span.first, span.nt);
+        let c = m.config();
+        let (h, lat) = (c.hidden, c.expert_width());
+        let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
+        let x0 = first * h;
+        let routes = self.route(m, l, w, lanes, span);
+        // formats a token reads directly run each expert once for the
+        // chunk, in ascending id: their reads are started in that order
+        let batched = nt > 1 && kernel.batches();
+        let (distinct, repeats) = union_of(&routes, batched);
+        let experts = m.store.acquire(l as u32, &distinct, &repeats)?;
+        self.stats.experts_acquired += distinct.len() as u64;
+        // the chunk's expert inputs (the latent down-projection for all tokens at once)
+        if let Some(lt) = &w.latent {
+            m.pool.matmat(&lt.down.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.lat_in[..nt * lat]);
+        }
+        let overlapped = if batched {
+            self.experts_batched(m, w, &experts, &routes, &distinct, first, nt)?;
+            0.0
+        } else {
+            self.experts_per_token(m, w, &experts, &routes, first, nt)?
+        };
+        self.stats.expert_runs += if batched { distinct.len() } else { routes.len() } as u64;
+        self.combine(m, w, first, nt);
+        let traffic = experts.release()?;
+        self.stats.experts_hit += traffic.hits;
+        self.stats.experts_missed += traffic.misses;
+        self.stats.bytes_read += traffic.bytes_read;
+        self.stats.io_seconds += traffic.io_seconds - overlapped;
+        self.lookahead(m, l, first + nt - 1)
+    }
+
+    /// Every token's top-k (one pass over the router for all; a replayed
+    /// trace's experts instead where the lane replays one), each token's in
+    /// ascending id: `nt × top_k` (expert, weight) pairs.
+    fn route(&mut self, m: &Model, l: usize, w: &MoeWeights, lanes: &[&mut Lane], span: Span<'_>) -> Vec<(usize, f32)> {
+        let Span { shape, pos, first, nt } = span;
+        let c = m.config();
+        let (h, ne, x0) = (c.hidden, c.experts, first * c.hidden);
+        m.pool.matmat(&w.gate.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.router[..nt * ne]);
+        let mut routes: Vec<(usize, f32)> = Vec::with_capacity(nt * c.top_k);
+        for t in 0..nt {
+            let scores = &self.router[t * ne..(t + 1) * ne];
+            route(&router_config(c), scores, &w.bias, &mut self.chosen);
+            if let Some(tr) = &lanes[owner(shape, first + t)].replay {
+                // the trace's experts for this position and MoE layer (wrapping)
+                let mi = c.moe_layers().position(|x| x == l).unwrap_or(0);
+                let ids: Vec<usize> = tr[pos[first + t] % tr.len()][mi].iter().map(|&e| e as usize).collect();
+                waste_moe::route_forced(&router_config(c), scores, &ids, &mut self.chosen);
+            }
+            let mut order = self.chosen.clone();
+            order.sort_by_key(|e| e.0);
+            routes.extend(order);
+        }
+        routes
+    }
+
+    /// Each expert once for all the chunk's tokens routed to it, in
+    /// ascending id, so every token's sum still adds its experts in
+    /// ascending id (the token-by-token order, bit for bit).
+    #[allow(clippy::too_many_arguments)]
+    fn experts_batched(
+        &mut self,
+        m: &Model,
+        w: &MoeWeights,
+        experts: &Pinned<'_, crate::model::Records>,
+        routes: &[(usize, f32)],
+        distinct: &[u32],
+        first: usize,
+        nt: usize,
+    ) -> Result<()> {
+        let c = m.config();
+        let (h, lat, k, x0) = (c.hidden, c.expert_width(), c.top_k, first * c.hidden);
+        let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
+        let scr = self.ex_sc.as_mut().expect("expert scratch");
+        self.lat_sum[..nt * lat].fill(0.0);
+        let mut users: Vec<(usize, f32)> = Vec::with_capacity(nt);
+        for &e in distinct {
+            users.clear();
+            users.extend(
+                (0..nt).filter_map(|t| routes[t * k..(t + 1) * k].iter().find(|r| r.0 == e as usize).map(|r| (t, r.1))),
+            );
+            for (i, &(t, _)) in users.iter().enumerate() {
+                let x = match &w.latent {
+                    Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
+                    None => &self.chunk_ffn_in[x0 + t * h..x0 + (t + 1) * h],
+                };
+                scr.batch_in[i * lat..(i + 1) * lat].copy_from_slice(x);
+            }
+            let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
+            let rec = experts.wait(e)?;
+            kernel.forward_batch(&m.pool, rec, users.len(), scr);
+            let waited = experts.traffic().io_seconds - io0;
+            self.stats.expert_seconds += (te.elapsed().as_secs_f64() - waited).max(0.0);
+            for (i, &(t, wgt)) in users.iter().enumerate() {
+                let sum = &mut self.lat_sum[t * lat..(t + 1) * lat];
+                for (s, &v) in sum.iter_mut().zip(&scr.batch_out[i * lat..(i + 1) * lat]) {
+                    *s += v * wgt;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Token by token: its tables, then its experts (the resident ones
+    /// first, the others as their reads arrive, one lane each), summed in
+    /// ascending id. Returns the I/O wait that other lanes' compute
+    /// overlapped (not wall time).
+    #[allow(clippy::too_many_arguments)]
+    fn experts_per_token(
+        &mut self,
+        m: &Model,
+        w: &MoeWeights,
+        experts: &Pinned<'_, crate::model::Records>,
+        routes: &[(usize, f32)],
+        first: usize,
+        nt: usize,
+    ) -> Result<f64> {
+        let c = m.config();
+        let (h, lat, k, x0) = (c.hidden, c.expert_width(), c.top_k, first * c.hidden);
+        let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
+        let scr = self.ex_sc.as_mut().expect("expert scratch");
+        let kernel_lanes = waste_moe::lanes_in_use(scr, &m.pool);
+        let mut overlapped = 0.0;
+        for t in 0..nt {
+            let x = match &w.latent {
+                Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
+                None => &self.chunk_ffn_in[x0 + t * h..x0 + (t + 1) * h],
+            };
+            let te = Instant::now();
+            kernel.prepare(&m.pool, &w.books, x, scr);
+            self.stats.expert_seconds += te.elapsed().as_secs_f64();
+            let mine = &routes[t * k..(t + 1) * k];
+            let (mut order, arriving): (Vec<usize>, Vec<usize>) =
+                (0..k).partition(|&i| experts.is_ready(mine[i].0 as u32));
+            order.extend(arriving);
+            let fetch = |j: usize| experts.wait(mine[order[j]].0 as u32);
+            let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
+            kernel.forward_fetched(&m.pool, &w.books, &order, &fetch, x, scr, &mut self.eouts[..k * lat])?;
+            // waits overlap other lanes' compute: count their lane average as I/O wait
+            let (spent, waited) = (te.elapsed().as_secs_f64(), experts.traffic().io_seconds - io0);
+            let io_wall = (waited / kernel_lanes as f64).min(spent);
+            overlapped += waited - io_wall;
+            self.stats.expert_seconds += spent - io_wall;
+            let sum = &mut self.lat_sum[t * lat..(t + 1) * lat];
+            sum.fill(0.0);
+            for (i, &(_, wgt)) in mine.iter().enumerate() {
+                for (s, &v) in sum.iter_mut().zip(&self.eouts[i * lat..(i + 1) * lat]) {
+                    *s += v * wgt;
+                }
+            }
+        }
+        Ok(overlapped)
+    }
+
+    /// Back to the hidden width (one pass over the latent up-projection),
+    /// plus the shared experts, into `chunk_ffn_out`.
+    fn combine(&mut self, m: &Model, w: &MoeWeights, first: usize, nt: usize) {
+        let c = m.config();
+        let (h, lat, x0) = (c.hidden, c.expert_width(), first * c.hidden);
+        match &w.latent {
+            Some(lt) => {
+                if let Some(n) = &lt.norm {
+                    for sum in self.lat_sum[..nt * lat].chunks_exact_mut(lat) {
+                        rmsnorm_inplace(sum, n, c.rms_eps);
+                    }
+                }
+                m.pool.matmat(&lt.up.view(), &self.lat_sum[..nt * lat], nt, &mut self.chunk_ffn_out[x0..x0 + nt * h]);
+            }
+            None => self.chunk_ffn_out[x0..x0 + nt * h].copy_from_slice(&self.lat_sum[..nt * h]),
+        }
+        if let Some(sh) = &w.shared {
+            let out = &mut self.chunk_shared[..nt * h];
+            sh.forward_chunk(&m.pool, c.activation, &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.ffn_tmp, out);
+            add(&mut self.chunk_ffn_out[x0..x0 + nt * h], out);
+        }
+    }
+
+    /// Router lookahead from token `t`'s FFN input: prefetch the next MoE
+    /// layer's likely experts (`ModelOptions::lookahead` of them).
+    fn lookahead(&mut self, m: &Model, l: usize, t: usize) -> Result<()> {
+        let c = m.config();
+        if m.opts.lookahead == 0 {
+            return Ok(());
+        }
+        // a streamed next layer is not in memory yet: no lookahead into it
+        let Some(Ffn::Moe(next)) = m.layers.get(l + 1).and_then(Option::as_ref).map(|x| &x.ffn) else { return Ok(()) };
+        let xn = &self.chunk_ffn_in[t * c.hidden..(t + 1) * c.hidden];
+        let scores = &mut self.router[..c.experts];
+        m.pool.matvec(&next.gate.view(), xn, scores);
+        let mut guess = Vec::with_capacity(c.top_k);
+        route(&router_config(c), scores, &next.bias, &mut guess);
+        let want: Vec<u32> = guess.iter().take(m.opts.lookahead).map(|&(e, _)| e as u32).collect();
+        self.stats.prefetch_issued += m.store.prefetch((l + 1) as u32, &want)?;
+        Ok(())
+    }
+}
+
+/// Each distinct expert of `routes` once, in consumption order (ascending
+/// id when `sorted`), and the later uses as repeats: what the store pins.
+fn union_of(routes: &[(usize, f32)], sorted: bool) -> (Vec<u32>, Vec<u32>) {
+    let mut distinct: Vec<u32> = Vec::with_capacity(routes.len());
+    let mut repeats: Vec<u32> = Vec::new();
+    for &(e, _) in routes {
+        if distinct.contains(&(e as u32)) {
+            repeats.push(e as u32);
+        } else {
+            distinct.push(e as u32);
+        }
+    }
+    if sorted {
+        distinct.sort_unstable();
+    }
+    (distinct, repeats)
+}
