@@ -344,7 +344,7 @@ mod tests {
     fn every_level_is_the_definition() {
         for fmt in [Fmt::Q8G, Fmt::Q4G] {
             for (rows, cols, group, seed) in
-                [(7, 256, 128, 1), (5, 300, 128, 2), (3, 33, 32, 3), (9, 1024, 64, 4), (6, 96, 32, 5)]
+                [(7, 256, 128, 1), (5, 300, 128, 2), (3, 33, 32, 3), (9, 1024, 64, 4), (6, 96, 32, 5), (1, 64, 32, 6)]
             {
                 let (m, x) = random(fmt, rows, cols, group, seed);
                 let v = m.view();
