@@ -55,15 +55,6 @@ unsafe fn dot_i8(w: __m256i, q: __m256i) -> __m256i {
     _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
 
-/// Lane `j`: `Σ n·q` over the block's columns `4j..4j+4`, for the 32 Q4G
-/// nibbles `n` of a block (16 bytes, low nibble first), unsigned.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn dot_q4(p: *const u8, q: __m256i) -> __m256i {
-    // SAFETY: the caller guarantees 16 readable bytes at p.
-    dot_nibbles(unsafe { q4_nibbles(p) }, q)
-}
-
 /// The 32 nibbles of a Q4G block (16 bytes at `p`, low nibble first) as
 /// unsigned bytes in column order.
 #[inline]
@@ -82,72 +73,6 @@ unsafe fn q4_nibbles(p: *const u8) -> __m256i {
 fn dot_nibbles(nib: __m256i, q: __m256i) -> __m256i {
     // unsigned nibble × signed code: pairs ≤ 2 · 15 · 127, no saturation
     _mm256_madd_epi16(_mm256_maddubs_epi16(nib, q), _mm256_set1_epi16(1))
-}
-
-/// The group scales of up to [`ROWS`] rows as f32 (F16C gives
-/// `f16_to_f32`'s bits): on the stack for the widths a model has (≤ 256
-/// groups a row), else in one allocation a call.
-struct RowScales {
-    stack: [f32; ROWS * 256],
-    heap: Vec<f32>,
-    gpr: usize,
-}
-
-impl RowScales {
-    fn new(gpr: usize) -> RowScales {
-        let heap = if ROWS * gpr > ROWS * 256 { vec![0f32; ROWS * gpr] } else { Vec::new() };
-        RowScales { stack: [0f32; ROWS * 256], heap, gpr }
-    }
-    fn buf(&mut self) -> &mut [f32] {
-        if self.heap.is_empty() {
-            &mut self.stack[..ROWS * self.gpr]
-        } else {
-            &mut self.heap
-        }
-    }
-    /// Convert the scales of rows `rows` (absolute row numbers).
-    #[target_feature(enable = "f16c")]
-    fn fill(&mut self, m: &MatRef<'_>, rows: &[usize]) {
-        let gpr = self.gpr;
-        let buf = self.buf();
-        for (t, &r) in rows.iter().enumerate() {
-            for (o, &h) in buf[t * gpr..(t + 1) * gpr].iter_mut().zip(&m.scales[r * gpr..(r + 1) * gpr]) {
-                *o = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
-            }
-        }
-    }
-    /// Row `t`'s scale of group `gi`.
-    #[inline]
-    fn get(&self, t: usize, gi: usize) -> f32 {
-        if self.heap.is_empty() {
-            self.stack[t * self.gpr + gi]
-        } else {
-            self.heap[t * self.gpr + gi]
-        }
-    }
-}
-
-/// Block `b`'s eight lane sums of row bytes `row` against the block's codes
-/// `xq` and (Q4G) lane sums `s8`, prefetching ahead: the AVX2 form.
-///
-/// # Safety
-/// AVX2 present; `row` holds the block.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn block_sums<const Q4: bool>(row: *const u8, b: usize, xq: __m256i, s8: __m256i) -> __m256i {
-    let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
-    // a lone sequential stream stalls some cores: fetch ahead, a line at a
-    // time (a hint, never a fault)
-    super::prefetch_ahead(row, b * bbytes, bbytes);
-    let rb = row.wrapping_add(b * bbytes);
-    // SAFETY: 16 (Q4G) or 32 (Q8G) bytes of the row; AVX2 present.
-    unsafe {
-        if Q4 {
-            _mm256_sub_epi32(dot_q4(rb, xq), s8)
-        } else {
-            dot_i8(_mm256_loadu_si256(rb as *const __m256i), xq)
-        }
-    }
 }
 
 /// Block `b`'s input codes and lane sums.
@@ -194,29 +119,75 @@ pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]
     }
 }
 
-/// [`matvec_rows`] for Q4G (`Q4`) or Q8G.
+/// [`matvec_rows`] for Q4G (`Q4`) or Q8G: [`ROWS`] rows a pass (a
+/// missing row repeats the pass's last, computed and not stored, so the
+/// accumulators stay in registers), the group scales converted once a
+/// group, the input's block scale broadcast once a block for the four
+/// rows, and a pair of rows' Q4G nibbles split in one register.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_avx2<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
-    let (rbs, g) = (m.row_bytes(), m.group);
-    let mut ws = RowScales::new(m.groups());
+    let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
+    let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
     for (rs, k) in passes(y.len()) {
-        let rows = rs.map(|i| row0 + i);
-        ws.fill(m, &rows[..k]);
+        let rows: [usize; ROWS] = core::array::from_fn(|t| row0 + rs[t.min(k - 1)]);
+        let rp: [*const u8; ROWS] = rows.map(|r| m.data.as_ptr().wrapping_add(r * rbs));
         let mut acc = [_mm256_setzero_ps(); ROWS];
-        for (b, &db) in x.d.iter().enumerate() {
+        let mut wsv = [_mm256_setzero_ps(); ROWS];
+        for (b, db) in x.d.iter().enumerate() {
+            if (b * BLOCK).is_multiple_of(g) {
+                for (w, &r) in wsv.iter_mut().zip(&rows) {
+                    let h = m.scales[r * gpr + b * BLOCK / g];
+                    *w = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32))));
+                }
+            }
             // SAFETY: b is a block of x; AVX2 present.
             let (xq, s8) = unsafe { input_block(x, b) };
-            // the block's weight group (one division a block, not a block and row)
-            let gi = b * BLOCK / g;
-            for (t, a) in acc[..k].iter_mut().enumerate() {
-                // SAFETY: row rows[t] of the matrix holds the block.
-                let p = unsafe { block_sums::<Q4>(m.data.as_ptr().add(rows[t] * rbs), b, xq, s8) };
-                *a = _mm256_fmadd_ps(_mm256_set1_ps(ws.get(t, gi) * db), _mm256_cvtepi32_ps(p), *a);
+            let dv = _mm256_broadcast_ss(db);
+            for &r in &rp {
+                super::prefetch_ahead(r, b * bbytes, bbytes);
+            }
+            let mut p = [_mm256_setzero_si256(); ROWS];
+            if Q4 {
+                for t in (0..ROWS).step_by(2) {
+                    // SAFETY: the block's 16 bytes of both rows.
+                    let (na, nb) =
+                        unsafe { q4_nibbles_2rows(rp[t].wrapping_add(b * bbytes), rp[t + 1].wrapping_add(b * bbytes)) };
+                    p[t] = _mm256_sub_epi32(dot_nibbles(na, xq), s8);
+                    p[t + 1] = _mm256_sub_epi32(dot_nibbles(nb, xq), s8);
+                }
+            } else {
+                for (pt, &r) in p.iter_mut().zip(&rp) {
+                    // SAFETY: the block's 32 bytes of the row.
+                    *pt = unsafe { dot_i8(_mm256_loadu_si256(r.wrapping_add(b * bbytes) as *const __m256i), xq) };
+                }
+            }
+            for t in 0..ROWS {
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(wsv[t], dv), _mm256_cvtepi32_ps(p[t]), acc[t]);
             }
         }
         // SAFETY: AVX2 present.
         unsafe { store(&acc[..k], y, &rs[..k]) };
     }
+}
+
+/// One Q4G block of two rows (16 bytes at `a`, 16 at `b`) as each row's 32
+/// nibbles in column order (unsigned bytes), split in one register.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q4_nibbles_2rows(a: *const u8, b: *const u8) -> (__m256i, __m256i) {
+    // SAFETY: the caller guarantees 16 readable bytes at a and at b.
+    let bytes = unsafe {
+        _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(a as *const __m128i)),
+            _mm_loadu_si128(b as *const __m128i),
+            1,
+        )
+    };
+    let m = _mm256_set1_epi8(15);
+    let (lo, hi) = (_mm256_and_si256(bytes, m), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m));
+    // per 128-bit lane (one row each): columns 0..15, then 16..31
+    let (u, v) = (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
+    (_mm256_permute2x128_si256(u, v, 0x20), _mm256_permute2x128_si256(u, v, 0x31))
 }
 
 /// [`matvec_rows`] with AVX-512 VNNI: a block of two rows' integer sums
