@@ -106,6 +106,11 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
     // each slot keeps a snapshot of its last prompt's state (prefix reuse)
     let model = a.engine.open_with(&a.model, true, asked, asked)?;
     eprintln!("waste serve: {}", crate::cmd_eval::budget_line(&model));
+    eprintln!(
+        "waste serve: simd {}, numeric mode {} (--exact / --fast choose)",
+        model.simd().name(),
+        model.numeric().name()
+    );
     let parallel = asked.min(model.max_batch());
     if parallel < asked {
         eprintln!(

@@ -182,14 +182,18 @@ fn error_paths_use_openai_error_shape() {
 
 #[test]
 fn api_key_is_required_when_set() {
-    let s = start(&["--api-key", "sekret"]);
+    let s = start(&["--api-key", "sekret", "--exact"]);
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).to_string();
     let (st, b) = http(&s.addr, "POST", "/v1/chat/completions", &[("Authorization", "Bearer wrong")], body.as_bytes());
     assert_error(st, &serde_json::from_str(&b).unwrap(), 401, None);
     let (st, _) = http(&s.addr, "POST", "/v1/chat/completions", &[("Authorization", "Bearer sekret")], body.as_bytes());
     assert_eq!(st, 200);
-    let (st, _) = http(&s.addr, "GET", "/health", &[], b"");
+    let (st, b) = http(&s.addr, "GET", "/health", &[], b"");
     assert_eq!(st, 200, "health needs no auth");
+    // it names the SIMD level and the numeric mode in use (--exact here)
+    let h: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(h["numeric_mode"], "exact", "{b}");
+    assert!(h["simd"].is_string(), "{b}");
     let (st, b) = http(&s.addr, "GET", "/v1/models", &[], b"");
     assert_eq!(st, 401);
     // which it is: none sent, not a bearer key, or a wrong one
@@ -463,7 +467,9 @@ fn each_request_is_logged_once_with_its_tokens() {
     assert!(text.lines().any(|l| l.starts_with("waste serve: budget ") && l.contains("expert cache of")), "{text}");
     // and how many requests it decodes together
     assert!(text.lines().any(|l| l.starts_with("waste serve: up to ") && l.ends_with("decoded together (--parallel)")));
-    let start = |l: &str| l.starts_with("waste serve: budget ") || l.starts_with("waste serve: up to ");
+    // the SIMD level and numeric mode it computes in
+    assert!(text.lines().any(|l| l.starts_with("waste serve: simd ") && l.contains(", numeric mode ")), "{text}");
+    let start = |l: &str| ["budget ", "up to ", "simd "].iter().any(|p| l.starts_with(&format!("waste serve: {p}")));
     let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("waste serve: ") && !start(l)).collect();
     assert_eq!(lines.len(), 3, "{text}");
     for l in &lines[..2] {

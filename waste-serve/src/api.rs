@@ -521,6 +521,7 @@ fn now() -> u64 {
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
     Json(json!({"status": "ok", "model": st.opts.model_id, "engine": format!("waste {}", waste_model::VERSION), "uptime_seconds": st.started.elapsed().as_secs(),
+        "simd": st.model.simd().name(), "numeric_mode": st.model.numeric().name(),
         "generated_tokens": st.counters.generated.load(Ordering::Relaxed), "busy": st.counters.busy.load(Ordering::Relaxed), "queued": st.counters.queued.load(Ordering::Relaxed)}))
     .into_response()
 }
