@@ -299,8 +299,8 @@ impl MatRef<'_> {
     /// `y[i] = W[row0 + i] · x` in the fast mode (`x` quantized over this
     /// matrix's `cols_padded`), at a SIMD level: AVX-512 VNNI's integer
     /// kernel at AVX-512 where the CPU has VNNI, AVX2's at AVX2 (and
-    /// AVX-512 without VNNI), the definition elsewhere. Bit-identical
-    /// across levels.
+    /// AVX-512 without VNNI), NEON's at NEON, the definition elsewhere.
+    /// Bit-identical across levels.
     ///
     /// # Panics
     /// When the matrix is not one [`applies`] takes, `x` does not cover its
@@ -319,6 +319,11 @@ impl MatRef<'_> {
         if level.avx2_kernels() {
             // SAFETY: AVX2/FMA/F16C verified; the shape checked by MatRef::new and the asserts.
             unsafe { crate::x86_64::fast::matvec_rows(self, x, row0, y) };
+            return;
+        }
+        #[cfg(target_arch = "aarch64")]
+        if level.neon_kernels() {
+            crate::aarch64::fast::matvec_rows(self, x, row0, y);
             return;
         }
         let _ = level;
