@@ -65,10 +65,11 @@ impl Numeric {
     /// `Fast` where its kernels were measured faster end to end than
     /// `exact`'s, decode and prefill (docs/FINDINGS.md, "Numeric modes") —
     /// AVX2, and AVX-512 with VNNI and VBMI (the integer dots and the VQ
-    /// tables' byte permutes); `Exact` elsewhere: the scalar level and NEON
-    /// (their portable fast form is slower than exact's kernels), AVX-512
-    /// without those extensions (not measured). Both modes meet the quality
-    /// contract wherever they run.
+    /// tables' byte permutes); `Exact` elsewhere: the scalar level (its
+    /// portable fast form is slower than exact's kernels), NEON (its fast
+    /// matvec is tested under emulation, never timed on a real core) and
+    /// AVX-512 without those extensions (not measured). Both modes meet the
+    /// quality contract wherever they run.
     pub fn preferred(level: Level) -> Numeric {
         #[cfg(target_arch = "x86_64")]
         {

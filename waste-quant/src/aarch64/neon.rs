@@ -8,7 +8,9 @@
 //! The optional extensions (`dotprod`, `fp16` arithmetic, `i8mm`) are not
 //! used: each would change the order or the precision of the sums (integer
 //! dot products of quantized activations, half-precision accumulation), so
-//! none can reproduce the canonical definition. Half → single conversion is
+//! none can reproduce the canonical definition. (The `fast` numeric mode's
+//! integer dots are a definition of their own: `super::fast`, with the base
+//! ISA's `smull`.) Half → single conversion is
 //! `fcvtl`, part of the base ISA (inline assembly: the `float16x4_t`
 //! intrinsics are not stable Rust).
 
