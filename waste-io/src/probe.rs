@@ -200,6 +200,7 @@ pub fn read_bandwidth(slices: &[&[u8]], threads: usize, passes: usize) -> f64 {
 /// Without it the probe read 10.4 GB/s on one thread of an Intel Xeon VM
 /// while the Q8G head's matvec streamed faster, and `roofline_share`
 /// came out above 1 (docs/lab, thirty-fourth session).
+#[cfg(target_arch = "x86_64")]
 const PREFETCH: usize = 4096;
 
 fn sum_words(b: &[u8]) -> u64 {
