@@ -35,9 +35,9 @@ pub struct BuildInfo {
     /// Container format version read and written.
     pub format_version: u64,
     /// The numeric mode a model opened with default options computes in
-    /// at [`BuildInfo::simd`] ([`default_numeric`]; `WASTE_NUMERIC=…` when
-    /// that variable holds neither `exact` nor `fast`).
-    pub numeric: &'static str,
+    /// at [`BuildInfo::simd`] ([`default_numeric`]), or why there is none
+    /// (`WASTE_NUMERIC` holding neither `exact` nor `fast`).
+    pub numeric: String,
 }
 
 /// Version and build facts.
@@ -47,7 +47,7 @@ pub fn build_info() -> BuildInfo {
         simd: waste_quant::level().name(),
         simd_available: waste_quant::Level::available().iter().map(|l| l.name()).collect(),
         format_version: waste_format::FORMAT_VERSION,
-        numeric: default_numeric(waste_quant::level()).map_or("WASTE_NUMERIC=…", |n| n.name()),
+        numeric: default_numeric(waste_quant::level()).map_or_else(|e| e.to_string(), |n| n.name().to_string()),
     }
 }
 
