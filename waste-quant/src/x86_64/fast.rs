@@ -75,6 +75,26 @@ fn dot_nibbles(nib: __m256i, q: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(nib, q), _mm256_set1_epi16(1))
 }
 
+/// Row `r`'s weight scale for block `b` of a matrix with `gpr` groups of
+/// `g` columns a row (the f16 scale as f32, F16C giving `f16_to_f32`'s bits).
+#[inline]
+#[target_feature(enable = "f16c")]
+fn group_scale(scales: &[u16], (gpr, g): (usize, usize), r: usize, b: usize) -> f32 {
+    let h = scales[r * gpr + b * BLOCK / g];
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// Each lane's integer start for `vpdpbusd`, from an input block's lane
+/// sums `s8` (eight times the four codes' sum): Q4G nibbles go in as they
+/// are and start from `−8 Σq` (`−s8`); Q8G codes go in as `w + 128` and
+/// start from `−128 Σq` (`−16 · s8`) — either way the lane ends at the
+/// definition's `Σ w·q`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn vnni_start<const Q4: bool>(s8: __m512i) -> __m512i {
+    _mm512_sub_epi32(_mm512_setzero_si512(), if Q4 { s8 } else { _mm512_slli_epi32::<4>(s8) })
+}
+
 /// Block `b`'s input codes and lane sums.
 ///
 /// # Safety
@@ -136,8 +156,7 @@ unsafe fn rows_avx2<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
         for (b, db) in x.d.iter().enumerate() {
             if (b * BLOCK).is_multiple_of(g) {
                 for (w, &r) in wsv.iter_mut().zip(&rows) {
-                    let h = m.scales[r * gpr + b * BLOCK / g];
-                    *w = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32))));
+                    *w = _mm256_set1_ps(group_scale(m.scales, (gpr, g), r, b));
                 }
             }
             // SAFETY: b is a block of x; AVX2 present.
@@ -170,11 +189,12 @@ unsafe fn rows_avx2<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
     }
 }
 
-/// One Q4G block of two rows (16 bytes at `a`, 16 at `b`) as each row's 32
-/// nibbles in column order (unsigned bytes), split in one register.
+/// One Q4G block of two rows (16 bytes at `a`, 16 at `b`) split in one
+/// register: per 128-bit lane (row `a` in the low one), columns 0..15 in
+/// the first result and 16..31 in the second (unsigned bytes).
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn q4_nibbles_2rows(a: *const u8, b: *const u8) -> (__m256i, __m256i) {
+unsafe fn q4_split_2rows(a: *const u8, b: *const u8) -> (__m256i, __m256i) {
     // SAFETY: the caller guarantees 16 readable bytes at a and at b.
     let bytes = unsafe {
         _mm256_inserti128_si256(
@@ -185,8 +205,16 @@ unsafe fn q4_nibbles_2rows(a: *const u8, b: *const u8) -> (__m256i, __m256i) {
     };
     let m = _mm256_set1_epi8(15);
     let (lo, hi) = (_mm256_and_si256(bytes, m), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m));
-    // per 128-bit lane (one row each): columns 0..15, then 16..31
-    let (u, v) = (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
+    (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi))
+}
+
+/// One Q4G block of two rows (16 bytes at `a`, 16 at `b`) as each row's 32
+/// nibbles in column order (unsigned bytes).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q4_nibbles_2rows(a: *const u8, b: *const u8) -> (__m256i, __m256i) {
+    // SAFETY: the caller's contract.
+    let (u, v) = unsafe { q4_split_2rows(a, b) };
     (_mm256_permute2x128_si256(u, v, 0x20), _mm256_permute2x128_si256(u, v, 0x31))
 }
 
@@ -231,9 +259,7 @@ unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
             if (b * BLOCK).is_multiple_of(g) {
                 // a new weight group: each pair's two scales, eight lanes each
                 for (p, w) in wsv.iter_mut().enumerate() {
-                    let h = |r: usize| {
-                        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(m.scales[r * gpr + b * BLOCK / g] as i32)))
-                    };
+                    let h = |r: usize| group_scale(m.scales, (gpr, g), r, b);
                     let (lo, hi) = (_mm256_set1_ps(h(rows[2 * p])), _mm256_set1_ps(h(rows[2 * p + 1])));
                     *w = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
                 }
@@ -246,7 +272,7 @@ unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
                     _mm512_broadcast_i64x4(_mm256_loadu_si256(x.sum8.as_ptr().add(b) as *const __m256i)),
                 )
             };
-            let st = _mm512_sub_epi32(_mm512_setzero_si512(), if Q4 { s8 } else { _mm512_slli_epi32(s8, 4) });
+            let st = vnni_start::<Q4>(s8);
             let dv = _mm512_set1_ps(*db);
             for (p, a) in acc.iter_mut().enumerate() {
                 let (ra, rb) = (
@@ -291,18 +317,8 @@ unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
 #[inline]
 #[target_feature(enable = "avx512f,avx2")]
 unsafe fn q4_nibbles_pair(a: *const u8, b: *const u8) -> __m512i {
-    // SAFETY: the caller guarantees 16 readable bytes at a and at b.
-    let bytes = unsafe {
-        _mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128(a as *const __m128i)),
-            _mm_loadu_si128(b as *const __m128i),
-            1,
-        )
-    };
-    let m = _mm256_set1_epi8(15);
-    let (lo, hi) = (_mm256_and_si256(bytes, m), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m));
-    // per 128-bit lane (one row each): columns 0..15 and 16..31
-    let (u, v) = (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
+    // SAFETY: the caller's contract.
+    let (u, v) = unsafe { q4_split_2rows(a, b) };
     // [u0 u1 v0 v1] → [u0 v0 u1 v1]: the first row's 32 columns, then the second's
     let z = _mm512_inserti64x4(_mm512_castsi256_si512(u), v, 1);
     _mm512_shuffle_i64x2(z, z, 0b11_01_10_00)
@@ -372,8 +388,7 @@ unsafe fn multi_avx2_nt<const Q4: bool, const NT: usize>(
         let row = unsafe { m.data.as_ptr().add(r * rbs) };
         for b in 0..nb {
             if (b * BLOCK).is_multiple_of(g) {
-                let h = m.scales[r * gpr + b * BLOCK / g];
-                wsv = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32))));
+                wsv = _mm256_set1_ps(group_scale(m.scales, (gpr, g), r, b));
             }
             super::prefetch_ahead(row, b * bbytes, bbytes);
             let rb = row.wrapping_add(b * bbytes);
@@ -424,17 +439,13 @@ struct PairedInputs {
 
 impl PairedInputs {
     /// Pair `xs` (the last pair's second half zero when their number is
-    /// odd). `q8`: the weights are signed bytes fed as `w + 128`, so a lane
-    /// starts from `−128 Σ q` (`−16 · sum8`); Q4G nibbles are fed as they
-    /// are and start from `−8 Σ q` (`−sum8`): either way the lane ends at
-    /// the exact `Σ w·q` of the definition.
+    /// odd), each lane starting from [`vnni_start`] for Q4G (`Q4`) or Q8G.
     #[target_feature(enable = "avx512f,avx512bw,avx2")]
-    fn new(xs: &[QInput], q8: bool) -> PairedInputs {
+    fn new<const Q4: bool>(xs: &[QInput]) -> PairedInputs {
         let nb = xs.first().map_or(0, |x| x.d.len());
         let np = xs.len().div_ceil(2);
         let (mut codes, mut start, mut scale) =
             (Vec::with_capacity(np * nb), Vec::with_capacity(np * nb), Vec::with_capacity(np * nb));
-        let k = if q8 { -16 } else { -1 };
         for pair in xs.chunks(2) {
             for b in 0..nb {
                 let mut c = [0i8; 2 * BLOCK];
@@ -443,14 +454,14 @@ impl PairedInputs {
                 for (h, x) in pair.iter().enumerate() {
                     c[h * BLOCK..(h + 1) * BLOCK].copy_from_slice(&x.q[b * BLOCK..(b + 1) * BLOCK]);
                     for j in 0..8 {
-                        s[8 * h + j] = k * x.sum8[b][j];
+                        s[8 * h + j] = x.sum8[b][j];
                         d[8 * h + j] = x.d[b];
                     }
                 }
                 // SAFETY: 64-byte arrays; AVX-512 F present (this function's features).
                 unsafe {
                     codes.push(_mm512_loadu_si512(c.as_ptr() as *const __m512i));
-                    start.push(_mm512_loadu_si512(s.as_ptr() as *const __m512i));
+                    start.push(vnni_start::<Q4>(_mm512_loadu_si512(s.as_ptr() as *const __m512i)));
                     scale.push(_mm512_loadu_ps(d.as_ptr()));
                 }
             }
@@ -472,13 +483,12 @@ impl PairedInputs {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn matmat_rows_vnni(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
     let q4 = m.fmt == Fmt::Q4G;
-    let px = PairedInputs::new(xs, !q4);
     // SAFETY: this function's contract.
     unsafe {
         if q4 {
-            multi_vnni::<true>(m, &px, row0, outs)
+            multi_vnni::<true>(m, &PairedInputs::new::<true>(xs), row0, outs)
         } else {
-            multi_vnni::<false>(m, &px, row0, outs)
+            multi_vnni::<false>(m, &PairedInputs::new::<false>(xs), row0, outs)
         }
     }
 }
@@ -542,8 +552,7 @@ unsafe fn vnni_pass<const Q4: bool, const NP: usize, const R: usize>(
         if (b * BLOCK).is_multiple_of(g) {
             // a new weight group: its rows' scales (once a group, not a block)
             for t in 0..R {
-                let h = m.scales[rows[t] * gpr + b * BLOCK / g];
-                wsv[t] = _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32))));
+                wsv[t] = _mm512_set1_ps(group_scale(m.scales, (gpr, g), rows[t], b));
             }
         }
         for t in 0..R {
