@@ -220,6 +220,7 @@ impl<S: RecordSource> ExpertStore<S> {
             match self.try_acquire(layer, experts, repeats) {
                 Ok(mut p) => {
                     *p.traffic.get_mut() += carried;
+                    p.acquired = true;
                     return Ok(p);
                 }
                 Err((Full(e), t)) => {
@@ -255,6 +256,7 @@ impl<S: RecordSource> ExpertStore<S> {
             slots: Vec::with_capacity(experts.len()),
             traffic: Mutex::new(Traffic::default()),
             released: false,
+            acquired: false,
         };
         let mut cache = self.cache.lock();
         cache.clear_window();
@@ -463,6 +465,9 @@ pub struct Pinned<'s, S: RecordSource> {
     slots: Vec<(u32, usize, AtomicBool)>,
     traffic: Mutex<Traffic>,
     released: bool,
+    /// Set once the acquire succeeded: a guard dropped unreleased after
+    /// that belongs to a step that failed part-way, which settles its reads.
+    acquired: bool,
 }
 
 impl<S: RecordSource> Pinned<'_, S> {
@@ -530,6 +535,18 @@ impl<S: RecordSource> Drop for Pinned<'_, S> {
     fn drop(&mut self) {
         if self.released {
             return;
+        }
+        if self.acquired {
+            // a step that failed part-way: finish its own reads now (each
+            // checked; a damaged one is dropped and read again when next
+            // needed), so none stays in flight past the failure — a read
+            // issued before it can never be found later holding bytes the
+            // file no longer has
+            for (_, s, known) in &self.slots {
+                if !known.load(Ordering::Acquire) {
+                    let _ = self.store.ensure_ready(*s, &mut Traffic::default());
+                }
+            }
         }
         let mut cache = self.store.cache.lock();
         for &(_, s, _) in &self.slots {
@@ -640,6 +657,15 @@ mod tests {
         let p = s.acquire(1, &[3, 4], &[]).unwrap();
         assert_eq!(p.wait(3).unwrap_err(), E::Bad(3));
         drop(p);
+        // the failed step settled its other read: none stays in flight past
+        // the failure (the file may change before the next step), and the
+        // good record it read is kept
+        {
+            let n = s.slots();
+            let c = s.cache.lock();
+            assert!((0..n).all(|i| c.state(i) != SlotState::InFlight), "a failed step left a read in flight");
+            assert!(matches!(c.lookup((1, 4)), crate::cache::Lookup::Ready(_)));
+        }
         // the failed record is not cached: the next use reads (and fails) again
         let p = s.acquire(1, &[3], &[]).unwrap();
         assert_eq!(p.traffic().misses, 1);
