@@ -60,9 +60,13 @@ fn main() {
     if std::env::args().nth(2).as_deref() == Some("rows") {
         return vq_row_forms(reps, &mut r);
     }
-    pool_and_head(reps, &mut r);
-    mla_absorbed(reps, &mut r);
-    vq4p(reps, &mut r);
+    // `kernels REPS matmat`: the trunk matmats and matvecs alone
+    let trunk_only = std::env::args().nth(2).as_deref() == Some("matmat");
+    if !trunk_only {
+        pool_and_head(reps, &mut r);
+        mla_absorbed(reps, &mut r);
+        vq4p(reps, &mut r);
+    }
     for (fmt, rows, cols) in [(Fmt::Q4G, 9216, 2304), (Fmt::Q4G, 2304, 9216), (Fmt::Q8G, 9216, 2304)] {
         let (m, x) = random_trunk(fmt, rows, cols, &mut r);
         let mut y = vec![0f32; rows];
@@ -106,6 +110,9 @@ fn main() {
                 );
             }
         }
+    }
+    if trunk_only {
+        return;
     }
     let (rows, nvec, stages) = (1024, 2304 / 8, 3);
     let lay = VqLayout { rows, nvec, stages, block: 64, packed6: false };

@@ -1,7 +1,7 @@
 //! What bounds the AVX-512 kernels on this core: the clock (a chain of
 //! dependent integer adds, one cycle each), the throughput of the vector
 //! instructions the kernels are made of (8 independent destinations, data
-//! in registers), and the inner loops of the VQ3R byte-plane lookup (one
+//! in registers; the AVX2 fast mode's 256-bit ones too), and the inner loops of the VQ3R byte-plane lookup (one
 //! 64-row group, one stage) and of the Q4G matvec (one 32-column block of
 //! 4 rows) as the compiler emits them, with their data in L1 — so the cycles
 //! they take are the core's limit, not memory's. From those, the most
@@ -46,42 +46,37 @@ mod x86 {
         4.0 / s / 1e9
     }
 
+    /// Eight independent `op dst, r1, r0` on registers 8–15 of width `$r`
+    /// (`zmm` or `ymm`).
     macro_rules! eight {
-        ($op:literal) => {
+        ($op:literal, $r:literal) => {
             concat!(
-                $op,
-                " zmm8, zmm1, zmm0\n",
-                $op,
-                " zmm9, zmm1, zmm0\n",
-                $op,
-                " zmm10, zmm1, zmm0\n",
-                $op,
-                " zmm11, zmm1, zmm0\n",
-                $op,
-                " zmm12, zmm1, zmm0\n",
-                $op,
-                " zmm13, zmm1, zmm0\n",
-                $op,
-                " zmm14, zmm1, zmm0\n",
-                $op,
-                " zmm15, zmm1, zmm0\n"
+                $op, " ", $r, "8, ", $r, "1, ", $r, "0\n", $op, " ", $r, "9, ", $r, "1, ", $r, "0\n", $op, " ", $r,
+                "10, ", $r, "1, ", $r, "0\n", $op, " ", $r, "11, ", $r, "1, ", $r, "0\n", $op, " ", $r, "12, ", $r,
+                "1, ", $r, "0\n", $op, " ", $r, "13, ", $r, "1, ", $r, "0\n", $op, " ", $r, "14, ", $r, "1, ", $r,
+                "0\n", $op, " ", $r, "15, ", $r, "1, ", $r, "0\n"
             )
         };
     }
 
+    /// Seconds per instruction of `$op` on `$r` registers (`zmm` under
+    /// AVX-512 F/BW/VBMI, `ymm` under AVX2), eight independent destinations.
     macro_rules! throughput {
-        ($name:literal, $op:literal) => {{
-            #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+        ($name:literal, $op:literal) => {
+            throughput!($name, $op, "zmm", "avx512f,avx512bw,avx512vbmi")
+        };
+        ($name:literal, $op:literal, $r:literal, $feat:literal) => {{
+            #[target_feature(enable = $feat)]
             unsafe fn run(n: u64) {
                 for _ in 0..n {
-                    // SAFETY: register-only vector operations (AVX-512 checked by the caller).
+                    // SAFETY: register-only vector operations (the features checked by the caller).
                     unsafe {
-                        asm!(eight!($op), out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
-                            out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _, options(nomem, nostack))
+                        asm!(eight!($op, $r), out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+                            out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _, options(nomem, nostack))
                     };
                 }
             }
-            // SAFETY: AVX-512 F/BW/VBMI checked in main.
+            // SAFETY: the features checked in main.
             ($name, per_iter(50_000_000, |n| unsafe { run(n) }) / 8.0)
         }};
     }
@@ -271,6 +266,19 @@ mod x86 {
             throughput!("vfmadd231ps", "vfmadd231ps"),
         ] {
             println!("{name:>12}: {:.2} per cycle (zmm, 8 independent destinations)", 1.0 / (s * ghz * 1e9));
+        }
+        // the AVX2 fast mode's instructions (its matmat: maddubs, madd,
+        // subtract, convert, multiply, FMA per input block)
+        for (name, s) in [
+            throughput!("vpmaddubsw", "vpmaddubsw", "ymm", "avx2,fma"),
+            throughput!("vpmaddwd", "vpmaddwd", "ymm", "avx2,fma"),
+            throughput!("vpsubd", "vpsubd", "ymm", "avx2,fma"),
+            throughput!("vpshufb", "vpshufb", "ymm", "avx2,fma"),
+            throughput!("vmulps", "vmulps", "ymm", "avx2,fma"),
+            throughput!("vfmadd231ps", "vfmadd231ps", "ymm", "avx2,fma"),
+            throughput!("vpunpcklbw", "vpunpcklbw", "ymm", "avx2,fma"),
+        ] {
+            println!("{name:>12}: {:.2} per cycle (ymm, 8 independent destinations)", 1.0 / (s * ghz * 1e9));
         }
         let idx = Box::new([7u8; 4096]);
         let mut y = Box::new([0f32; 4096]);
