@@ -247,13 +247,16 @@ unsafe fn rows_dot_q4<const N: usize>(m: &MatRef<'_>, r0: usize, x: &[f32], xe: 
     let mut tabs = [steps; N];
     let ahead = m.data.as_ptr().wrapping_add((r0 + N * PREFETCH_GROUPS) * rbs);
     let mut c = 0;
+    // the next group's first column (no division per block)
+    let mut next_group = 0;
     while c < full {
         let b = c / 2;
         // the next row group, in address order, at the pace this one is read
         prefetch_lines(ahead.wrapping_add(b * N), N * LANES / 2);
         // SAFETY: b + 16 <= xe.len() = xo.len() (16 per full block).
         let (xl, xh) = unsafe { (_mm512_loadu_ps(xe.as_ptr().add(b)), _mm512_loadu_ps(xo.as_ptr().add(b))) };
-        if c % m.group == 0 {
+        if c == next_group {
+            next_group += m.group;
             // each row's table, built once per group
             for k in 0..N {
                 tabs[k] = q4_table(f16(m.scales[(r0 + k) * g + c / m.group]));
