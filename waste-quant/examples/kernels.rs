@@ -427,19 +427,32 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
             fast_level.name(),
             build_med * 1e3
         );
-        let (med, lo, hi) =
-            time(reps.max(1), || waste_quant::vq_fast::matvec_rows(fast_level, &lay, pick(), &scales, &qt, 0, &mut y));
-        println!(
-            "{name} rows {}x{} fast {}{}: {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
-            lay.rows,
-            lay.nvec * 8,
-            waste_quant::vq_fast::rows_kernel_name(fast_level, &lay),
-            if from_mem { ", indices from memory" } else { "" },
-            med * 1e3,
-            lo * 1e3,
-            hi * 1e3,
-            (lay.rows * lay.nvec * lay.stages) as f64 / med / 1e9
-        );
+        // both AVX2 lookup forms where that kernel runs
+        let forms: &[waste_quant::vq_fast::Avx2Lookup] = if waste_quant::vq_fast::rows32(fast_level, &lay) {
+            &waste_quant::vq_fast::Avx2Lookup::ALL
+        } else {
+            &[waste_quant::vq_fast::Avx2Lookup::Chains]
+        };
+        let keep = waste_quant::vq_fast::avx2_lookup();
+        for &form in forms {
+            waste_quant::vq_fast::set_avx2_lookup(form);
+            let (med, lo, hi) = time(reps.max(1), || {
+                waste_quant::vq_fast::matvec_rows(fast_level, &lay, pick(), &scales, &qt, 0, &mut y)
+            });
+            println!(
+                "{name} rows {}x{} fast {}{}{}: {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
+                lay.rows,
+                lay.nvec * 8,
+                waste_quant::vq_fast::rows_kernel_name(fast_level, &lay),
+                if forms.len() > 1 { format!(" ({})", form.name()) } else { String::new() },
+                if from_mem { ", indices from memory" } else { "" },
+                med * 1e3,
+                lo * 1e3,
+                hi * 1e3,
+                (lay.rows * lay.nvec * lay.stages) as f64 / med / 1e9
+            );
+        }
+        waste_quant::vq_fast::set_avx2_lookup(keep);
         for (lv, k, ts) in runs.iter_mut() {
             ts.sort_by(f64::total_cmp);
             let med = ts[ts.len() / 2];

@@ -215,8 +215,9 @@ pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], qt: 
     #[cfg(target_arch = "x86_64")]
     if done == 0 && rows32(level, lay) && r0.is_multiple_of(32) {
         done = y.len() / 32 * 32;
+        let chains = avx2_lookup() == Avx2Lookup::Chains;
         // SAFETY: features checked by rows32; sizes asserted above and by parts.
-        unsafe { crate::x86_64::avx2::vq_fast_rows32(lay, idx, d, q, r0, &mut y[..done]) };
+        unsafe { crate::x86_64::avx2::vq_fast_rows32(lay, idx, d, q, r0, &mut y[..done], chains) };
     }
     let _ = level;
     rows(lay, idx, d, q, r0 + done, &mut y[done..]);
@@ -246,13 +247,106 @@ pub fn rows32(level: Level, lay: &VqLayout) -> bool {
         && lay.block.is_multiple_of(32)
 }
 
+/// How the AVX2 kernel ([`rows32`]) looks a 256-entry table up: both give
+/// the definition's bits; which is faster depends on the CPU's
+/// `vpblendvb` (three micro-ops on the Intel Xeon of docs/lab entry 70).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Avx2Lookup {
+    /// 16 `pshufb`s and a 15-blend tree on the index's high nibble.
+    Blends,
+    /// Two chains of 8 `pshufb`s over a telescoped table, one blend.
+    Chains,
+}
+
+impl Avx2Lookup {
+    /// Both forms.
+    pub const ALL: [Avx2Lookup; 2] = [Avx2Lookup::Blends, Avx2Lookup::Chains];
+    /// As reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Avx2Lookup::Blends => "blends",
+            Avx2Lookup::Chains => "chains",
+        }
+    }
+}
+
+/// The AVX2 lookup form: 0 not chosen yet, else 1 + the form's index in
+/// [`Avx2Lookup::ALL`].
+static AVX2_LOOKUP: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
+
+/// Choose the AVX2 lookup form for the whole process (benchmarks, tests;
+/// `WASTE_VQ_LOOKUP=blends|chains` does it for a run).
+pub fn set_avx2_lookup(l: Avx2Lookup) {
+    AVX2_LOOKUP.store(1 + l as u8, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// The AVX2 lookup form in use: the one set, else `WASTE_VQ_LOOKUP`, else
+/// the faster on this CPU by a probe of well under a millisecond, run once
+/// per process on the first call ([`probe_avx2_lookup`]). On a CPU without
+/// AVX2 it names the form the probe would not need: `Chains`.
+pub fn avx2_lookup() -> Avx2Lookup {
+    match AVX2_LOOKUP.load(core::sync::atomic::Ordering::Relaxed) {
+        1 => return Avx2Lookup::Blends,
+        2 => return Avx2Lookup::Chains,
+        _ => {}
+    }
+    let chosen = match std::env::var("WASTE_VQ_LOOKUP").as_deref() {
+        Ok("blends") => Avx2Lookup::Blends,
+        Ok("chains") => Avx2Lookup::Chains,
+        _ => probe_avx2_lookup(),
+    };
+    // a race sets the same answer or the probe's other run: either is exact
+    AVX2_LOOKUP.store(1 + chosen as u8, core::sync::atomic::Ordering::Relaxed);
+    chosen
+}
+
+/// Time both AVX2 lookup forms on a synthetic table and indices the shape
+/// of a thread's share of an expert matrix (512 rows, 96 positions, 3
+/// stages: 72 KiB of codes, a real table's place past L1, and as many rows
+/// per telescoped code as a real call), alternated, 9 runs each (about
+/// 0.6 ms in all); the faster by its best run. `Chains` where the CPU has
+/// no AVX2. A 128-row probe chose blends on the Intel Xeon, where whole
+/// matrices run 14 % faster by chains: the per-call telescoping weighed
+/// four times more there than in a real call (docs/lab entry 70).
+pub fn probe_avx2_lookup() -> Avx2Lookup {
+    let lay = VqLayout { rows: 512, nvec: 96, stages: 3, block: 64, packed6: false };
+    if !rows32(Level::Avx2, &lay) {
+        return Avx2Lookup::Chains;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut r = waste_rng::SplitMix64::new(50);
+        let idx: Vec<u8> = (0..lay.index_bytes()).map(|_| r.next_u64() as u8).collect();
+        let q: Vec<i8> = (0..lay.table_len()).map(|_| r.next_u64() as i8).collect();
+        let d = vec![1.0f32; blocks(&lay)];
+        let mut y = vec![0f32; lay.rows];
+        let mut best = [f64::INFINITY; 2];
+        for _ in 0..9 {
+            for (k, b) in best.iter_mut().enumerate() {
+                let t = std::time::Instant::now();
+                // SAFETY: rows32 checked AVX2 and the layout; the sizes are the layout's.
+                unsafe { crate::x86_64::avx2::vq_fast_rows32(&lay, &idx, &d, &q, 0, &mut y, k == 1) };
+                *b = b.min(t.elapsed().as_secs_f64());
+            }
+        }
+        if best[0] < best[1] {
+            return Avx2Lookup::Blends;
+        }
+    }
+    Avx2Lookup::Chains
+}
+
 /// The kernel that sums this layout's fast rows at `level` on this CPU, as
-/// reports name it: `avx512-int8-permutes`, `avx2-int8-pshufb` or `int8-loads`.
+/// reports name it: `avx512-int8-permutes`, `avx2-int8-pshufb-chains` (or
+/// `avx2-int8-pshufb-blends`: [`avx2_lookup`]) or `int8-loads`.
 pub fn rows_kernel_name(level: Level, lay: &VqLayout) -> &'static str {
     if rows64(level, lay) {
         "avx512-int8-permutes"
     } else if rows32(level, lay) {
-        "avx2-int8-pshufb"
+        match avx2_lookup() {
+            Avx2Lookup::Blends => "avx2-int8-pshufb-blends",
+            Avx2Lookup::Chains => "avx2-int8-pshufb-chains",
+        }
     } else {
         "int8-loads"
     }
@@ -432,12 +526,14 @@ mod tests {
         }
     }
 
-    /// Every level and kernel (the AVX-512 one in both lookup forms, from
-    /// row 0 and from row 64) gives the definition's bits.
+    /// Every level and kernel (the AVX-512 one in both plane lookups, the
+    /// AVX2 one in both table lookups, from row 0 and from row 64) gives
+    /// the definition's bits.
     #[test]
     fn rows_are_the_definition_at_every_level() {
-        for lookup in crate::vq::PlaneLookup::ALL {
+        for (lookup, form) in crate::vq::PlaneLookup::ALL.into_iter().zip(Avx2Lookup::ALL) {
             crate::vq::set_plane_lookup(lookup);
+            set_avx2_lookup(form);
             for level in Level::available() {
                 for (rows, stages, packed6, nvec, block) in [
                     (70, 3, false, 37, 64),

@@ -468,8 +468,10 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) -> usize {
 /// lookup: each (vector position, stage) int8 table is 16 sub-tables of 16
 /// entries; 32 rows' indices look all 16 up by `pshufb` on their low
 /// nibble, and a blend tree on the high nibble's bits (4, 5, 6, 7) keeps
-/// each row's entry. A block's lookups are summed in 16-bit lanes, then
-/// each row's `fma(n_b, d_b, ·)` in block order: the definition's bits.
+/// each row's entry — or (`chains`) two chains of 8 over the table's
+/// telescoped form and one blend ([`lookup256_chains`]). A block's lookups
+/// are summed in 16-bit lanes, then each row's `fma(n_b, d_b, ·)` in block
+/// order: the definition's bits either way.
 ///
 /// Rows `r0..r0+y.len()`, both multiples of 32, blocked layout with `block
 /// % 32 == 0`, 8-bit indices of 1 to 3 stages; `d` and `q` a whole table's
@@ -477,13 +479,13 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) -> usize {
 ///
 /// # Safety
 /// AVX2 and FMA; sizes as asserted by `vq_fast::matvec_rows`.
-pub unsafe fn vq_fast_rows32(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32]) {
+pub unsafe fn vq_fast_rows32(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32], chains: bool) {
     // SAFETY: the caller's contract (1 to 3 byte stages).
     unsafe {
         match lay.bpv() {
-            3 => vq_fast_rows32_with::<3>(lay, idx, d, q, r0, y),
-            2 => vq_fast_rows32_with::<2>(lay, idx, d, q, r0, y),
-            1 => vq_fast_rows32_with::<1>(lay, idx, d, q, r0, y),
+            3 => vq_fast_rows32_with::<3>(lay, idx, d, q, r0, y, chains),
+            2 => vq_fast_rows32_with::<2>(lay, idx, d, q, r0, y, chains),
+            1 => vq_fast_rows32_with::<1>(lay, idx, d, q, r0, y, chains),
             b => unreachable!("the fast AVX2 lookups serve 1 to 3 byte stages, not {b}"),
         }
     }
@@ -517,6 +519,68 @@ unsafe fn lookup256(t: *const i8, iv: __m256i, lo: __m256i) -> __m256i {
     sub[0]
 }
 
+/// One 256-entry int8 table lookup for 32 indices `x` from the table's
+/// telescoped form `t` ([`telescope`]): two chains of 8 `pshufb`s, each
+/// sub-table's index `x − 16k` (the low nibble unchanged; bit 7 set, so
+/// the entry 0, for the sub-tables above the index's), the differences
+/// summed back to the entry (wrapping bytes: exact), and one blend on bit 7
+/// picks the chain of the index's half. 16 `pshufb`, 15 subtracts, 14 adds
+/// and a blend against [`lookup256`]'s 15 blends: `vpblendvb` is three
+/// micro-ops on the Intel Xeon (entry 70).
+///
+/// # Safety
+/// AVX2; 256 readable bytes at `t`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn lookup256_chains(t: *const i8, x: __m256i) -> __m256i {
+    let sixteen = _mm256_set1_epi8(16);
+    let sub = |k: usize| {
+        // SAFETY: the caller passes 256 readable bytes at `t`.
+        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.add(16 * k) as *const __m128i) })
+    };
+    let mut idx = x;
+    let mut lo = _mm256_shuffle_epi8(sub(0), idx);
+    for k in 1..8 {
+        idx = _mm256_sub_epi8(idx, sixteen);
+        lo = _mm256_add_epi8(lo, _mm256_shuffle_epi8(sub(k), idx));
+    }
+    idx = _mm256_sub_epi8(idx, sixteen);
+    let mut hi = _mm256_shuffle_epi8(sub(8), idx);
+    for k in 9..16 {
+        idx = _mm256_sub_epi8(idx, sixteen);
+        hi = _mm256_add_epi8(hi, _mm256_shuffle_epi8(sub(k), idx));
+    }
+    _mm256_blendv_epi8(lo, hi, x)
+}
+
+/// A fast table's codes in [`lookup256_chains`]'s form: in each 256-entry
+/// table, sub-tables 0 and 8 as they are, every other sub-table `k` minus
+/// sub-table `k − 1` (wrapping), so a chain's partial sums give back each
+/// sub-table's entries.
+pub fn telescope(q: &[i8], out: &mut [i8]) {
+    assert_eq!(q.len(), out.len());
+    for (t, o) in q.chunks_exact(256).zip(out.chunks_exact_mut(256)) {
+        let t: &[i8; 256] = t.try_into().expect("256");
+        let o: &mut [i8; 256] = o.try_into().expect("256");
+        // every entry minus the one 16 before (one pass the compiler
+        // vectorizes), then sub-tables 0 and 8 as they are
+        for i in 16..256 {
+            o[i] = t[i].wrapping_sub(t[i - 16]);
+        }
+        o[..16].copy_from_slice(&t[..16]);
+        o[128..144].copy_from_slice(&t[128..144]);
+    }
+}
+
+std::thread_local! {
+    /// Each thread's telescoped table ([`telescope`]), rebuilt per call.
+    static TELESCOPED: core::cell::RefCell<Vec<i8>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+/// Vector positions [`vq_fast_rows32`] prefetches its indices ahead (each
+/// group's `32 · BPV` bytes, both lines they may span).
+const VQ_FAST_AHEAD: usize = 24;
+
 /// [`vq_fast_rows32`] with the stage count fixed.
 ///
 /// # Safety
@@ -529,6 +593,7 @@ unsafe fn vq_fast_rows32_with<const BPV: usize>(
     q: &[i8],
     r0: usize,
     y: &mut [f32],
+    chains: bool,
 ) {
     use crate::vq_fast::QBLOCK;
     debug_assert!(lay.stages == BPV && !lay.packed6 && lay.block.is_multiple_of(32));
@@ -551,6 +616,35 @@ unsafe fn vq_fast_rows32_with<const BPV: usize>(
             _mm256_broadcastsi128_si256(m)
         })
     });
+    if chains {
+        TELESCOPED.with_borrow_mut(|tq| {
+            tq.resize(lay.table_len(), 0);
+            telescope(&q[..lay.table_len()], tq);
+            // SAFETY: this function's contract; the telescoped table is as long as q's.
+            unsafe { vq_fast_rows32_body::<BPV, true>(lay, idx, d, tq, r0, y, &masks) }
+        });
+    } else {
+        // SAFETY: as above.
+        unsafe { vq_fast_rows32_body::<BPV, false>(lay, idx, d, q, r0, y, &masks) }
+    }
+}
+
+/// [`vq_fast_rows32_with`]'s loop, by chains (`CHAINS`: `q` telescoped) or
+/// by the blend tree.
+///
+/// # Safety
+/// As [`vq_fast_rows32`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn vq_fast_rows32_body<const BPV: usize, const CHAINS: bool>(
+    lay: &VqLayout,
+    idx: &[u8],
+    d: &[f32],
+    q: &[i8],
+    r0: usize,
+    y: &mut [f32],
+    masks: &[[__m256i; BPV]; BPV],
+) {
+    use crate::vq_fast::QBLOCK;
     let nib = _mm256_set1_epi8(0x0f);
     let vstride = lay.vstride();
     for g in 0..y.len() / 32 {
@@ -563,7 +657,8 @@ unsafe fn vq_fast_rows32_with<const BPV: usize>(
             for vi in v..ve {
                 let p = idx.as_ptr().wrapping_add(base + vi * vstride);
                 // a hint: never faults
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * vstride) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(VQ_FAST_AHEAD * vstride) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(VQ_FAST_AHEAD * vstride + 32 * BPV - 1) as *const i8);
                 // SAFETY: the group's 32·BPV index bytes at this position are inside `idx` (asserted by the caller).
                 let z: [__m256i; BPV] = core::array::from_fn(|k| unsafe {
                     _mm256_loadu2_m128i(p.add(16 * BPV + 16 * k) as *const __m128i, p.add(16 * k) as *const __m128i)
@@ -573,9 +668,15 @@ unsafe fn vq_fast_rows32_with<const BPV: usize>(
                     for k in 1..BPV {
                         iv = _mm256_or_si256(iv, _mm256_shuffle_epi8(z[k], ms[k]));
                     }
-                    let lo = _mm256_and_si256(iv, nib);
+                    let tp = q.as_ptr().wrapping_add((vi * BPV + s) * 256);
                     // SAFETY: (vi, s)'s 256 codes are inside `q` (asserted).
-                    let look = unsafe { lookup256(q.as_ptr().add((vi * BPV + s) * 256), iv, lo) };
+                    let look = unsafe {
+                        if CHAINS {
+                            lookup256_chains(tp, iv)
+                        } else {
+                            lookup256(tp, iv, _mm256_and_si256(iv, nib))
+                        }
+                    };
                     a0 = _mm256_add_epi16(a0, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(look)));
                     a1 = _mm256_add_epi16(a1, _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(look)));
                 }
