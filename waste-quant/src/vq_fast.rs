@@ -254,7 +254,7 @@ pub fn rows32(level: Level, lay: &VqLayout) -> bool {
 pub enum Avx2Lookup {
     /// 16 `pshufb`s and a 15-blend tree on the index's high nibble.
     Blends,
-    /// Two chains of 8 `pshufb`s over a telescoped table, one blend.
+    /// One chain of 16 `pshufb`s over a telescoped table, no blend.
     Chains,
 }
 

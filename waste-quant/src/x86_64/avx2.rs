@@ -468,8 +468,8 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) -> usize {
 /// lookup: each (vector position, stage) int8 table is 16 sub-tables of 16
 /// entries; 32 rows' indices look all 16 up by `pshufb` on their low
 /// nibble, and a blend tree on the high nibble's bits (4, 5, 6, 7) keeps
-/// each row's entry — or (`chains`) two chains of 8 over the table's
-/// telescoped form and one blend ([`lookup256_chains`]). A block's lookups
+/// each row's entry — or (`chains`) one chain of 16 over the table's
+/// telescoped form, no blend ([`lookup256_chains`]). A block's lookups
 /// are summed in 16-bit lanes, then each row's `fma(n_b, d_b, ·)` in block
 /// order: the definition's bits either way.
 ///
@@ -520,13 +520,15 @@ unsafe fn lookup256(t: *const i8, iv: __m256i, lo: __m256i) -> __m256i {
 }
 
 /// One 256-entry int8 table lookup for 32 indices `x` from the table's
-/// telescoped form `t` ([`telescope`]): two chains of 8 `pshufb`s, each
-/// sub-table's index `x − 16k` (the low nibble unchanged; bit 7 set, so
-/// the entry 0, for the sub-tables above the index's), the differences
-/// summed back to the entry (wrapping bytes: exact), and one blend on bit 7
-/// picks the chain of the index's half. 16 `pshufb`, 15 subtracts, 14 adds
-/// and a blend against [`lookup256`]'s 15 blends: `vpblendvb` is three
-/// micro-ops on the Intel Xeon (entry 70).
+/// telescoped form `t` ([`telescope`]): 16 `pshufb`s summed in one chain
+/// (wrapping bytes: exact), sub-table `k`'s index `x − 16k` for `k < 8`
+/// (the low nibble unchanged; bit 7 set, so the entry 0, for the
+/// sub-tables above the index's) and `max(x, 127) − 16k` for `k ≥ 8` (all
+/// of them 0 for an index below 128). For an index of 128 or more the
+/// first eight add up to `T₇ − T_{j−8}` rather than nothing; the second
+/// eight's differences make up for it. 16 `pshufb`, 15 adds, 16 index
+/// steps and no blend, against [`lookup256`]'s 15 blends: `vpblendvb` is
+/// three micro-ops on the Intel Xeon (docs/lab entry 70).
 ///
 /// # Safety
 /// AVX2; 256 readable bytes at `t`.
@@ -539,36 +541,45 @@ unsafe fn lookup256_chains(t: *const i8, x: __m256i) -> __m256i {
         _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.add(16 * k) as *const __m128i) })
     };
     let mut idx = x;
-    let mut lo = _mm256_shuffle_epi8(sub(0), idx);
+    let mut sum = _mm256_shuffle_epi8(sub(0), idx);
     for k in 1..8 {
         idx = _mm256_sub_epi8(idx, sixteen);
-        lo = _mm256_add_epi8(lo, _mm256_shuffle_epi8(sub(k), idx));
+        sum = _mm256_add_epi8(sum, _mm256_shuffle_epi8(sub(k), idx));
     }
-    idx = _mm256_sub_epi8(idx, sixteen);
-    let mut hi = _mm256_shuffle_epi8(sub(8), idx);
+    // max(x, 127) − 128: x − 128 for the upper half, 255 (entry 0) below
+    idx = _mm256_xor_si256(_mm256_max_epu8(x, _mm256_set1_epi8(127)), _mm256_set1_epi8(-128));
+    sum = _mm256_add_epi8(sum, _mm256_shuffle_epi8(sub(8), idx));
     for k in 9..16 {
         idx = _mm256_sub_epi8(idx, sixteen);
-        hi = _mm256_add_epi8(hi, _mm256_shuffle_epi8(sub(k), idx));
+        sum = _mm256_add_epi8(sum, _mm256_shuffle_epi8(sub(k), idx));
     }
-    _mm256_blendv_epi8(lo, hi, x)
+    sum
 }
 
-/// A fast table's codes in [`lookup256_chains`]'s form: in each 256-entry
-/// table, sub-tables 0 and 8 as they are, every other sub-table `k` minus
-/// sub-table `k − 1` (wrapping), so a chain's partial sums give back each
-/// sub-table's entries.
+/// A fast table's codes in [`lookup256_chains`]'s form, per 256-entry
+/// table `T` of sub-tables `T₀..T₁₅` (16 entries each; differences wrap):
+/// `D₀ = T₀`, `D_k = T_k − T_{k−1}` for `k` in 1..8, `D₈ = T₈ − T₇ + T₀`,
+/// `D_k = (T_k − T_{k−1}) + (T_{k−8} − T_{k−9})` for `k` in 9..16. An index
+/// in sub-table `j < 8` sums `D₀..D_j = T_j`; one in `j ≥ 8` sums
+/// `D_{j−7}..D₇ = T₇ − T_{j−8}` and `D₈..D_j = T_j − T₇ + T_{j−8}`.
 pub fn telescope(q: &[i8], out: &mut [i8]) {
     assert_eq!(q.len(), out.len());
     for (t, o) in q.chunks_exact(256).zip(out.chunks_exact_mut(256)) {
         let t: &[i8; 256] = t.try_into().expect("256");
         let o: &mut [i8; 256] = o.try_into().expect("256");
-        // every entry minus the one 16 before (one pass the compiler
-        // vectorizes), then sub-tables 0 and 8 as they are
+        // every entry minus the one 16 before (a pass the compiler
+        // vectorizes), then the corrections
         for i in 16..256 {
             o[i] = t[i].wrapping_sub(t[i - 16]);
         }
         o[..16].copy_from_slice(&t[..16]);
-        o[128..144].copy_from_slice(&t[128..144]);
+        for l in 0..16 {
+            // D₈ = T₈ − T₇ + T₀; D_k += T_{k−8} − T_{k−9} = D_{k−8} (k = 9..15)
+            o[128 + l] = o[128 + l].wrapping_add(t[l]);
+        }
+        for i in 144..256 {
+            o[i] = o[i].wrapping_add(t[i - 128].wrapping_sub(t[i - 144]));
+        }
     }
 }
 
