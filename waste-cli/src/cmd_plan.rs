@@ -496,6 +496,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "policy": model.options().policy.name(), "temperature": a.temp, "kda_chunked": model.options().kda_chunked,
     });
     v["numeric_mode"] = json!(model.numeric().name());
+    v["avx_vnni"] = json!(model.avx_vnni());
     // below the floor (issue 48): the streamed layers' reads apart from the experts'
     let below = json!({
         "streamed_layers": model.streamed_layers().len(),

@@ -6,7 +6,7 @@
 mod c_vision;
 mod common;
 
-use common::{anchor, waste, waste_numeric};
+use common::{anchor, waste, waste_in, waste_numeric};
 
 #[test]
 fn chat_state_saved_after_two_turns_continues_identically_in_a_new_process() {
@@ -490,4 +490,40 @@ fn the_numeric_mode_is_chosen_by_flags_and_reported() {
     }
     let (code, _, err) = waste(&["run", m, "hi", "--fast", "--exact"], "");
     assert_eq!(code, 2, "{err}");
+}
+
+/// `bench --json`'s `avx_vnni`: whether the AVX2 fast matmat takes AVX-VNNI
+/// — at the AVX2 level in the fast mode where the CPU has it, never in
+/// `exact`, and not with `WASTE_AVX_VNNI=0` (plain AVX2, as on AMD).
+#[test]
+fn bench_reports_whether_the_avx2_matmat_takes_avx_vnni() {
+    let a = anchor();
+    let m = a.to_str().unwrap();
+    #[cfg(target_arch = "x86_64")]
+    let (avx2, vnni) = (
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c"),
+        std::arch::is_x86_feature_detected!("avxvnni"),
+    );
+    #[cfg(not(target_arch = "x86_64"))]
+    let (avx2, vnni) = (false, false);
+    let run = |mode: &str, off: bool| {
+        let (code, out, err) = waste_in(&["bench", m, "-n", "1", "--json", "--prefill-repeats", "0", mode], "", |c| {
+            if avx2 {
+                c.env("WASTE_SIMD", "avx2");
+            }
+            if off {
+                c.env("WASTE_AVX_VNNI", "0")
+            } else {
+                c.env_remove("WASTE_AVX_VNNI")
+            }
+        });
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["avx_vnni"].as_bool().unwrap_or_else(|| panic!("no avx_vnni in {out}"))
+    };
+    assert_eq!(run("--fast", false), avx2 && vnni, "the fast mode at AVX2");
+    assert!(!run("--fast", true), "WASTE_AVX_VNNI=0");
+    assert!(!run("--exact", false), "the exact mode");
 }

@@ -644,6 +644,11 @@ impl Model {
     pub fn simd(&self) -> Level {
         self.pool.level()
     }
+    /// Whether the fast mode's matmats take AVX-VNNI here (the AVX2 kernels
+    /// on an Intel core with it; `WASTE_AVX_VNNI=0` turns it off).
+    pub fn avx_vnni(&self) -> bool {
+        self.numeric().qmax().is_some() && waste_quant::fast::matmat_uses_avx_vnni(self.simd())
+    }
     /// The numeric mode the products compute in.
     pub fn numeric(&self) -> Numeric {
         self.pool.numeric()

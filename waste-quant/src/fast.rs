@@ -145,6 +145,56 @@ pub fn quantize_to(x: &[f32], cols_padded: usize, qmax: f32) -> QInput {
     QInput { q, d, sum8 }
 }
 
+/// Whether the AVX2 level's fast matmat takes AVX-VNNI's `vpdpbusd` (256
+/// bits, no AVX-512: Intel client cores since Alder Lake) for its integer
+/// dots: where the CPU has it, unless `WASTE_AVX_VNNI=0` or
+/// [`set_avx_vnni`] turned it off. The same integers, so the same bits.
+pub fn avx_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::sync::atomic::Ordering::Relaxed;
+        // 0 not decided yet, 1 off, 2 on
+        match AVX_VNNI.load(Relaxed) {
+            1 => return false,
+            2 => return true,
+            _ => {}
+        }
+        let on = std::arch::is_x86_feature_detected!("avxvnni")
+            && Level::Avx2.supported()
+            && std::env::var("WASTE_AVX_VNNI").map_or(true, |v| v != "0");
+        AVX_VNNI.store(if on { 2 } else { 1 }, Relaxed);
+        on
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Turn AVX-VNNI off (or back on where the CPU has it) for the whole
+/// process: benchmarks measuring plain AVX2, and the tests of both forms.
+pub fn set_avx_vnni(on: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let on = on && std::arch::is_x86_feature_detected!("avxvnni") && Level::Avx2.supported();
+        AVX_VNNI.store(if on { 2 } else { 1 }, core::sync::atomic::Ordering::Relaxed);
+    }
+    let _ = on;
+}
+
+/// Whether a fast matmat at `level` on this CPU takes AVX-VNNI (the AVX2
+/// kernels run it: AVX2, or AVX-512 without its own VNNI), as reports say.
+pub fn matmat_uses_avx_vnni(level: Level) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return level.avx2_kernels() && !(level == Level::Avx512 && vnni()) && avx_vnni();
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = level;
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+static AVX_VNNI: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
+
 /// Whether the CPU runs the AVX-512 level's VNNI fast kernel (AVX-512
 /// F/BW/VL/DQ and VNNI).
 #[cfg(target_arch = "x86_64")]
@@ -287,8 +337,8 @@ impl MatRef<'_> {
             }
             let t = crate::x86_64::fast::TOKENS;
             for (xc, oc) in xs.chunks(t).zip(outs.chunks_mut(t)) {
-                // SAFETY: AVX2/FMA/F16C verified; shapes asserted above.
-                unsafe { crate::x86_64::fast::matmat_rows(self, xc, row0, oc) };
+                // SAFETY: AVX2/FMA/F16C (and AVX-VNNI where taken) verified; shapes asserted above.
+                unsafe { crate::x86_64::fast::matmat_rows(self, xc, row0, oc, avx_vnni()) };
             }
             return;
         }
@@ -346,8 +396,17 @@ mod tests {
         (Matrix::from_stored(fmt, rows, cols, group, data, &scales).unwrap(), x)
     }
 
+    /// Every level's kernels, and at AVX2 both the plain dots and AVX-VNNI's
+    /// where the CPU has it, give the definition's bits.
     #[test]
     fn every_level_is_the_definition() {
+        for vnni_on in [false, true] {
+            set_avx_vnni(vnni_on);
+            every_level_is_the_definition_once();
+        }
+    }
+
+    fn every_level_is_the_definition_once() {
         for fmt in [Fmt::Q8G, Fmt::Q4G] {
             for (rows, cols, group, seed) in
                 [(7, 256, 128, 1), (5, 300, 128, 2), (3, 33, 32, 3), (9, 1024, 64, 4), (6, 96, 32, 5), (1, 64, 32, 6)]

@@ -358,24 +358,47 @@ pub const TOKENS: usize = 8;
 /// `outs[t][i] = W[row0 + i] · xs[t]` for up to [`TOKENS`] inputs: each
 /// row's weight blocks decoded once for all of them, every dot the
 /// definition's (the same per-token operations in the same order as
-/// [`matvec_rows`]).
+/// [`matvec_rows`]). With `avx_vnni` the Q4G dots are AVX-VNNI
+/// `vpdpbusd`s from the correction as start: one instruction for `maddubs`,
+/// `madd` and the subtraction.
 ///
 /// # Safety
 /// As [`matvec_rows`], for every input; `xs.len() == outs.len() ≤ TOKENS`,
-/// every output the same length.
+/// every output the same length; with `avx_vnni`, AVX-VNNI present.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn matmat_rows(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
+pub unsafe fn matmat_rows(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]], avx_vnni: bool) {
     // SAFETY: this function's contract.
     unsafe {
-        if m.fmt == Fmt::Q4G {
-            multi_avx2::<true>(m, xs, row0, outs)
-        } else {
-            multi_avx2::<false>(m, xs, row0, outs)
+        match (m.fmt == Fmt::Q4G, avx_vnni) {
+            (true, true) => multi_avx2_vnni(m, xs, row0, outs),
+            (true, false) => multi_avx2::<true>(m, xs, row0, outs),
+            (false, _) => multi_avx2::<false>(m, xs, row0, outs),
         }
     }
 }
 
-/// [`matmat_rows`] for Q4G (`Q4`) or Q8G.
+/// [`matmat_rows`]'s Q4G form with AVX-VNNI.
+///
+/// # Safety
+/// As [`matmat_rows`], and AVX-VNNI present.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn multi_avx2_vnni(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
+    // SAFETY (every call): this function's contract.
+    unsafe {
+        match xs.len() {
+            1 => multi_vnni_nt::<true, 1>(m, xs, row0, outs),
+            2 => multi_vnni_nt::<true, 2>(m, xs, row0, outs),
+            3 => multi_vnni_nt::<true, 3>(m, xs, row0, outs),
+            4 => multi_vnni_nt::<true, 4>(m, xs, row0, outs),
+            5 => multi_vnni_nt::<true, 5>(m, xs, row0, outs),
+            6 => multi_vnni_nt::<true, 6>(m, xs, row0, outs),
+            7 => multi_vnni_nt::<true, 7>(m, xs, row0, outs),
+            _ => multi_vnni_nt::<true, 8>(m, xs, row0, outs),
+        }
+    }
+}
+
+/// [`matmat_rows`] for Q4G (`Q4`) or Q8G by `maddubs` / `madd`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn multi_avx2<const Q4: bool>(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
     // SAFETY (every call): this function's contract.
@@ -393,99 +416,129 @@ unsafe fn multi_avx2<const Q4: bool>(m: &MatRef<'_>, xs: &[QInput], row0: usize,
     }
 }
 
-/// [`multi_avx2`] with its input count fixed (the accumulators in
-/// registers): a row at a time, its group scale converted once a group.
-/// For Q4G the inputs are laid out block-major (one pointer, no per-input
-/// reloads) and the products `s_g · d_b` of a row's block are one multiply
-/// for all the inputs, each then broadcast from memory: the multiply ports
-/// (maddubs, madd, convert, FMA) bound this loop, and a multiply per input
-/// was a fifth of their work. With the per-block division gone
-/// ([`GroupStarts`]) the Q4G matmat went from 10.4 to 8.3–8.5 ms (9216 ×
-/// 2304 × 16 inputs, one thread, Intel Xeon; docs/lab entry 70).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn multi_avx2_nt<const Q4: bool, const NT: usize>(
-    m: &MatRef<'_>,
-    xs: &[QInput],
-    row0: usize,
-    outs: &mut [&mut [f32]],
-) {
-    let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
-    let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
-    let n = outs.first().map_or(0, |o| o.len());
-    let nb = xs.first().map_or(0, |x| x.d.len());
-    let xs: &[QInput; NT] = xs.try_into().expect("NT inputs");
-    // Q4G: the inputs as unsigned codes `q + 128`, block-major (block b's
-    // inputs side by side), against signed weights `n − 8`: `Σ (q+128)(n−8)
-    // − 128 Σ (n−8)` is the definition's `Σ (n−8)·q`, its correction once a
-    // row's block for every input (no per-input lane sums to load)
-    let qu: Vec<u8> = if Q4 {
-        let mut v = vec![0u8; nb * NT * BLOCK];
-        for b in 0..nb {
-            for (t, x) in xs.iter().enumerate() {
-                for (o, &c) in v[(b * NT + t) * BLOCK..][..BLOCK].iter_mut().zip(&x.q[b * BLOCK..(b + 1) * BLOCK]) {
-                    *o = (c as u8) ^ 0x80;
+/// Defines [`multi_avx2_nt`] and [`multi_vnni_nt`]: one loop, compiled
+/// for AVX2 and for AVX2 with AVX-VNNI (a function's target features are
+/// the compiler's to use; the plain form must not be built with VNNI on).
+macro_rules! multi_nt {
+    ($(#[$doc:meta])* $name:ident, $feat:literal, $vnni:literal) => {
+        $(#[$doc])*
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<const Q4: bool, const NT: usize>(
+            m: &MatRef<'_>,
+            xs: &[QInput],
+            row0: usize,
+            outs: &mut [&mut [f32]],
+        ) {
+            let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
+            let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
+            let n = outs.first().map_or(0, |o| o.len());
+            let nb = xs.first().map_or(0, |x| x.d.len());
+            let xs: &[QInput; NT] = xs.try_into().expect("NT inputs");
+            // Q4G: the inputs as unsigned codes `q + 128`, block-major (block b's
+            // inputs side by side), against signed weights `n − 8`: `Σ (q+128)(n−8)
+            // − 128 Σ (n−8)` is the definition's `Σ (n−8)·q`, its correction once a
+            // row's block for every input (no per-input lane sums to load)
+            let qu: Vec<u8> = if Q4 {
+                let mut v = vec![0u8; nb * NT * BLOCK];
+                for b in 0..nb {
+                    for (t, x) in xs.iter().enumerate() {
+                        for (o, &c) in v[(b * NT + t) * BLOCK..][..BLOCK].iter_mut().zip(&x.q[b * BLOCK..(b + 1) * BLOCK]) {
+                            *o = (c as u8) ^ 0x80;
+                        }
+                    }
                 }
-            }
-        }
-        v
-    } else {
-        Vec::new()
-    };
-    // block b's input scales side by side (lanes past NT zero)
-    let dt: Vec<[f32; 8]> = (0..nb).map(|b| core::array::from_fn(|t| if t < NT { xs[t].d[b] } else { 0.0 })).collect();
-    let mut dd = [0f32; 8];
-    // the products are read back by broadcast loads (load ports), not
-    // shuffles (the vector ports this loop is bound by)
-    let ddp: *const f32 = core::hint::black_box(dd.as_ptr());
-    for i in 0..n {
-        let r = row0 + i;
-        let mut acc = [_mm256_setzero_ps(); NT];
-        let mut wsv = _mm256_setzero_ps();
-        // SAFETY: row r of the matrix.
-        let row = unsafe { m.data.as_ptr().add(r * rbs) };
-        let mut starts = GroupStarts::new(g);
-        for b in 0..nb {
-            if starts.next() {
-                wsv = _mm256_set1_ps(group_scale(m.scales, (gpr, g), r, b));
-            }
-            super::prefetch_ahead(row, b * bbytes, bbytes);
-            let rb = row.wrapping_add(b * bbytes);
-            if Q4 {
-                // SAFETY: dt[b] and dd are 8 floats.
-                unsafe { _mm256_storeu_ps(dd.as_mut_ptr(), _mm256_mul_ps(wsv, _mm256_loadu_ps(dt[b].as_ptr()))) };
-                // SAFETY: 16 bytes of the row.
-                let w = _mm256_sub_epi8(unsafe { q4_nibbles(rb) }, _mm256_set1_epi8(8));
-                let c = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(-128), w), _mm256_set1_epi16(1));
-                for (t, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: block b of input t in `qu`; ddp is dd.
-                    let (q, d) = unsafe {
-                        (
-                            _mm256_loadu_si256(qu.as_ptr().add((b * NT + t) * BLOCK) as *const __m256i),
-                            _mm256_broadcast_ss(&*ddp.add(t)),
-                        )
-                    };
-                    let p = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q, w), _mm256_set1_epi16(1)), c);
-                    *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *a);
-                }
+                v
             } else {
-                // SAFETY: 32 bytes of the row.
-                let w = unsafe { _mm256_loadu_si256(rb as *const __m256i) };
-                let u = _mm256_sign_epi8(w, w);
-                for (a, x) in acc.iter_mut().zip(xs) {
-                    // SAFETY: the block's codes of this input.
-                    let q = unsafe { _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK) as *const __m256i) };
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(q, w)), _mm256_set1_epi16(1));
-                    let d = _mm256_mul_ps(wsv, _mm256_broadcast_ss(&x.d[b]));
-                    *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *a);
+                Vec::new()
+            };
+            // block b's input scales side by side (lanes past NT zero)
+            let dt: Vec<[f32; 8]> = (0..nb).map(|b| core::array::from_fn(|t| if t < NT { xs[t].d[b] } else { 0.0 })).collect();
+            let mut dd = [0f32; 8];
+            // the products are read back by broadcast loads (load ports), not
+            // shuffles (the vector ports this loop is bound by)
+            let ddp: *const f32 = core::hint::black_box(dd.as_ptr());
+            for i in 0..n {
+                let r = row0 + i;
+                let mut acc = [_mm256_setzero_ps(); NT];
+                let mut wsv = _mm256_setzero_ps();
+                // SAFETY: row r of the matrix.
+                let row = unsafe { m.data.as_ptr().add(r * rbs) };
+                let mut starts = GroupStarts::new(g);
+                for b in 0..nb {
+                    if starts.next() {
+                        wsv = _mm256_set1_ps(group_scale(m.scales, (gpr, g), r, b));
+                    }
+                    super::prefetch_ahead(row, b * bbytes, bbytes);
+                    let rb = row.wrapping_add(b * bbytes);
+                    if Q4 {
+                        // SAFETY: dt[b] and dd are 8 floats.
+                        unsafe { _mm256_storeu_ps(dd.as_mut_ptr(), _mm256_mul_ps(wsv, _mm256_loadu_ps(dt[b].as_ptr()))) };
+                        // SAFETY: 16 bytes of the row.
+                        let w = _mm256_sub_epi8(unsafe { q4_nibbles(rb) }, _mm256_set1_epi8(8));
+                        let c = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(-128), w), _mm256_set1_epi16(1));
+                        let negc = _mm256_sub_epi32(_mm256_setzero_si256(), c);
+                        for (t, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: block b of input t in `qu`; ddp is dd.
+                            let (q, d) = unsafe {
+                                (
+                                    _mm256_loadu_si256(qu.as_ptr().add((b * NT + t) * BLOCK) as *const __m256i),
+                                    _mm256_broadcast_ss(&*ddp.add(t)),
+                                )
+                            };
+                            let p = if $vnni {
+                                // SAFETY: only the AVX-VNNI instance reaches this (the feature
+                                // enabled there; needless there, needed in the plain one's dead branch)
+                                #[allow(unused_unsafe)]
+                                unsafe {
+                                    _mm256_dpbusd_avx_epi32(negc, q, w)
+                                }
+                            } else {
+                                _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q, w), _mm256_set1_epi16(1)), c)
+                            };
+                            *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *a);
+                        }
+                    } else {
+                        // SAFETY: 32 bytes of the row.
+                        let w = unsafe { _mm256_loadu_si256(rb as *const __m256i) };
+                        let u = _mm256_sign_epi8(w, w);
+                        for (a, x) in acc.iter_mut().zip(xs) {
+                            // SAFETY: the block's codes of this input.
+                            let q = unsafe { _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK) as *const __m256i) };
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(q, w)), _mm256_set1_epi16(1));
+                            let d = _mm256_mul_ps(wsv, _mm256_broadcast_ss(&x.d[b]));
+                            *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *a);
+                        }
+                    }
+                }
+                for (o, a) in outs.iter_mut().zip(&acc) {
+                    // SAFETY: AVX2 present.
+                    o[i] = unsafe { reduce8(*a) };
                 }
             }
         }
-        for (o, a) in outs.iter_mut().zip(&acc) {
-            // SAFETY: AVX2 present.
-            o[i] = unsafe { reduce8(*a) };
-        }
-    }
+    };
 }
+
+multi_nt!(
+    /// [`multi_avx2`] with its input count fixed (the accumulators in
+    /// registers): a row at a time, its group scale converted once a group.
+    /// For Q4G the inputs are laid out block-major (one pointer, no per-input
+    /// reloads) and the products `s_g · d_b` of a row's block are one multiply
+    /// for all the inputs, each then broadcast from memory: the multiply ports
+    /// (maddubs, madd, convert, FMA) bound this loop, and a multiply per input
+    /// was a fifth of their work. With the per-block division gone
+    /// ([`GroupStarts`]) the Q4G matmat went from 10.4 to 8.3–8.5 ms (9216 ×
+    /// 2304 × 16 inputs, one thread, Intel Xeon; docs/lab entry 70).
+    multi_avx2_nt,
+    "avx2,fma,f16c",
+    false
+);
+multi_nt!(
+    /// [`multi_avx2_nt`] with AVX-VNNI's `vpdpbusd` for the Q4G dots (Q4G only).
+    multi_vnni_nt,
+    "avx2,fma,f16c,avxvnni",
+    true
+);
 
 /// Inputs [`matmat_rows_vnni`] computes together: pairs of them, a pair's
 /// block in one 512-bit register (the first input's eight lanes, then the
