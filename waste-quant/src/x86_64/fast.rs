@@ -190,7 +190,7 @@ unsafe fn rows_avx2<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
             let (xq, s8) = unsafe { input_block(x, b) };
             let dv = _mm256_broadcast_ss(db);
             for &r in &rp {
-                super::prefetch_ahead(r, b * bbytes, bbytes);
+                super::prefetch_block(r, b * bbytes, bbytes);
             }
             let mut p = [_mm256_setzero_si256(); ROWS];
             if Q4 {
@@ -307,8 +307,8 @@ unsafe fn rows_vnni<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: 
                     m.data.as_ptr().wrapping_add(rows[2 * p] * rbs),
                     m.data.as_ptr().wrapping_add(rows[2 * p + 1] * rbs),
                 );
-                super::prefetch_ahead(ra, b * bbytes, bbytes);
-                super::prefetch_ahead(rb, b * bbytes, bbytes);
+                super::prefetch_block(ra, b * bbytes, bbytes);
+                super::prefetch_block(rb, b * bbytes, bbytes);
                 let (ba, bb) = (ra.wrapping_add(b * bbytes), rb.wrapping_add(b * bbytes));
                 // SAFETY: the block's 16 (Q4G) or 32 (Q8G) bytes of both rows.
                 let w = unsafe {
@@ -468,7 +468,7 @@ macro_rules! multi_nt {
                     if starts.next() {
                         wsv = _mm256_set1_ps(group_scale(m.scales, (gpr, g), r, b));
                     }
-                    super::prefetch_ahead(row, b * bbytes, bbytes);
+                    super::prefetch_block(row, b * bbytes, bbytes);
                     let rb = row.wrapping_add(b * bbytes);
                     if Q4 {
                         // SAFETY: dt[b] and dd are 8 floats.
@@ -678,7 +678,7 @@ unsafe fn vnni_pass<const Q4: bool, const NP: usize, const R: usize>(
             let r = rows[t];
             // SAFETY: row r of the matrix.
             let row = unsafe { m.data.as_ptr().add(r * rbs) };
-            super::prefetch_ahead(row, b * bbytes, bbytes);
+            super::prefetch_block(row, b * bbytes, bbytes);
             let rb = row.wrapping_add(b * bbytes);
             // the block's 32 weights as unsigned bytes, in both halves
             // SAFETY: 16 (Q4G) or 32 (Q8G) bytes of the row.

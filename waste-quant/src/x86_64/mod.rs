@@ -28,3 +28,20 @@ fn prefetch_ahead(rb: *const u8, off: usize, len: usize) {
         o += 64;
     }
 }
+
+/// [`prefetch_ahead`] for blocks of a size dividing 64 (16 or 32 bytes:
+/// the fast kernels' Q4G and Q8G blocks): the one line, if any, that starts
+/// at `off` — a test and no loop, which in the AVX2 fast matmat's block
+/// loop cost 5–7 % (docs/lab entry 70).
+#[inline(always)]
+fn prefetch_block(rb: *const u8, off: usize, len: usize) {
+    debug_assert!(64 % len == 0 && off % len == 0);
+    if off % 64 == 0 {
+        // SAFETY: a prefetch never faults and reads nothing architecturally.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                rb.wrapping_add(off + ROW_PREFETCH) as *const i8
+            )
+        };
+    }
+}
