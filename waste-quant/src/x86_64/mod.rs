@@ -35,8 +35,8 @@ fn prefetch_ahead(rb: *const u8, off: usize, len: usize) {
 /// loop cost 5–7 % (docs/lab entry 70).
 #[inline(always)]
 fn prefetch_block(rb: *const u8, off: usize, len: usize) {
-    debug_assert!(64 % len == 0 && off % len == 0);
-    if off % 64 == 0 {
+    debug_assert!(64usize.is_multiple_of(len) && off.is_multiple_of(len));
+    if off.is_multiple_of(64) {
         // SAFETY: a prefetch never faults and reads nothing architecturally.
         unsafe {
             core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
