@@ -368,8 +368,8 @@ impl MatRef<'_> {
         }
         #[cfg(target_arch = "x86_64")]
         if level.avx2_kernels() {
-            // SAFETY: AVX2/FMA/F16C verified; the shape checked by MatRef::new and the asserts.
-            unsafe { crate::x86_64::fast::matvec_rows(self, x, row0, y) };
+            // SAFETY: AVX2/FMA/F16C (and AVX-VNNI where taken) verified; the shape checked by MatRef::new and the asserts.
+            unsafe { crate::x86_64::fast::matvec_rows(self, x, row0, y, avx_vnni()) };
             return;
         }
         #[cfg(target_arch = "aarch64")]

@@ -152,69 +152,113 @@ unsafe fn store(acc: &[__m256], y: &mut [f32], rs: &[usize]) {
 /// # Safety
 /// AVX2, FMA and F16C present; `m` one `crate::fast::applies` takes, `x`
 /// quantized over its padded width, rows `row0..row0 + y.len()` in range.
+/// With `avx_vnni` (AVX-VNNI present) the dots are `vpdpbusd`s.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
+pub unsafe fn matvec_rows(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32], avx_vnni: bool) {
     // one loop per format (no branch on it inside)
     // SAFETY: this function's contract.
     unsafe {
-        if m.fmt == Fmt::Q4G {
-            rows_avx2::<true>(m, x, row0, y)
-        } else {
-            rows_avx2::<false>(m, x, row0, y)
+        match (m.fmt == Fmt::Q4G, avx_vnni) {
+            (true, false) => rows_avx2::<true>(m, x, row0, y),
+            (false, false) => rows_avx2::<false>(m, x, row0, y),
+            (true, true) => rows_avx2_vnni::<true>(m, x, row0, y),
+            (false, true) => rows_avx2_vnni::<false>(m, x, row0, y),
         }
     }
 }
 
-/// [`matvec_rows`] for Q4G (`Q4`) or Q8G: [`ROWS`] rows a pass (a
-/// missing row repeats the pass's last, computed and not stored, so the
-/// accumulators stay in registers), the group scales converted once a
-/// group, the input's block scale broadcast once a block for the four
-/// rows, and a pair of rows' Q4G nibbles split in one register.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_avx2<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
-    let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
-    let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
-    for (rs, k) in passes(y.len()) {
-        let rows: [usize; ROWS] = core::array::from_fn(|t| row0 + rs[t.min(k - 1)]);
-        let rp: [*const u8; ROWS] = rows.map(|r| m.data.as_ptr().wrapping_add(r * rbs));
-        let mut acc = [_mm256_setzero_ps(); ROWS];
-        let mut wsv = [_mm256_setzero_ps(); ROWS];
-        let mut starts = GroupStarts::new(g);
-        for (b, db) in x.d.iter().enumerate() {
-            if starts.next() {
-                for (w, &r) in wsv.iter_mut().zip(&rows) {
-                    *w = _mm256_set1_ps(group_scale(m.scales, (gpr, g), r, b));
+/// Defines [`rows_avx2`] and [`rows_avx2_vnni`] from one loop (as
+/// [`multi_nt!`]: the plain form never built with AVX-VNNI on).
+macro_rules! rows_fast {
+    ($(#[$doc:meta])* $name:ident, $feat:literal, $vnni:literal) => {
+        $(#[$doc])*
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
+            let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
+            let bbytes = if Q4 { BLOCK / 2 } else { BLOCK };
+            for (rs, k) in passes(y.len()) {
+                let rows: [usize; ROWS] = core::array::from_fn(|t| row0 + rs[t.min(k - 1)]);
+                let rp: [*const u8; ROWS] = rows.map(|r| m.data.as_ptr().wrapping_add(r * rbs));
+                let mut acc = [_mm256_setzero_ps(); ROWS];
+                let mut wsv = [_mm256_setzero_ps(); ROWS];
+                let mut starts = GroupStarts::new(g);
+                for (b, db) in x.d.iter().enumerate() {
+                    if starts.next() {
+                        for (w, &r) in wsv.iter_mut().zip(&rows) {
+                            *w = _mm256_set1_ps(group_scale(m.scales, (gpr, g), r, b));
+                        }
+                    }
+                    // SAFETY: b is a block of x; AVX2 present.
+                    let (xq, s8) = unsafe { input_block(x, b) };
+                    // VNNI's start: −8 Σq for Q4G nibbles, −128 Σq for Q8G codes + 128
+                    let start = _mm256_sub_epi32(_mm256_setzero_si256(), if Q4 { s8 } else { _mm256_slli_epi32::<4>(s8) });
+                    let dv = _mm256_broadcast_ss(db);
+                    for &r in &rp {
+                        super::prefetch_block(r, b * bbytes, bbytes);
+                    }
+                    let mut p = [_mm256_setzero_si256(); ROWS];
+                    if Q4 {
+                        for t in (0..ROWS).step_by(2) {
+                            // SAFETY: the block's 16 bytes of both rows.
+                            let (na, nb) =
+                                unsafe { q4_nibbles_2rows(rp[t].wrapping_add(b * bbytes), rp[t + 1].wrapping_add(b * bbytes)) };
+                            if $vnni {
+                                // SAFETY: only the AVX-VNNI instance reaches this (see the Q8G arm)
+                                #[allow(unused_unsafe)]
+                                unsafe {
+                                    p[t] = _mm256_dpbusd_avx_epi32(start, na, xq);
+                                    p[t + 1] = _mm256_dpbusd_avx_epi32(start, nb, xq);
+                                }
+                            } else {
+                                p[t] = _mm256_sub_epi32(dot_nibbles(na, xq), s8);
+                                p[t + 1] = _mm256_sub_epi32(dot_nibbles(nb, xq), s8);
+                            }
+                        }
+                    } else {
+                        for (pt, &r) in p.iter_mut().zip(&rp) {
+                            // SAFETY: the block's 32 bytes of the row.
+                            let w = unsafe { _mm256_loadu_si256(r.wrapping_add(b * bbytes) as *const __m256i) };
+                            *pt = if $vnni {
+                                // SAFETY: only the AVX-VNNI instance reaches this (the feature enabled
+                                // there; needless there, needed in the plain one's dead branch). The
+                                // codes go in as w + 128 from −128 Σq: Σ w·q.
+                                #[allow(unused_unsafe)]
+                                unsafe {
+                                    _mm256_dpbusd_avx_epi32(start, _mm256_xor_si256(w, _mm256_set1_epi8(-128)), xq)
+                                }
+                            } else {
+                                // SAFETY: AVX2 enabled here.
+                                unsafe { dot_i8(w, xq) }
+                            };
+                        }
+                    }
+                    for t in 0..ROWS {
+                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(wsv[t], dv), _mm256_cvtepi32_ps(p[t]), acc[t]);
+                    }
                 }
-            }
-            // SAFETY: b is a block of x; AVX2 present.
-            let (xq, s8) = unsafe { input_block(x, b) };
-            let dv = _mm256_broadcast_ss(db);
-            for &r in &rp {
-                super::prefetch_block(r, b * bbytes, bbytes);
-            }
-            let mut p = [_mm256_setzero_si256(); ROWS];
-            if Q4 {
-                for t in (0..ROWS).step_by(2) {
-                    // SAFETY: the block's 16 bytes of both rows.
-                    let (na, nb) =
-                        unsafe { q4_nibbles_2rows(rp[t].wrapping_add(b * bbytes), rp[t + 1].wrapping_add(b * bbytes)) };
-                    p[t] = _mm256_sub_epi32(dot_nibbles(na, xq), s8);
-                    p[t + 1] = _mm256_sub_epi32(dot_nibbles(nb, xq), s8);
-                }
-            } else {
-                for (pt, &r) in p.iter_mut().zip(&rp) {
-                    // SAFETY: the block's 32 bytes of the row.
-                    *pt = unsafe { dot_i8(_mm256_loadu_si256(r.wrapping_add(b * bbytes) as *const __m256i), xq) };
-                }
-            }
-            for t in 0..ROWS {
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(wsv[t], dv), _mm256_cvtepi32_ps(p[t]), acc[t]);
+                // SAFETY: AVX2 present.
+                unsafe { store(&acc[..k], y, &rs[..k]) };
             }
         }
-        // SAFETY: AVX2 present.
-        unsafe { store(&acc[..k], y, &rs[..k]) };
-    }
+    };
 }
+
+rows_fast!(
+    /// [`matvec_rows`] for Q4G (`Q4`) or Q8G: [`ROWS`] rows a pass (a
+    /// missing row repeats the pass's last, computed and not stored, so the
+    /// accumulators stay in registers), the group scales converted once a
+    /// group, the input's block scale broadcast once a block for the four
+    /// rows, and a pair of rows' Q4G nibbles split in one register.
+    rows_avx2,
+    "avx2,fma,f16c",
+    false
+);
+rows_fast!(
+    /// [`rows_avx2`] with AVX-VNNI's `vpdpbusd` for the dots.
+    rows_avx2_vnni,
+    "avx2,fma,f16c,avxvnni",
+    true
+);
 
 /// One Q4G block of two rows (16 bytes at `a`, 16 at `b`) split in one
 /// register: per 128-bit lane (row `a` in the low one), columns 0..15 in
