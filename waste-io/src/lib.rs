@@ -31,7 +31,7 @@ mod skip;
 
 pub use buf::{advise_huge_pages, huge_page_bytes, AlignedBuf};
 pub use file::DirectFile;
-pub use pool::{Priority, ReaderPool, Ticket};
+pub use pool::{user_initiated_qos, Priority, ReaderPool, Ticket};
 pub use prefault::Prefault;
 pub use probe::{
     probe_bandwidth, read_bandwidth, read_repeats, ProbeResult, PROBE_MAX_BUFFERS, PROBE_MAX_QD,

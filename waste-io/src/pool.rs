@@ -255,11 +255,12 @@ impl Drop for ReaderPool {
     }
 }
 
-/// macOS: reader threads run at the quality-of-service class of work a
-/// user waits on (a demand read stalls a token), not the default class the
+/// macOS: the calling thread runs at the quality-of-service class of work
+/// a user waits on — reader threads (a demand read stalls a token) and the
+/// compute pool's workers (`waste-quant`'s) — not the default class the
 /// scheduler may park on efficiency cores with throttled I/O. Elsewhere:
 /// nothing.
-fn user_initiated_qos() {
+pub fn user_initiated_qos() {
     #[cfg(target_os = "macos")]
     // SAFETY: sets the calling thread's own QoS class; no pointers involved.
     unsafe {

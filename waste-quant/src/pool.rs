@@ -97,7 +97,8 @@ impl Pool {
     pub fn try_with_level(threads: usize, level: Level) -> std::io::Result<Pool> {
         Self::start(threads, level, |i, inner| {
             std::thread::Builder::new().name(format!("waste-compute-{i}")).spawn(move || {
-                user_initiated_qos();
+                // macOS: on performance cores (threads without a class may land on efficiency cores)
+                waste_io::user_initiated_qos();
                 worker(&inner)
             })
         })
@@ -434,17 +435,6 @@ impl Drop for Pool {
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
-    }
-}
-
-/// macOS: ask for the quality-of-service class of work a user is waiting
-/// on, so compute threads are placed on performance cores (threads without
-/// a class may land on efficiency cores). Other systems: nothing.
-fn user_initiated_qos() {
-    #[cfg(target_os = "macos")]
-    // SAFETY: sets the calling thread's own QoS class; no pointers involved.
-    unsafe {
-        libc::pthread_set_qos_class_self_np(libc::qos_class_t::QOS_CLASS_USER_INITIATED, 0);
     }
 }
 
