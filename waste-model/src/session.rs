@@ -118,31 +118,21 @@ struct Work {
     kda_sc: Option<KdaScratch>,
     mla_sc: Option<MlaScratch>,
     ex_sc: Option<ExpertScratch>,
-    /// Per chunk token: hidden state, AttnRes prefix, FFN input, FFN output (`CHUNK × hidden` each).
+    /// Per chunk token: hidden state, FFN input, FFN output (`CHUNK × hidden` each).
     chunk_hidden: Vec<f32>,
-    chunk_prefix: Vec<f32>,
+
     chunk_ffn_in: Vec<f32>,
     chunk_ffn_out: Vec<f32>,
     /// One token's layer input (the AttnRes mix, or the shared expert's output).
     token_in: Vec<f32>,
     /// The final-normed hidden state the LM head reads.
     head_in: Vec<f32>,
-    /// AttnRes blocks, `CHUNK × res_blocks × hidden`.
-    blocks: Vec<f32>,
-    /// Blocks finished so far in this token's pass.
-    nblocks: usize,
-    /// AttnRes blocks per token (layers / block size; 0 without AttnRes).
-    res_blocks: usize,
-    /// The last token's hidden state, kept for the output aggregation.
-    out_copy: Vec<f32>,
-    router: Vec<f32>,
-    chosen: Vec<(usize, f32)>,
-    lat_in: Vec<f32>,
-    lat_sum: Vec<f32>,
-    eouts: Vec<f32>,
+    /// The Attention Residuals' buffers ([`attention::ResScratch`]).
+    res: attention::ResScratch,
+    /// The MoE block's buffers ([`moe::MoeScratch`]).
+    moe: moe::MoeScratch,
+    /// The dense FFN's and the shared experts' gate and up activations.
     ffn_tmp: Vec<f32>,
-    /// The shared experts' output per chunk token.
-    chunk_shared: Vec<f32>,
     /// A batched step's logits, `tokens × vocab` (allocated by the first
     /// batched step; empty otherwise).
     batch_logits: Vec<f32>,
@@ -179,45 +169,31 @@ pub struct Session<'m> {
 /// for both ([`scratch_bytes`]).
 pub(crate) struct BufferLens {
     chunk_hidden: usize,
-    chunk_prefix: usize,
     chunk_ffn_in: usize,
     chunk_ffn_out: usize,
     token_in: usize,
     head_in: usize,
-    blocks: usize,
-    res_blocks: usize,
-    out_copy: usize,
-    router: usize,
-    lat_in: usize,
-    lat_sum: usize,
-    eouts: usize,
+    /// The Attention Residuals' ([`attention::ResScratch::floats`]).
+    res: usize,
+    /// The MoE block's ([`moe::MoeScratch::floats`]).
+    moe: usize,
     ffn_tmp: usize,
-    chunk_shared: usize,
     logits: usize,
 }
 
 impl BufferLens {
     pub(crate) fn new(c: &waste_format::ModelConfig) -> BufferLens {
-        let (h, lat) = (c.hidden, c.expert_width());
+        let h = c.hidden;
         let ffn_w = c.intermediate.max(c.moe_intermediate * c.shared_experts);
-        let nb = c.attn_res_block.map_or(0, |b| c.layers.div_ceil(b));
-        let moe = c.n_moe_layers() > 0;
         BufferLens {
             chunk_hidden: CHUNK * h,
-            chunk_prefix: if nb > 0 { CHUNK * h } else { 0 },
             chunk_ffn_in: CHUNK * h,
             chunk_ffn_out: CHUNK * h,
             token_in: h,
             head_in: h,
-            blocks: CHUNK * nb * h,
-            res_blocks: nb,
-            out_copy: if nb > 0 { h } else { 0 },
-            router: CHUNK * c.experts,
-            lat_in: CHUNK * lat,
-            lat_sum: CHUNK * lat,
-            eouts: if moe { c.top_k * lat } else { 0 },
+            res: attention::ResScratch::floats(c),
+            moe: moe::MoeScratch::floats(c),
             ffn_tmp: 2 * ffn_w * CHUNK,
-            chunk_shared: if moe && c.shared_experts > 0 { CHUNK * h } else { 0 },
             logits: c.vocab,
         }
     }
@@ -226,19 +202,13 @@ impl BufferLens {
     fn total(&self) -> usize {
         [
             self.chunk_hidden,
-            self.chunk_prefix,
             self.chunk_ffn_in,
             self.chunk_ffn_out,
             self.token_in,
             self.head_in,
-            self.blocks,
-            self.out_copy,
-            self.router,
-            self.lat_in,
-            self.lat_sum,
-            self.eouts,
+            self.res,
+            self.moe,
             self.ffn_tmp,
-            self.chunk_shared,
             self.logits,
         ]
         .iter()
@@ -290,22 +260,13 @@ impl<'m> Session<'m> {
             mla_sc: has_mla.then(|| MlaScratch::new(&mc, c.q_lora.unwrap_or(0), CHUNK)),
             ex_sc: m.kernel.as_ref().map(|k| k.scratch(waste_moe::lanes_for(m.pool.threads(), c.top_k))),
             chunk_hidden: buf(n.chunk_hidden),
-            chunk_prefix: buf(n.chunk_prefix),
             chunk_ffn_in: buf(n.chunk_ffn_in),
             chunk_ffn_out: buf(n.chunk_ffn_out),
             token_in: buf(n.token_in),
             head_in: buf(n.head_in),
-            blocks: buf(n.blocks),
-            nblocks: 0,
-            res_blocks: n.res_blocks,
-            out_copy: buf(n.out_copy),
-            router: buf(n.router),
-            chosen: Vec::with_capacity(c.top_k),
-            lat_in: buf(n.lat_in),
-            lat_sum: buf(n.lat_sum),
-            eouts: buf(n.eouts),
+            res: attention::ResScratch::new(c),
+            moe: moe::MoeScratch::new(c),
             ffn_tmp: buf(n.ffn_tmp),
-            chunk_shared: buf(n.chunk_shared),
             batch_logits: Vec::new(),
             stats: Stats::default(),
             #[cfg(test)]
@@ -392,25 +353,18 @@ impl<'m> Session<'m> {
         let v = |x: &Vec<f32>| 4 * x.capacity() as u64;
         let mut sc = [
             &self.work.chunk_hidden,
-            &self.work.chunk_prefix,
             &self.work.chunk_ffn_in,
             &self.work.chunk_ffn_out,
             &self.work.token_in,
             &self.work.head_in,
-            &self.work.blocks,
-            &self.work.out_copy,
-            &self.work.router,
-            &self.work.lat_in,
-            &self.work.lat_sum,
-            &self.work.eouts,
             &self.work.ffn_tmp,
-            &self.work.chunk_shared,
             &self.work.batch_logits,
             &self.lane.logits,
         ]
         .iter()
         .map(|b| v(b))
         .sum::<u64>();
+        sc += self.work.moe.allocated_bytes() + self.work.res.allocated_bytes();
         sc += self.work.kda_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
         sc += self.work.mla_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
         sc += self.work.ex_sc.as_ref().map_or(0, |e| e.allocated_bytes());
@@ -719,7 +673,7 @@ impl Work {
                 Input::Row(r) => dst.copy_from_slice(r),
             }
         }
-        self.nblocks = 0;
+        self.res.done = 0;
         self.layers(m, lanes, shape, &pos)?;
         let wanted = match shape {
             Shape::One { logits: true } => nt - 1..nt,
@@ -818,7 +772,7 @@ impl Work {
         check_finite(&self.chunk_ffn_out[first * h..nt * h], h, &pos[first..], NonFiniteAt::Attention { layer: l })?;
         self.ffn_inputs(m, layer, first, nt, restarted);
         if restarted {
-            self.nblocks += 1;
+            self.res.done += 1;
         }
         let n = nt - first;
         match &layer.ffn {

@@ -5,13 +5,53 @@
 
 use super::*;
 
+/// The Attention Residuals' buffers in a step (one formula for what
+/// `Session::new` allocates and what the plan counts:
+/// [`ResScratch::floats`]); all empty for a model without them.
+pub(super) struct ResScratch {
+    /// Each chunk token's partial block (the running sum since the last
+    /// block boundary), `CHUNK × hidden`.
+    pub(super) prefix: Vec<f32>,
+    /// Each chunk token's finished blocks, `CHUNK × per_token × hidden`.
+    pub(super) blocks: Vec<f32>,
+    /// Blocks finished so far in this token's pass.
+    pub(super) done: usize,
+    /// Blocks per token (layers / block size; 0 without AttnRes).
+    pub(super) per_token: usize,
+    /// The last token's hidden state, kept for the output aggregation.
+    pub(super) out_copy: Vec<f32>,
+}
+
+impl ResScratch {
+    /// Blocks per token and the buffers' f32 lengths (prefix, blocks, out copy).
+    fn lens(c: &waste_format::ModelConfig) -> (usize, [usize; 3]) {
+        let (h, nb) = (c.hidden, c.attn_res_block.map_or(0, |b| c.layers.div_ceil(b)));
+        let on = usize::from(nb > 0);
+        (nb, [on * CHUNK * h, CHUNK * nb * h, on * h])
+    }
+    /// The buffers for a config.
+    pub(super) fn new(c: &waste_format::ModelConfig) -> ResScratch {
+        let (per_token, lens) = Self::lens(c);
+        let [prefix, blocks, out_copy] = lens.map(|n| vec![0f32; n]);
+        ResScratch { prefix, blocks, done: 0, per_token, out_copy }
+    }
+    /// Their f32s for a config (the plan's count).
+    pub(super) fn floats(c: &waste_format::ModelConfig) -> usize {
+        Self::lens(c).1.iter().sum()
+    }
+    /// Bytes allocated (capacities).
+    pub(super) fn allocated_bytes(&self) -> u64 {
+        [&self.prefix, &self.blocks, &self.out_copy].iter().map(|b| 4 * b.capacity() as u64).sum()
+    }
+}
+
 impl Work {
     /// The attention inputs of a layer for every token (they depend on
     /// earlier layers only): the AttnRes mix (and a block boundary's copy)
     /// or the hidden state, normed into `chunk_ffn_in`.
     pub(super) fn attn_inputs(&mut self, m: &Model, layer: &crate::weights::Layer, nt: usize, restarted: bool) {
         let c = m.config();
-        let (h, nb) = (c.hidden, self.res_blocks);
+        let (h, nb) = (c.hidden, self.res.per_token);
         for t in 0..nt {
             let hh = &mut self.chunk_hidden[t * h..(t + 1) * h];
             let xa = &mut self.chunk_ffn_in[t * h..(t + 1) * h];
@@ -20,16 +60,16 @@ impl Work {
                 continue;
             }
             let res = layer.res.as_ref().expect("attn res weights");
-            let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
-            let blocks = &mut self.blocks[t * nb * h..(t + 1) * nb * h];
+            let p = &mut self.res.prefix[t * h..(t + 1) * h];
+            let blocks = &mut self.res.blocks[t * nb * h..(t + 1) * nb * h];
             p.copy_from_slice(hh);
-            if self.nblocks > 0 {
-                attn_res(&blocks[..self.nblocks * h], h, p, &res.attn, c.rms_eps, &mut self.token_in);
+            if self.res.done > 0 {
+                attn_res(&blocks[..self.res.done * h], h, p, &res.attn, c.rms_eps, &mut self.token_in);
             } else {
                 self.token_in.copy_from_slice(p);
             }
             if restarted {
-                blocks[self.nblocks * h..(self.nblocks + 1) * h].copy_from_slice(p);
+                blocks[self.res.done * h..(self.res.done + 1) * h].copy_from_slice(p);
             }
             rmsnorm(&self.token_in, &layer.in_norm, c.rms_eps, xa);
         }
@@ -76,7 +116,7 @@ impl Work {
         restarted: bool,
     ) {
         let c = m.config();
-        let (h, nb) = (c.hidden, self.res_blocks);
+        let (h, nb) = (c.hidden, self.res.per_token);
         for t in first..nt {
             let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
             let xn_t = &mut self.chunk_ffn_in[t * h..(t + 1) * h];
@@ -87,14 +127,14 @@ impl Work {
                 continue;
             }
             let res = layer.res.as_ref().expect("attn res weights");
-            let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
+            let p = &mut self.res.prefix[t * h..(t + 1) * h];
             if restarted {
                 p.copy_from_slice(r);
             } else {
                 add(p, r);
             }
-            let nbk = self.nblocks + restarted as usize;
-            attn_res(&self.blocks[t * nb * h..t * nb * h + nbk * h], h, p, &res.mlp, c.rms_eps, &mut self.token_in);
+            let nbk = self.res.done + restarted as usize;
+            attn_res(&self.res.blocks[t * nb * h..t * nb * h + nbk * h], h, p, &res.mlp, c.rms_eps, &mut self.token_in);
             rmsnorm(&self.token_in, &layer.post_norm, c.rms_eps, xn_t);
         }
     }
@@ -105,7 +145,7 @@ impl Work {
         for t in first..nt {
             let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
             if c.attn_res_block.is_some() {
-                let p = &mut self.chunk_prefix[t * h..(t + 1) * h];
+                let p = &mut self.res.prefix[t * h..(t + 1) * h];
                 add(p, r);
                 self.chunk_hidden[t * h..(t + 1) * h].copy_from_slice(p);
             } else {

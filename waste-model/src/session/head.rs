@@ -16,14 +16,14 @@ impl Work {
         wanted: std::ops::Range<usize>,
     ) -> Result<()> {
         let c = m.config();
-        let (h, nb) = (c.hidden, self.res_blocks);
+        let (h, nb) = (c.hidden, self.res.per_token);
         for t in wanted.clone() {
             let row = t * h..(t + 1) * h;
             if let Some(w) = &m.out_res {
                 // alias-safe: the live candidate is a copy, the output the state itself
-                self.out_copy.copy_from_slice(&self.chunk_hidden[row.clone()]);
-                let blocks = &self.blocks[t * nb * h..t * nb * h + self.nblocks * h];
-                attn_res(blocks, h, &self.out_copy, w, c.rms_eps, &mut self.chunk_hidden[row.clone()]);
+                self.res.out_copy.copy_from_slice(&self.chunk_hidden[row.clone()]);
+                let blocks = &self.res.blocks[t * nb * h..t * nb * h + self.res.done * h];
+                attn_res(blocks, h, &self.res.out_copy, w, c.rms_eps, &mut self.chunk_hidden[row.clone()]);
             }
             let normed = match shape {
                 Shape::One { .. } => &mut self.head_in[..],

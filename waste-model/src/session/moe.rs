@@ -6,6 +6,57 @@
 
 use super::*;
 
+/// The MoE block's own buffers in a step (one formula for what
+/// `Session::new` allocates and what the plan counts: [`MoeScratch::floats`]).
+pub(super) struct MoeScratch {
+    /// Router logits, `CHUNK × experts`.
+    pub(super) router: Vec<f32>,
+    /// One token's chosen (expert, weight) pairs.
+    pub(super) chosen: Vec<(usize, f32)>,
+    /// The experts' inputs per chunk token (the latent down-projection's
+    /// output, where the model has one), `CHUNK × expert width`.
+    pub(super) lat_in: Vec<f32>,
+    /// Each chunk token's weighted sum of its experts' outputs.
+    pub(super) lat_sum: Vec<f32>,
+    /// One token's experts' outputs, `top_k × expert width`.
+    pub(super) eouts: Vec<f32>,
+    /// The shared experts' output per chunk token.
+    pub(super) chunk_shared: Vec<f32>,
+}
+
+impl MoeScratch {
+    /// The f32 lengths of the buffers, in field order (all 0 but the
+    /// router's and the sums' without MoE layers).
+    fn lens(c: &waste_format::ModelConfig) -> [usize; 5] {
+        let (h, lat) = (c.hidden, c.expert_width());
+        let moe = c.n_moe_layers() > 0;
+        [
+            CHUNK * c.experts,
+            CHUNK * lat,
+            CHUNK * lat,
+            if moe { c.top_k * lat } else { 0 },
+            if moe && c.shared_experts > 0 { CHUNK * h } else { 0 },
+        ]
+    }
+    /// The buffers for a config.
+    pub(super) fn new(c: &waste_format::ModelConfig) -> MoeScratch {
+        let [router, lat_in, lat_sum, eouts, shared] = Self::lens(c).map(|n| vec![0f32; n]);
+        MoeScratch { router, chosen: Vec::with_capacity(c.top_k), lat_in, lat_sum, eouts, chunk_shared: shared }
+    }
+    /// Their f32s for a config (the plan's count; the chosen pairs' few
+    /// bytes aside).
+    pub(super) fn floats(c: &waste_format::ModelConfig) -> usize {
+        Self::lens(c).iter().sum()
+    }
+    /// Bytes allocated (capacities).
+    pub(super) fn allocated_bytes(&self) -> u64 {
+        [&self.router, &self.lat_in, &self.lat_sum, &self.eouts, &self.chunk_shared]
+            .iter()
+            .map(|b| 4 * b.capacity() as u64)
+            .sum()
+    }
+}
+
 impl Work {
     /// A MoE layer for the step's tokens `first..first + nt`: route every
     /// token, acquire the union of their experts once, run the experts
@@ -33,7 +84,7 @@ impl Work {
         self.stats.experts_acquired += distinct.len() as u64;
         // the chunk's expert inputs (the latent down-projection for all tokens at once)
         if let Some(lt) = &w.latent {
-            m.pool.matmat(&lt.down.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.lat_in[..nt * lat]);
+            m.pool.matmat(&lt.down.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.moe.lat_in[..nt * lat]);
         }
         let overlapped = if batched {
             self.experts_batched(m, w, &experts, &routes, &distinct, first, nt)?;
@@ -58,18 +109,18 @@ impl Work {
         let Span { shape, pos, first, nt } = span;
         let c = m.config();
         let (h, ne, x0) = (c.hidden, c.experts, first * c.hidden);
-        m.pool.matmat(&w.gate.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.router[..nt * ne]);
+        m.pool.matmat(&w.gate.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.moe.router[..nt * ne]);
         let mut routes: Vec<(usize, f32)> = Vec::with_capacity(nt * c.top_k);
         for t in 0..nt {
-            let scores = &self.router[t * ne..(t + 1) * ne];
-            route(&router_config(c), scores, &w.bias, &mut self.chosen);
+            let scores = &self.moe.router[t * ne..(t + 1) * ne];
+            route(&router_config(c), scores, &w.bias, &mut self.moe.chosen);
             if let Some(tr) = &lanes[owner(shape, first + t)].replay {
                 // the trace's experts for this position and MoE layer (wrapping)
                 let mi = c.moe_layers().position(|x| x == l).unwrap_or(0);
                 let ids: Vec<usize> = tr[pos[first + t] % tr.len()][mi].iter().map(|&e| e as usize).collect();
-                waste_moe::route_forced(&router_config(c), scores, &ids, &mut self.chosen);
+                waste_moe::route_forced(&router_config(c), scores, &ids, &mut self.moe.chosen);
             }
-            let mut order = self.chosen.clone();
+            let mut order = self.moe.chosen.clone();
             order.sort_by_key(|e| e.0);
             routes.extend(order);
         }
@@ -94,7 +145,7 @@ impl Work {
         let (h, lat, k, x0) = (c.hidden, c.expert_width(), c.top_k, first * c.hidden);
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
         let scr = self.ex_sc.as_mut().expect("expert scratch");
-        self.lat_sum[..nt * lat].fill(0.0);
+        self.moe.lat_sum[..nt * lat].fill(0.0);
         let mut users: Vec<(usize, f32)> = Vec::with_capacity(nt);
         for &e in distinct {
             users.clear();
@@ -103,7 +154,7 @@ impl Work {
             );
             for (i, &(t, _)) in users.iter().enumerate() {
                 let x = match &w.latent {
-                    Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
+                    Some(_) => &self.moe.lat_in[t * lat..(t + 1) * lat],
                     None => &self.chunk_ffn_in[x0 + t * h..x0 + (t + 1) * h],
                 };
                 scr.batch_in[i * lat..(i + 1) * lat].copy_from_slice(x);
@@ -114,7 +165,7 @@ impl Work {
             let waited = experts.traffic().io_seconds - io0;
             self.stats.expert_seconds += (te.elapsed().as_secs_f64() - waited).max(0.0);
             for (i, &(t, wgt)) in users.iter().enumerate() {
-                let sum = &mut self.lat_sum[t * lat..(t + 1) * lat];
+                let sum = &mut self.moe.lat_sum[t * lat..(t + 1) * lat];
                 for (s, &v) in sum.iter_mut().zip(&scr.batch_out[i * lat..(i + 1) * lat]) {
                     *s += v * wgt;
                 }
@@ -145,7 +196,7 @@ impl Work {
         let mut overlapped = 0.0;
         for t in 0..nt {
             let x = match &w.latent {
-                Some(_) => &self.lat_in[t * lat..(t + 1) * lat],
+                Some(_) => &self.moe.lat_in[t * lat..(t + 1) * lat],
                 None => &self.chunk_ffn_in[x0 + t * h..x0 + (t + 1) * h],
             };
             let te = Instant::now();
@@ -157,16 +208,16 @@ impl Work {
             order.extend(arriving);
             let fetch = |j: usize| experts.wait(mine[order[j]].0 as u32);
             let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
-            kernel.forward_fetched(&m.pool, &w.books, &order, &fetch, x, scr, &mut self.eouts[..k * lat])?;
+            kernel.forward_fetched(&m.pool, &w.books, &order, &fetch, x, scr, &mut self.moe.eouts[..k * lat])?;
             // waits overlap other lanes' compute: count their lane average as I/O wait
             let (spent, waited) = (te.elapsed().as_secs_f64(), experts.traffic().io_seconds - io0);
             let io_wall = (waited / kernel_lanes as f64).min(spent);
             overlapped += waited - io_wall;
             self.stats.expert_seconds += spent - io_wall;
-            let sum = &mut self.lat_sum[t * lat..(t + 1) * lat];
+            let sum = &mut self.moe.lat_sum[t * lat..(t + 1) * lat];
             sum.fill(0.0);
             for (i, &(_, wgt)) in mine.iter().enumerate() {
-                for (s, &v) in sum.iter_mut().zip(&self.eouts[i * lat..(i + 1) * lat]) {
+                for (s, &v) in sum.iter_mut().zip(&self.moe.eouts[i * lat..(i + 1) * lat]) {
                     *s += v * wgt;
                 }
             }
@@ -182,16 +233,21 @@ impl Work {
         match &w.latent {
             Some(lt) => {
                 if let Some(n) = &lt.norm {
-                    for sum in self.lat_sum[..nt * lat].chunks_exact_mut(lat) {
+                    for sum in self.moe.lat_sum[..nt * lat].chunks_exact_mut(lat) {
                         rmsnorm_inplace(sum, n, c.rms_eps);
                     }
                 }
-                m.pool.matmat(&lt.up.view(), &self.lat_sum[..nt * lat], nt, &mut self.chunk_ffn_out[x0..x0 + nt * h]);
+                m.pool.matmat(
+                    &lt.up.view(),
+                    &self.moe.lat_sum[..nt * lat],
+                    nt,
+                    &mut self.chunk_ffn_out[x0..x0 + nt * h],
+                );
             }
-            None => self.chunk_ffn_out[x0..x0 + nt * h].copy_from_slice(&self.lat_sum[..nt * h]),
+            None => self.chunk_ffn_out[x0..x0 + nt * h].copy_from_slice(&self.moe.lat_sum[..nt * h]),
         }
         if let Some(sh) = &w.shared {
-            let out = &mut self.chunk_shared[..nt * h];
+            let out = &mut self.moe.chunk_shared[..nt * h];
             sh.forward_chunk(&m.pool, c.activation, &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.ffn_tmp, out);
             add(&mut self.chunk_ffn_out[x0..x0 + nt * h], out);
         }
@@ -207,7 +263,7 @@ impl Work {
         // a streamed next layer is not in memory yet: no lookahead into it
         let Some(Ffn::Moe(next)) = m.layers.get(l + 1).and_then(Option::as_ref).map(|x| &x.ffn) else { return Ok(()) };
         let xn = &self.chunk_ffn_in[t * c.hidden..(t + 1) * c.hidden];
-        let scores = &mut self.router[..c.experts];
+        let scores = &mut self.moe.router[..c.experts];
         m.pool.matvec(&next.gate.view(), xn, scores);
         let mut guess = Vec::with_capacity(c.top_k);
         route(&router_config(c), scores, &next.bias, &mut guess);
