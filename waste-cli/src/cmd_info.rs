@@ -182,12 +182,13 @@ pub fn version(a: VersionArgs) -> Result<ExitCode> {
     let b = waste_model::build_info();
     if a.json {
         print_json(&json!({"version": b.version, "simd": b.simd, "simd_available": b.simd_available,
-                    "format_version": b.format_version, "numeric_mode": b.numeric}))?;
+                    "format_version": b.format_version, "numeric_mode": b.numeric, "avx_vnni": b.avx_vnni}))?;
     } else {
         outln!(
-            "waste {} (simd {}; available: {}; numeric mode {}; container format v{})",
+            "waste {} (simd {}{}; available: {}; numeric mode {}; container format v{})",
             b.version,
             b.simd,
+            if b.avx_vnni { " with AVX-VNNI" } else { "" },
             b.simd_available.join(", "),
             b.numeric,
             b.format_version

@@ -494,7 +494,8 @@ fn the_numeric_mode_is_chosen_by_flags_and_reported() {
 
 /// `bench --json`'s `avx_vnni`: whether the AVX2 fast matmat takes AVX-VNNI
 /// — at the AVX2 level in the fast mode where the CPU has it, never in
-/// `exact`, and not with `WASTE_AVX_VNNI=0` (plain AVX2, as on AMD).
+/// `exact`, and not with `WASTE_AVX_VNNI=0` (plain AVX2, as on AMD); and
+/// `version --json`'s, for the level in use.
 #[test]
 fn bench_reports_whether_the_avx2_matmat_takes_avx_vnni() {
     let a = anchor();
@@ -526,4 +527,20 @@ fn bench_reports_whether_the_avx2_matmat_takes_avx_vnni() {
     assert_eq!(run("--fast", false), avx2 && vnni, "the fast mode at AVX2");
     assert!(!run("--fast", true), "WASTE_AVX_VNNI=0");
     assert!(!run("--exact", false), "the exact mode");
+    // `version` says it too, for the level in use
+    for off in [false, true] {
+        let (code, out, err) = waste_in(&["version", "--json"], "", |c| {
+            if avx2 {
+                c.env("WASTE_SIMD", "avx2");
+            }
+            if off {
+                c.env("WASTE_AVX_VNNI", "0")
+            } else {
+                c.env_remove("WASTE_AVX_VNNI")
+            }
+        });
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["avx_vnni"], avx2 && vnni && !off, "version, WASTE_AVX_VNNI=0: {off}: {out}");
+    }
 }

@@ -38,6 +38,10 @@ pub struct BuildInfo {
     /// at [`BuildInfo::simd`] ([`default_numeric`]), or why there is none
     /// (`WASTE_NUMERIC` holding neither `exact` nor `fast`).
     pub numeric: String,
+    /// Whether the fast mode's AVX2 matmats and matvecs take AVX-VNNI at
+    /// [`BuildInfo::simd`] (Intel cores with it and without AVX-512;
+    /// `WASTE_AVX_VNNI=0` turns it off).
+    pub avx_vnni: bool,
 }
 
 /// Version and build facts.
@@ -48,6 +52,7 @@ pub fn build_info() -> BuildInfo {
         simd_available: waste_quant::Level::available().iter().map(|l| l.name()).collect(),
         format_version: waste_format::FORMAT_VERSION,
         numeric: default_numeric(waste_quant::level()).map_or_else(|e| e.to_string(), |n| n.name().to_string()),
+        avx_vnni: waste_quant::fast::matmat_uses_avx_vnni(waste_quant::level()),
     }
 }
 
