@@ -180,8 +180,9 @@ pub fn set_avx_vnni(on: bool) {
     let _ = on;
 }
 
-/// Whether a fast matmat at `level` on this CPU takes AVX-VNNI (the AVX2
-/// kernels run it: AVX2, or AVX-512 without its own VNNI), as reports say.
+/// Whether the fast matmats and matvecs at `level` on this CPU take
+/// AVX-VNNI (the AVX2 kernels run them: AVX2, or AVX-512 without its own
+/// VNNI): what the kernels are given and what reports say, one answer.
 pub fn matmat_uses_avx_vnni(level: Level) -> bool {
     #[cfg(target_arch = "x86_64")]
     return level.avx2_kernels() && !(level == Level::Avx512 && vnni()) && avx_vnni();
@@ -338,7 +339,7 @@ impl MatRef<'_> {
             let t = crate::x86_64::fast::TOKENS;
             for (xc, oc) in xs.chunks(t).zip(outs.chunks_mut(t)) {
                 // SAFETY: AVX2/FMA/F16C (and AVX-VNNI where taken) verified; shapes asserted above.
-                unsafe { crate::x86_64::fast::matmat_rows(self, xc, row0, oc, avx_vnni()) };
+                unsafe { crate::x86_64::fast::matmat_rows(self, xc, row0, oc, matmat_uses_avx_vnni(level)) };
             }
             return;
         }
@@ -369,7 +370,7 @@ impl MatRef<'_> {
         #[cfg(target_arch = "x86_64")]
         if level.avx2_kernels() {
             // SAFETY: AVX2/FMA/F16C (and AVX-VNNI where taken) verified; the shape checked by MatRef::new and the asserts.
-            unsafe { crate::x86_64::fast::matvec_rows(self, x, row0, y, avx_vnni()) };
+            unsafe { crate::x86_64::fast::matvec_rows(self, x, row0, y, matmat_uses_avx_vnni(level)) };
             return;
         }
         #[cfg(target_arch = "aarch64")]

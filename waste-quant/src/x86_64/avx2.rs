@@ -480,14 +480,31 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) -> usize {
 /// # Safety
 /// AVX2 and FMA; sizes as asserted by `vq_fast::matvec_rows`.
 pub unsafe fn vq_fast_rows32(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32], chains: bool) {
-    // SAFETY: the caller's contract (1 to 3 byte stages).
-    unsafe {
-        match lay.bpv() {
-            3 => vq_fast_rows32_with::<3>(lay, idx, d, q, r0, y, chains),
-            2 => vq_fast_rows32_with::<2>(lay, idx, d, q, r0, y, chains),
-            1 => vq_fast_rows32_with::<1>(lay, idx, d, q, r0, y, chains),
-            b => unreachable!("the fast AVX2 lookups serve 1 to 3 byte stages, not {b}"),
+    use crate::vq_fast::QBLOCK;
+    debug_assert!(lay.stages == lay.bpv() && !lay.packed6 && lay.block.is_multiple_of(32));
+    assert!(q.len() >= lay.table_len() && d.len() >= lay.nvec.div_ceil(QBLOCK) && y.len().is_multiple_of(32));
+    let mut run = |q: &[i8]| {
+        // SAFETY: the caller's contract (1 to 3 byte stages); `q` holds a whole table.
+        unsafe {
+            match (lay.bpv(), chains) {
+                (3, false) => vq_fast_rows32_body::<3, false>(lay, idx, d, q, r0, y),
+                (2, false) => vq_fast_rows32_body::<2, false>(lay, idx, d, q, r0, y),
+                (1, false) => vq_fast_rows32_body::<1, false>(lay, idx, d, q, r0, y),
+                (3, true) => vq_fast_rows32_body::<3, true>(lay, idx, d, q, r0, y),
+                (2, true) => vq_fast_rows32_body::<2, true>(lay, idx, d, q, r0, y),
+                (1, true) => vq_fast_rows32_body::<1, true>(lay, idx, d, q, r0, y),
+                (b, _) => unreachable!("the fast AVX2 lookups serve 1 to 3 byte stages, not {b}"),
+            }
         }
+    };
+    if chains {
+        TELESCOPED.with_borrow_mut(|tq| {
+            tq.resize(lay.table_len(), 0);
+            telescope(&q[..lay.table_len()], tq);
+            run(tq)
+        });
+    } else {
+        run(q)
     }
 }
 
@@ -592,27 +609,15 @@ std::thread_local! {
 /// group's `32 · BPV` bytes, both lines they may span).
 const VQ_FAST_AHEAD: usize = 24;
 
-/// [`vq_fast_rows32`] with the stage count fixed.
-///
-/// # Safety
-/// As [`vq_fast_rows32`]; `BPV == lay.bpv() == lay.stages`.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn vq_fast_rows32_with<const BPV: usize>(
-    lay: &VqLayout,
-    idx: &[u8],
-    d: &[f32],
-    q: &[i8],
-    r0: usize,
-    y: &mut [f32],
-    chains: bool,
-) {
-    use crate::vq_fast::QBLOCK;
-    debug_assert!(lay.stages == BPV && !lay.packed6 && lay.block.is_multiple_of(32));
-    assert!(q.len() >= lay.table_len() && d.len() >= lay.nvec.div_ceil(QBLOCK) && y.len().is_multiple_of(32));
-    // a group's 32·BPV index bytes as BPV registers: load k takes bytes
-    // 16k.. (rows 0–15) and 16·BPV + 16k.. (rows 16–31); byte i of a lane
-    // for stage s is row i's byte BPV·i + s, in load (BPV·i + s) / 16
-    let masks: [[__m256i; BPV]; BPV] = core::array::from_fn(|s| {
+/// The `pshufb` masks that gather one stage's 32 index bytes of a group
+/// (`BPV` byte stages): a group's `32 · BPV` index bytes are `BPV`
+/// registers, load `k` taking bytes `16k..` (rows 0–15) and `16 · BPV + 16k..`
+/// (rows 16–31); byte `i` of a lane for stage `s` is row `i`'s byte
+/// `BPV · i + s`, in load `(BPV · i + s) / 16`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn stage_masks<const BPV: usize>() -> [[__m256i; BPV]; BPV] {
+    core::array::from_fn(|s| {
         core::array::from_fn(|k| {
             let b: [u8; 16] = core::array::from_fn(|i| {
                 let o = (BPV * i + s) as isize - 16 * k as isize;
@@ -626,22 +631,11 @@ unsafe fn vq_fast_rows32_with<const BPV: usize>(
             let m = unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) };
             _mm256_broadcastsi128_si256(m)
         })
-    });
-    if chains {
-        TELESCOPED.with_borrow_mut(|tq| {
-            tq.resize(lay.table_len(), 0);
-            telescope(&q[..lay.table_len()], tq);
-            // SAFETY: this function's contract; the telescoped table is as long as q's.
-            unsafe { vq_fast_rows32_body::<BPV, true>(lay, idx, d, tq, r0, y, &masks) }
-        });
-    } else {
-        // SAFETY: as above.
-        unsafe { vq_fast_rows32_body::<BPV, false>(lay, idx, d, q, r0, y, &masks) }
-    }
+    })
 }
 
-/// [`vq_fast_rows32_with`]'s loop, by chains (`CHAINS`: `q` telescoped) or
-/// by the blend tree.
+/// [`vq_fast_rows32`]'s loop for `BPV` byte stages, by chains (`CHAINS`:
+/// `q` telescoped) or by the blend tree.
 ///
 /// # Safety
 /// As [`vq_fast_rows32`].
@@ -653,9 +647,9 @@ unsafe fn vq_fast_rows32_body<const BPV: usize, const CHAINS: bool>(
     q: &[i8],
     r0: usize,
     y: &mut [f32],
-    masks: &[[__m256i; BPV]; BPV],
 ) {
     use crate::vq_fast::QBLOCK;
+    let masks = stage_masks::<BPV>();
     let nib = _mm256_set1_epi8(0x0f);
     let vstride = lay.vstride();
     for g in 0..y.len() / 32 {

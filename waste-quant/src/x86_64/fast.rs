@@ -121,6 +121,13 @@ fn vnni_start<const Q4: bool>(s8: __m512i) -> __m512i {
     _mm512_sub_epi32(_mm512_setzero_si512(), if Q4 { s8 } else { _mm512_slli_epi32::<4>(s8) })
 }
 
+/// [`vnni_start`] for eight lanes (AVX-VNNI's 256-bit `vpdpbusd`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn vnni_start_256<const Q4: bool>(s8: __m256i) -> __m256i {
+    _mm256_sub_epi32(_mm256_setzero_si256(), if Q4 { s8 } else { _mm256_slli_epi32::<4>(s8) })
+}
+
 /// Block `b`'s input codes and lane sums.
 ///
 /// # Safety
@@ -190,8 +197,7 @@ macro_rules! rows_fast {
                     }
                     // SAFETY: b is a block of x; AVX2 present.
                     let (xq, s8) = unsafe { input_block(x, b) };
-                    // VNNI's start: −8 Σq for Q4G nibbles, −128 Σq for Q8G codes + 128
-                    let start = _mm256_sub_epi32(_mm256_setzero_si256(), if Q4 { s8 } else { _mm256_slli_epi32::<4>(s8) });
+                    let start = vnni_start_256::<Q4>(s8);
                     let dv = _mm256_broadcast_ss(db);
                     for &r in &rp {
                         super::prefetch_block(r, b * bbytes, bbytes);
@@ -421,43 +427,38 @@ pub unsafe fn matmat_rows(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut
     }
 }
 
+/// `$f::<G…, NT>$args` with the input count `NT` = `$n` fixed at compile
+/// time (1 to 8: the accumulators stay in registers).
+macro_rules! by_inputs {
+    ($n:expr, $f:ident, [$($g:tt)*], $args:tt) => {
+        match $n {
+            1 => $f::<$($g)* 1> $args,
+            2 => $f::<$($g)* 2> $args,
+            3 => $f::<$($g)* 3> $args,
+            4 => $f::<$($g)* 4> $args,
+            5 => $f::<$($g)* 5> $args,
+            6 => $f::<$($g)* 6> $args,
+            7 => $f::<$($g)* 7> $args,
+            _ => $f::<$($g)* 8> $args,
+        }
+    };
+}
+
 /// [`matmat_rows`]'s Q4G form with AVX-VNNI.
 ///
 /// # Safety
 /// As [`matmat_rows`], and AVX-VNNI present.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn multi_avx2_vnni(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
-    // SAFETY (every call): this function's contract.
-    unsafe {
-        match xs.len() {
-            1 => multi_vnni_nt::<true, 1>(m, xs, row0, outs),
-            2 => multi_vnni_nt::<true, 2>(m, xs, row0, outs),
-            3 => multi_vnni_nt::<true, 3>(m, xs, row0, outs),
-            4 => multi_vnni_nt::<true, 4>(m, xs, row0, outs),
-            5 => multi_vnni_nt::<true, 5>(m, xs, row0, outs),
-            6 => multi_vnni_nt::<true, 6>(m, xs, row0, outs),
-            7 => multi_vnni_nt::<true, 7>(m, xs, row0, outs),
-            _ => multi_vnni_nt::<true, 8>(m, xs, row0, outs),
-        }
-    }
+    // SAFETY: this function's contract.
+    unsafe { by_inputs!(xs.len(), multi_vnni_nt, [true,], (m, xs, row0, outs)) }
 }
 
 /// [`matmat_rows`] for Q4G (`Q4`) or Q8G by `maddubs` / `madd`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn multi_avx2<const Q4: bool>(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
-    // SAFETY (every call): this function's contract.
-    unsafe {
-        match xs.len() {
-            1 => multi_avx2_nt::<Q4, 1>(m, xs, row0, outs),
-            2 => multi_avx2_nt::<Q4, 2>(m, xs, row0, outs),
-            3 => multi_avx2_nt::<Q4, 3>(m, xs, row0, outs),
-            4 => multi_avx2_nt::<Q4, 4>(m, xs, row0, outs),
-            5 => multi_avx2_nt::<Q4, 5>(m, xs, row0, outs),
-            6 => multi_avx2_nt::<Q4, 6>(m, xs, row0, outs),
-            7 => multi_avx2_nt::<Q4, 7>(m, xs, row0, outs),
-            _ => multi_avx2_nt::<Q4, 8>(m, xs, row0, outs),
-        }
-    }
+    // SAFETY: this function's contract.
+    unsafe { by_inputs!(xs.len(), multi_avx2_nt, [Q4,], (m, xs, row0, outs)) }
 }
 
 /// Defines [`multi_avx2_nt`] and [`multi_vnni_nt`]: one loop, compiled
@@ -495,8 +496,12 @@ macro_rules! multi_nt {
             } else {
                 Vec::new()
             };
-            // block b's input scales side by side (lanes past NT zero)
-            let dt: Vec<[f32; 8]> = (0..nb).map(|b| core::array::from_fn(|t| if t < NT { xs[t].d[b] } else { 0.0 })).collect();
+            // Q4G: block b's input scales side by side (lanes past NT zero)
+            let dt: Vec<[f32; 8]> = if Q4 {
+                (0..nb).map(|b| core::array::from_fn(|t| if t < NT { xs[t].d[b] } else { 0.0 })).collect()
+            } else {
+                Vec::new()
+            };
             let mut dd = [0f32; 8];
             // the products are read back by broadcast loads (load ports), not
             // shuffles (the vector ports this loop is bound by)
