@@ -54,6 +54,8 @@ pub fn info(a: InfoArgs) -> Result<ExitCode> {
     let v = json!({
         "path": a.model.display().to_string(),
         "arch": c.manifest.arch,
+        // the architecture family whose module reads this config (waste_format::arch)
+        "family": cfg.family.def().name,
         "format_version": c.manifest.format_version,
         "layers": cfg.layers,
         "moe_layers": cfg.n_moe_layers(),
@@ -80,7 +82,7 @@ pub fn info(a: InfoArgs) -> Result<ExitCode> {
     if a.json {
         print_json(&v)?;
     } else {
-        outln!("{}  ({})", a.model.display(), c.manifest.arch);
+        outln!("{}  ({}; family {})", a.model.display(), c.manifest.arch, cfg.family.def().name);
         outln!("  layers {} ({} MoE), attention {kinds}", cfg.layers, cfg.n_moe_layers());
         outln!(
             "  hidden {}, vocab {}, experts {} top-{} (+{} shared), expert width {}",

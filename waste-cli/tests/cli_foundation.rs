@@ -34,6 +34,7 @@ fn info_json_reports_the_c_engines_figures() {
     assert_eq!(v["top_k"], 2);
     assert_eq!(v["hidden"], 128);
     assert_eq!(v["vocab"], 316);
+    assert_eq!(v["family"], "kimi-linear");
     // the C WASTE 0.6.6's figures for this container
     assert_eq!(v["params_total"], 1_129_124);
     assert_eq!(v["params_active"], 646_308);

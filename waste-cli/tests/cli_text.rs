@@ -198,6 +198,10 @@ fn eval_takes_text_and_images_as_the_c_cli() {
         assert!((got - want).abs() <= 2e-3, "id {id}: {got} against the C engine's {want}");
     }
     assert_eq!(v["argmax"], c["top"][0]["id"]);
+    // the C converter's K3 container is read by the K3 family's module
+    let (code, out, err) = waste(&["info", m.to_str().unwrap(), "--json"], "");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["family"], "kimi-k3");
     // the text from stdin: the same
     let (code, out2, err) = waste(&[&["eval"][..], &args, &["-", "--logits", "--json"]].concat(), "Describe: ");
     assert_eq!(code, 0, "{err}");

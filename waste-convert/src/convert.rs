@@ -327,7 +327,7 @@ pub fn convert(src_dir: &Path, out: &Path, o: &ConvertOptions, progress: &(dyn F
             let nvis = vision.as_ref().map_or(0, |(_, vc)| vc.tensors().len());
             let mut tw = TrunkWriter::create(out)?;
             for (i, req) in reqs.iter().enumerate() {
-                let (shape, v) = read(&src, &prefix, &req.name, cfg.conv_kernel)?;
+                let (shape, v) = read(&src, &prefix, &req.name, &cfg)?;
                 if !req.expect.accepts_shape(&shape) {
                     return Err(Error::Source(format!(
                         "{}: shape {shape:?}, the config needs {:?}",

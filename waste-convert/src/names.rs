@@ -1,13 +1,17 @@
-//! Source tensor names: the release's and transformers' spellings of every
-//! container tensor.
+//! Reading source tensors by their container names: the spellings come from
+//! the config's architecture family (`waste_format::arch`); the fused
+//! forms (one `conv1d` over q|k|v, `experts.gate_up_proj`) are split here.
 
 use crate::source::Source;
 use crate::{Error, Result};
+use waste_format::ModelConfig;
 
 /// Read the container tensor `name` (without prefix) from the source,
-/// trying each spelling; returns `(shape, values)`.
-pub fn read(src: &Source, prefix: &str, name: &str, conv_kernel: usize) -> Result<(Vec<usize>, Vec<f32>)> {
-    for cand in candidates(name) {
+/// trying each of the config's family's spellings
+/// ([`waste_format::Architecture::source_names`]); returns `(shape, values)`.
+pub fn read(src: &Source, prefix: &str, name: &str, cfg: &ModelConfig) -> Result<(Vec<usize>, Vec<f32>)> {
+    let conv_kernel = cfg.conv_kernel;
+    for cand in (cfg.family.def().source_names)(name) {
         for p in [prefix, ""] {
             let full = format!("{p}{cand}");
             if src.has(&full) || src.has(&full.replace(".weight", ".weight_packed")) {
@@ -37,25 +41,6 @@ pub fn read(src: &Source, prefix: &str, name: &str, conv_kernel: usize) -> Resul
         }
     }
     Err(Error::Source(format!("tensor {prefix}{name} not found (tried the release's and transformers' names)")))
-}
-
-/// Alternative spellings of a container tensor name.
-fn candidates(name: &str) -> Vec<String> {
-    let mut v = vec![name.to_string()];
-    let alt = |from: &str, to: &str| name.replace(from, to);
-    if name.contains(".mlp.") {
-        // transformers writes the dense layer-0 FFN under block_sparse_moe
-        v.push(alt(".mlp.", ".block_sparse_moe."));
-    }
-    for k in ["f_a_proj", "f_b_proj", "dt_bias", "A_log"] {
-        if name.contains(&format!("self_attn.{k}")) {
-            v.push(alt("self_attn.", "self_attn.forget_gate."));
-        }
-    }
-    if name.contains(".block_sparse_moe.") {
-        v.push(alt(".block_sparse_moe.", ".mlp."));
-    }
-    v
 }
 
 /// Read routed expert `e` of layer `l`: `(w1 gate, w3 up, w2 down)`, each `(rows, cols, values)`.

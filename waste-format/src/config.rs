@@ -6,6 +6,7 @@
 //! `linear_num_heads`, `n_routed_experts`, `num_experts_per_tok`, ...).
 //! Every value is bounded; failures name the key and the value.
 
+use crate::arch::Family;
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
 
@@ -60,6 +61,9 @@ pub enum Activation {
 pub struct ModelConfig {
     /// `model_type` (descriptive).
     pub model_type: String,
+    /// The architecture family whose module parsed this config
+    /// ([`crate::arch`]: its keys, layer plan, tensors and source names).
+    pub family: Family,
     /// Hidden width.
     pub hidden: usize,
     /// Number of decoder layers.
@@ -130,15 +134,15 @@ pub struct ModelConfig {
     pub tie_embeddings: bool,
 }
 
-fn get<'a>(m: &'a Map<String, Value>, keys: &[&str]) -> Option<(&'a str, &'a Value)> {
+pub(crate) fn get<'a>(m: &'a Map<String, Value>, keys: &[&str]) -> Option<(&'a str, &'a Value)> {
     keys.iter().find_map(|k| m.get_key_value(*k).filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.as_str(), v)))
 }
 
-fn key_path(prefix: &str, k: &str) -> String {
+pub(crate) fn key_path(prefix: &str, k: &str) -> String {
     format!("{prefix}.{k}")
 }
 
-fn uint(m: &Map<String, Value>, prefix: &str, keys: &[&str], lo: usize, hi: usize) -> Result<Option<usize>> {
+pub(crate) fn uint(m: &Map<String, Value>, prefix: &str, keys: &[&str], lo: usize, hi: usize) -> Result<Option<usize>> {
     let Some((k, v)) = get(m, keys) else { return Ok(None) };
     let n = v
         .as_u64()
@@ -149,11 +153,11 @@ fn uint(m: &Map<String, Value>, prefix: &str, keys: &[&str], lo: usize, hi: usiz
     Ok(Some(n as usize))
 }
 
-fn req_uint(m: &Map<String, Value>, prefix: &str, keys: &[&str], lo: usize, hi: usize) -> Result<usize> {
+pub(crate) fn req_uint(m: &Map<String, Value>, prefix: &str, keys: &[&str], lo: usize, hi: usize) -> Result<usize> {
     uint(m, prefix, keys, lo, hi)?.ok_or_else(|| Error::manifest(key_path(prefix, keys[0]), "missing"))
 }
 
-fn float(m: &Map<String, Value>, prefix: &str, keys: &[&str]) -> Result<Option<f32>> {
+pub(crate) fn float(m: &Map<String, Value>, prefix: &str, keys: &[&str]) -> Result<Option<f32>> {
     let Some((k, v)) = get(m, keys) else { return Ok(None) };
     let f = v.as_f64().ok_or_else(|| Error::manifest(key_path(prefix, k), format!("expected a number, got {v}")))?;
     // finite as the f32 the engine computes with (1e39 is a finite f64)
@@ -163,12 +167,12 @@ fn float(m: &Map<String, Value>, prefix: &str, keys: &[&str]) -> Result<Option<f
     Ok(Some(f as f32))
 }
 
-fn boolean(m: &Map<String, Value>, prefix: &str, keys: &[&str]) -> Result<Option<bool>> {
+pub(crate) fn boolean(m: &Map<String, Value>, prefix: &str, keys: &[&str]) -> Result<Option<bool>> {
     let Some((k, v)) = get(m, keys) else { return Ok(None) };
     v.as_bool().map(Some).ok_or_else(|| Error::manifest(key_path(prefix, k), format!("expected a boolean, got {v}")))
 }
 
-fn uint_list(v: &Value, key: &str) -> Result<Vec<usize>> {
+pub(crate) fn uint_list(v: &Value, key: &str) -> Result<Vec<usize>> {
     let arr = v.as_array().ok_or_else(|| Error::manifest(key, format!("expected an array, got {v}")))?;
     if arr.len() > MAX_LAYERS {
         return Err(Error::manifest(key, format!("{} entries exceed {MAX_LAYERS}", arr.len())));
@@ -204,6 +208,15 @@ impl ModelConfig {
     pub fn from_json(v: &Value) -> Result<Self> {
         let flat = flatten_text_config(v);
         let m = flat.as_object().ok_or_else(|| Error::manifest("config", "expected an object"))?;
+        let family = Family::detect(m);
+        let mut c = Self::common(m, family)?;
+        (family.def().parse)(m, &mut c)?;
+        Ok(c)
+    }
+
+    /// The keys every family reads (sizes, norm epsilon, special tokens),
+    /// the rest at their "absent" values for the family's parser to fill.
+    fn common(m: &Map<String, Value>, family: Family) -> Result<Self> {
         let p = "config";
         let hidden = req_uint(m, p, &["hidden_size"], 1, MAX_HIDDEN)?;
         let layers = req_uint(m, p, &["num_hidden_layers"], 1, MAX_LAYERS)?;
@@ -212,158 +225,6 @@ impl ModelConfig {
         if !(rms_eps > 0.0 && rms_eps < 1.0) {
             return Err(Error::manifest("config.rms_norm_eps", format!("value {rms_eps} out of range (0, 1)")));
         }
-        let experts = req_uint(m, p, &["num_experts", "n_routed_experts", "num_local_experts"], 1, MAX_EXPERTS)?;
-        let top_k = req_uint(m, p, &["num_experts_per_token", "num_experts_per_tok"], 1, MAX_TOPK.min(experts))?;
-        let moe_intermediate = req_uint(m, p, &["moe_intermediate_size"], 1, MAX_FFN)?;
-        let first_k_dense = match uint(m, p, &["first_k_dense_replace"], 0, layers)? {
-            Some(k) => k,
-            None => match m.get("mlp_layer_types").filter(|v| !v.is_null()) {
-                // transformers' form: leading "dense" layers, the rest "sparse"
-                Some(Value::Array(a)) => {
-                    let k = a.iter().take_while(|v| v.as_str() == Some("dense")).count();
-                    if a.len() != layers || a[k..].iter().any(|v| v.as_str() != Some("sparse")) {
-                        return Err(Error::manifest(
-                            "config.mlp_layer_types",
-                            "must be leading \"dense\" layers then \"sparse\" ones, one per layer",
-                        ));
-                    }
-                    k
-                }
-                Some(v) => {
-                    return Err(Error::manifest("config.mlp_layer_types", format!("expected an array, got {v}")))
-                }
-                None => 0,
-            },
-        };
-        let intermediate = match uint(m, p, &["intermediate_size"], 1, MAX_FFN)? {
-            Some(n) => n,
-            None if first_k_dense == 0 => 0,
-            None => return Err(Error::manifest("config.intermediate_size", "missing (needed by dense layers)")),
-        };
-        let shared_experts = uint(m, p, &["num_shared_experts", "n_shared_experts"], 0, MAX_SHARED)?.unwrap_or(0);
-        let renormalize = boolean(m, p, &["moe_renormalize", "norm_topk_prob"])?.unwrap_or(true);
-        let routed_scaling = float(m, p, &["routed_scaling_factor"])?.unwrap_or(1.0);
-        let n_group = uint(m, p, &["num_expert_group", "n_group"], 1, experts)?.unwrap_or(1);
-        if experts % n_group != 0 {
-            return Err(Error::manifest(
-                "config.num_expert_group",
-                format!("{n_group} does not divide num_experts {experts}"),
-            ));
-        }
-        let topk_group = uint(m, p, &["topk_group"], 1, n_group)?.unwrap_or(n_group);
-        if n_group > 1 && top_k > topk_group * (experts / n_group) {
-            return Err(Error::manifest(
-                "config.topk_group",
-                format!("{topk_group} groups cannot supply top_k {top_k}"),
-            ));
-        }
-        if let Some((k, v)) = get(m, &["moe_router_activation_func"]) {
-            if v.as_str() != Some("sigmoid") {
-                return Err(Error::manifest(key_path(p, k), format!("only \"sigmoid\" is supported, got {v}")));
-            }
-        }
-
-        // Linear attention block: the release's nested object or transformers' flat keys.
-        let lin = match m.get("linear_attn_config") {
-            Some(Value::Object(o)) => Some(o),
-            Some(Value::Null) | None => None,
-            Some(v) => {
-                return Err(Error::manifest("config.linear_attn_config", format!("expected an object, got {v}")))
-            }
-        };
-        let lp = "config.linear_attn_config";
-        let (kda_heads, kda_head_dim, conv_kernel, full_rank, lower_bound) = match lin {
-            Some(o) => (
-                uint(o, lp, &["num_heads"], 1, MAX_HEADS)?,
-                uint(o, lp, &["head_dim"], 1, MAX_HEAD_DIM)?,
-                uint(o, lp, &["short_conv_kernel_size"], 1, 64)?,
-                boolean(o, lp, &["use_full_rank_gate"])?.unwrap_or(false),
-                float(o, lp, &["gate_lower_bound"])?,
-            ),
-            None => (
-                uint(m, p, &["linear_num_heads"], 1, MAX_HEADS)?,
-                uint(m, p, &["linear_head_dim"], 1, MAX_HEAD_DIM)?,
-                uint(m, p, &["linear_conv_kernel_dim"], 1, 64)?,
-                boolean(m, p, &["use_full_rank_gate"])?.unwrap_or(false),
-                float(m, p, &["gate_lower_bound"])?,
-            ),
-        };
-        if let Some(lb) = lower_bound {
-            if lb >= 0.0 {
-                return Err(Error::manifest(
-                    "config.linear_attn_config.gate_lower_bound",
-                    format!("must be negative, got {lb}"),
-                ));
-            }
-        }
-        let attn_kinds = Self::parse_layer_kinds(m, lin, layers)?;
-        let has_kda = attn_kinds.contains(&AttnKind::Kda);
-        let has_mla = attn_kinds.contains(&AttnKind::Mla);
-        let need =
-            |v: Option<usize>, key: &str| v.ok_or_else(|| Error::manifest(key, "missing (needed by KDA layers)"));
-        let (kda_heads, kda_head_dim, conv_kernel) = if has_kda {
-            (
-                need(kda_heads, "config.linear_attn_config.num_heads")?,
-                need(kda_head_dim, "config.linear_attn_config.head_dim")?,
-                conv_kernel.unwrap_or(4),
-            )
-        } else {
-            (kda_heads.unwrap_or(0), kda_head_dim.unwrap_or(0), conv_kernel.unwrap_or(4))
-        };
-        if has_kda && kda_heads.checked_mul(kda_head_dim).is_none_or(|c| c > MAX_HIDDEN) {
-            return Err(Error::manifest(
-                "config.linear_attn_config.num_heads",
-                format!("{kda_heads} x {kda_head_dim} too wide"),
-            ));
-        }
-
-        let mreq = |keys: &[&str], lo: usize, hi: usize| -> Result<usize> {
-            if has_mla {
-                req_uint(m, p, keys, lo, hi)
-            } else {
-                Ok(uint(m, p, keys, lo, hi)?.unwrap_or(0))
-            }
-        };
-        let mla_heads = mreq(&["num_attention_heads"], 1, MAX_HEADS)?;
-        let qk_nope = mreq(&["qk_nope_head_dim"], 0, MAX_HEAD_DIM)?;
-        let qk_rope = mreq(&["qk_rope_head_dim"], 0, MAX_HEAD_DIM)?;
-        let v_head = mreq(&["v_head_dim"], 1, MAX_HEAD_DIM)?;
-        let kv_lora = mreq(&["kv_lora_rank"], 1, MAX_HIDDEN)?;
-        let q_lora = uint(m, p, &["q_lora_rank"], 1, MAX_HIDDEN)?;
-        if has_mla {
-            if qk_nope + qk_rope == 0 {
-                return Err(Error::manifest("config.qk_nope_head_dim", "qk_nope_head_dim + qk_rope_head_dim is 0"));
-            }
-            if let Some(false) = boolean(m, p, &["mla_use_nope"])? {
-                return Err(Error::Unsupported("MLA with rotary embeddings (mla_use_nope = false)".into()));
-            }
-            // transformers then gives q_a_proj, kv_a_proj_with_mqa and o_proj
-            // biases, which the container has no place for
-            if let Some(true) = boolean(m, p, &["attention_bias"])? {
-                return Err(Error::Unsupported("MLA projections with biases (attention_bias = true)".into()));
-            }
-            if mla_heads.checked_mul(qk_nope + qk_rope + v_head).is_none_or(|c| c > MAX_HIDDEN * 4) {
-                return Err(Error::manifest("config.num_attention_heads", format!("{mla_heads} heads too wide")));
-            }
-        }
-        let mla_output_gate = boolean(m, p, &["mla_use_output_gate"])?.unwrap_or(false);
-        let latent = uint(m, p, &["routed_expert_hidden_size"], 1, MAX_HIDDEN)?;
-        let latent_norm = boolean(m, p, &["latent_moe_use_norm"])?.unwrap_or(false) && latent.is_some();
-        let activation = match get(m, &["hidden_act"]).map(|(_, v)| v) {
-            None => Activation::Silu,
-            Some(Value::String(s)) if s == "silu" || s == "swish" => Activation::Silu,
-            Some(Value::String(s)) if s == "situ" => Activation::Situ {
-                beta: float(m, p, &["activation_situ_beta"])?.unwrap_or(4.0),
-                linear_beta: float(m, p, &["activation_situ_linear_beta"])?.unwrap_or(25.0),
-            },
-            Some(v) => return Err(Error::manifest("config.hidden_act", format!("unsupported activation {v}"))),
-        };
-        if let Activation::Situ { beta, .. } = activation {
-            if beta <= 0.0 {
-                return Err(Error::manifest("config.activation_situ_beta", format!("must be positive, got {beta}")));
-            }
-        }
-        let attn_res_block = uint(m, p, &["attn_res_block_size"], 1, MAX_LAYERS)?;
         // token ids inside the vocabulary: an end token the model cannot
         // produce never ends an answer (and a constrained one cannot end)
         let bos = uint(m, p, &["bos_token_id"], 0, vocab - 1)?.map(|x| x as u32);
@@ -383,93 +244,42 @@ impl ModelConfig {
         let model_type = m.get("model_type").and_then(|v| v.as_str()).unwrap_or("").to_string();
         Ok(ModelConfig {
             model_type,
+            family,
             hidden,
             layers,
             vocab,
             rms_eps,
-            first_k_dense,
-            intermediate,
-            moe_intermediate,
-            experts,
-            top_k,
-            shared_experts,
-            renormalize,
-            routed_scaling,
-            n_group,
-            topk_group,
-            attn_kinds,
-            kda_heads,
-            kda_head_dim,
-            conv_kernel,
-            kda_full_rank_gate: full_rank,
-            gate_lower_bound: lower_bound,
-            mla_heads,
-            qk_nope,
-            qk_rope,
-            v_head,
-            kv_lora,
-            q_lora,
-            mla_output_gate,
-            latent,
-            latent_norm,
-            activation,
-            attn_res_block,
+            first_k_dense: 0,
+            intermediate: 0,
+            moe_intermediate: 0,
+            experts: 0,
+            top_k: 0,
+            shared_experts: 0,
+            renormalize: true,
+            routed_scaling: 1.0,
+            n_group: 1,
+            topk_group: 1,
+            attn_kinds: vec![],
+            kda_heads: 0,
+            kda_head_dim: 0,
+            conv_kernel: 4,
+            kda_full_rank_gate: false,
+            gate_lower_bound: None,
+            mla_heads: 0,
+            qk_nope: 0,
+            qk_rope: 0,
+            v_head: 0,
+            kv_lora: 0,
+            q_lora: None,
+            mla_output_gate: false,
+            latent: None,
+            latent_norm: false,
+            activation: Activation::Silu,
+            attn_res_block: None,
             bos,
             eos,
             tie_embeddings,
         })
-    }
-
-    fn parse_layer_kinds(
-        m: &Map<String, Value>,
-        lin: Option<&Map<String, Value>>,
-        layers: usize,
-    ) -> Result<Vec<AttnKind>> {
-        if let Some(o) = lin {
-            let full = o.get("full_attn_layers").filter(|v| !v.is_null());
-            let kda = o.get("kda_layers").filter(|v| !v.is_null());
-            if full.is_some() || kda.is_some() {
-                let mut kinds = vec![None; layers];
-                for (list, kind, key) in [(kda, AttnKind::Kda, "kda_layers"), (full, AttnKind::Mla, "full_attn_layers")]
-                {
-                    let Some(list) = list else { continue };
-                    let key = format!("config.linear_attn_config.{key}");
-                    for l in uint_list(list, &key)? {
-                        if l == 0 || l > layers {
-                            return Err(Error::manifest(&key, format!("layer {l} outside 1..={layers} (1-based)")));
-                        }
-                        if kinds[l - 1].is_some() {
-                            return Err(Error::manifest(&key, format!("layer {l} listed twice")));
-                        }
-                        kinds[l - 1] = Some(kind);
-                    }
-                }
-                // A layer named in neither list takes the kind of the other list's complement.
-                let default = if kda.is_some() && full.is_none() { AttnKind::Mla } else { AttnKind::Kda };
-                return Ok(kinds.into_iter().map(|k| k.unwrap_or(default)).collect());
-            }
-        }
-        if let Some(lt) = m.get("layer_types").filter(|v| !v.is_null()) {
-            let arr = lt.as_array().ok_or_else(|| Error::manifest("config.layer_types", "expected an array"))?;
-            if arr.len() != layers {
-                return Err(Error::manifest(
-                    "config.layer_types",
-                    format!("{} entries for {layers} layers", arr.len()),
-                ));
-            }
-            return arr
-                .iter()
-                .map(|v| match v.as_str() {
-                    Some("linear_attention") | Some("kda") | Some("linear") => Ok(AttnKind::Kda),
-                    Some("full_attention") | Some("mla") | Some("full") => Ok(AttnKind::Mla),
-                    _ => Err(Error::manifest("config.layer_types", format!("unknown layer type {v}"))),
-                })
-                .collect();
-        }
-        if lin.is_some() {
-            return Ok(vec![AttnKind::Kda; layers]);
-        }
-        Ok(vec![AttnKind::Mla; layers])
     }
 
     /// Whether layer `l` uses a routed MoE FFN (else a dense GLU).
@@ -503,11 +313,12 @@ impl ModelConfig {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
-    fn base() -> Value {
+    /// A release-form config (nested `linear_attn_config` with layer lists).
+    pub(crate) fn base() -> Value {
         json!({"hidden_size": 64, "num_hidden_layers": 3, "vocab_size": 100, "num_experts": 4,
                "num_experts_per_token": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1,
                "intermediate_size": 96, "num_attention_heads": 2, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,

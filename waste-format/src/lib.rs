@@ -16,6 +16,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod arch;
 mod codebook;
 mod config;
 mod container;
@@ -29,6 +30,7 @@ mod tensor;
 mod usage;
 mod writer;
 
+pub use arch::{Architecture, Family};
 pub use codebook::{Codebooks, CODEBOOK_HEADER_LEN, CODEBOOK_MAGIC};
 pub use config::{flatten_text_config, limits, Activation, AttnKind, ModelConfig};
 pub use container::{is_vision_tensor, Bank, Container, ParamCounts};

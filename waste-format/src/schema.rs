@@ -1,6 +1,6 @@
 //! The tensors the forward pass needs, derived from the config alone.
 
-use crate::config::{AttnKind, ModelConfig};
+use crate::config::ModelConfig;
 
 /// The expected shape of a required tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,102 +58,15 @@ pub struct Required {
     pub on_disk: bool,
 }
 
-fn r(name: String, expect: Expect) -> Required {
+/// A resident required tensor.
+pub(crate) fn r(name: String, expect: Expect) -> Required {
     Required { name, expect, on_disk: false }
 }
 
-/// Every tensor the forward pass reads, in forward order.
+/// Every tensor the forward pass reads, in forward order: the config's
+/// family declares them ([`crate::arch::Architecture::tensors`]).
 pub fn required_tensors(c: &ModelConfig) -> Vec<Required> {
-    use Expect::*;
-    let h = c.hidden;
-    let mut v = vec![Required { name: "model.embed_tokens.weight".into(), expect: Mat(c.vocab, h), on_disk: true }];
-    for l in 0..c.layers {
-        let p = format!("model.layers.{l}.");
-        v.push(r(format!("{p}input_layernorm.weight"), Vec(h)));
-        v.push(r(format!("{p}post_attention_layernorm.weight"), Vec(h)));
-        if c.attn_res_block.is_some() {
-            for n in ["self_attention_res_norm", "self_attention_res_proj", "mlp_res_norm", "mlp_res_proj"] {
-                v.push(r(format!("{p}{n}.weight"), Vec(h)));
-            }
-        }
-        let a = format!("{p}self_attn.");
-        match c.attn_kinds[l] {
-            AttnKind::Kda => {
-                let (hh, d) = (c.kda_heads, c.kda_head_dim);
-                let ch = hh * d;
-                for n in ["q_proj", "k_proj", "v_proj"] {
-                    v.push(r(format!("{a}{n}.weight"), Mat(ch, h)));
-                }
-                for n in ["q_conv1d", "k_conv1d", "v_conv1d"] {
-                    v.push(r(format!("{a}{n}.weight"), Vec(ch * c.conv_kernel)));
-                }
-                v.push(r(format!("{a}f_a_proj.weight"), Mat(d, h)));
-                v.push(r(format!("{a}f_b_proj.weight"), Mat(ch, d)));
-                v.push(r(format!("{a}b_proj.weight"), Mat(hh, h)));
-                v.push(r(format!("{a}A_log"), AtLeast(hh)));
-                v.push(r(format!("{a}dt_bias"), Vec(ch)));
-                if c.kda_full_rank_gate {
-                    v.push(r(format!("{a}g_proj.weight"), Mat(ch, h)));
-                } else {
-                    v.push(r(format!("{a}g_a_proj.weight"), Mat(d, h)));
-                    v.push(r(format!("{a}g_b_proj.weight"), Mat(ch, d)));
-                }
-                v.push(r(format!("{a}o_norm.weight"), Vec(d)));
-                v.push(r(format!("{a}o_proj.weight"), Mat(h, ch)));
-            }
-            AttnKind::Mla => {
-                let nh = c.mla_heads;
-                let qd = nh * (c.qk_nope + c.qk_rope);
-                match c.q_lora {
-                    Some(ql) => {
-                        v.push(r(format!("{a}q_a_proj.weight"), Mat(ql, h)));
-                        v.push(r(format!("{a}q_a_layernorm.weight"), Vec(ql)));
-                        v.push(r(format!("{a}q_b_proj.weight"), Mat(qd, ql)));
-                    }
-                    None => v.push(r(format!("{a}q_proj.weight"), Mat(qd, h))),
-                }
-                v.push(r(format!("{a}kv_a_proj_with_mqa.weight"), Mat(c.kv_lora + c.qk_rope, h)));
-                v.push(r(format!("{a}kv_a_layernorm.weight"), Vec(c.kv_lora)));
-                v.push(r(format!("{a}kv_b_proj.weight"), Mat(nh * (c.qk_nope + c.v_head), c.kv_lora)));
-                if c.mla_output_gate {
-                    v.push(r(format!("{a}g_proj.weight"), Mat(nh * c.v_head, h)));
-                }
-                v.push(r(format!("{a}o_proj.weight"), Mat(h, nh * c.v_head)));
-            }
-        }
-        if c.is_moe(l) {
-            let m = format!("{p}block_sparse_moe.");
-            v.push(r(format!("{m}gate.weight"), Mat(c.experts, h)));
-            v.push(r(format!("{m}gate.e_score_correction_bias"), Vec(c.experts)));
-            if let Some(lat) = c.latent {
-                v.push(r(format!("{m}routed_expert_down_proj.weight"), Mat(lat, h)));
-                v.push(r(format!("{m}routed_expert_up_proj.weight"), Mat(h, lat)));
-                if c.latent_norm {
-                    v.push(r(format!("{m}routed_expert_norm.weight"), Vec(lat)));
-                }
-            }
-            if c.shared_experts > 0 {
-                let s = c.moe_intermediate * c.shared_experts;
-                v.push(r(format!("{m}shared_experts.gate_proj.weight"), Mat(s, h)));
-                v.push(r(format!("{m}shared_experts.up_proj.weight"), Mat(s, h)));
-                v.push(r(format!("{m}shared_experts.down_proj.weight"), Mat(h, s)));
-            }
-        } else {
-            let m = format!("{p}mlp.");
-            v.push(r(format!("{m}gate_proj.weight"), Mat(c.intermediate, h)));
-            v.push(r(format!("{m}up_proj.weight"), Mat(c.intermediate, h)));
-            v.push(r(format!("{m}down_proj.weight"), Mat(h, c.intermediate)));
-        }
-    }
-    if c.attn_res_block.is_some() {
-        v.push(r("model.output_attn_res_norm.weight".into(), Vec(h)));
-        v.push(r("model.output_attn_res_proj.weight".into(), Vec(h)));
-    }
-    v.push(r("model.norm.weight".into(), Vec(h)));
-    if !c.tie_embeddings {
-        v.push(r("lm_head.weight".into(), Mat(c.vocab, h)));
-    }
-    v
+    (c.family.def().tensors)(c)
 }
 
 #[cfg(test)]
