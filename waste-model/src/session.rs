@@ -11,6 +11,8 @@ use waste_moe::{route, ExpertScratch};
 use waste_quant::ops::{first_non_finite, rmsnorm, rmsnorm_inplace};
 
 mod attention;
+mod rows;
+use rows::Rows;
 mod head;
 mod moe;
 
@@ -118,11 +120,10 @@ struct Work {
     kda_sc: Option<KdaScratch>,
     mla_sc: Option<MlaScratch>,
     ex_sc: Option<ExpertScratch>,
-    /// Per chunk token: hidden state, FFN input, FFN output (`CHUNK × hidden` each).
-    chunk_hidden: Vec<f32>,
-
-    chunk_ffn_in: Vec<f32>,
-    chunk_ffn_out: Vec<f32>,
+    /// Per chunk token: hidden state, FFN input, FFN output (`CHUNK` rows of `hidden` each).
+    chunk_hidden: Rows,
+    chunk_ffn_in: Rows,
+    chunk_ffn_out: Rows,
     /// One token's layer input (the AttnRes mix, or the shared expert's output).
     token_in: Vec<f32>,
     /// The final-normed hidden state the LM head reads.
@@ -259,9 +260,9 @@ impl<'m> Session<'m> {
             kda_sc: has_kda.then(|| KdaScratch::new(&kc, CHUNK)),
             mla_sc: has_mla.then(|| MlaScratch::new(&mc, c.q_lora.unwrap_or(0), CHUNK)),
             ex_sc: m.kernel.as_ref().map(|k| k.scratch(waste_moe::lanes_for(m.pool.threads(), c.top_k))),
-            chunk_hidden: buf(n.chunk_hidden),
-            chunk_ffn_in: buf(n.chunk_ffn_in),
-            chunk_ffn_out: buf(n.chunk_ffn_out),
+            chunk_hidden: Rows::new(CHUNK, c.hidden),
+            chunk_ffn_in: Rows::new(CHUNK, c.hidden),
+            chunk_ffn_out: Rows::new(CHUNK, c.hidden),
             token_in: buf(n.token_in),
             head_in: buf(n.head_in),
             res: attention::ResScratch::new(c),
@@ -351,19 +352,14 @@ impl<'m> Session<'m> {
             } as u64;
         }
         let v = |x: &Vec<f32>| 4 * x.capacity() as u64;
-        let mut sc = [
-            &self.work.chunk_hidden,
-            &self.work.chunk_ffn_in,
-            &self.work.chunk_ffn_out,
-            &self.work.token_in,
-            &self.work.head_in,
-            &self.work.ffn_tmp,
-            &self.work.batch_logits,
-            &self.lane.logits,
-        ]
-        .iter()
-        .map(|b| v(b))
-        .sum::<u64>();
+        let mut sc = [&self.work.chunk_hidden, &self.work.chunk_ffn_in, &self.work.chunk_ffn_out]
+            .iter()
+            .map(|r| r.allocated_bytes())
+            .sum::<u64>();
+        sc += [&self.work.token_in, &self.work.head_in, &self.work.ffn_tmp, &self.work.batch_logits, &self.lane.logits]
+            .iter()
+            .map(|b| v(b))
+            .sum::<u64>();
         sc += self.work.moe.allocated_bytes() + self.work.res.allocated_bytes();
         sc += self.work.kda_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
         sc += self.work.mla_sc.as_ref().map_or(0, |k| k.allocated_bytes() as u64);
@@ -657,8 +653,6 @@ impl Work {
     /// wants, the head into their lanes' logits. Each lane's position
     /// advances by its tokens (the callers count them in the stats).
     fn forward(&mut self, m: &Model, lanes: &mut [&mut Lane], toks: &[Input<'_>], shape: Shape) -> Result<()> {
-        let c = m.config();
-        let h = c.hidden;
         let nt = toks.len();
         debug_assert_eq!(lanes.len(), if shape == Shape::Batch { nt } else { 1 });
         let pos: Vec<usize> =
@@ -667,7 +661,7 @@ impl Work {
         let (io0, ex0, at0, tio0) =
             (self.stats.io_seconds, self.stats.expert_seconds, self.stats.attn_seconds, self.stats.trunk_io_seconds);
         for (t, inp) in toks.iter().enumerate() {
-            let dst = &mut self.chunk_hidden[t * h..(t + 1) * h];
+            let dst = self.chunk_hidden.row_mut(t);
             match *inp {
                 Input::Token(tok) => m.embed.row(tok, dst)?,
                 Input::Row(r) => dst.copy_from_slice(r),
@@ -769,7 +763,7 @@ impl Work {
         let ta = Instant::now();
         self.attention(m, l, layer, lanes, nt, first)?;
         self.stats.attn_seconds += ta.elapsed().as_secs_f64();
-        check_finite(&self.chunk_ffn_out[first * h..nt * h], h, &pos[first..], NonFiniteAt::Attention { layer: l })?;
+        check_finite(self.chunk_ffn_out.rows(first..nt), h, &pos[first..], NonFiniteAt::Attention { layer: l })?;
         self.ffn_inputs(m, layer, first, nt, restarted);
         if restarted {
             self.res.done += 1;
@@ -780,14 +774,14 @@ impl Work {
             Ffn::Dense(d) => d.forward_chunk(
                 &m.pool,
                 c.activation,
-                &self.chunk_ffn_in[first * h..nt * h],
+                self.chunk_ffn_in.rows(first..nt),
                 n,
                 &mut self.ffn_tmp,
-                &mut self.chunk_ffn_out[first * h..nt * h],
+                self.chunk_ffn_out.rows_mut(first..nt),
             ),
             Ffn::Moe(w) => self.moe(m, l, w, lanes, Span { shape, pos, first, nt: n })?,
         }
-        check_finite(&self.chunk_ffn_out[first * h..nt * h], h, &pos[first..], NonFiniteAt::Ffn { layer: l })?;
+        check_finite(self.chunk_ffn_out.rows(first..nt), h, &pos[first..], NonFiniteAt::Ffn { layer: l })?;
         self.ffn_residual(c, first, nt);
         Ok(())
     }

@@ -10,38 +10,38 @@ use super::*;
 /// [`ResScratch::floats`]); all empty for a model without them.
 pub(super) struct ResScratch {
     /// Each chunk token's partial block (the running sum since the last
-    /// block boundary), `CHUNK × hidden`.
-    pub(super) prefix: Vec<f32>,
-    /// Each chunk token's finished blocks, `CHUNK × per_token × hidden`.
-    pub(super) blocks: Vec<f32>,
+    /// block boundary), `CHUNK` rows of `hidden`.
+    pub(super) prefix: Rows,
+    /// Each chunk token's finished blocks, `CHUNK` rows of `per_token × hidden`.
+    pub(super) blocks: Rows,
     /// Blocks finished so far in this token's pass.
     pub(super) done: usize,
-    /// Blocks per token (layers / block size; 0 without AttnRes).
-    pub(super) per_token: usize,
     /// The last token's hidden state, kept for the output aggregation.
     pub(super) out_copy: Vec<f32>,
 }
 
 impl ResScratch {
-    /// Blocks per token and the buffers' f32 lengths (prefix, blocks, out copy).
-    fn lens(c: &waste_format::ModelConfig) -> (usize, [usize; 3]) {
+    /// The buffers' shapes, `(rows, width)`: prefix, blocks (a token's
+    /// row holds its layers / block size blocks), out copy; no rows
+    /// without AttnRes.
+    fn shapes(c: &waste_format::ModelConfig) -> [(usize, usize); 3] {
         let (h, nb) = (c.hidden, c.attn_res_block.map_or(0, |b| c.layers.div_ceil(b)));
         let on = usize::from(nb > 0);
-        (nb, [on * CHUNK * h, CHUNK * nb * h, on * h])
+        [(on * CHUNK, h), (on * CHUNK, nb * h), (on, h)]
     }
     /// The buffers for a config.
     pub(super) fn new(c: &waste_format::ModelConfig) -> ResScratch {
-        let (per_token, lens) = Self::lens(c);
-        let [prefix, blocks, out_copy] = lens.map(|n| vec![0f32; n]);
-        ResScratch { prefix, blocks, done: 0, per_token, out_copy }
+        let [p, b, o] = Self::shapes(c);
+        let (prefix, blocks) = (Rows::new(p.0, p.1), Rows::new(b.0, b.1));
+        ResScratch { prefix, blocks, done: 0, out_copy: vec![0f32; o.0 * o.1] }
     }
     /// Their f32s for a config (the plan's count).
     pub(super) fn floats(c: &waste_format::ModelConfig) -> usize {
-        Self::lens(c).1.iter().sum()
+        Self::shapes(c).iter().map(|(r, w)| r * w).sum()
     }
     /// Bytes allocated (capacities).
     pub(super) fn allocated_bytes(&self) -> u64 {
-        [&self.prefix, &self.blocks, &self.out_copy].iter().map(|b| 4 * b.capacity() as u64).sum()
+        self.prefix.allocated_bytes() + self.blocks.allocated_bytes() + 4 * self.out_copy.capacity() as u64
     }
 }
 
@@ -51,17 +51,17 @@ impl Work {
     /// or the hidden state, normed into `chunk_ffn_in`.
     pub(super) fn attn_inputs(&mut self, m: &Model, layer: &crate::weights::Layer, nt: usize, restarted: bool) {
         let c = m.config();
-        let (h, nb) = (c.hidden, self.res.per_token);
+        let h = c.hidden;
         for t in 0..nt {
-            let hh = &mut self.chunk_hidden[t * h..(t + 1) * h];
-            let xa = &mut self.chunk_ffn_in[t * h..(t + 1) * h];
+            let hh = self.chunk_hidden.row_mut(t);
+            let xa = self.chunk_ffn_in.row_mut(t);
             if c.attn_res_block.is_none() {
                 rmsnorm(hh, &layer.in_norm, c.rms_eps, xa);
                 continue;
             }
             let res = layer.res.as_ref().expect("attn res weights");
-            let p = &mut self.res.prefix[t * h..(t + 1) * h];
-            let blocks = &mut self.res.blocks[t * nb * h..(t + 1) * nb * h];
+            let p = self.res.prefix.row_mut(t);
+            let blocks = self.res.blocks.row_mut(t);
             p.copy_from_slice(hh);
             if self.res.done > 0 {
                 attn_res(&blocks[..self.res.done * h], h, p, &res.attn, c.rms_eps, &mut self.token_in);
@@ -87,8 +87,8 @@ impl Work {
         nt: usize,
         first: usize,
     ) -> Result<()> {
-        let (c, pool, h) = (m.config(), &m.pool, m.config().hidden);
-        let (xs, outs) = (&self.chunk_ffn_in[..nt * h], &mut self.chunk_ffn_out[..nt * h]);
+        let (c, pool) = (m.config(), &m.pool);
+        let (xs, outs) = (self.chunk_ffn_in.rows(0..nt), self.chunk_ffn_out.rows_mut(0..nt));
         match &layer.attn {
             Attn::Kda(w) => {
                 let mut sts: Vec<&mut KdaState> = lanes.iter_mut().map(|ln| ln.states[l].kda()).collect();
@@ -116,40 +116,39 @@ impl Work {
         restarted: bool,
     ) {
         let c = m.config();
-        let (h, nb) = (c.hidden, self.res.per_token);
+        let h = c.hidden;
         for t in first..nt {
-            let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
-            let xn_t = &mut self.chunk_ffn_in[t * h..(t + 1) * h];
+            let r = self.chunk_ffn_out.row(t);
+            let xn_t = self.chunk_ffn_in.row_mut(t);
             if c.attn_res_block.is_none() {
-                let hh = &mut self.chunk_hidden[t * h..(t + 1) * h];
+                let hh = self.chunk_hidden.row_mut(t);
                 add(hh, r);
                 rmsnorm(hh, &layer.post_norm, c.rms_eps, xn_t);
                 continue;
             }
             let res = layer.res.as_ref().expect("attn res weights");
-            let p = &mut self.res.prefix[t * h..(t + 1) * h];
+            let p = self.res.prefix.row_mut(t);
             if restarted {
                 p.copy_from_slice(r);
             } else {
                 add(p, r);
             }
             let nbk = self.res.done + restarted as usize;
-            attn_res(&self.res.blocks[t * nb * h..t * nb * h + nbk * h], h, p, &res.mlp, c.rms_eps, &mut self.token_in);
+            attn_res(&self.res.blocks.row(t)[..nbk * h], h, p, &res.mlp, c.rms_eps, &mut self.token_in);
             rmsnorm(&self.token_in, &layer.post_norm, c.rms_eps, xn_t);
         }
     }
 
     /// The FFN residual of tokens `first..nt` into their hidden states.
     pub(super) fn ffn_residual(&mut self, c: &waste_format::ModelConfig, first: usize, nt: usize) {
-        let h = c.hidden;
         for t in first..nt {
-            let r = &self.chunk_ffn_out[t * h..(t + 1) * h];
+            let r = self.chunk_ffn_out.row(t);
             if c.attn_res_block.is_some() {
-                let p = &mut self.res.prefix[t * h..(t + 1) * h];
+                let p = self.res.prefix.row_mut(t);
                 add(p, r);
-                self.chunk_hidden[t * h..(t + 1) * h].copy_from_slice(p);
+                self.chunk_hidden.row_mut(t).copy_from_slice(p);
             } else {
-                add(&mut self.chunk_hidden[t * h..(t + 1) * h], r);
+                add(self.chunk_hidden.row_mut(t), r);
             }
         }
     }

@@ -16,20 +16,19 @@ impl Work {
         wanted: std::ops::Range<usize>,
     ) -> Result<()> {
         let c = m.config();
-        let (h, nb) = (c.hidden, self.res.per_token);
+        let h = c.hidden;
         for t in wanted.clone() {
-            let row = t * h..(t + 1) * h;
             if let Some(w) = &m.out_res {
                 // alias-safe: the live candidate is a copy, the output the state itself
-                self.res.out_copy.copy_from_slice(&self.chunk_hidden[row.clone()]);
-                let blocks = &self.res.blocks[t * nb * h..t * nb * h + self.res.done * h];
-                attn_res(blocks, h, &self.res.out_copy, w, c.rms_eps, &mut self.chunk_hidden[row.clone()]);
+                self.res.out_copy.copy_from_slice(self.chunk_hidden.row(t));
+                let blocks = &self.res.blocks.row(t)[..self.res.done * h];
+                attn_res(blocks, h, &self.res.out_copy, w, c.rms_eps, self.chunk_hidden.row_mut(t));
             }
             let normed = match shape {
                 Shape::One { .. } => &mut self.head_in[..],
-                Shape::Batch => &mut self.chunk_ffn_in[row.clone()],
+                Shape::Batch => self.chunk_ffn_in.row_mut(t),
             };
-            rmsnorm(&self.chunk_hidden[row], &m.final_norm, c.rms_eps, normed);
+            rmsnorm(self.chunk_hidden.row(t), &m.final_norm, c.rms_eps, normed);
         }
         let nt = wanted.len();
         if nt == 0 {
@@ -53,7 +52,7 @@ impl Work {
         shape: Shape,
         nt: usize,
     ) {
-        let (h, n) = (m.config().hidden, w.rows);
+        let n = w.rows;
         match shape {
             Shape::One { .. } => m.pool.matvec(w, &self.head_in, &mut lanes[0].logits[r0..r0 + n]),
             Shape::Batch => {
@@ -61,7 +60,7 @@ impl Work {
                     self.batch_logits.resize(nt * n, 0.0);
                 }
                 let out = &mut self.batch_logits[..nt * n];
-                m.pool.matmat(w, &self.chunk_ffn_in[..nt * h], nt, out);
+                m.pool.matmat(w, self.chunk_ffn_in.rows(0..nt), nt, out);
                 for (ln, row) in lanes.iter_mut().zip(out.chunks_exact(n)) {
                     ln.logits[r0..r0 + n].copy_from_slice(row);
                 }

@@ -9,50 +9,50 @@ use super::*;
 /// The MoE block's own buffers in a step (one formula for what
 /// `Session::new` allocates and what the plan counts: [`MoeScratch::floats`]).
 pub(super) struct MoeScratch {
-    /// Router logits, `CHUNK × experts`.
-    pub(super) router: Vec<f32>,
+    /// Router logits, `CHUNK` rows of `experts`.
+    pub(super) router: Rows,
     /// One token's chosen (expert, weight) pairs.
     pub(super) chosen: Vec<(usize, f32)>,
     /// The experts' inputs per chunk token (the latent down-projection's
-    /// output, where the model has one), `CHUNK × expert width`.
-    pub(super) lat_in: Vec<f32>,
+    /// output, where the model has one), `CHUNK` rows of the expert width.
+    pub(super) lat_in: Rows,
     /// Each chunk token's weighted sum of its experts' outputs.
-    pub(super) lat_sum: Vec<f32>,
-    /// One token's experts' outputs, `top_k × expert width`.
-    pub(super) eouts: Vec<f32>,
+    pub(super) lat_sum: Rows,
+    /// One token's experts' outputs, `top_k` rows of the expert width.
+    pub(super) eouts: Rows,
     /// The shared experts' output per chunk token.
-    pub(super) chunk_shared: Vec<f32>,
+    pub(super) chunk_shared: Rows,
 }
 
 impl MoeScratch {
-    /// The f32 lengths of the buffers, in field order (all 0 but the
-    /// router's and the sums' without MoE layers).
-    fn lens(c: &waste_format::ModelConfig) -> [usize; 5] {
+    /// The buffers' shapes, `(rows, width)`, in field order (no rows but
+    /// the router's and the sums' without MoE layers).
+    fn shapes(c: &waste_format::ModelConfig) -> [(usize, usize); 5] {
         let (h, lat) = (c.hidden, c.expert_width());
         let moe = c.n_moe_layers() > 0;
         [
-            CHUNK * c.experts,
-            CHUNK * lat,
-            CHUNK * lat,
-            if moe { c.top_k * lat } else { 0 },
-            if moe && c.shared_experts > 0 { CHUNK * h } else { 0 },
+            (CHUNK, c.experts),
+            (CHUNK, lat),
+            (CHUNK, lat),
+            (if moe { c.top_k } else { 0 }, lat),
+            (if moe && c.shared_experts > 0 { CHUNK } else { 0 }, h),
         ]
     }
     /// The buffers for a config.
     pub(super) fn new(c: &waste_format::ModelConfig) -> MoeScratch {
-        let [router, lat_in, lat_sum, eouts, shared] = Self::lens(c).map(|n| vec![0f32; n]);
+        let [router, lat_in, lat_sum, eouts, shared] = Self::shapes(c).map(|(r, w)| Rows::new(r, w));
         MoeScratch { router, chosen: Vec::with_capacity(c.top_k), lat_in, lat_sum, eouts, chunk_shared: shared }
     }
     /// Their f32s for a config (the plan's count; the chosen pairs' few
     /// bytes aside).
     pub(super) fn floats(c: &waste_format::ModelConfig) -> usize {
-        Self::lens(c).iter().sum()
+        Self::shapes(c).iter().map(|(r, w)| r * w).sum()
     }
     /// Bytes allocated (capacities).
     pub(super) fn allocated_bytes(&self) -> u64 {
         [&self.router, &self.lat_in, &self.lat_sum, &self.eouts, &self.chunk_shared]
             .iter()
-            .map(|b| 4 * b.capacity() as u64)
+            .map(|b| b.allocated_bytes())
             .sum()
     }
 }
@@ -71,10 +71,8 @@ impl Work {
         span: Span<'_>,
     ) -> Result<()> {
         let (first, nt) = (span.first, span.nt);
-        let c = m.config();
-        let (h, lat) = (c.hidden, c.expert_width());
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
-        let x0 = first * h;
+        let xs = first..first + nt;
         let routes = self.route(m, l, w, lanes, span);
         // formats a token reads directly run each expert once for the
         // chunk, in ascending id: their reads are started in that order
@@ -84,7 +82,7 @@ impl Work {
         self.stats.experts_acquired += distinct.len() as u64;
         // the chunk's expert inputs (the latent down-projection for all tokens at once)
         if let Some(lt) = &w.latent {
-            m.pool.matmat(&lt.down.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.moe.lat_in[..nt * lat]);
+            m.pool.matmat(&lt.down.view(), self.chunk_ffn_in.rows(xs), nt, self.moe.lat_in.rows_mut(0..nt));
         }
         let overlapped = if batched {
             self.experts_batched(m, w, &experts, &routes, &distinct, first, nt)?;
@@ -108,11 +106,11 @@ impl Work {
     fn route(&mut self, m: &Model, l: usize, w: &MoeWeights, lanes: &[&mut Lane], span: Span<'_>) -> Vec<(usize, f32)> {
         let Span { shape, pos, first, nt } = span;
         let c = m.config();
-        let (h, ne, x0) = (c.hidden, c.experts, first * c.hidden);
-        m.pool.matmat(&w.gate.view(), &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.moe.router[..nt * ne]);
+        let xs = self.chunk_ffn_in.rows(first..first + nt);
+        m.pool.matmat(&w.gate.view(), xs, nt, self.moe.router.rows_mut(0..nt));
         let mut routes: Vec<(usize, f32)> = Vec::with_capacity(nt * c.top_k);
         for t in 0..nt {
-            let scores = &self.moe.router[t * ne..(t + 1) * ne];
+            let scores = self.moe.router.row(t);
             route(&router_config(c), scores, &w.bias, &mut self.moe.chosen);
             if let Some(tr) = &lanes[owner(shape, first + t)].replay {
                 // the trace's experts for this position and MoE layer (wrapping)
@@ -142,10 +140,10 @@ impl Work {
         nt: usize,
     ) -> Result<()> {
         let c = m.config();
-        let (h, lat, k, x0) = (c.hidden, c.expert_width(), c.top_k, first * c.hidden);
+        let (lat, k) = (c.expert_width(), c.top_k);
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
         let scr = self.ex_sc.as_mut().expect("expert scratch");
-        self.moe.lat_sum[..nt * lat].fill(0.0);
+        self.moe.lat_sum.rows_mut(0..nt).fill(0.0);
         let mut users: Vec<(usize, f32)> = Vec::with_capacity(nt);
         for &e in distinct {
             users.clear();
@@ -154,8 +152,8 @@ impl Work {
             );
             for (i, &(t, _)) in users.iter().enumerate() {
                 let x = match &w.latent {
-                    Some(_) => &self.moe.lat_in[t * lat..(t + 1) * lat],
-                    None => &self.chunk_ffn_in[x0 + t * h..x0 + (t + 1) * h],
+                    Some(_) => self.moe.lat_in.row(t),
+                    None => self.chunk_ffn_in.row(first + t),
                 };
                 scr.batch_in[i * lat..(i + 1) * lat].copy_from_slice(x);
             }
@@ -165,7 +163,7 @@ impl Work {
             let waited = experts.traffic().io_seconds - io0;
             self.stats.expert_seconds += (te.elapsed().as_secs_f64() - waited).max(0.0);
             for (i, &(t, wgt)) in users.iter().enumerate() {
-                let sum = &mut self.moe.lat_sum[t * lat..(t + 1) * lat];
+                let sum = self.moe.lat_sum.row_mut(t);
                 for (s, &v) in sum.iter_mut().zip(&scr.batch_out[i * lat..(i + 1) * lat]) {
                     *s += v * wgt;
                 }
@@ -189,15 +187,15 @@ impl Work {
         nt: usize,
     ) -> Result<f64> {
         let c = m.config();
-        let (h, lat, k, x0) = (c.hidden, c.expert_width(), c.top_k, first * c.hidden);
+        let k = c.top_k;
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
         let scr = self.ex_sc.as_mut().expect("expert scratch");
         let kernel_lanes = waste_moe::lanes_in_use(scr, &m.pool);
         let mut overlapped = 0.0;
         for t in 0..nt {
             let x = match &w.latent {
-                Some(_) => &self.moe.lat_in[t * lat..(t + 1) * lat],
-                None => &self.chunk_ffn_in[x0 + t * h..x0 + (t + 1) * h],
+                Some(_) => self.moe.lat_in.row(t),
+                None => self.chunk_ffn_in.row(first + t),
             };
             let te = Instant::now();
             kernel.prepare(&m.pool, &w.books, x, scr);
@@ -208,16 +206,16 @@ impl Work {
             order.extend(arriving);
             let fetch = |j: usize| experts.wait(mine[order[j]].0 as u32);
             let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
-            kernel.forward_fetched(&m.pool, &w.books, &order, &fetch, x, scr, &mut self.moe.eouts[..k * lat])?;
+            kernel.forward_fetched(&m.pool, &w.books, &order, &fetch, x, scr, self.moe.eouts.rows_mut(0..k))?;
             // waits overlap other lanes' compute: count their lane average as I/O wait
             let (spent, waited) = (te.elapsed().as_secs_f64(), experts.traffic().io_seconds - io0);
             let io_wall = (waited / kernel_lanes as f64).min(spent);
             overlapped += waited - io_wall;
             self.stats.expert_seconds += spent - io_wall;
-            let sum = &mut self.moe.lat_sum[t * lat..(t + 1) * lat];
+            let sum = self.moe.lat_sum.row_mut(t);
             sum.fill(0.0);
             for (i, &(_, wgt)) in mine.iter().enumerate() {
-                for (s, &v) in sum.iter_mut().zip(&self.moe.eouts[i * lat..(i + 1) * lat]) {
+                for (s, &v) in sum.iter_mut().zip(self.moe.eouts.row(i)) {
                     *s += v * wgt;
                 }
             }
@@ -229,27 +227,22 @@ impl Work {
     /// plus the shared experts, into `chunk_ffn_out`.
     fn combine(&mut self, m: &Model, w: &MoeWeights, first: usize, nt: usize) {
         let c = m.config();
-        let (h, lat, x0) = (c.hidden, c.expert_width(), first * c.hidden);
+        let (lat, xs) = (c.expert_width(), first..first + nt);
         match &w.latent {
             Some(lt) => {
                 if let Some(n) = &lt.norm {
-                    for sum in self.moe.lat_sum[..nt * lat].chunks_exact_mut(lat) {
+                    for sum in self.moe.lat_sum.rows_mut(0..nt).chunks_exact_mut(lat) {
                         rmsnorm_inplace(sum, n, c.rms_eps);
                     }
                 }
-                m.pool.matmat(
-                    &lt.up.view(),
-                    &self.moe.lat_sum[..nt * lat],
-                    nt,
-                    &mut self.chunk_ffn_out[x0..x0 + nt * h],
-                );
+                m.pool.matmat(&lt.up.view(), self.moe.lat_sum.rows(0..nt), nt, self.chunk_ffn_out.rows_mut(xs.clone()));
             }
-            None => self.chunk_ffn_out[x0..x0 + nt * h].copy_from_slice(&self.moe.lat_sum[..nt * h]),
+            None => self.chunk_ffn_out.rows_mut(xs.clone()).copy_from_slice(self.moe.lat_sum.rows(0..nt)),
         }
         if let Some(sh) = &w.shared {
-            let out = &mut self.moe.chunk_shared[..nt * h];
-            sh.forward_chunk(&m.pool, c.activation, &self.chunk_ffn_in[x0..x0 + nt * h], nt, &mut self.ffn_tmp, out);
-            add(&mut self.chunk_ffn_out[x0..x0 + nt * h], out);
+            let out = self.moe.chunk_shared.rows_mut(0..nt);
+            sh.forward_chunk(&m.pool, c.activation, self.chunk_ffn_in.rows(xs.clone()), nt, &mut self.ffn_tmp, out);
+            add(self.chunk_ffn_out.rows_mut(xs), out);
         }
     }
 
@@ -262,8 +255,8 @@ impl Work {
         }
         // a streamed next layer is not in memory yet: no lookahead into it
         let Some(Ffn::Moe(next)) = m.layers.get(l + 1).and_then(Option::as_ref).map(|x| &x.ffn) else { return Ok(()) };
-        let xn = &self.chunk_ffn_in[t * c.hidden..(t + 1) * c.hidden];
-        let scores = &mut self.moe.router[..c.experts];
+        let xn = self.chunk_ffn_in.row(t);
+        let scores = self.moe.router.row_mut(0);
         m.pool.matvec(&next.gate.view(), xn, scores);
         let mut guess = Vec::with_capacity(c.top_k);
         route(&router_config(c), scores, &next.bias, &mut guess);
