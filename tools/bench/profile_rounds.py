@@ -22,7 +22,7 @@ import sys
 rounds = []
 for line in open(sys.argv[1]):
     p = line.split()
-    if len(p) == 4 and p[0] == "round" and p[1].isdigit():
+    if len(p) >= 4 and p[0] == "round" and p[1].isdigit():
         rounds.append((float(p[2]), float(p[3])))
 if len(rounds) < 2:
     sys.exit("need at least two `round R START END` lines (prefill_loop with ROUNDS >= 2)")

@@ -18,7 +18,13 @@ fn main() {
     let plen: u32 = a[3].parse::<u32>().unwrap().max(1);
     let rounds: usize = a[4].parse::<usize>().unwrap().max(1);
     let budget: u64 = a.get(5).map(|s| s.parse().unwrap()).unwrap_or(20) << 30;
-    let opts = ModelOptions { usage: Some(usage.into()), budget, ..ModelOptions::exact() };
+    // WASTE_NUMERIC=fast|exact as the CLI reads it; exact unless said
+    let base = if std::env::var("WASTE_NUMERIC").as_deref() == Ok("fast") {
+        ModelOptions { numeric: Some(waste_model::Numeric::Fast), ..Default::default() }
+    } else {
+        ModelOptions::exact()
+    };
+    let opts = ModelOptions { usage: Some(usage.into()), budget, ..base };
     let m = Model::open(model, opts).unwrap();
     let ids: Vec<u32> = (1..=plen).collect();
     let mut t = vec![];
@@ -29,7 +35,15 @@ fn main() {
         let (w0, t0) = (now(), Instant::now());
         s.eval(&ids).unwrap();
         t.push(t0.elapsed().as_secs_f64() * 1e3 / plen as f64);
-        println!("round {r} {w0:.6} {:.6}", now());
+        let st = s.stats();
+        println!(
+            "round {r} {w0:.6} {:.6}  {:.2} ms/token: experts {:.2} attention {:.2} trunk {:.2}",
+            now(),
+            t[r],
+            st.expert_seconds * 1e3 / plen as f64,
+            st.attn_seconds * 1e3 / plen as f64,
+            st.trunk_seconds * 1e3 / plen as f64
+        );
     }
     let first = t[0];
     t.sort_by(f64::total_cmp);
