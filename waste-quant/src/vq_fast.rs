@@ -156,13 +156,8 @@ pub fn build(
 fn quantize_block(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
-        /// The same integer and IEEE steps, vectorized 8 lanes wide.
-        #[target_feature(enable = "avx2")]
-        unsafe fn wide(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
-            quantize_body(t, qmax, q)
-        }
-        // SAFETY: the CPU has AVX2.
-        return unsafe { wide(t, qmax, q) };
+        // SAFETY: the CPU has AVX2; `q` as long as `t` (asserted there).
+        return unsafe { crate::x86_64::avx2::quantize_codes(t, qmax, q, RNE) };
     }
     quantize_body(t, qmax, q)
 }
@@ -173,7 +168,7 @@ fn quantize_block(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
 /// a NaN is present), and each code read from the bits of `T · inv + 1.5·2²³`
 /// (the rounded integer sits in the low mantissa bits).
 #[inline(always)]
-fn quantize_body(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
+pub(crate) fn quantize_body(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
     let m = t.iter().fold(0u32, |m, v| m.max(v.to_bits() & 0x7fff_ffff));
     if m > f32::INFINITY.to_bits() {
         q.fill(0);
@@ -547,6 +542,44 @@ mod tests {
                 ] {
                     let lay = VqLayout { rows, nvec, stages, block, packed6 };
                     case(lay, 7 + nvec as u64, level);
+                }
+            }
+        }
+    }
+
+    /// The AVX2 codes (`x86_64::avx2::quantize_codes`) are the scalar
+    /// steps' bytes and scale: every length (tails of 1..31 values), ties,
+    /// ±amax, zero blocks and a NaN (on a CPU with AVX2, as the other
+    /// levels' tests here run on the levels the CPU has).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_codes_are_the_scalar_steps() {
+        if !Level::available().contains(&Level::Avx2) {
+            return;
+        }
+        let mut r = crate::SplitMix64::new(7);
+        for len in (0..100).chain([768, 1024, 3072, 3071]) {
+            for case in 0..4 {
+                let mut t: Vec<f32> = (0..len).map(|_| (r.unif() * 2.0 - 1.0) * 3.0).collect();
+                match case {
+                    // values whose codes are exact halves (ties to even)
+                    1 if len > 2 => {
+                        t[0] = 2.0;
+                        for (i, v) in t.iter_mut().enumerate().skip(1) {
+                            *v = (i as f32 % 9.0 - 4.0) * (2.0 / 127.0) + 1.0 / 127.0;
+                        }
+                    }
+                    2 => t.iter_mut().for_each(|v| *v = 0.0),
+                    3 if len > 0 => t[len / 2] = f32::NAN,
+                    _ => {}
+                }
+                for qmax in [127.0, 63.0] {
+                    let (mut a, mut b) = (vec![0i8; len], vec![0i8; len]);
+                    let da = quantize_body(&t, qmax, &mut a);
+                    // SAFETY: AVX2 checked above; equal lengths.
+                    let db = unsafe { crate::x86_64::avx2::quantize_codes(&t, qmax, &mut b, RNE) };
+                    assert_eq!(a, b, "len {len} case {case} qmax {qmax}");
+                    assert_eq!(da.to_bits(), db.to_bits(), "len {len} case {case}");
                 }
             }
         }

@@ -242,8 +242,29 @@ unsafe fn row_dot_multi(m: &MatRef<'_>, r: usize, xs: &[f32], out: &mut [f32; MU
 /// AVX2+FMA; `x.len() == b.dim`, `t.len() >= b.entries`.
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) -> usize {
+    assert!(x.len() == b.dim && t.len() >= b.entries && b.cbt.len() >= b.dim * b.entries);
     let e8 = b.entries / 8 * 8;
+    let c = b.cbt.as_ptr();
     let mut e = 0;
+    // four vectors' chains at once (a chain is dim dependent FMAs, each
+    // entry's in the same order as one at a time)
+    while e + 32 <= e8 {
+        // SAFETY: cbt rows hold `entries` floats (asserted); e + 32 <= entries.
+        unsafe {
+            let x0 = _mm256_set1_ps(x[0]);
+            let mut acc: [__m256; 4] = core::array::from_fn(|q| _mm256_mul_ps(x0, _mm256_loadu_ps(c.add(e + 8 * q))));
+            for (d, &xd) in x.iter().enumerate().skip(1) {
+                let xv = _mm256_set1_ps(xd);
+                for (q, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(xv, _mm256_loadu_ps(c.add(d * b.entries + e + 8 * q)), *a);
+                }
+            }
+            for (q, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(t.as_mut_ptr().add(e + 8 * q), *a);
+            }
+        }
+        e += 32;
+    }
     while e < e8 {
         // SAFETY: cbt rows hold `entries` floats; e + 8 <= entries.
         unsafe {
@@ -257,6 +278,62 @@ pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) -> usize {
         e += 8;
     }
     e8
+}
+
+/// The fast table's codes of one block ([`crate::vq_fast`]'s
+/// `quantize_block`) with explicit AVX2: the largest magnitude as the
+/// largest of the values' bits without the sign, then per value `T · inv`
+/// and `+ 1.5·2²³` as two IEEE steps (no fusing), the rounded integer read
+/// from the bits, clamped to ±qmax and packed to bytes (no saturation: the
+/// values are already in range) — the scalar steps' bits. Returns the
+/// block's scale `amax / qmax` (NaN when a value is NaN, 0 for a zero
+/// block).
+///
+/// # Safety
+/// AVX2; `q.len() == t.len()`.
+#[target_feature(enable = "avx2")]
+pub unsafe fn quantize_codes(t: &[f32], qmax: f32, q: &mut [i8], rne: f32) -> f32 {
+    assert_eq!(q.len(), t.len());
+    let n8 = t.len() / 8 * 8;
+    let abs = _mm256_set1_epi32(0x7fff_ffff);
+    let mut mv = _mm256_setzero_si256();
+    for i in (0..n8).step_by(8) {
+        // SAFETY: i + 8 <= t.len().
+        let v = unsafe { _mm256_loadu_si256(t.as_ptr().add(i) as *const __m256i) };
+        mv = _mm256_max_epu32(mv, _mm256_and_si256(v, abs));
+    }
+    let mut lanes = [0u32; 8];
+    // SAFETY: 8 u32s.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, mv) };
+    let m = t[n8..].iter().fold(lanes.into_iter().fold(0, u32::max), |m, v| m.max(v.to_bits() & 0x7fff_ffff));
+    if m > f32::INFINITY.to_bits() || m == 0 {
+        // a NaN (the scale NaN), or an all-zero block: the scalar steps
+        return crate::vq_fast::quantize_body(t, qmax, q);
+    }
+    let amax = f32::from_bits(m);
+    let inv = qmax / amax;
+    let (qm, rb) = (qmax as i32, rne.to_bits() as i32);
+    let (vinv, vrne, vrb) = (_mm256_set1_ps(inv), _mm256_set1_ps(rne), _mm256_set1_epi32(rb));
+    let (lo, hi) = (_mm256_set1_epi32(-qm), _mm256_set1_epi32(qm));
+    let n32 = t.len() / 32 * 32;
+    for i in (0..n32).step_by(32) {
+        let k: [__m256i; 4] = core::array::from_fn(|j| {
+            // SAFETY: i + 32 <= t.len().
+            let v = unsafe { _mm256_loadu_ps(t.as_ptr().add(i + 8 * j)) };
+            let r = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(v, vinv), vrne)), vrb);
+            _mm256_min_epi32(_mm256_max_epi32(r, lo), hi)
+        });
+        // packs work within 128-bit lanes: the dwords come out in the
+        // order 0 4 1 5 2 6 3 7 (by 4s), put back by one permute
+        let w = _mm256_packs_epi16(_mm256_packs_epi32(k[0], k[1]), _mm256_packs_epi32(k[2], k[3]));
+        let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: i + 32 <= q.len().
+        unsafe { _mm256_storeu_si256(q.as_mut_ptr().add(i) as *mut __m256i, w) };
+    }
+    for (o, &v) in q[n32..].iter_mut().zip(&t[n32..]) {
+        *o = ((v * inv + rne).to_bits() as i32 - rb).clamp(-qm, qm) as i8;
+    }
+    amax / qmax
 }
 
 /// VQ4P row sums without gathers: each row's 3 index bytes moved into its
