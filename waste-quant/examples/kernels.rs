@@ -418,7 +418,7 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
         let fast_level = if std::env::var("WASTE_SIMD").is_ok() { waste_quant::level() } else { Level::Avx2 };
         let (build_med, _, _) = time(reps.max(1), || {
             let (d, q) = waste_quant::vq_fast::parts_mut(&lay, &mut qt, 0, nb);
-            waste_quant::vq_fast::build(fast_level, &br, &lay, &x, 127.0, (0, nb), d, q);
+            waste_quant::vq_fast::build(fast_level, &br, &lay, &x, 127.0, (0, nb), d, q, false);
         });
         println!(
             "{name} {}x{} fast table build {}: {:.3} ms",
@@ -437,7 +437,7 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
         for &form in forms {
             waste_quant::vq_fast::set_avx2_lookup(form);
             let (med, lo, hi) = time(reps.max(1), || {
-                waste_quant::vq_fast::matvec_rows(fast_level, &lay, pick(), &scales, &qt, 0, &mut y)
+                waste_quant::vq_fast::matvec_rows(fast_level, &lay, pick(), &scales, &qt, 0, &mut y, false)
             });
             println!(
                 "{name} rows {}x{} fast {}{}{}: {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
@@ -450,6 +450,25 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
                 lo * 1e3,
                 hi * 1e3,
                 (lay.rows * lay.nvec * lay.stages) as f64 / med / 1e9
+            );
+        }
+        // chains over a table telescoped when it was built (no pass per call)
+        waste_quant::vq_fast::set_avx2_lookup(waste_quant::vq_fast::Avx2Lookup::Chains);
+        if waste_quant::vq_fast::telescopes(fast_level, &lay) {
+            let mut tq = vec![0f32; lay.table_len()];
+            let (d, q) = waste_quant::vq_fast::parts_mut(&lay, &mut tq, 0, nb);
+            waste_quant::vq_fast::build(fast_level, &br, &lay, &x, 127.0, (0, nb), d, q, true);
+            let (med, lo, hi) = time(reps.max(1), || {
+                waste_quant::vq_fast::matvec_rows(fast_level, &lay, pick(), &scales, &tq, 0, &mut y, true)
+            });
+            println!(
+                "{name} rows {}x{} fast chains, table telescoped at build{}: {:.3} ms ({:.3}–{:.3})",
+                lay.rows,
+                lay.nvec * 8,
+                if from_mem { ", indices from memory" } else { "" },
+                med * 1e3,
+                lo * 1e3,
+                hi * 1e3
             );
         }
         waste_quant::vq_fast::set_avx2_lookup(keep);

@@ -112,8 +112,19 @@ pub fn block_ranges(lay: &VqLayout, b0: usize, b1: usize) -> (core::ops::Range<u
     (b0..b1, nb + b0 * be..nb + (b1 * be).min(lay.table_len() / 4))
 }
 
+/// Whether tables for `level` and this layout are kept telescoped (the
+/// AVX2 kernel's chains form, [`crate::x86_64::avx2::telescope`]): where
+/// [`rows32`] serves the layout and the process looks up by chains
+/// ([`avx2_lookup`]). Read once by whoever builds a table and passed to
+/// both [`build`] and [`matvec_rows`], so a later [`set_avx2_lookup`]
+/// cannot split the two.
+pub fn telescopes(level: Level, lay: &VqLayout) -> bool {
+    cfg!(target_arch = "x86_64") && rows32(level, lay) && avx2_lookup() == Avx2Lookup::Chains
+}
+
 /// Blocks `b0..b1` of the fast table of input `x` (the whole input, `nvec ·
-/// dim` long): `d` their scales, `q` their codes (from [`parts_mut`]).
+/// dim` long): `d` their scales, `q` their codes (from [`parts_mut`]),
+/// each 256-entry table telescoped when `telescoped` ([`telescopes`]).
 ///
 /// # Panics
 /// As [`build_table`]; when `d` or `q` do not hold those blocks.
@@ -127,6 +138,7 @@ pub fn build(
     (b0, b1): (usize, usize),
     d: &mut [f32],
     q: &mut [i8],
+    telescoped: bool,
 ) {
     let dim = books[0].dim;
     assert_eq!(x.len(), lay.nvec * dim);
@@ -149,7 +161,15 @@ pub fn build(
         build_table(level, books, &part, &x[v0 * dim..v1 * dim], t);
         let qb = &mut q[(b - b0) * be..][..t.len()];
         d[b - b0] = quantize_block(t, qmax, qb);
+        #[cfg(target_arch = "x86_64")]
+        if telescoped {
+            let mut plain = [0i8; QBLOCK * 3 * 256];
+            let plain = &mut plain[..qb.len()];
+            plain.copy_from_slice(qb);
+            crate::x86_64::avx2::telescope(plain, qb);
+        }
     }
+    let _ = telescoped;
 }
 
 /// One block's codes into `q`; returns its scale `amax / qmax`.
@@ -190,14 +210,26 @@ pub(crate) fn quantize_body(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
 
 /// `y[i] = σ_{r0+i} · Σ_b fma(n_b(r0+i), d_b, ·)`: the fast mode's row sums
 /// for rows `r0..r0 + y.len()` over a table from [`build`] (all its blocks)
-/// held in `qt` ([`parts`]). `scales` holds one f16 per row.
+/// held in `qt` ([`parts`]), built `telescoped` or not ([`telescopes`]).
+/// `scales` holds one f16 per row.
 ///
 /// # Panics
 /// When the indices, scales or table are shorter than the layout needs, or
 /// the rows are out of range.
-pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], qt: &[f32], r0: usize, y: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_rows(
+    level: Level,
+    lay: &VqLayout,
+    idx: &[u8],
+    scales: &[u8],
+    qt: &[f32],
+    r0: usize,
+    y: &mut [f32],
+    telescoped: bool,
+) {
     assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2);
     assert!(r0.checked_add(y.len()).is_some_and(|e| e <= lay.rows));
+    assert!(!telescoped || rows32(level, lay), "a telescoped table is the AVX2 kernel's");
     let (d, q) = parts(lay, qt);
     #[allow(unused_mut)]
     let mut done = 0;
@@ -210,16 +242,41 @@ pub fn matvec_rows(level: Level, lay: &VqLayout, idx: &[u8], scales: &[u8], qt: 
     #[cfg(target_arch = "x86_64")]
     if done == 0 && rows32(level, lay) && r0.is_multiple_of(32) {
         done = y.len() / 32 * 32;
-        let chains = avx2_lookup() == Avx2Lookup::Chains;
         // SAFETY: features checked by rows32; sizes asserted above and by parts.
-        unsafe { crate::x86_64::avx2::vq_fast_rows32(lay, idx, d, q, r0, &mut y[..done], chains) };
+        unsafe {
+            if telescoped {
+                crate::x86_64::avx2::vq_fast_rows32_telescoped(lay, idx, d, q, r0, &mut y[..done])
+            } else {
+                let chains = avx2_lookup() == Avx2Lookup::Chains;
+                crate::x86_64::avx2::vq_fast_rows32(lay, idx, d, q, r0, &mut y[..done], chains)
+            }
+        };
     }
     let _ = level;
-    rows(lay, idx, d, q, r0 + done, &mut y[done..]);
+    if done < y.len() {
+        if telescoped {
+            // the rows the AVX2 kernel leaves (a tail under 32, a start off
+            // 32): the plain table back, once for the call
+            #[cfg(target_arch = "x86_64")]
+            PLAIN.with_borrow_mut(|p| {
+                p.resize(lay.table_len(), 0);
+                crate::x86_64::avx2::untelescope(&q[..lay.table_len()], p);
+                rows(lay, idx, d, p, r0 + done, &mut y[done..])
+            });
+        } else {
+            rows(lay, idx, d, q, r0 + done, &mut y[done..]);
+        }
+    }
     for (i, yo) in y.iter_mut().enumerate() {
         let r = r0 + i;
         *yo *= f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+std::thread_local! {
+    /// A telescoped table's plain codes, for the rows the AVX2 kernel leaves.
+    static PLAIN: core::cell::RefCell<Vec<i8>> = const { core::cell::RefCell::new(Vec::new()) };
 }
 
 /// Whether `level` on this CPU sums this layout's fast rows 64 at a time
@@ -504,17 +561,19 @@ mod tests {
         let scales: Vec<u8> = (0..lay.rows).flat_map(|_| crate::f32_to_f16(0.5 + r.unif()).to_le_bytes()).collect();
         let mut buf = vec![0f32; lay.table_len()];
         assert!(qtable_floats(&lay) <= buf.len());
-        // built in two halves, as the pool builds it
+        // built in two halves, as the pool builds it, in the form this
+        // level and lookup keep
         let nb = blocks(&lay);
+        let tele = telescopes(level, &lay);
         for (b0, b1) in [(0, nb / 2), (nb / 2, nb)] {
             let (d, q) = parts_mut(&lay, &mut buf, b0, b1);
-            build(level, &books, &lay, &x, 127.0, (b0, b1), d, q);
+            build(level, &books, &lay, &x, 127.0, (b0, b1), d, q, tele);
         }
         let want = reference(&lay, &books, &x, &idx, &scales, 127.0);
         // every row range the kernels may be given
         for (a, b) in [(0, lay.rows), (1, lay.rows.min(13)), (lay.rows / 2, lay.rows), (64.min(lay.rows), lay.rows)] {
             let mut y = vec![0f32; b - a];
-            matvec_rows(level, &lay, &idx, &scales, &buf, a, &mut y);
+            matvec_rows(level, &lay, &idx, &scales, &buf, a, &mut y, tele);
             for (i, (g, w)) in y.iter().zip(&want[a..b]).enumerate() {
                 assert_eq!(g.to_bits(), w.to_bits(), "{lay:?} row {} level {level:?}", a + i);
             }
@@ -585,6 +644,20 @@ mod tests {
         }
     }
 
+    /// A telescoped table (the AVX2 chains' form, kept from the build)
+    /// comes back whole: every byte of random tables, wrapping included.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn untelescope_undoes_telescope() {
+        let mut r = crate::SplitMix64::new(11);
+        let t: Vec<i8> = (0..256 * 12).map(|_| r.next_u64() as i8).collect();
+        let (mut tq, mut back) = (vec![0i8; t.len()], vec![0i8; t.len()]);
+        crate::x86_64::avx2::telescope(&t, &mut tq);
+        assert_ne!(tq, t);
+        crate::x86_64::avx2::untelescope(&tq, &mut back);
+        assert_eq!(back, t);
+    }
+
     #[test]
     fn a_nan_input_shows_and_partial_books_stay_exact() {
         let lay = VqLayout { rows: 8, nvec: 4, stages: 3, block: 8, packed6: false };
@@ -594,10 +667,10 @@ mod tests {
         x[3] = f32::NAN;
         let mut buf = vec![0f32; lay.table_len()];
         let (d, q) = parts_mut(&lay, &mut buf, 0, 1);
-        build(Level::Scalar, &books, &lay, &x, 127.0, (0, 1), d, q);
+        build(Level::Scalar, &books, &lay, &x, 127.0, (0, 1), d, q, false);
         let mut y = vec![0f32; 8];
         let scales = vec![0x3c; 16];
-        matvec_rows(Level::Scalar, &lay, &vec![1u8; lay.index_bytes()], &scales, &buf, 0, &mut y);
+        matvec_rows(Level::Scalar, &lay, &vec![1u8; lay.index_bytes()], &scales, &buf, 0, &mut y, false);
         assert!(y.iter().all(|v| v.is_nan()));
         let short = book(200, 9);
         assert!(applies(books.iter().copied(), &lay));

@@ -585,6 +585,27 @@ pub unsafe fn vq_fast_rows32(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0
     }
 }
 
+/// [`vq_fast_rows32`] by chains over a table already telescoped when it
+/// was built (`vq_fast::build` with `telescoped`): no pass over the table
+/// per call.
+///
+/// # Safety
+/// As [`vq_fast_rows32`].
+pub unsafe fn vq_fast_rows32_telescoped(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32]) {
+    use crate::vq_fast::QBLOCK;
+    debug_assert!(lay.stages == lay.bpv() && !lay.packed6 && lay.block.is_multiple_of(32));
+    assert!(q.len() >= lay.table_len() && d.len() >= lay.nvec.div_ceil(QBLOCK) && y.len().is_multiple_of(32));
+    // SAFETY: the caller's contract (1 to 3 byte stages); `q` holds a whole table.
+    unsafe {
+        match lay.bpv() {
+            3 => vq_fast_rows32_body::<3, true>(lay, idx, d, q, r0, y),
+            2 => vq_fast_rows32_body::<2, true>(lay, idx, d, q, r0, y),
+            1 => vq_fast_rows32_body::<1, true>(lay, idx, d, q, r0, y),
+            b => unreachable!("the fast AVX2 lookups serve 1 to 3 byte stages, not {b}"),
+        }
+    }
+}
+
 /// One 256-entry int8 table lookup for 32 indices `iv` (`lo` their low
 /// nibbles): 16 `pshufb`s and a 15-blend tree on bits 4–7.
 ///
@@ -673,6 +694,25 @@ pub fn telescope(q: &[i8], out: &mut [i8]) {
         }
         for i in 144..256 {
             o[i] = o[i].wrapping_add(t[i - 128].wrapping_sub(t[i - 144]));
+        }
+    }
+}
+
+/// [`telescope`] undone: each 256-entry table's plain codes from its
+/// telescoped form (`T_k = T_{k−1} + D_k` for `k` in 1..8, `T₈ = D₈ + T₇ −
+/// T₀`, `T_k = T_{k−1} + D_k − D_{k−8}` for `k` in 9..16; wrapping).
+pub fn untelescope(tq: &[i8], out: &mut [i8]) {
+    assert_eq!(tq.len(), out.len());
+    for (dq, o) in tq.chunks_exact(256).zip(out.chunks_exact_mut(256)) {
+        o[..16].copy_from_slice(&dq[..16]);
+        for i in 16..128 {
+            o[i] = o[i - 16].wrapping_add(dq[i]);
+        }
+        for l in 0..16 {
+            o[128 + l] = dq[128 + l].wrapping_add(o[112 + l]).wrapping_sub(o[l]);
+        }
+        for i in 144..256 {
+            o[i] = o[i - 16].wrapping_add(dq[i]).wrapping_sub(dq[i - 128]);
         }
     }
 }
