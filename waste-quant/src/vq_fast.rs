@@ -113,7 +113,7 @@ pub fn block_ranges(lay: &VqLayout, b0: usize, b1: usize) -> (core::ops::Range<u
 }
 
 /// Whether tables for `level` and this layout are kept telescoped (the
-/// AVX2 kernel's chains form, [`crate::x86_64::avx2::telescope`]): where
+/// AVX2 kernel's chains form, the x86_64 `avx2::telescope`): where
 /// [`rows32`] serves the layout and the process looks up by chains
 /// ([`avx2_lookup`]). Read once by whoever builds a table and passed to
 /// both [`build`] and [`matvec_rows`], so a later [`set_avx2_lookup`]
