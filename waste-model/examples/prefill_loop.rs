@@ -18,12 +18,10 @@ fn main() {
     let plen: u32 = a[3].parse::<u32>().unwrap().max(1);
     let rounds: usize = a[4].parse::<usize>().unwrap().max(1);
     let budget: u64 = a.get(5).map(|s| s.parse().unwrap()).unwrap_or(20) << 30;
-    // WASTE_NUMERIC=fast|exact as the CLI reads it; exact unless said
-    let base = if std::env::var("WASTE_NUMERIC").as_deref() == Ok("fast") {
-        ModelOptions { numeric: Some(waste_model::Numeric::Fast), ..Default::default() }
-    } else {
-        ModelOptions::exact()
-    };
+    // WASTE_NUMERIC=exact|fast when set (the engine reads it: no mode in
+    // the options), else exact
+    let base =
+        if std::env::var_os("WASTE_NUMERIC").is_some() { ModelOptions::default() } else { ModelOptions::exact() };
     let opts = ModelOptions { usage: Some(usage.into()), budget, ..base };
     let m = Model::open(model, opts).unwrap();
     let ids: Vec<u32> = (1..=plen).collect();

@@ -169,9 +169,9 @@ pub struct Session<'m> {
 /// `Session::new` allocates and what the memory plan counts — one formula
 /// for both ([`scratch_bytes`]).
 pub(crate) struct BufferLens {
-    chunk_hidden: usize,
-    chunk_ffn_in: usize,
-    chunk_ffn_out: usize,
+    /// The shape `(rows, width)` of each of the chunk's three [`Rows`]
+    /// (hidden states, FFN inputs, FFN outputs).
+    chunk: (usize, usize),
     token_in: usize,
     head_in: usize,
     /// The Attention Residuals' ([`attention::ResScratch::floats`]).
@@ -187,9 +187,7 @@ impl BufferLens {
         let h = c.hidden;
         let ffn_w = c.intermediate.max(c.moe_intermediate * c.shared_experts);
         BufferLens {
-            chunk_hidden: CHUNK * h,
-            chunk_ffn_in: CHUNK * h,
-            chunk_ffn_out: CHUNK * h,
+            chunk: (CHUNK, h),
             token_in: h,
             head_in: h,
             res: attention::ResScratch::floats(c),
@@ -201,19 +199,9 @@ impl BufferLens {
 
     /// All the buffers' f32s.
     fn total(&self) -> usize {
-        [
-            self.chunk_hidden,
-            self.chunk_ffn_in,
-            self.chunk_ffn_out,
-            self.token_in,
-            self.head_in,
-            self.res,
-            self.moe,
-            self.ffn_tmp,
-            self.logits,
-        ]
-        .iter()
-        .sum()
+        [3 * self.chunk.0 * self.chunk.1, self.token_in, self.head_in, self.res, self.moe, self.ffn_tmp, self.logits]
+            .iter()
+            .sum()
     }
 }
 
@@ -260,9 +248,9 @@ impl<'m> Session<'m> {
             kda_sc: has_kda.then(|| KdaScratch::new(&kc, CHUNK)),
             mla_sc: has_mla.then(|| MlaScratch::new(&mc, c.q_lora.unwrap_or(0), CHUNK)),
             ex_sc: m.kernel.as_ref().map(|k| k.scratch(waste_moe::lanes_for(m.pool.threads(), c.top_k))),
-            chunk_hidden: Rows::new(CHUNK, c.hidden),
-            chunk_ffn_in: Rows::new(CHUNK, c.hidden),
-            chunk_ffn_out: Rows::new(CHUNK, c.hidden),
+            chunk_hidden: Rows::new(n.chunk.0, n.chunk.1),
+            chunk_ffn_in: Rows::new(n.chunk.0, n.chunk.1),
+            chunk_ffn_out: Rows::new(n.chunk.0, n.chunk.1),
             token_in: buf(n.token_in),
             head_in: buf(n.head_in),
             res: attention::ResScratch::new(c),

@@ -355,6 +355,8 @@ impl ExpertKernel {
             return;
         }
         let lay = self.vq(self.lay.m, self.lay.lat);
+        // the f32 tables (the exact mode's) are never telescoped
+        sc.t_telescoped = false;
         let bg: Vec<&VqBook> = books.books[0].iter().collect();
         let bu: Vec<&VqBook> = books.books[1].iter().collect();
         let lv = pool.level();

@@ -46,7 +46,7 @@ const TILE: usize = 8;
 
 /// Adding and subtracting this rounds an f32 of magnitude below 2²² to the
 /// nearest integer, ties to even (the default rounding mode).
-const RNE: f32 = 12_582_912.0;
+pub(crate) const RNE: f32 = 12_582_912.0;
 
 /// Whether the fast table serves this layout with these books: every book
 /// full (as many entries as an index can name), one per stage.
@@ -177,7 +177,7 @@ fn quantize_block(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2; `q` as long as `t` (asserted there).
-        return unsafe { crate::x86_64::avx2::quantize_codes(t, qmax, q, RNE) };
+        return unsafe { crate::x86_64::avx2::quantize_codes(t, qmax, q) };
     }
     quantize_body(t, qmax, q)
 }
@@ -200,12 +200,20 @@ pub(crate) fn quantize_body(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
         return 0.0;
     }
     let inv = qmax / amax;
-    let (qm, rne) = (qmax as i32, RNE.to_bits() as i32);
     for (o, &v) in q.iter_mut().zip(t) {
-        // |v · inv| ≤ qmax (1 + ε): the rounding trick is exact there
-        *o = ((v * inv + RNE).to_bits() as i32 - rne).clamp(-qm, qm) as i8;
+        *o = code(v, inv, qmax);
     }
     amax / qmax
+}
+
+/// One value's code: `T · inv` rounded to the nearest integer, ties to
+/// even, by adding [`RNE`] and reading the low bits (|v · inv| ≤ qmax (1 +
+/// ε): the trick is exact there), clamped to ±qmax. The AVX2 form
+/// (`x86_64::avx2::quantize_codes`) takes the same steps 8 lanes at a time.
+#[inline(always)]
+pub(crate) fn code(v: f32, inv: f32, qmax: f32) -> i8 {
+    let qm = qmax as i32;
+    ((v * inv + RNE).to_bits() as i32 - RNE.to_bits() as i32).clamp(-qm, qm) as i8
 }
 
 /// `y[i] = σ_{r0+i} · Σ_b fma(n_b(r0+i), d_b, ·)`: the fast mode's row sums
@@ -644,7 +652,7 @@ mod tests {
                     let (mut a, mut b) = (vec![0i8; len], vec![0i8; len]);
                     let da = quantize_body(&t, qmax, &mut a);
                     // SAFETY: AVX2 checked above; equal lengths.
-                    let db = unsafe { crate::x86_64::avx2::quantize_codes(&t, qmax, &mut b, RNE) };
+                    let db = unsafe { crate::x86_64::avx2::quantize_codes(&t, qmax, &mut b) };
                     assert_eq!(a, b, "len {len} case {case} qmax {qmax}");
                     assert_eq!(da.to_bits(), db.to_bits(), "len {len} case {case}");
                 }

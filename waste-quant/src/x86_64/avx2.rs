@@ -292,7 +292,8 @@ pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) -> usize {
 /// # Safety
 /// AVX2; `q.len() == t.len()`.
 #[target_feature(enable = "avx2")]
-pub unsafe fn quantize_codes(t: &[f32], qmax: f32, q: &mut [i8], rne: f32) -> f32 {
+pub unsafe fn quantize_codes(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
+    let rne = crate::vq_fast::RNE;
     assert_eq!(q.len(), t.len());
     let n8 = t.len() / 8 * 8;
     let abs = _mm256_set1_epi32(0x7fff_ffff);
@@ -331,7 +332,7 @@ pub unsafe fn quantize_codes(t: &[f32], qmax: f32, q: &mut [i8], rne: f32) -> f3
         unsafe { _mm256_storeu_si256(q.as_mut_ptr().add(i) as *mut __m256i, w) };
     }
     for (o, &v) in q[n32..].iter_mut().zip(&t[n32..]) {
-        *o = ((v * inv + rne).to_bits() as i32 - rb).clamp(-qm, qm) as i8;
+        *o = crate::vq_fast::code(v, inv, qmax);
     }
     amax / qmax
 }
@@ -557,32 +558,17 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) -> usize {
 /// # Safety
 /// AVX2 and FMA; sizes as asserted by `vq_fast::matvec_rows`.
 pub unsafe fn vq_fast_rows32(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32], chains: bool) {
-    use crate::vq_fast::QBLOCK;
-    debug_assert!(lay.stages == lay.bpv() && !lay.packed6 && lay.block.is_multiple_of(32));
-    assert!(q.len() >= lay.table_len() && d.len() >= lay.nvec.div_ceil(QBLOCK) && y.len().is_multiple_of(32));
-    let mut run = |q: &[i8]| {
-        // SAFETY: the caller's contract (1 to 3 byte stages); `q` holds a whole table.
-        unsafe {
-            match (lay.bpv(), chains) {
-                (3, false) => vq_fast_rows32_body::<3, false>(lay, idx, d, q, r0, y),
-                (2, false) => vq_fast_rows32_body::<2, false>(lay, idx, d, q, r0, y),
-                (1, false) => vq_fast_rows32_body::<1, false>(lay, idx, d, q, r0, y),
-                (3, true) => vq_fast_rows32_body::<3, true>(lay, idx, d, q, r0, y),
-                (2, true) => vq_fast_rows32_body::<2, true>(lay, idx, d, q, r0, y),
-                (1, true) => vq_fast_rows32_body::<1, true>(lay, idx, d, q, r0, y),
-                (b, _) => unreachable!("the fast AVX2 lookups serve 1 to 3 byte stages, not {b}"),
-            }
-        }
-    };
-    if chains {
-        TELESCOPED.with_borrow_mut(|tq| {
-            tq.resize(lay.table_len(), 0);
-            telescope(&q[..lay.table_len()], tq);
-            run(tq)
-        });
-    } else {
-        run(q)
+    if !chains {
+        // SAFETY: the caller's contract.
+        return unsafe { rows32_by::<false>(lay, idx, d, q, r0, y) };
     }
+    assert!(q.len() >= lay.table_len());
+    TELESCOPED.with_borrow_mut(|tq| {
+        tq.resize(lay.table_len(), 0);
+        telescope(&q[..lay.table_len()], tq);
+        // SAFETY: the caller's contract; `tq` is the whole table telescoped.
+        unsafe { rows32_by::<true>(lay, idx, d, tq, r0, y) }
+    })
 }
 
 /// [`vq_fast_rows32`] by chains over a table already telescoped when it
@@ -592,15 +578,25 @@ pub unsafe fn vq_fast_rows32(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0
 /// # Safety
 /// As [`vq_fast_rows32`].
 pub unsafe fn vq_fast_rows32_telescoped(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe { rows32_by::<true>(lay, idx, d, q, r0, y) }
+}
+
+/// The sizes checked and the loop for the layout's byte stages, by chains
+/// (`q` telescoped) or by the blend tree.
+///
+/// # Safety
+/// As [`vq_fast_rows32`].
+unsafe fn rows32_by<const CHAINS: bool>(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32]) {
     use crate::vq_fast::QBLOCK;
     debug_assert!(lay.stages == lay.bpv() && !lay.packed6 && lay.block.is_multiple_of(32));
     assert!(q.len() >= lay.table_len() && d.len() >= lay.nvec.div_ceil(QBLOCK) && y.len().is_multiple_of(32));
     // SAFETY: the caller's contract (1 to 3 byte stages); `q` holds a whole table.
     unsafe {
         match lay.bpv() {
-            3 => vq_fast_rows32_body::<3, true>(lay, idx, d, q, r0, y),
-            2 => vq_fast_rows32_body::<2, true>(lay, idx, d, q, r0, y),
-            1 => vq_fast_rows32_body::<1, true>(lay, idx, d, q, r0, y),
+            3 => vq_fast_rows32_body::<3, CHAINS>(lay, idx, d, q, r0, y),
+            2 => vq_fast_rows32_body::<2, CHAINS>(lay, idx, d, q, r0, y),
+            1 => vq_fast_rows32_body::<1, CHAINS>(lay, idx, d, q, r0, y),
             b => unreachable!("the fast AVX2 lookups serve 1 to 3 byte stages, not {b}"),
         }
     }
