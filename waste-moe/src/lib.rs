@@ -18,6 +18,7 @@ use waste_quant::vq::{
     build_table_planes, matvec_rows_planes, planes_cover, planes_fit, planes_len, uses_planes, uses_vq4p_rows64,
     VqBook, VqLayout,
 };
+use waste_quant::vq_fast::TableForm;
 use waste_quant::{vq_fast, Level, MatJob, MatRef, Matrix, Pool, SyncSlice};
 
 /// Router settings.
@@ -174,10 +175,10 @@ pub struct ExpertScratch {
     pub t_gate: Vec<f32>,
     /// Up table.
     pub t_up: Vec<f32>,
-    /// Whether [`ExpertKernel::prepare`] built the fast mode's gate and up
-    /// tables telescoped (`waste_quant::vq_fast::telescopes`, read once
-    /// for the build and the rows that read them).
-    pub t_telescoped: bool,
+    /// The form [`ExpertKernel::prepare`] built the fast mode's gate and up
+    /// tables in (`waste_quant::vq_fast::table_form`, read once for the
+    /// build and the rows that read them).
+    pub t_form: TableForm,
     /// The gate table as byte planes (empty when the layout does not fit
     /// them, `waste_quant::vq::planes_fit`; unused when the level looks
     /// tables up by gathers, `waste_quant::vq::uses_planes`).
@@ -303,7 +304,7 @@ impl ExpertKernel {
         ExpertScratch {
             t_gate: vec![0.0; tg],
             t_up: vec![0.0; tg],
-            t_telescoped: false,
+            t_form: TableForm::Plain,
             p_gate: vec![0; pg],
             p_up: vec![0; pg],
             lanes: (0..lanes.max(1))
@@ -355,8 +356,8 @@ impl ExpertKernel {
             return;
         }
         let lay = self.vq(self.lay.m, self.lay.lat);
-        // the f32 tables (the exact mode's) are never telescoped
-        sc.t_telescoped = false;
+        // the f32 tables (the exact mode's) have no other form
+        sc.t_form = TableForm::Plain;
         let bg: Vec<&VqBook> = books.books[0].iter().collect();
         let bu: Vec<&VqBook> = books.books[1].iter().collect();
         let lv = pool.level();
@@ -364,14 +365,14 @@ impl ExpertKernel {
             // the fast mode's int8 tables, in the f32 tables' buffers
             let (tgs, tus) = (SyncSlice::new(&mut sc.t_gate), SyncSlice::new(&mut sc.t_up));
             let nb = vq_fast::blocks(&lay);
-            let tele = vq_fast::telescopes(lv, &lay);
-            sc.t_telescoped = tele;
+            let form = vq_fast::table_form(lv, &lay);
+            sc.t_form = form;
             pool.run(2, &|i| {
-                let (d, q) = vq_fast::block_ranges(&lay, 0, nb);
+                let (d, q) = vq_fast::block_ranges(&lay, form, 0, nb);
                 let (buf, books) = if i == 0 { (&tgs, &bg) } else { (&tus, &bu) };
                 // SAFETY: task 0 writes the gate table, task 1 the up one.
                 let (d, q) = unsafe { (buf.range(d.start, d.end), buf.range(q.start, q.end)) };
-                vq_fast::build(lv, books, &lay, h, qmax, (0, nb), d, bytemuck::cast_slice_mut(q), tele);
+                vq_fast::build(lv, books, &lay, h, qmax, (0, nb), d, bytemuck::cast_slice_mut(q), form);
             });
             return;
         }
@@ -415,8 +416,7 @@ impl ExpertKernel {
         sc: &mut ExpertScratch,
         out: &mut [f32],
     ) {
-        let shared =
-            Shared { t_gate: &sc.t_gate, t_up: &sc.t_up, tele: sc.t_telescoped, p_gate: &sc.p_gate, p_up: &sc.p_up };
+        let shared = Shared { t_gate: &sc.t_gate, t_up: &sc.t_up, form: sc.t_form, p_gate: &sc.p_gate, p_up: &sc.p_up };
         self.run(Some(pool), (pool.level(), pool.numeric()), books, rec, h, &shared, &mut sc.lanes[0], out)
     }
 
@@ -477,13 +477,8 @@ impl ExpertKernel {
             assert!(!slots[..i].contains(s), "expert output slot {s} repeats");
         }
         if whole > 0 {
-            let shared = Shared {
-                t_gate: &sc.t_gate,
-                t_up: &sc.t_up,
-                tele: sc.t_telescoped,
-                p_gate: &sc.p_gate,
-                p_up: &sc.p_up,
-            };
+            let shared =
+                Shared { t_gate: &sc.t_gate, t_up: &sc.t_up, form: sc.t_form, p_gate: &sc.p_gate, p_up: &sc.p_up };
             let ls = SyncSlice::new(&mut sc.lanes[..lanes]);
             let os = SyncSlice::new(outs);
             let next = AtomicUsize::new(0);
@@ -666,8 +661,8 @@ impl ExpertKernel {
                 let (ra, rb) = (unit * a, if b == units { m } else { unit * b });
                 // SAFETY: disjoint row ranges [unit·a, unit·b) (the last chunk takes the tail).
                 let (gy, uy) = unsafe { (g.range(ra, rb), u.range(ra, rb)) };
-                vq_fast::matvec_rows(lv, &lg, gi, gs, shared.t_gate, ra, gy, shared.tele);
-                vq_fast::matvec_rows(lv, &lg, ui, us, shared.t_up, ra, uy, shared.tele);
+                vq_fast::matvec_rows(lv, &lg, gi, gs, shared.t_gate, ra, gy, shared.form);
+                vq_fast::matvec_rows(lv, &lg, ui, us, shared.t_up, ra, uy, shared.form);
             });
         }
         for (gv, uv) in lane.g.iter_mut().zip(lane.u.iter()) {
@@ -676,12 +671,12 @@ impl ExpertKernel {
         let bd: Vec<&VqBook> = books.books[2].iter().collect();
         let tds = SyncSlice::new(&mut lane.t_down);
         let gin = &lane.g;
-        let tele = vq_fast::telescopes(lv, &ld);
+        let form = vq_fast::table_form(lv, &ld);
         chunks(vq_fast::blocks(&ld), &|a, b| {
-            let (d, q) = vq_fast::block_ranges(&ld, a, b);
+            let (d, q) = vq_fast::block_ranges(&ld, form, a, b);
             // SAFETY: the tasks' block ranges [a, b) are disjoint, so are their scales and codes.
             let (d, q) = unsafe { (tds.range(d.start, d.end), tds.range(q.start, q.end)) };
-            vq_fast::build(lv, &bd, &ld, gin, qmax, (a, b), d, bytemuck::cast_slice_mut(q), tele);
+            vq_fast::build(lv, &bd, &ld, gin, qmax, (a, b), d, bytemuck::cast_slice_mut(q), form);
         });
         let di = &rec[dof..dof + ld.index_bytes()];
         let o = SyncSlice::new(out);
@@ -691,7 +686,7 @@ impl ExpertKernel {
             let (ra, rb) = (unit * a, if b == units { lat } else { unit * b });
             // SAFETY: disjoint row ranges.
             let oy = unsafe { o.range(ra, rb) };
-            vq_fast::matvec_rows(lv, &ld, di, ds, &lane.t_down, ra, oy, tele);
+            vq_fast::matvec_rows(lv, &ld, di, ds, &lane.t_down, ra, oy, form);
         });
     }
 }
@@ -734,8 +729,8 @@ fn with_dense_mats<R>(l: &RecordLayout, rec: &[u8], f: impl FnOnce([MatRef<'_>; 
 struct Shared<'a> {
     t_gate: &'a [f32],
     t_up: &'a [f32],
-    /// The fast gate and up tables are telescoped ([`ExpertScratch::t_telescoped`]).
-    tele: bool,
+    /// The fast gate and up tables' form ([`ExpertScratch::t_form`]).
+    form: TableForm,
     p_gate: &'a [u8],
     p_up: &'a [u8],
 }

@@ -374,7 +374,7 @@ fn vq4p(reps: usize, r: &mut impl FnMut() -> u64) {
 /// every (format, level, form) runs once a round, `reps` rounds alternated.
 /// `kernels REPS rows`.
 fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
-    let from_mem = std::env::args().nth(3).as_deref() == Some("memory");
+    let from_mem = std::env::args().nth(3).is_some_and(|a| a.starts_with("memory"));
     for (name, stages, packed6) in [("vq3r", 3, false), ("vq2r", 2, false), ("vq4p", 4, true)] {
         let lay = VqLayout { rows: 1024, nvec: 2304 / 8, stages, block: 64, packed6 };
         let books = vq_books(stages, lay.table_entries());
@@ -385,14 +385,21 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
         build_table(Level::Scalar, &br, &lay, &x, &mut t);
         let mut y = vec![0f32; lay.rows];
         // 64 index sets read in turn (56 MB for VQ3R): from memory, as decode reads experts
-        let sets: Vec<Vec<u8>> = (0..64).map(|_| (0..lay.index_bytes()).map(|_| r() as u8).collect()).collect();
+        // `memory-huge`: the 64 sets in one buffer of 2 MiB pages, as the expert cache's arena
+        let huge = std::env::args().nth(3).as_deref() == Some("memory-huge");
+        let n = lay.index_bytes();
+        let mut arena = waste_io::AlignedBuf::new(64 * n, huge);
+        for b in arena.iter_mut() {
+            *b = r() as u8;
+        }
+        let sets: Vec<&[u8]> = arena.chunks_exact(n).collect();
         // the indices of each call: one set (in L2), or the 64 in turn (from memory)
         let mut which = 0;
         let (sets_r, idx_r) = (&sets, &idx);
-        let mut pick = move || -> &Vec<u8> {
+        let mut pick = move || -> &[u8] {
             if from_mem {
                 which = (which + 1) % sets_r.len();
-                &sets_r[which]
+                sets_r[which]
             } else {
                 idx_r
             }
@@ -412,13 +419,15 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
                 ts.push(t0.elapsed().as_secs_f64());
             }
         }
-        // the fast mode's int8 table (one form at every level) beside them
+        // the fast mode's int8 table beside them, in the form each AVX2
+        // lookup keeps (chains a telescoped table, gathers a wide one)
+        use waste_quant::vq_fast::{self as vf, Avx2Lookup, TableForm};
         let mut qt = vec![0f32; lay.table_len()];
-        let nb = waste_quant::vq_fast::blocks(&lay);
+        let nb = vf::blocks(&lay);
         let fast_level = if std::env::var("WASTE_SIMD").is_ok() { waste_quant::level() } else { Level::Avx2 };
         let (build_med, _, _) = time(reps.max(1), || {
-            let (d, q) = waste_quant::vq_fast::parts_mut(&lay, &mut qt, 0, nb);
-            waste_quant::vq_fast::build(fast_level, &br, &lay, &x, 127.0, (0, nb), d, q, false);
+            let (d, q) = vf::parts_mut(&lay, TableForm::Plain, &mut qt, 0, nb);
+            vf::build(fast_level, &br, &lay, &x, 127.0, (0, nb), d, q, TableForm::Plain);
         });
         println!(
             "{name} {}x{} fast table build {}: {:.3} ms",
@@ -427,24 +436,20 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
             fast_level.name(),
             build_med * 1e3
         );
-        // both AVX2 lookup forms where that kernel runs
-        let forms: &[waste_quant::vq_fast::Avx2Lookup] = if waste_quant::vq_fast::rows32(fast_level, &lay) {
-            &waste_quant::vq_fast::Avx2Lookup::ALL
-        } else {
-            &[waste_quant::vq_fast::Avx2Lookup::Chains]
-        };
-        let keep = waste_quant::vq_fast::avx2_lookup();
-        for &form in forms {
-            waste_quant::vq_fast::set_avx2_lookup(form);
-            let (med, lo, hi) = time(reps.max(1), || {
-                waste_quant::vq_fast::matvec_rows(fast_level, &lay, pick(), &scales, &qt, 0, &mut y, false)
-            });
+        let keep = vf::avx2_lookup();
+        let forms: &[Avx2Lookup] = if vf::rows32(fast_level, &lay) { &Avx2Lookup::ALL } else { &[Avx2Lookup::Chains] };
+        for &lookup in forms {
+            vf::set_avx2_lookup(lookup);
+            let form = vf::table_form(fast_level, &lay);
+            let (d, q) = vf::parts_mut(&lay, form, &mut qt, 0, nb);
+            vf::build(fast_level, &br, &lay, &x, 127.0, (0, nb), d, q, form);
+            let (med, lo, hi) =
+                time(reps.max(1), || vf::matvec_rows(fast_level, &lay, pick(), &scales, &qt, 0, &mut y, form));
             println!(
-                "{name} rows {}x{} fast {}{}{}: {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
+                "{name} rows {}x{} fast {}{}: {:.3} ms ({:.3}–{:.3}) {:.2} G lookups/s",
                 lay.rows,
                 lay.nvec * 8,
-                waste_quant::vq_fast::rows_kernel_name(fast_level, &lay),
-                if forms.len() > 1 { format!(" ({})", form.name()) } else { String::new() },
+                vf::rows_kernel_name(fast_level, &lay),
                 if from_mem { ", indices from memory" } else { "" },
                 med * 1e3,
                 lo * 1e3,
@@ -452,26 +457,7 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
                 (lay.rows * lay.nvec * lay.stages) as f64 / med / 1e9
             );
         }
-        // chains over a table telescoped when it was built (no pass per call)
-        waste_quant::vq_fast::set_avx2_lookup(waste_quant::vq_fast::Avx2Lookup::Chains);
-        if waste_quant::vq_fast::telescopes(fast_level, &lay) {
-            let mut tq = vec![0f32; lay.table_len()];
-            let (d, q) = waste_quant::vq_fast::parts_mut(&lay, &mut tq, 0, nb);
-            waste_quant::vq_fast::build(fast_level, &br, &lay, &x, 127.0, (0, nb), d, q, true);
-            let (med, lo, hi) = time(reps.max(1), || {
-                waste_quant::vq_fast::matvec_rows(fast_level, &lay, pick(), &scales, &tq, 0, &mut y, true)
-            });
-            println!(
-                "{name} rows {}x{} fast chains, table telescoped at build{}: {:.3} ms ({:.3}–{:.3})",
-                lay.rows,
-                lay.nvec * 8,
-                if from_mem { ", indices from memory" } else { "" },
-                med * 1e3,
-                lo * 1e3,
-                hi * 1e3
-            );
-        }
-        waste_quant::vq_fast::set_avx2_lookup(keep);
+        vf::set_avx2_lookup(keep);
         for (lv, k, ts) in runs.iter_mut() {
             ts.sort_by(f64::total_cmp);
             let med = ts[ts.len() / 2];

@@ -66,11 +66,45 @@ pub fn blocks(lay: &VqLayout) -> usize {
     lay.nvec.div_ceil(QBLOCK)
 }
 
-/// Floats of a fast table in an f32 buffer: the block scales, then the
-/// codes four to a float. Never more than [`VqLayout::table_len`], so the
-/// exact mode's table buffer holds it.
-pub fn qtable_floats(lay: &VqLayout) -> usize {
-    blocks(lay).saturating_add(lay.table_len().div_ceil(4))
+/// How a fast table keeps its codes: the form the rows that read it take.
+/// Chosen once by whoever builds a table ([`table_form`]) and passed to
+/// both [`build`] and [`matvec_rows`], so a later [`set_avx2_lookup`]
+/// cannot split the two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableForm {
+    /// One `i8` per code.
+    Plain,
+    /// One `i8` per code, each 256-entry table telescoped (the x86_64
+    /// `avx2::telescope`): the AVX2 chains' form.
+    Telescoped,
+    /// One `i16` (little-endian) per code, and 2 bytes of padding after the
+    /// last: the AVX2 gathers' form (`x86_64::gathers`).
+    Wide,
+}
+
+impl TableForm {
+    /// Bytes per code.
+    fn width(self) -> usize {
+        if self == TableForm::Wide {
+            2
+        } else {
+            1
+        }
+    }
+}
+
+/// Floats of a fast table of `form` in an f32 buffer: the block scales,
+/// then the codes four (two when wide) to a float and, wide, one float of
+/// padding. Never more than [`VqLayout::table_len`], so the exact mode's
+/// table buffer holds it.
+pub fn qtable_floats(lay: &VqLayout, form: TableForm) -> usize {
+    blocks(lay).saturating_add(code_floats(lay, form))
+}
+
+/// Floats of a table's codes (with the wide form's padding).
+fn code_floats(lay: &VqLayout, form: TableForm) -> usize {
+    let pad = usize::from(form == TableForm::Wide);
+    lay.table_len().saturating_mul(form.width()).div_ceil(4).saturating_add(pad)
 }
 
 /// Table entries (codes) of one block of positions.
@@ -78,53 +112,85 @@ fn block_entries(lay: &VqLayout) -> usize {
     QBLOCK * lay.stages * lay.table_entries()
 }
 
-/// The scales and codes of a fast table in `buf` (from [`build`]).
+/// The scales and code bytes of a fast table of `form` in `buf` (from
+/// [`build`]; the wide form's padding included).
 ///
 /// # Panics
 /// When `buf` is shorter than [`qtable_floats`].
-pub fn parts<'a>(lay: &VqLayout, buf: &'a [f32]) -> (&'a [f32], &'a [i8]) {
+pub fn parts<'a>(lay: &VqLayout, form: TableForm, buf: &'a [f32]) -> (&'a [f32], &'a [u8]) {
     let nb = blocks(lay);
-    let (d, q) = buf[..qtable_floats(lay)].split_at(nb);
-    (d, &bytemuck::cast_slice(q)[..lay.table_len()])
+    let (d, q) = buf[..qtable_floats(lay, form)].split_at(nb);
+    let bytes = if form == TableForm::Wide { 2 * lay.table_len() + 2 } else { lay.table_len() };
+    (d, &bytemuck::cast_slice(q)[..bytes])
 }
 
-/// The scales and codes of blocks `b0..b1` of a fast table in `buf`, to write.
+/// The scales and code bytes of blocks `b0..b1` of a fast table of `form`
+/// in `buf`, to write.
 ///
 /// # Panics
 /// When `buf` is shorter than [`qtable_floats`] or the blocks are out of range.
-pub fn parts_mut<'a>(lay: &VqLayout, buf: &'a mut [f32], b0: usize, b1: usize) -> (&'a mut [f32], &'a mut [i8]) {
-    let (d, q) = block_ranges(lay, b0, b1);
-    let (lo, hi) = buf[..qtable_floats(lay)].split_at_mut(q.start);
+pub fn parts_mut<'a>(
+    lay: &VqLayout,
+    form: TableForm,
+    buf: &'a mut [f32],
+    b0: usize,
+    b1: usize,
+) -> (&'a mut [f32], &'a mut [u8]) {
+    let (d, q) = block_ranges(lay, form, b0, b1);
+    let (lo, hi) = buf[..qtable_floats(lay, form)].split_at_mut(q.start);
     (&mut lo[d], bytemuck::cast_slice_mut(&mut hi[..q.len()]))
 }
 
-/// Where blocks `b0..b1` of a fast table lie in its f32 buffer: their
-/// scales and their codes (four to a float), as float ranges — disjoint for
-/// disjoint blocks, so threads can build a table's blocks side by side.
+/// Where blocks `b0..b1` of a fast table of `form` lie in its f32 buffer:
+/// their scales and their codes, as float ranges — disjoint for disjoint
+/// blocks, so threads can build a table's blocks side by side (the last
+/// block's range holds the wide form's padding).
 ///
 /// # Panics
 /// When the blocks are out of range.
-pub fn block_ranges(lay: &VqLayout, b0: usize, b1: usize) -> (core::ops::Range<usize>, core::ops::Range<usize>) {
+pub fn block_ranges(
+    lay: &VqLayout,
+    form: TableForm,
+    b0: usize,
+    b1: usize,
+) -> (core::ops::Range<usize>, core::ops::Range<usize>) {
     let nb = blocks(lay);
     assert!(b0 <= b1 && b1 <= nb, "blocks {b0}..{b1} of {nb}");
     // a block's codes are a multiple of 4 bytes (64 or 256 entries a stage)
-    let be = block_entries(lay) / 4;
-    (b0..b1, nb + b0 * be..nb + (b1 * be).min(lay.table_len() / 4))
+    let be = block_entries(lay) * form.width() / 4;
+    let end = if b1 == nb { code_floats(lay, form) } else { b1 * be };
+    (b0..b1, nb + b0 * be..nb + end)
 }
 
-/// Whether tables for `level` and this layout are kept telescoped (the
-/// AVX2 kernel's chains form, the x86_64 `avx2::telescope`): where
-/// [`rows32`] serves the layout and the process looks up by chains
-/// ([`avx2_lookup`]). Read once by whoever builds a table and passed to
-/// both [`build`] and [`matvec_rows`], so a later [`set_avx2_lookup`]
-/// cannot split the two.
-pub fn telescopes(level: Level, lay: &VqLayout) -> bool {
-    cfg!(target_arch = "x86_64") && rows32(level, lay) && avx2_lookup() == Avx2Lookup::Chains
+/// The form of the fast tables for `level` and this layout: where
+/// [`rows32`] serves the layout, the one the process looks up by
+/// ([`avx2_lookup`]: chains read a telescoped table, gathers a wide one
+/// where they serve the layout's stages, else chains); elsewhere plain.
+pub fn table_form(level: Level, lay: &VqLayout) -> TableForm {
+    if !(cfg!(target_arch = "x86_64") && rows32(level, lay)) {
+        return TableForm::Plain;
+    }
+    match avx2_lookup() {
+        Avx2Lookup::Blends => TableForm::Plain,
+        Avx2Lookup::Gathers if gathers_serve(lay) => TableForm::Wide,
+        _ => TableForm::Telescoped,
+    }
+}
+
+/// Whether the AVX2 gathers serve this layout (2 or 3 byte stages).
+fn gathers_serve(lay: &VqLayout) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return crate::x86_64::gathers::serves(lay.bpv());
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = lay;
+        false
+    }
 }
 
 /// Blocks `b0..b1` of the fast table of input `x` (the whole input, `nvec ·
-/// dim` long): `d` their scales, `q` their codes (from [`parts_mut`]),
-/// each 256-entry table telescoped when `telescoped` ([`telescopes`]).
+/// dim` long): `d` their scales, `q` their code bytes in `form` (from
+/// [`parts_mut`]).
 ///
 /// # Panics
 /// As [`build_table`]; when `d` or `q` do not hold those blocks.
@@ -137,39 +203,48 @@ pub fn build(
     qmax: f32,
     (b0, b1): (usize, usize),
     d: &mut [f32],
-    q: &mut [i8],
-    telescoped: bool,
+    q: &mut [u8],
+    form: TableForm,
 ) {
     let dim = books[0].dim;
     assert_eq!(x.len(), lay.nvec * dim);
     let be = block_entries(lay);
-    assert!(b1 <= blocks(lay) && d.len() == b1 - b0 && q.len() == ((b1 * be).min(lay.table_len()) - b0 * be));
-    // one block's f32 table: on the stack for the standard formats (this
-    // runs per expert and token for the down table), else one allocation
+    let (w, nb) = (form.width(), blocks(lay));
+    let pad = if b1 == nb && form == TableForm::Wide { 4 } else { 0 };
+    assert!(b1 <= nb && d.len() == b1 - b0 && q.len() == w * ((b1 * be).min(lay.table_len()) - b0 * be) + pad);
+    // one block's f32 table and codes: on the stack for the standard
+    // formats (this runs per expert and token for the down table), else
+    // one allocation
     let mut stack = [0f32; QBLOCK * 3 * 256];
-    let mut heap = Vec::new();
-    let t: &mut [f32] = if be <= stack.len() {
-        &mut stack[..be]
+    let mut codes = [0i8; QBLOCK * 3 * 256];
+    let mut heap = (Vec::new(), Vec::new());
+    let (t, c): (&mut [f32], &mut [i8]) = if be <= stack.len() {
+        (&mut stack[..be], &mut codes[..be])
     } else {
-        heap.resize(be, 0f32);
-        &mut heap
+        heap.0.resize(be, 0f32);
+        heap.1.resize(be, 0i8);
+        (&mut heap.0, &mut heap.1)
     };
     for b in b0..b1 {
         let (v0, v1) = (b * QBLOCK, ((b + 1) * QBLOCK).min(lay.nvec));
         let part = VqLayout { nvec: v1 - v0, ..*lay };
-        let t = &mut t[..part.table_len()];
+        let (t, c) = (&mut t[..part.table_len()], &mut c[..part.table_len()]);
         build_table(level, books, &part, &x[v0 * dim..v1 * dim], t);
-        let qb = &mut q[(b - b0) * be..][..t.len()];
-        d[b - b0] = quantize_block(t, qmax, qb);
-        #[cfg(target_arch = "x86_64")]
-        if telescoped {
-            let mut plain = [0i8; QBLOCK * 3 * 256];
-            let plain = &mut plain[..qb.len()];
-            plain.copy_from_slice(qb);
-            crate::x86_64::avx2::telescope(plain, qb);
+        d[b - b0] = quantize_block(t, qmax, c);
+        let qb = &mut q[w * (b - b0) * be..][..w * t.len()];
+        match form {
+            TableForm::Plain => qb.copy_from_slice(bytemuck::cast_slice(c)),
+            TableForm::Wide => {
+                for (o, &v) in qb.chunks_exact_mut(2).zip(c.iter()) {
+                    o.copy_from_slice(&i16::from(v).to_le_bytes());
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            TableForm::Telescoped => crate::x86_64::avx2::telescope(c, bytemuck::cast_slice_mut(qb)),
+            #[cfg(not(target_arch = "x86_64"))]
+            TableForm::Telescoped => unreachable!("telescoped tables are the x86_64 AVX2 kernel's"),
         }
     }
-    let _ = telescoped;
 }
 
 /// One block's codes into `q`; returns its scale `amax / qmax`.
@@ -218,12 +293,13 @@ pub(crate) fn code(v: f32, inv: f32, qmax: f32) -> i8 {
 
 /// `y[i] = σ_{r0+i} · Σ_b fma(n_b(r0+i), d_b, ·)`: the fast mode's row sums
 /// for rows `r0..r0 + y.len()` over a table from [`build`] (all its blocks)
-/// held in `qt` ([`parts`]), built `telescoped` or not ([`telescopes`]).
-/// `scales` holds one f16 per row.
+/// held in `qt` ([`parts`]), built in `form` ([`table_form`]). `scales`
+/// holds one f16 per row.
 ///
 /// # Panics
 /// When the indices, scales or table are shorter than the layout needs, or
-/// the rows are out of range.
+/// the rows are out of range; when `form` is not plain and [`rows32`] does
+/// not serve the layout at `level`.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_rows(
     level: Level,
@@ -233,46 +309,50 @@ pub fn matvec_rows(
     qt: &[f32],
     r0: usize,
     y: &mut [f32],
-    telescoped: bool,
+    form: TableForm,
 ) {
     assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2);
     assert!(r0.checked_add(y.len()).is_some_and(|e| e <= lay.rows));
-    assert!(!telescoped || rows32(level, lay), "a telescoped table is the AVX2 kernel's");
-    let (d, q) = parts(lay, qt);
+    assert!(form == TableForm::Plain || rows32(level, lay), "a {form:?} table is the AVX2 kernel's");
+    assert!(form != TableForm::Wide || gathers_serve(lay), "wide tables serve 2 or 3 byte stages");
+    let (d, q) = parts(lay, form, qt);
     #[allow(unused_mut)]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if rows64(level, lay) && r0.is_multiple_of(64) {
         done = y.len() / 64 * 64;
         // SAFETY: features checked by rows64; sizes asserted above and by parts.
-        unsafe { crate::x86_64::avx512::vq_fast_rows64(lay, idx, d, q, r0, &mut y[..done]) };
+        unsafe { crate::x86_64::avx512::vq_fast_rows64(lay, idx, d, bytemuck::cast_slice(q), r0, &mut y[..done]) };
     }
     #[cfg(target_arch = "x86_64")]
     if done == 0 && rows32(level, lay) && r0.is_multiple_of(32) {
         done = y.len() / 32 * 32;
+        let (q8, y) = (bytemuck::cast_slice(q), &mut y[..done]);
         // SAFETY: features checked by rows32; sizes asserted above and by parts.
         unsafe {
-            if telescoped {
-                crate::x86_64::avx2::vq_fast_rows32_telescoped(lay, idx, d, q, r0, &mut y[..done])
-            } else {
-                let chains = avx2_lookup() == Avx2Lookup::Chains;
-                crate::x86_64::avx2::vq_fast_rows32(lay, idx, d, q, r0, &mut y[..done], chains)
+            match form {
+                TableForm::Wide => crate::x86_64::gathers::rows32(lay, idx, d, q, r0, y),
+                TableForm::Telescoped => crate::x86_64::avx2::vq_fast_rows32_telescoped(lay, idx, d, q8, r0, y),
+                TableForm::Plain => {
+                    let chains = avx2_lookup() != Avx2Lookup::Blends;
+                    crate::x86_64::avx2::vq_fast_rows32(lay, idx, d, q8, r0, y, chains)
+                }
             }
         };
     }
     let _ = level;
     if done < y.len() {
-        if telescoped {
-            // the rows the AVX2 kernel leaves (a tail under 32, a start off
+        if form == TableForm::Plain {
+            rows(lay, idx, d, bytemuck::cast_slice(q), r0 + done, &mut y[done..]);
+        } else {
+            // the rows the AVX2 kernels leave (a tail under 32, a start off
             // 32): the plain table back, once for the call
             #[cfg(target_arch = "x86_64")]
             PLAIN.with_borrow_mut(|p| {
                 p.resize(lay.table_len(), 0);
-                crate::x86_64::avx2::untelescope(&q[..lay.table_len()], p);
+                plain_codes(form, q, p);
                 rows(lay, idx, d, p, r0 + done, &mut y[done..])
             });
-        } else {
-            rows(lay, idx, d, q, r0 + done, &mut y[done..]);
         }
     }
     for (i, yo) in y.iter_mut().enumerate() {
@@ -281,9 +361,25 @@ pub fn matvec_rows(
     }
 }
 
+/// A table's plain codes (`out`, `table_len` of them) from its code bytes
+/// `q` in `form`.
+#[cfg(target_arch = "x86_64")]
+fn plain_codes(form: TableForm, q: &[u8], out: &mut [i8]) {
+    match form {
+        TableForm::Plain => out.copy_from_slice(bytemuck::cast_slice(&q[..out.len()])),
+        TableForm::Telescoped => crate::x86_64::avx2::untelescope(bytemuck::cast_slice(&q[..out.len()]), out),
+        TableForm::Wide => {
+            for (o, c) in out.iter_mut().zip(q.chunks_exact(2)) {
+                // a code is within ±127: its low byte is the i8
+                *o = i16::from_le_bytes([c[0], c[1]]) as i8;
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 std::thread_local! {
-    /// A telescoped table's plain codes, for the rows the AVX2 kernel leaves.
+    /// A table's plain codes, for the rows the AVX2 kernels leave.
     static PLAIN: core::cell::RefCell<Vec<i8>> = const { core::cell::RefCell::new(Vec::new()) };
 }
 
@@ -307,25 +403,30 @@ pub fn rows32(level: Level, lay: &VqLayout) -> bool {
         && lay.block.is_multiple_of(32)
 }
 
-/// How the AVX2 kernel ([`rows32`]) looks a 256-entry table up: both give
-/// the definition's bits; which is faster depends on the CPU's
-/// `vpblendvb` (three micro-ops on the Intel Xeon of docs/lab entry 70).
+/// How the AVX2 kernel ([`rows32`]) looks a 256-entry table up: all give
+/// the definition's bits; which is faster depends on the CPU — its
+/// `vpblendvb` (three micro-ops on the Intel Xeon of docs/lab entry 70) and
+/// its `vpgatherdd` (4.2 cycles for eight lanes there, slow on AMD Zen 2/3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Avx2Lookup {
     /// 16 `pshufb`s and a 15-blend tree on the index's high nibble.
     Blends,
     /// One chain of 16 `pshufb`s over a telescoped table, no blend.
     Chains,
+    /// Dword gathers from a wide (`i16`) table, eight rows a gather, in
+    /// tiles of positions (layouts of 2 or 3 byte stages; chains for one).
+    Gathers,
 }
 
 impl Avx2Lookup {
-    /// Both forms.
-    pub const ALL: [Avx2Lookup; 2] = [Avx2Lookup::Blends, Avx2Lookup::Chains];
+    /// Every form.
+    pub const ALL: [Avx2Lookup; 3] = [Avx2Lookup::Blends, Avx2Lookup::Chains, Avx2Lookup::Gathers];
     /// As reports name it.
     pub fn name(self) -> &'static str {
         match self {
             Avx2Lookup::Blends => "blends",
             Avx2Lookup::Chains => "chains",
+            Avx2Lookup::Gathers => "gathers",
         }
     }
 }
@@ -335,7 +436,7 @@ impl Avx2Lookup {
 static AVX2_LOOKUP: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
 
 /// Choose the AVX2 lookup form for the whole process (benchmarks, tests;
-/// `WASTE_VQ_LOOKUP=blends|chains` does it for a run).
+/// `WASTE_VQ_LOOKUP=blends|chains|gathers` does it for a run).
 pub fn set_avx2_lookup(l: Avx2Lookup) {
     AVX2_LOOKUP.store(1 + l as u8, core::sync::atomic::Ordering::Relaxed);
 }
@@ -345,29 +446,28 @@ pub fn set_avx2_lookup(l: Avx2Lookup) {
 /// per process on the first call ([`probe_avx2_lookup`]). On a CPU without
 /// AVX2 it names the form the probe would not need: `Chains`.
 pub fn avx2_lookup() -> Avx2Lookup {
-    match AVX2_LOOKUP.load(core::sync::atomic::Ordering::Relaxed) {
-        1 => return Avx2Lookup::Blends,
-        2 => return Avx2Lookup::Chains,
-        _ => {}
+    let set = AVX2_LOOKUP.load(core::sync::atomic::Ordering::Relaxed);
+    if let Some(&l) = Avx2Lookup::ALL.get(usize::from(set).wrapping_sub(1)) {
+        return l;
     }
-    let chosen = match std::env::var("WASTE_VQ_LOOKUP").as_deref() {
-        Ok("blends") => Avx2Lookup::Blends,
-        Ok("chains") => Avx2Lookup::Chains,
-        _ => probe_avx2_lookup(),
+    let asked = std::env::var("WASTE_VQ_LOOKUP");
+    let chosen = match Avx2Lookup::ALL.into_iter().find(|l| asked.as_deref() == Ok(l.name())) {
+        Some(l) => l,
+        None => probe_avx2_lookup(),
     };
     // a race sets the same answer or the probe's other run: either is exact
     AVX2_LOOKUP.store(1 + chosen as u8, core::sync::atomic::Ordering::Relaxed);
     chosen
 }
 
-/// Time both AVX2 lookup forms on a synthetic table and indices the shape
+/// Time the AVX2 lookup forms on a synthetic table and indices the shape
 /// of a thread's share of an expert matrix (512 rows, 96 positions, 3
-/// stages: 72 KiB of codes, a real table's place past L1), alternated, 9
-/// runs each (about 0.6 ms in all); the faster by its best run. `Chains`
-/// where the CPU has no AVX2. Chains run on a table already telescoped, as
-/// real calls do since the table keeps that form from its build (docs/lab
-/// entry 71; a 128-row probe that telescoped per call chose blends on the
-/// Intel Xeon, where whole matrices ran 14 % faster by chains: lab 70).
+/// stages: 72 KiB of codes, 144 KiB wide, a real table's place past L1),
+/// alternated, 9 runs each (about 1 ms in all); the fastest by its best
+/// run. `Chains` where the CPU has no AVX2. Each form reads the table in
+/// the form its build keeps (chains a telescoped one — a 128-row probe that
+/// telescoped per call chose blends on the Intel Xeon, where whole matrices
+/// ran 14 % faster by chains: docs/lab entries 70, 71 — gathers a wide one).
 pub fn probe_avx2_lookup() -> Avx2Lookup {
     let lay = VqLayout { rows: 512, nvec: 96, stages: 3, block: 64, packed6: false };
     if !rows32(Level::Avx2, &lay) {
@@ -377,43 +477,47 @@ pub fn probe_avx2_lookup() -> Avx2Lookup {
     {
         let mut r = waste_rng::SplitMix64::new(50);
         let idx: Vec<u8> = (0..lay.index_bytes()).map(|_| r.next_u64() as u8).collect();
-        let q: Vec<i8> = (0..lay.table_len()).map(|_| r.next_u64() as i8).collect();
+        // random codes stand for a built table as well as any, in every form
+        let q: Vec<u8> = (0..2 * lay.table_len() + 2).map(|_| (r.next_u64() % 255) as u8).collect();
         let d = vec![1.0f32; blocks(&lay)];
         let mut y = vec![0f32; lay.rows];
-        let mut best = [f64::INFINITY; 2];
+        let mut best = [f64::INFINITY; 3];
         for _ in 0..9 {
-            for (k, b) in best.iter_mut().enumerate() {
+            for (l, b) in Avx2Lookup::ALL.into_iter().zip(best.iter_mut()) {
                 let t = std::time::Instant::now();
+                let q8 = bytemuck::cast_slice(&q[..lay.table_len()]);
                 // SAFETY: rows32 checked AVX2 and the layout; the sizes are the layout's.
-                // (Chains as a real call runs them: on a table telescoped at its build,
-                // which random codes stand for as well as any.)
                 unsafe {
-                    if k == 1 {
-                        crate::x86_64::avx2::vq_fast_rows32_telescoped(&lay, &idx, &d, &q, 0, &mut y)
-                    } else {
-                        crate::x86_64::avx2::vq_fast_rows32(&lay, &idx, &d, &q, 0, &mut y, false)
+                    match l {
+                        Avx2Lookup::Blends => crate::x86_64::avx2::vq_fast_rows32(&lay, &idx, &d, q8, 0, &mut y, false),
+                        Avx2Lookup::Chains => {
+                            crate::x86_64::avx2::vq_fast_rows32_telescoped(&lay, &idx, &d, q8, 0, &mut y)
+                        }
+                        Avx2Lookup::Gathers => crate::x86_64::gathers::rows32(&lay, &idx, &d, &q, 0, &mut y),
                     }
                 };
                 *b = b.min(t.elapsed().as_secs_f64());
             }
         }
-        if best[0] < best[1] {
-            return Avx2Lookup::Blends;
-        }
+        let fastest = (0..3).min_by(|&a, &b| best[a].total_cmp(&best[b])).unwrap_or(1);
+        return Avx2Lookup::ALL[fastest];
     }
+    #[allow(unreachable_code)]
     Avx2Lookup::Chains
 }
 
 /// The kernel that sums this layout's fast rows at `level` on this CPU, as
 /// reports name it: `avx512-int8-permutes`, `avx2-int8-pshufb-chains` (or
-/// `avx2-int8-pshufb-blends`: [`avx2_lookup`]) or `int8-loads`.
+/// `avx2-int8-pshufb-blends`, `avx2-int16-gathers`: [`avx2_lookup`]) or
+/// `int8-loads`.
 pub fn rows_kernel_name(level: Level, lay: &VqLayout) -> &'static str {
     if rows64(level, lay) {
         "avx512-int8-permutes"
     } else if rows32(level, lay) {
-        match avx2_lookup() {
-            Avx2Lookup::Blends => "avx2-int8-pshufb-blends",
-            Avx2Lookup::Chains => "avx2-int8-pshufb-chains",
+        match table_form(level, lay) {
+            TableForm::Plain => "avx2-int8-pshufb-blends",
+            TableForm::Telescoped => "avx2-int8-pshufb-chains",
+            TableForm::Wide => "avx2-int16-gathers",
         }
     } else {
         "int8-loads"
@@ -576,20 +680,20 @@ mod tests {
         let idx: Vec<u8> = (0..lay.index_bytes()).map(|_| (r.next_u64() & 0xff) as u8).collect();
         let scales: Vec<u8> = (0..lay.rows).flat_map(|_| crate::f32_to_f16(0.5 + r.unif()).to_le_bytes()).collect();
         let mut buf = vec![0f32; lay.table_len()];
-        assert!(qtable_floats(&lay) <= buf.len());
         // built in two halves, as the pool builds it, in the form this
         // level and lookup keep
         let nb = blocks(&lay);
-        let tele = telescopes(level, &lay);
+        let form = table_form(level, &lay);
+        assert!(qtable_floats(&lay, form) <= buf.len());
         for (b0, b1) in [(0, nb / 2), (nb / 2, nb)] {
-            let (d, q) = parts_mut(&lay, &mut buf, b0, b1);
-            build(level, &books, &lay, &x, 127.0, (b0, b1), d, q, tele);
+            let (d, q) = parts_mut(&lay, form, &mut buf, b0, b1);
+            build(level, &books, &lay, &x, 127.0, (b0, b1), d, q, form);
         }
         let want = reference(&lay, &books, &x, &idx, &scales, 127.0);
         // every row range the kernels may be given
         for (a, b) in [(0, lay.rows), (1, lay.rows.min(13)), (lay.rows / 2, lay.rows), (64.min(lay.rows), lay.rows)] {
             let mut y = vec![0f32; b - a];
-            matvec_rows(level, &lay, &idx, &scales, &buf, a, &mut y, tele);
+            matvec_rows(level, &lay, &idx, &scales, &buf, a, &mut y, form);
             for (i, (g, w)) in y.iter().zip(&want[a..b]).enumerate() {
                 assert_eq!(g.to_bits(), w.to_bits(), "{lay:?} row {} level {level:?}", a + i);
             }
@@ -597,18 +701,21 @@ mod tests {
     }
 
     /// Every level and kernel (the AVX-512 one in both plane lookups, the
-    /// AVX2 one in both table lookups, from row 0 and from row 64) gives
-    /// the definition's bits.
+    /// AVX2 one in every table lookup, from row 0 and from row 64) gives
+    /// the definition's bits — the gathers over several of their tiles of
+    /// positions and a short last one (37, 40 positions).
     #[test]
     fn rows_are_the_definition_at_every_level() {
-        for (lookup, form) in crate::vq::PlaneLookup::ALL.into_iter().zip(Avx2Lookup::ALL) {
-            crate::vq::set_plane_lookup(lookup);
+        let planes = crate::vq::PlaneLookup::ALL;
+        for (i, form) in Avx2Lookup::ALL.into_iter().enumerate() {
+            crate::vq::set_plane_lookup(planes[i % planes.len()]);
             set_avx2_lookup(form);
             for level in Level::available() {
                 for (rows, stages, packed6, nvec, block) in [
                     (70, 3, false, 37, 64),
                     (200, 3, false, 9, 128),
                     (128, 2, false, 6, 64),
+                    (96, 2, false, 40, 32),
                     (64, 1, false, 5, 64),
                     (70, 2, false, 9, 8),
                     (70, 1, false, 5, 0),
@@ -682,11 +789,11 @@ mod tests {
         let mut x = vec![0.5f32; 32];
         x[3] = f32::NAN;
         let mut buf = vec![0f32; lay.table_len()];
-        let (d, q) = parts_mut(&lay, &mut buf, 0, 1);
-        build(Level::Scalar, &books, &lay, &x, 127.0, (0, 1), d, q, false);
+        let (d, q) = parts_mut(&lay, TableForm::Plain, &mut buf, 0, 1);
+        build(Level::Scalar, &books, &lay, &x, 127.0, (0, 1), d, q, TableForm::Plain);
         let mut y = vec![0f32; 8];
         let scales = vec![0x3c; 16];
-        matvec_rows(Level::Scalar, &lay, &vec![1u8; lay.index_bytes()], &scales, &buf, 0, &mut y, false);
+        matvec_rows(Level::Scalar, &lay, &vec![1u8; lay.index_bytes()], &scales, &buf, 0, &mut y, TableForm::Plain);
         assert!(y.iter().all(|v| v.is_nan()));
         let short = book(200, 9);
         assert!(applies(books.iter().copied(), &lay));

@@ -654,17 +654,28 @@ unsafe fn lookup256_chains(t: *const i8, x: __m256i) -> __m256i {
     let mut idx = x;
     let mut sum = _mm256_shuffle_epi8(sub(0), idx);
     for k in 1..8 {
-        idx = _mm256_sub_epi8(idx, sixteen);
+        idx = opaque(_mm256_sub_epi8(idx, sixteen));
         sum = _mm256_add_epi8(sum, _mm256_shuffle_epi8(sub(k), idx));
     }
     // max(x, 127) − 128: x − 128 for the upper half, 255 (entry 0) below
     idx = _mm256_xor_si256(_mm256_max_epu8(x, _mm256_set1_epi8(127)), _mm256_set1_epi8(-128));
     sum = _mm256_add_epi8(sum, _mm256_shuffle_epi8(sub(8), idx));
     for k in 9..16 {
-        idx = _mm256_sub_epi8(idx, sixteen);
+        idx = opaque(_mm256_sub_epi8(idx, sixteen));
         sum = _mm256_add_epi8(sum, _mm256_shuffle_epi8(sub(k), idx));
     }
     sum
+}
+
+/// `v` unchanged, hidden from the optimizer: it cannot fold a chain of
+/// steps into one constant per step (sixteen splat constants, reloaded by
+/// two-micro-op byte broadcasts once registers run out).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn opaque(mut v: __m256i) -> __m256i {
+    // SAFETY: an empty template: no instruction, no memory, no flags.
+    unsafe { core::arch::asm!("/* {0} */", inout(ymm_reg) v, options(pure, nomem, nostack, preserves_flags)) };
+    v
 }
 
 /// A fast table's codes in [`lookup256_chains`]'s form, per 256-entry

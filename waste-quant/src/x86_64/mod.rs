@@ -2,6 +2,7 @@
 pub mod avx2;
 pub mod avx512;
 pub mod fast;
+pub mod gathers;
 
 /// How far ahead of the weights being read a one-row matvec prefetches,
 /// in bytes of the same stream (rows are contiguous, so past a row's end
