@@ -243,7 +243,48 @@ mod x86 {
         [0.25f32.to_bits(); 16]
     );
 
+    /// Seconds per round of 8 independent `vpgatherdd ymm` (8 dwords each,
+    /// from a 4 KiB table in L1, the indices stepped so no gather repeats)
+    /// and `scalar` byte-table lookups beside them (a byte load, a table
+    /// load, an add): whether a gather leaves load slots for scalar
+    /// lookups (the AVX2 fast VQ gathers, docs/lab entry 72).
+    #[target_feature(enable = "avx2")]
+    unsafe fn gathers(n: u64, scalar: usize) -> f64 {
+        use std::arch::x86_64::*;
+        let table = vec![1i32; 1024];
+        let bytes: Vec<u8> = (0..4096).map(|i| (i * 37 % 251) as u8).collect();
+        let t8: Vec<i8> = (0..256).map(|i| (i % 100) as i8).collect();
+        let mut acc = [_mm256_setzero_si256(); 8];
+        let mut ix: [__m256i; 8] = core::array::from_fn(|k| _mm256_setr_epi32(k as i32, 9, 77, 130, 255, 3, 500, 1000));
+        let (step, m) = (_mm256_set1_epi32(37), _mm256_set1_epi32(1023));
+        let mut s = [0i32; 8];
+        let mut o = 0usize;
+        let t0 = Instant::now();
+        for _ in 0..n {
+            for (a, x) in acc.iter_mut().zip(ix.iter_mut()) {
+                *x = _mm256_and_si256(_mm256_add_epi32(*x, step), m);
+                // SAFETY: indices below 1024, the table's length.
+                *a = _mm256_add_epi32(*a, unsafe { _mm256_i32gather_epi32::<4>(table.as_ptr(), *x) });
+            }
+            for j in 0..scalar {
+                s[j & 7] += i32::from(t8[usize::from(bytes[(o + j) & 4095])]);
+            }
+            o = o.wrapping_add(scalar);
+        }
+        let t = t0.elapsed().as_secs_f64();
+        std::hint::black_box((acc, s));
+        t / n as f64
+    }
+
     pub fn main() {
+        if is_x86_feature_detected!("avx2") {
+            let ghz = clock_ghz();
+            for scalar in [0, 8, 16, 32] {
+                // SAFETY: AVX2 checked.
+                let c = unsafe { gathers(5_000_000, scalar) } * ghz * 1e9;
+                println!("8 x vpgatherdd ymm + {scalar:2} scalar byte lookups: {c:.1} cycles a round ({:.2} a gather)", c / 8.0);
+            }
+        }
         if !(is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vbmi"))

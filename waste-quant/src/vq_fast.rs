@@ -230,21 +230,64 @@ pub fn build(
         let part = VqLayout { nvec: v1 - v0, ..*lay };
         let (t, c) = (&mut t[..part.table_len()], &mut c[..part.table_len()]);
         build_table(level, books, &part, &x[v0 * dim..v1 * dim], t);
-        d[b - b0] = quantize_block(t, qmax, c);
         let qb = &mut q[w * (b - b0) * be..][..w * t.len()];
-        match form {
-            TableForm::Plain => qb.copy_from_slice(bytemuck::cast_slice(c)),
-            TableForm::Wide => {
-                for (o, &v) in qb.chunks_exact_mut(2).zip(c.iter()) {
-                    o.copy_from_slice(&i16::from(v).to_le_bytes());
-                }
+        d[b - b0] = match form {
+            TableForm::Plain => quantize_block(t, qmax, bytemuck::cast_slice_mut(qb)),
+            TableForm::Wide => quantize_block_wide(t, qmax, qb),
+            TableForm::Telescoped => {
+                let s = quantize_block(t, qmax, c);
+                telescope_into(c, qb);
+                s
             }
-            #[cfg(target_arch = "x86_64")]
-            TableForm::Telescoped => crate::x86_64::avx2::telescope(c, bytemuck::cast_slice_mut(qb)),
-            #[cfg(not(target_arch = "x86_64"))]
-            TableForm::Telescoped => unreachable!("telescoped tables are the x86_64 AVX2 kernel's"),
-        }
+        };
     }
+}
+
+/// Plain codes `c` telescoped into `q` (the x86_64 `avx2::telescope`).
+///
+/// # Panics
+/// Off x86_64, where no kernel reads that form.
+fn telescope_into(c: &[i8], q: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    crate::x86_64::avx2::telescope(c, bytemuck::cast_slice_mut(q));
+    #[cfg(not(target_arch = "x86_64"))]
+    panic!("telescoped tables ({} codes to {}) are the x86_64 AVX2 kernel's", c.len(), q.len());
+}
+
+/// One block's codes as `i16` (little-endian) into `q` (twice as long as
+/// `t`); returns its scale, as [`quantize_block`].
+fn quantize_block_wide(t: &[f32], qmax: f32, q: &mut [u8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2; `q` twice as long as `t` (asserted there).
+        return unsafe { crate::x86_64::avx2::quantize_codes_wide(t, qmax, q) };
+    }
+    quantize_body_into(t, qmax, q)
+}
+
+/// [`quantize_body`] for codes of `q.len() / t.len()` bytes (1: `i8`, 2:
+/// `i16` little-endian).
+///
+/// # Panics
+/// When `q` is not 1 or 2 times as long as `t`.
+pub(crate) fn quantize_body_into(t: &[f32], qmax: f32, q: &mut [u8]) -> f32 {
+    if q.len() == t.len() {
+        return quantize_body(t, qmax, bytemuck::cast_slice_mut(q));
+    }
+    assert_eq!(q.len(), 2 * t.len(), "one or two bytes a code");
+    let mut stack = [0i8; QBLOCK * 3 * 256];
+    let mut heap = Vec::new();
+    let c: &mut [i8] = if t.len() <= stack.len() {
+        &mut stack[..t.len()]
+    } else {
+        heap.resize(t.len(), 0);
+        &mut heap
+    };
+    let d = quantize_body(t, qmax, c);
+    for (o, &v) in q.chunks_exact_mut(2).zip(c.iter()) {
+        o.copy_from_slice(&i16::from(v).to_le_bytes());
+    }
+    d
 }
 
 /// One block's codes into `q`; returns its scale `amax / qmax`.
@@ -762,6 +805,19 @@ mod tests {
                     let db = unsafe { crate::x86_64::avx2::quantize_codes(&t, qmax, &mut b) };
                     assert_eq!(a, b, "len {len} case {case} qmax {qmax}");
                     assert_eq!(da.to_bits(), db.to_bits(), "len {len} case {case}");
+                    // the wide form: the same codes as i16, by AVX2 and by the scalar steps
+                    let want: Vec<u8> = a.iter().flat_map(|&c| i16::from(c).to_le_bytes()).collect();
+                    for wide in [true, false] {
+                        let mut w = vec![0xAAu8; 2 * len];
+                        let dw = if wide {
+                            // SAFETY: AVX2 checked above; twice the length.
+                            unsafe { crate::x86_64::avx2::quantize_codes_wide(&t, qmax, &mut w) }
+                        } else {
+                            quantize_body_into(&t, qmax, &mut w)
+                        };
+                        assert_eq!(w, want, "wide {wide} len {len} case {case} qmax {qmax}");
+                        assert_eq!(dw.to_bits(), da.to_bits(), "wide {wide} len {len} case {case}");
+                    }
                 }
             }
         }

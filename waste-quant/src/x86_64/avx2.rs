@@ -293,8 +293,30 @@ pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) -> usize {
 /// AVX2; `q.len() == t.len()`.
 #[target_feature(enable = "avx2")]
 pub unsafe fn quantize_codes(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe { quantize_into::<1>(t, qmax, bytemuck::cast_slice_mut(q)) }
+}
+
+/// [`quantize_codes`] written as `i16` codes (little-endian, `q` twice as
+/// long as `t`): the gathers' wide table (`vq_fast::TableForm::Wide`)
+/// without a pass of bytes between.
+///
+/// # Safety
+/// AVX2; `q.len() == 2 · t.len()`.
+#[target_feature(enable = "avx2")]
+pub unsafe fn quantize_codes_wide(t: &[f32], qmax: f32, q: &mut [u8]) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe { quantize_into::<2>(t, qmax, q) }
+}
+
+/// The codes of `t` as `W`-byte integers (1: `i8`, 2: `i16` little-endian).
+///
+/// # Safety
+/// AVX2; `q.len() == W · t.len()`.
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_into<const W: usize>(t: &[f32], qmax: f32, q: &mut [u8]) -> f32 {
     let rne = crate::vq_fast::RNE;
-    assert_eq!(q.len(), t.len());
+    assert_eq!(q.len(), W * t.len());
     let n8 = t.len() / 8 * 8;
     let abs = _mm256_set1_epi32(0x7fff_ffff);
     let mut mv = _mm256_setzero_si256();
@@ -309,7 +331,7 @@ pub unsafe fn quantize_codes(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
     let m = t[n8..].iter().fold(lanes.into_iter().fold(0, u32::max), |m, v| m.max(v.to_bits() & 0x7fff_ffff));
     if m > f32::INFINITY.to_bits() || m == 0 {
         // a NaN (the scale NaN), or an all-zero block: the scalar steps
-        return crate::vq_fast::quantize_body(t, qmax, q);
+        return crate::vq_fast::quantize_body_into(t, qmax, q);
     }
     let amax = f32::from_bits(m);
     let inv = qmax / amax;
@@ -325,14 +347,23 @@ pub unsafe fn quantize_codes(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
             _mm256_min_epi32(_mm256_max_epi32(r, lo), hi)
         });
         // packs work within 128-bit lanes: the dwords come out in the
-        // order 0 4 1 5 2 6 3 7 (by 4s), put back by one permute
-        let w = _mm256_packs_epi16(_mm256_packs_epi32(k[0], k[1]), _mm256_packs_epi32(k[2], k[3]));
-        let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        // SAFETY: i + 32 <= q.len().
-        unsafe { _mm256_storeu_si256(q.as_mut_ptr().add(i) as *mut __m256i, w) };
+        // order 0 4 1 5 2 6 3 7 (by 4s), put back by one permute; as
+        // words, in the order 0 2 1 3 (by 4s)
+        let (a, b) = (_mm256_packs_epi32(k[0], k[1]), _mm256_packs_epi32(k[2], k[3]));
+        if W == 1 {
+            let w = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            // SAFETY: i + 32 <= q.len().
+            unsafe { _mm256_storeu_si256(q.as_mut_ptr().add(i) as *mut __m256i, w) };
+        } else {
+            for (j, w) in [a, b].into_iter().enumerate() {
+                let w = _mm256_permute4x64_epi64::<0b11_01_10_00>(w);
+                // SAFETY: 2i + 32j + 32 <= 2 · t.len() = q.len().
+                unsafe { _mm256_storeu_si256(q.as_mut_ptr().add(2 * i + 32 * j) as *mut __m256i, w) };
+            }
+        }
     }
-    for (o, &v) in q[n32..].iter_mut().zip(&t[n32..]) {
-        *o = crate::vq_fast::code(v, inv, qmax);
+    for (o, &v) in q[W * n32..].chunks_exact_mut(W).zip(&t[n32..]) {
+        o.copy_from_slice(&i16::from(crate::vq_fast::code(v, inv, qmax)).to_le_bytes()[..W]);
     }
     amax / qmax
 }
