@@ -383,7 +383,6 @@ pub fn matvec_rows(
             }
         };
     }
-    let _ = level;
     if done < y.len() {
         if form == TableForm::Plain {
             rows(lay, idx, d, bytemuck::cast_slice(q), r0 + done, &mut y[done..]);
@@ -398,9 +397,14 @@ pub fn matvec_rows(
             });
         }
     }
-    for (i, yo) in y.iter_mut().enumerate() {
-        let r = r0 + i;
-        *yo *= f16_to_f32(u16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]));
+    let sc = &scales[2 * r0..2 * (r0 + y.len())];
+    #[cfg(target_arch = "x86_64")]
+    if level.avx2_kernels() {
+        // SAFETY: the AVX2 kernels' level has AVX2 and F16C; 2 bytes a row.
+        return unsafe { crate::x86_64::avx2::scale_by_f16(y, sc) };
+    }
+    for (yo, s) in y.iter_mut().zip(sc.chunks_exact(2)) {
+        *yo *= f16_to_f32(u16::from_le_bytes([s[0], s[1]]));
     }
 }
 

@@ -246,23 +246,17 @@ pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) -> usize {
     let e8 = b.entries / 8 * 8;
     let c = b.cbt.as_ptr();
     let mut e = 0;
-    // four vectors' chains at once (a chain is dim dependent FMAs, each
-    // entry's in the same order as one at a time)
+    // eight (then four) vectors' chains at once: a chain is dim dependent
+    // FMAs, each entry's in the same order as one at a time; eight keep
+    // both FMA ports busy through the 4-cycle latency
+    // SAFETY: cbt rows hold `entries` floats (asserted); e + 64 <= entries.
+    while e + 64 <= e8 {
+        unsafe { entries_chains::<8>(c, b.entries, x, e, t) };
+        e += 64;
+    }
     while e + 32 <= e8 {
-        // SAFETY: cbt rows hold `entries` floats (asserted); e + 32 <= entries.
-        unsafe {
-            let x0 = _mm256_set1_ps(x[0]);
-            let mut acc: [__m256; 4] = core::array::from_fn(|q| _mm256_mul_ps(x0, _mm256_loadu_ps(c.add(e + 8 * q))));
-            for (d, &xd) in x.iter().enumerate().skip(1) {
-                let xv = _mm256_set1_ps(xd);
-                for (q, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(xv, _mm256_loadu_ps(c.add(d * b.entries + e + 8 * q)), *a);
-                }
-            }
-            for (q, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(t.as_mut_ptr().add(e + 8 * q), *a);
-            }
-        }
+        // SAFETY: as above, e + 32 <= entries.
+        unsafe { entries_chains::<4>(c, b.entries, x, e, t) };
         e += 32;
     }
     while e < e8 {
@@ -278,6 +272,31 @@ pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) -> usize {
         e += 8;
     }
     e8
+}
+
+/// Entries `e .. e + 8N` of a (position, stage) table: `N` vectors' FMA
+/// chains side by side (`c` the book transposed, `entries` a row).
+///
+/// # Safety
+/// AVX2+FMA; `c` holds `x.len()` rows of `entries` floats, `e + 8N <=
+/// entries`, `t` at least `e + 8N` long.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn entries_chains<const N: usize>(c: *const f32, entries: usize, x: &[f32], e: usize, t: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let x0 = _mm256_set1_ps(x[0]);
+        let mut acc: [__m256; N] = core::array::from_fn(|q| _mm256_mul_ps(x0, _mm256_loadu_ps(c.add(e + 8 * q))));
+        for (d, &xd) in x.iter().enumerate().skip(1) {
+            let xv = _mm256_set1_ps(xd);
+            for (q, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(xv, _mm256_loadu_ps(c.add(d * entries + e + 8 * q)), *a);
+            }
+        }
+        for (q, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(t.as_mut_ptr().add(e + 8 * q), *a);
+        }
+    }
 }
 
 /// The fast table's codes of one block ([`crate::vq_fast`]'s
@@ -366,6 +385,29 @@ unsafe fn quantize_into<const W: usize>(t: &[f32], qmax: f32, q: &mut [u8]) -> f
         o.copy_from_slice(&i16::from(crate::vq_fast::code(v, inv, qmax)).to_le_bytes()[..W]);
     }
     amax / qmax
+}
+
+/// `y[i] *= f16(scales[2i..2i+2])` (little-endian f16s), eight rows at a
+/// time by F16C: the same conversions (exact) and products as one at a
+/// time.
+///
+/// # Safety
+/// AVX2 and F16C; `scales.len() >= 2 · y.len()`.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn scale_by_f16(y: &mut [f32], scales: &[u8]) {
+    assert!(scales.len() >= 2 * y.len());
+    let n8 = y.len() / 8 * 8;
+    for i in (0..n8).step_by(8) {
+        // SAFETY: i + 8 <= y.len(); 2i + 16 <= scales.len().
+        unsafe {
+            let s = _mm256_cvtph_ps(_mm_loadu_si128(scales.as_ptr().add(2 * i) as *const __m128i));
+            let p = y.as_mut_ptr().add(i);
+            _mm256_storeu_ps(p, _mm256_mul_ps(_mm256_loadu_ps(p), s));
+        }
+    }
+    for (i, v) in y.iter_mut().enumerate().skip(n8) {
+        *v *= waste_format::half::f16_to_f32(u16::from_le_bytes([scales[2 * i], scales[2 * i + 1]]));
+    }
 }
 
 /// VQ4P row sums without gathers: each row's 3 index bytes moved into its
