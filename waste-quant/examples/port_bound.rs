@@ -282,7 +282,10 @@ mod x86 {
             for scalar in [0, 8, 16, 32] {
                 // SAFETY: AVX2 checked.
                 let c = unsafe { gathers(5_000_000, scalar) } * ghz * 1e9;
-                println!("8 x vpgatherdd ymm + {scalar:2} scalar byte lookups: {c:.1} cycles a round ({:.2} a gather)", c / 8.0);
+                println!(
+                    "8 x vpgatherdd ymm + {scalar:2} scalar byte lookups: {c:.1} cycles a round ({:.2} a gather)",
+                    c / 8.0
+                );
             }
         }
         if !(is_x86_feature_detected!("avx512f")
