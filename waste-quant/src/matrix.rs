@@ -87,7 +87,7 @@ impl<'a> MatRef<'a> {
     /// `acc[j] = fma(coef[i], W[r0 + i][j], acc[j])` over the rows `i` in
     /// order: the transposed product of a row range (MLA's absorbed query
     /// `W_kbᵀ q`). Defined as dequantizing each row and [`crate::ops::axpy`];
-    /// AVX-512 decodes the weights in registers instead, bit-identical.
+    /// AVX-512 and AVX2 decode the weights in registers instead, bit-identical.
     ///
     /// # Panics
     /// When `acc.len() != cols` or the rows are out of range.
@@ -102,6 +102,15 @@ impl<'a> MatRef<'a> {
         {
             // SAFETY: AVX-512 F/BW/VL + F16C verified; lengths, rows and the group asserted.
             unsafe { crate::x86_64::avx512::rows_axpy(self, r0, coef, acc) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if level.avx2_kernels()
+            && self.cols.is_multiple_of(crate::scalar::LANES)
+            && (!self.fmt.is_grouped() || self.group.is_multiple_of(crate::scalar::LANES))
+        {
+            // SAFETY: AVX2/FMA/F16C verified; lengths, rows and the group asserted.
+            unsafe { crate::x86_64::avx2::rows_axpy(self, r0, coef, acc) };
             return;
         }
         // a stack buffer of up to 256 weights at a time (no allocation per call)
