@@ -266,26 +266,21 @@ fn quantize_block_wide(t: &[f32], qmax: f32, q: &mut [u8]) -> f32 {
 }
 
 /// [`quantize_body`] for codes of `q.len() / t.len()` bytes (1: `i8`, 2:
-/// `i16` little-endian).
+/// `i16` little-endian): the bytes' codes in `q`'s first half, then each
+/// widened in place from the last (code `i` moves to bytes `2i, 2i + 1`,
+/// never before a code still to be read).
 ///
 /// # Panics
 /// When `q` is not 1 or 2 times as long as `t`.
 pub(crate) fn quantize_body_into(t: &[f32], qmax: f32, q: &mut [u8]) -> f32 {
-    if q.len() == t.len() {
-        return quantize_body(t, qmax, bytemuck::cast_slice_mut(q));
-    }
-    assert_eq!(q.len(), 2 * t.len(), "one or two bytes a code");
-    let mut stack = [0i8; QBLOCK * 3 * 256];
-    let mut heap = Vec::new();
-    let c: &mut [i8] = if t.len() <= stack.len() {
-        &mut stack[..t.len()]
-    } else {
-        heap.resize(t.len(), 0);
-        &mut heap
-    };
-    let d = quantize_body(t, qmax, c);
-    for (o, &v) in q.chunks_exact_mut(2).zip(c.iter()) {
-        o.copy_from_slice(&i16::from(v).to_le_bytes());
+    let n = t.len();
+    assert!(q.len() == n || q.len() == 2 * n, "one or two bytes a code");
+    let d = quantize_body(t, qmax, bytemuck::cast_slice_mut(&mut q[..n]));
+    if q.len() == 2 * n {
+        for i in (0..n).rev() {
+            let w = i16::from(q[i] as i8).to_le_bytes();
+            q[2 * i..2 * i + 2].copy_from_slice(&w);
+        }
     }
     d
 }
@@ -376,10 +371,7 @@ pub fn matvec_rows(
             match form {
                 TableForm::Wide => crate::x86_64::gathers::rows32(lay, idx, d, q, r0, y),
                 TableForm::Telescoped => crate::x86_64::avx2::vq_fast_rows32_telescoped(lay, idx, d, q8, r0, y),
-                TableForm::Plain => {
-                    let chains = avx2_lookup() != Avx2Lookup::Blends;
-                    crate::x86_64::avx2::vq_fast_rows32(lay, idx, d, q8, r0, y, chains)
-                }
+                TableForm::Plain => crate::x86_64::avx2::vq_fast_rows32(lay, idx, d, q8, r0, y),
             }
         };
     }
@@ -439,8 +431,10 @@ pub fn rows64(level: Level, lay: &VqLayout) -> bool {
 }
 
 /// Whether `level` on this CPU sums this layout's fast rows 32 at a time by
-/// `pshufb` lookups (AVX2 kernels, where [`rows64`] does not; byte indices
-/// of 1 to 3 stages in index blocks of a multiple of 32 rows).
+/// `pshufb` lookups or gathers (AVX2 kernels, where [`rows64`] does not;
+/// byte indices of 1 to 3 stages in index blocks of a multiple of 32 rows).
+/// A plain table there is read by the blend tree, a telescoped one by the
+/// chains, a wide one by the gathers ([`TableForm`]).
 pub fn rows32(level: Level, lay: &VqLayout) -> bool {
     level.avx2_kernels()
         && !rows64(level, lay)
@@ -536,7 +530,7 @@ pub fn probe_avx2_lookup() -> Avx2Lookup {
                 // SAFETY: rows32 checked AVX2 and the layout; the sizes are the layout's.
                 unsafe {
                     match l {
-                        Avx2Lookup::Blends => crate::x86_64::avx2::vq_fast_rows32(&lay, &idx, &d, q8, 0, &mut y, false),
+                        Avx2Lookup::Blends => crate::x86_64::avx2::vq_fast_rows32(&lay, &idx, &d, q8, 0, &mut y),
                         Avx2Lookup::Chains => {
                             crate::x86_64::avx2::vq_fast_rows32_telescoped(&lay, &idx, &d, q8, 0, &mut y)
                         }

@@ -302,7 +302,7 @@ pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) -> usize {
     let e8 = b.entries / 8 * 8;
     let c = b.cbt.as_ptr();
     let mut e = 0;
-    // eight (then four) vectors' chains at once: a chain is dim dependent
+    // eight (then four, then one) vectors' chains at once: a chain is dim dependent
     // FMAs, each entry's in the same order as one at a time; eight keep
     // both FMA ports busy through the 4-cycle latency
     // SAFETY: cbt rows hold `entries` floats (asserted); e + 64 <= entries.
@@ -316,15 +316,8 @@ pub unsafe fn table_entries(b: &VqBook, x: &[f32], t: &mut [f32]) -> usize {
         e += 32;
     }
     while e < e8 {
-        // SAFETY: cbt rows hold `entries` floats; e + 8 <= entries.
-        unsafe {
-            let mut acc = _mm256_mul_ps(_mm256_set1_ps(x[0]), _mm256_loadu_ps(b.cbt.as_ptr().add(e)));
-            for d in 1..b.dim {
-                acc =
-                    _mm256_fmadd_ps(_mm256_set1_ps(x[d]), _mm256_loadu_ps(b.cbt.as_ptr().add(d * b.entries + e)), acc);
-            }
-            _mm256_storeu_ps(t.as_mut_ptr().add(e), acc);
-        }
+        // SAFETY: as above, e + 8 <= entries.
+        unsafe { entries_chains::<1>(c, b.entries, x, e, t) };
         e += 8;
     }
     e8
@@ -672,13 +665,13 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) -> usize {
 }
 
 /// The fast mode's VQ row sums ([`crate::vq_fast`]) without a load per
-/// lookup: each (vector position, stage) int8 table is 16 sub-tables of 16
-/// entries; 32 rows' indices look all 16 up by `pshufb` on their low
-/// nibble, and a blend tree on the high nibble's bits (4, 5, 6, 7) keeps
-/// each row's entry — or (`chains`) one chain of 16 over the table's
-/// telescoped form, no blend ([`lookup256_chains`]). A block's lookups
-/// are summed in 16-bit lanes, then each row's `fma(n_b, d_b, ·)` in block
-/// order: the definition's bits either way.
+/// lookup, over a plain table: each (vector position, stage) int8 table is
+/// 16 sub-tables of 16 entries; 32 rows' indices look all 16 up by
+/// `pshufb` on their low nibble, and a blend tree on the high nibble's
+/// bits (4, 5, 6, 7) keeps each row's entry. A block's lookups are summed
+/// in 16-bit lanes, then each row's `fma(n_b, d_b, ·)` in block order: the
+/// definition's bits. ([`vq_fast_rows32_telescoped`] is the blend-free
+/// form over a table telescoped at its build.)
 ///
 /// Rows `r0..r0+y.len()`, both multiples of 32, blocked layout with `block
 /// % 32 == 0`, 8-bit indices of 1 to 3 stages; `d` and `q` a whole table's
@@ -686,23 +679,14 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) -> usize {
 ///
 /// # Safety
 /// AVX2 and FMA; sizes as asserted by `vq_fast::matvec_rows`.
-pub unsafe fn vq_fast_rows32(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32], chains: bool) {
-    if !chains {
-        // SAFETY: the caller's contract.
-        return unsafe { rows32_by::<false>(lay, idx, d, q, r0, y) };
-    }
-    assert!(q.len() >= lay.table_len());
-    TELESCOPED.with_borrow_mut(|tq| {
-        tq.resize(lay.table_len(), 0);
-        telescope(&q[..lay.table_len()], tq);
-        // SAFETY: the caller's contract; `tq` is the whole table telescoped.
-        unsafe { rows32_by::<true>(lay, idx, d, tq, r0, y) }
-    })
+pub unsafe fn vq_fast_rows32(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe { rows32_by::<false>(lay, idx, d, q, r0, y) }
 }
 
-/// [`vq_fast_rows32`] by chains over a table already telescoped when it
-/// was built (`vq_fast::build` with `telescoped`): no pass over the table
-/// per call.
+/// [`vq_fast_rows32`] by one chain of 16 `pshufb`s over a table telescoped
+/// when it was built (`vq_fast::TableForm::Telescoped`), no blend
+/// ([`lookup256_chains`]).
 ///
 /// # Safety
 /// As [`vq_fast_rows32`].
@@ -851,11 +835,6 @@ pub fn untelescope(tq: &[i8], out: &mut [i8]) {
             o[i] = o[i - 16].wrapping_add(dq[i]).wrapping_sub(dq[i - 128]);
         }
     }
-}
-
-std::thread_local! {
-    /// Each thread's telescoped table ([`telescope`]), rebuilt per call.
-    static TELESCOPED: core::cell::RefCell<Vec<i8>> = const { core::cell::RefCell::new(Vec::new()) };
 }
 
 /// Vector positions [`vq_fast_rows32`] prefetches its indices ahead (each
