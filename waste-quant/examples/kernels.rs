@@ -93,6 +93,17 @@ fn main() {
             }
         }
         for lv in Level::available() {
+            // the fast mode's activations, quantized on the calling thread before a pool's matvec
+            let (qmed, qlo, qhi) = time(reps, || {
+                std::hint::black_box(waste_quant::fast::quantize_at(lv, &x, m.view().cols_padded(), 127.0));
+            });
+            println!(
+                "activations {cols} to 8-bit blocks {:>7}: {:.2} µs ({:.2}–{:.2})",
+                lv.name(),
+                qmed * 1e6,
+                qlo * 1e6,
+                qhi * 1e6
+            );
             let (med, lo, hi) = time(reps, || m.view().matvec_rows(lv, &x, 0, &mut y));
             // the fast numeric mode: the input quantized once, integer dots
             let qx = waste_quant::fast::quantize(&x, m.view().cols_padded());

@@ -276,9 +276,56 @@ mod x86 {
         t / n as f64
     }
 
+    /// Seconds per round of `G` `vpgatherdd ymm` (one stepped index vector,
+    /// `G` table offsets, four accumulators) beside `S` lookups as the
+    /// chains do them (`vpsubb` of the index, `vpshufb`, `vpaddb`: two index
+    /// chains, two tables, two accumulators), everything in registers
+    /// (constant trip counts, 15 `ymm`): whether the gathers leave the
+    /// vector ports free for in-register lookups (docs/lab entry 73).
+    #[target_feature(enable = "avx2")]
+    unsafe fn beside<const G: usize, const S: usize>(n: u64) -> f64 {
+        use std::arch::x86_64::*;
+        let table = vec![1i32; 2048];
+        let mut acc = [_mm256_setzero_si256(); 4];
+        let mut x = _mm256_setr_epi32(0, 9, 77, 130, 255, 3, 500, 1000);
+        let (step, m) = (_mm256_set1_epi32(37), _mm256_set1_epi32(1023));
+        let t = std::hint::black_box([_mm256_set1_epi8(3), _mm256_set1_epi8(5)]);
+        let (c16, mut base) = (_mm256_set1_epi8(16), std::hint::black_box(_mm256_set1_epi8(7)));
+        let mut sh = [_mm256_set1_epi8(1); 2];
+        let start = Instant::now();
+        for _ in 0..n {
+            x = _mm256_and_si256(_mm256_add_epi32(x, step), m);
+            for k in 0..G {
+                // SAFETY: indices below 1024 from offset 128·k < 1024: inside the 2048.
+                let g = unsafe { _mm256_i32gather_epi32::<4>(table.as_ptr().add(128 * k), x) };
+                acc[k & 3] = _mm256_add_epi32(acc[k & 3], g);
+            }
+            base = _mm256_add_epi8(base, x);
+            let mut v = [base, _mm256_add_epi8(base, c16)];
+            for j in 0..S {
+                v[j & 1] = _mm256_sub_epi8(v[j & 1], c16);
+                sh[j & 1] = _mm256_add_epi8(sh[j & 1], _mm256_shuffle_epi8(t[j & 1], v[j & 1]));
+            }
+        }
+        let el = start.elapsed().as_secs_f64();
+        std::hint::black_box((acc, sh));
+        el / n as f64
+    }
+
     pub fn main() {
         if is_x86_feature_detected!("avx2") {
             let ghz = clock_ghz();
+            // SAFETY (each): AVX2 checked.
+            let rounds = unsafe {
+                [
+                    ("8 gathers", beside::<8, 0>(5_000_000)),
+                    ("16 chain lookups", beside::<0, 16>(5_000_000)),
+                    ("8 gathers + 16 chain lookups", beside::<8, 16>(5_000_000)),
+                ]
+            };
+            for (name, sec) in rounds {
+                println!("{name}: {:.1} cycles a round", sec * ghz * 1e9);
+            }
             for scalar in [0, 8, 16, 32] {
                 // SAFETY: AVX2 checked.
                 let c = unsafe { gathers(5_000_000, scalar) } * ghz * 1e9;

@@ -119,16 +119,37 @@ pub fn quantize(x: &[f32], cols_padded: usize) -> QInput {
     quantize_to(x, cols_padded, 127.0)
 }
 
-/// [`quantize`] with codes up to `qmax` (≤ 127).
+/// [`quantize`] with codes up to `qmax` (≤ 127), at the process's level.
 pub fn quantize_to(x: &[f32], cols_padded: usize, qmax: f32) -> QInput {
+    quantize_at(crate::level::level(), x, cols_padded, qmax)
+}
+
+/// [`quantize_to`] at `level`: the same bits at every level (the AVX2
+/// kernels do whole blocks with the definition's operations,
+/// `x86_64::fast::quantize_block`; this runs on the calling thread before a
+/// pool's matvec, while the other threads wait).
+pub fn quantize_at(level: Level, x: &[f32], cols_padded: usize, qmax: f32) -> QInput {
     let nb = cols_padded / BLOCK;
     let mut q = vec![0i8; cols_padded];
     let mut d = vec![0f32; nb];
     let mut sum8 = vec![[0i32; 8]; nb];
+    #[cfg(target_arch = "x86_64")]
+    let simd = level.avx2_kernels();
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = level;
     for b in 0..nb {
         let lo = (b * BLOCK).min(x.len());
         let hi = ((b + 1) * BLOCK).min(x.len());
         let xs = &x[lo..hi];
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Ok(xb), Ok(qb)) =
+            (simd, <&[f32; BLOCK]>::try_from(xs), <&mut [i8; BLOCK]>::try_from(&mut q[lo..hi]))
+        {
+            // SAFETY: the level's kernels run on this CPU (avx2_kernels checks it).
+            d[b] = unsafe { crate::x86_64::fast::quantize_block(xb, qmax, qb) };
+            block_sums(&q[lo..hi], &mut sum8[b]);
+            continue;
+        }
         let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
         if amax == 0.0 {
             continue;
@@ -138,11 +159,16 @@ pub fn quantize_to(x: &[f32], cols_padded: usize, qmax: f32) -> QInput {
         for (o, &v) in q[lo..hi].iter_mut().zip(xs) {
             *o = (v / db).round().clamp(-qmax, qmax) as i8;
         }
-        for (j, s) in sum8[b].iter_mut().enumerate() {
-            *s = 8 * q[b * BLOCK + 4 * j..b * BLOCK + 4 * j + 4].iter().map(|&v| v as i32).sum::<i32>();
-        }
+        block_sums(&q[b * BLOCK..(b + 1) * BLOCK], &mut sum8[b]);
     }
     QInput { q, d, sum8 }
+}
+
+/// A block's eight sums of four codes, times 8.
+fn block_sums(q: &[i8], sum8: &mut [i32; 8]) {
+    for (j, s) in sum8.iter_mut().enumerate() {
+        *s = 8 * q[4 * j..4 * j + 4].iter().map(|&v| v as i32).sum::<i32>();
+    }
 }
 
 /// Whether the AVX2 level's fast matmat takes AVX-VNNI's `vpdpbusd` (256
@@ -395,6 +421,50 @@ mod tests {
         let (data, scales) = (crate::formats::tensor_format(fmt).encode)(&w, rows, cols, group).unwrap();
         let x = (0..cols).map(|i| if i % 7 == 3 { 0.0 } else { r.gauss() * 3.0 }).collect();
         (Matrix::from_stored(fmt, rows, cols, group, data, &scales).unwrap(), x)
+    }
+
+    /// The activations' codes, scales and sums are the scalar level's at
+    /// every level: random blocks with zeros, NaNs, infinities, values
+    /// that land exactly half-way between codes, tails and padding, at 8-
+    /// and 4-bit codes.
+    #[test]
+    fn every_level_quantizes_as_the_scalar_level() {
+        let mut r = SplitMix64::new(7);
+        for case in 0..400 {
+            let n = [32, 64, 96, 33, 1, 70, 128][case % 7];
+            let qmax = if case % 5 == 4 { 7.0 } else { 127.0 };
+            let mut x: Vec<f32> = (0..n).map(|_| r.gauss() * [1.0, 1e-30, 3e4][case % 3]).collect();
+            match case % 11 {
+                1 => x.iter_mut().step_by(5).for_each(|v| *v = f32::NAN),
+                2 => x[n / 2] = f32::INFINITY,
+                3 => x[0] = f32::NEG_INFINITY,
+                4 => x.iter_mut().for_each(|v| *v = 0.0),
+                5 => x.iter_mut().for_each(|v| *v = -0.0),
+                // the block's largest is qmax codes; the rest exact halves (k + 0.5 codes)
+                6 | 7 => {
+                    let d = 0.25f32;
+                    x.iter_mut()
+                        .enumerate()
+                        .for_each(|(i, v)| *v = d * ((i % 9) as f32 - 4.5) * if i % 2 == 0 { 1.0 } else { -1.0 });
+                    x[0] = d * qmax;
+                }
+                8 => x.iter_mut().for_each(|v| *v = f32::NAN),
+                9 => x.iter_mut().step_by(3).for_each(|v| *v = f32::from_bits(1 + (r.next_u64() as u32 & 0x7f_ffff))),
+                _ => {}
+            }
+            let cp = n.div_ceil(BLOCK) * BLOCK + if case % 4 == 0 { BLOCK } else { 0 };
+            let want = quantize_at(Level::Scalar, &x, cp, qmax);
+            for lv in Level::available() {
+                let got = quantize_at(lv, &x, cp, qmax);
+                assert_eq!(got.q, want.q, "codes, case {case} at {lv:?}");
+                assert_eq!(
+                    got.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "scales, case {case} at {lv:?}"
+                );
+                assert_eq!(got.sum8, want.sum8, "sums, case {case} at {lv:?}");
+            }
+        }
     }
 
     /// Every level's kernels, and at AVX2 both the plain dots and AVX-VNNI's

@@ -149,7 +149,11 @@ impl Pool {
     fn fast_inputs(&self, m: &MatRef<'_>, xs: &[f32], nt: usize) -> Option<Vec<QInput>> {
         let qmax = self.numeric.qmax().filter(|_| crate::fast::applies(m))?;
         let cp = m.cols_padded();
-        Some((0..nt).map(|t| crate::fast::quantize_to(&xs[t * m.cols..(t + 1) * m.cols], cp, qmax)).collect())
+        Some(
+            (0..nt)
+                .map(|t| crate::fast::quantize_at(self.level, &xs[t * m.cols..(t + 1) * m.cols], cp, qmax))
+                .collect(),
+        )
     }
 
     /// Run `f(0..ntasks)` across the pool; returns when all are done.

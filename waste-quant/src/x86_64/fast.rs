@@ -762,3 +762,53 @@ unsafe fn vnni_pass<const Q4: bool, const NP: usize, const R: usize>(
         }
     }
 }
+
+/// One full block of the activations' codes ([`crate::fast::quantize_at`]'s
+/// definition, bit for bit): `amax` the largest `|v|` ignoring NaNs (as
+/// `f32::max` folds), then per value `v / d` (the same IEEE division),
+/// rounded half away from zero (`t = trunc(y)`, `y − t` is exact, one away
+/// from zero where `|y − t| ≥ 0.5`), clamped to `±qmax`, NaN to 0 (as `as
+/// i8`). Returns the block's scale `d` (0 for an all-zero block, whose codes
+/// stay 0).
+///
+/// # Safety
+/// AVX2.
+#[target_feature(enable = "avx2")]
+pub unsafe fn quantize_block(x: &[f32; BLOCK], qmax: f32, q: &mut [i8; BLOCK]) -> f32 {
+    // SAFETY: 32 floats in x, 32 bytes in q.
+    unsafe {
+        let v: [__m256; 4] = core::array::from_fn(|k| _mm256_loadu_ps(x.as_ptr().add(8 * k)));
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        // max_ps returns its second operand when either is NaN: the running
+        // maximum second, so a NaN value is skipped as f32::max skips it
+        let mut m = _mm256_setzero_ps();
+        for vk in v {
+            m = _mm256_max_ps(_mm256_and_ps(vk, abs), m);
+        }
+        let h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        let amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+        if amax == 0.0 {
+            return 0.0;
+        }
+        let d = amax / qmax;
+        let (dv, hi, lo) = (_mm256_set1_ps(d), _mm256_set1_ps(qmax), _mm256_set1_ps(-qmax));
+        let (half, one, sign) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0), _mm256_set1_ps(-0.0));
+        let codes: [__m256i; 4] = core::array::from_fn(|k| {
+            let y = _mm256_div_ps(v[k], dv);
+            let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+            let away = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_and_ps(_mm256_sub_ps(y, t), abs), half);
+            let step = _mm256_and_ps(away, _mm256_or_ps(_mm256_and_ps(y, sign), one));
+            let r = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(t, step), lo), hi);
+            // NaN (max_ps gave `lo` for it) to 0, as `as i8` makes it
+            let r = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(y, y), r);
+            _mm256_cvtps_epi32(r)
+        });
+        let w = _mm256_packs_epi32(codes[0], codes[1]);
+        let z = _mm256_packs_epi32(codes[2], codes[3]);
+        // the packs interleave 128-bit lanes: dwords 0, 4, 1, 5, 2, 6, 3, 7 hold the values in order
+        let b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w, z), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, b);
+        d
+    }
+}
