@@ -255,7 +255,12 @@ impl Model {
             numeric.qmax().filter(|_| waste_quant::fast::applies(&m.view())).map(|q| {
                 (0..nt)
                     .map(|j| {
-                        waste_quant::fast::quantize_to(&xs[j * m.cols..(j + 1) * m.cols], m.view().cols_padded(), q)
+                        waste_quant::fast::quantize_at(
+                            level,
+                            &xs[j * m.cols..(j + 1) * m.cols],
+                            m.view().cols_padded(),
+                            q,
+                        )
                     })
                     .collect()
             });

@@ -609,7 +609,7 @@ impl ExpertKernel {
                     ]),
                     None => match numeric.qmax().filter(|_| waste_quant::fast::applies(&gate)) {
                         Some(q) => {
-                            let qh = waste_quant::fast::quantize_to(h, gate.cols_padded(), q);
+                            let qh = waste_quant::fast::quantize_at(lv, h, gate.cols_padded(), q);
                             gate.matvec_rows_fast(lv, &qh, 0, &mut lane.g);
                             up.matvec_rows_fast(lv, &qh, 0, &mut lane.u);
                         }

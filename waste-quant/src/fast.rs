@@ -325,7 +325,7 @@ impl MatRef<'_> {
     /// pool gives.
     pub fn matvec_rows_in(&self, level: Level, numeric: Numeric, x: &[f32], row0: usize, y: &mut [f32]) {
         match numeric.qmax().filter(|_| applies(self)) {
-            Some(q) => self.matvec_rows_fast(level, &quantize_to(x, self.cols_padded(), q), row0, y),
+            Some(q) => self.matvec_rows_fast(level, &quantize_at(level, x, self.cols_padded(), q), row0, y),
             None => self.matvec_rows(level, x, row0, y),
         }
     }
