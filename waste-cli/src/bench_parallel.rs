@@ -105,7 +105,8 @@ pub fn bench_parallel(a: &BenchArgs, np: usize) -> Result<ExitCode> {
         "prefill_seconds": prefill_s, "prefill_ms_per_token": 1e3 * prefill_s / (np * a.prompt_len) as f64,
         "budget_bytes": model.budget(), "cache_slots": model.cache_slots(), "max_batch": model.max_batch(),
         "threads": model.threads(), "simd": model.simd().name(), "numeric_mode": model.numeric().name(),
-        "expert_kernel": model.expert_kernel(), "temperature": a.temp, "routing": a.routing.is_some(),
+        "expert_kernel": model.expert_kernel(), "vq_lookup_probes_us": crate::cmd_plan::lookup_probes_json(&model),
+        "temperature": a.temp, "routing": a.routing.is_some(),
     });
     if a.json {
         print_json(&v)?;

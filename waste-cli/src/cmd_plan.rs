@@ -333,6 +333,17 @@ pub(crate) fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) ->
     Some(r.gbps)
 }
 
+/// `bench --json`'s `vq_lookup_probes_us`: each probe that chose the AVX2
+/// fast VQ lookup form, its best time per form in µs.
+pub(crate) fn lookup_probes_json(model: &waste_model::Model) -> serde_json::Value {
+    let us = |t: f64| (t * 1e7).round() / 10.0;
+    model
+        .vq_lookup_probes()
+        .iter()
+        .map(|[b, c, g]| json!({"blends": us(*b), "chains": us(*c), "gathers": us(*g)}))
+        .collect()
+}
+
 /// The largest of the disk's, memory's and cores' bounds and its name
 /// (memory on a tie with the disk, the cores only when strictly larger).
 pub(crate) fn bound_of(disk_ms: f64, mem_ms: f64, compute_ms: f64) -> (&'static str, f64) {
@@ -513,6 +524,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     });
     // what sums the experts here (the AVX2 VQ row kernel by the open's probe)
     v["expert_kernel"] = json!(model.expert_kernel());
+    v["vq_lookup_probes_us"] = lookup_probes_json(&model);
     if let Some(o) = v.as_object_mut() {
         for part in [&prefill, &cores, &below] {
             o.extend(part.as_object().into_iter().flatten().map(|(k, x)| (k.clone(), x.clone())));

@@ -5,6 +5,8 @@
 #[path = "../../tests-support/c_vision.rs"]
 mod c_vision;
 mod common;
+#[path = "../../waste-quant/tests/support/skip.rs"]
+mod skip;
 
 use common::{anchor, waste, waste_in, waste_numeric};
 
@@ -536,4 +538,60 @@ fn bench_reports_whether_the_avx2_matmat_takes_avx_vnni() {
     // `version` says it too, for the level in use
     assert_eq!(avx_vnni(&["version", "--json"], false), avx2 && vnni, "version");
     assert!(!avx_vnni(&["version", "--json"], true), "version, WASTE_AVX_VNNI=0");
+}
+
+/// `bench --json`'s `vq_lookup_probes_us`: at the AVX2 level in the fast
+/// mode, the probes that chose the VQ lookup form (each with its three
+/// forms' best times), the form `expert_kernel` names the fastest of their
+/// best times together (a probe alone may be disturbed); none where
+/// `WASTE_VQ_LOOKUP` fixes the form, or at another level.
+#[test]
+fn bench_reports_the_vq_lookup_probes() {
+    let a = anchor();
+    let m = a.to_str().unwrap();
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
+    if !avx2 {
+        skip::report_skip("the AVX2 VQ lookup probes (no AVX2 here)", cfg!(target_arch = "x86_64"));
+        return;
+    }
+    let bench = |fixed: Option<&str>, level: &str| {
+        let (code, out, err) =
+            waste_in(&["bench", m, "-n", "1", "--json", "--prefill-repeats", "0", "--fast"], "", |c| {
+                c.env("WASTE_SIMD", level);
+                match fixed {
+                    Some(f) => c.env("WASTE_VQ_LOOKUP", f),
+                    None => c.env_remove("WASTE_VQ_LOOKUP"),
+                }
+            });
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let v = bench(None, "avx2");
+    let probes = v["vq_lookup_probes_us"].as_array().unwrap_or_else(|| panic!("{v}"));
+    assert!(!probes.is_empty() && probes.len() <= 8, "{v}");
+    let forms = [
+        ("blends", "avx2-int8-pshufb-blends"),
+        ("chains", "avx2-int8-pshufb-chains"),
+        ("gathers", "avx2-int16-gathers"),
+    ];
+    let best: Vec<f64> = forms
+        .iter()
+        .map(|(f, _)| {
+            probes.iter().map(|p| p[f].as_f64().unwrap_or_else(|| panic!("{p}"))).fold(f64::INFINITY, f64::min)
+        })
+        .collect();
+    assert!(best.iter().all(|&t| t > 0.0 && t.is_finite()), "{v}");
+    let named = v["expert_kernel"].as_str().unwrap_or_else(|| panic!("{v}"));
+    let i = forms.iter().position(|(_, k)| named == format!("vq3r fast {k}")).unwrap_or_else(|| panic!("{named}"));
+    // the named form's best is the least (to the report's 0.1 µs)
+    assert!(best.iter().all(|&t| best[i] <= t + 0.1), "{named} against {best:?}");
+    // a form fixed by the environment: no probe runs, the form is that one
+    let v = bench(Some("chains"), "avx2");
+    assert_eq!(v["vq_lookup_probes_us"], serde_json::json!([]), "{v}");
+    assert_eq!(v["expert_kernel"], "vq3r fast avx2-int8-pshufb-chains", "{v}");
 }

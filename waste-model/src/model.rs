@@ -660,6 +660,14 @@ impl Model {
     pub fn expert_kernel(&self) -> Option<String> {
         self.kernel.as_ref().map(|k| k.kernel_name(self.simd(), self.numeric()))
     }
+    /// The probes that chose the fast mode's AVX2 VQ lookup form in this
+    /// process so far (`waste_quant::vq_fast::avx2_lookup`): each probe's
+    /// best time in seconds for the blends, the chains and the gathers, in
+    /// that order. Empty where none ran (another level, the exact mode, a
+    /// form fixed by `WASTE_VQ_LOOKUP`).
+    pub fn vq_lookup_probes(&self) -> Vec<[f64; 3]> {
+        waste_quant::vq_fast::avx2_lookup_probes()
+    }
     /// A new session (its own state, position 0).
     pub fn session(&self) -> crate::Session<'_> {
         crate::Session::new(self)

@@ -472,47 +472,115 @@ impl Avx2Lookup {
     }
 }
 
-/// The AVX2 lookup form: 0 not chosen yet, else 1 + the form's index in
+/// The AVX2 lookup form fixed for the process ([`set_avx2_lookup`] or
+/// `WASTE_VQ_LOOKUP`): 0 none, else 1 + the form's index in
 /// [`Avx2Lookup::ALL`].
-static AVX2_LOOKUP: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
+static AVX2_FIXED: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
+/// The form the probes chose so far, encoded as [`AVX2_FIXED`] (0: no probe
+/// has finished yet).
+static AVX2_PROBED: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
+/// Calls of [`avx2_lookup`] that did not find a fixed form.
+static AVX2_CALLS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+/// Every probe's times (seconds, per form in [`Avx2Lookup::ALL`]'s order).
+static AVX2_PROBES: std::sync::Mutex<Vec<[f64; 3]>> = std::sync::Mutex::new(Vec::new());
+
+/// The calls of [`avx2_lookup`] (counted from 0) that probe: the first,
+/// then two later ones (a 48B token makes about 230 calls, a 3-layer slice's
+/// about 18). One probe after an open once chose the chains where the
+/// gathers were 12 % faster (experts 94 against 83 ms a 48B token, Intel
+/// Xeon, docs/lab entry 74); later probes taken with it outvote a moment's
+/// disturbance.
+pub const AVX2_PROBE_CALLS: [u64; 3] = [0, 512, 8192];
 
 /// Choose the AVX2 lookup form for the whole process (benchmarks, tests;
-/// `WASTE_VQ_LOOKUP=blends|chains|gathers` does it for a run).
+/// `WASTE_VQ_LOOKUP=blends|chains|gathers` does it for a run); no probe
+/// runs while one is set.
 pub fn set_avx2_lookup(l: Avx2Lookup) {
-    AVX2_LOOKUP.store(1 + l as u8, core::sync::atomic::Ordering::Relaxed);
+    AVX2_FIXED.store(1 + l as u8, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// The form a code of [`AVX2_FIXED`] or [`AVX2_PROBED`] names.
+fn decoded(code: u8) -> Option<Avx2Lookup> {
+    Avx2Lookup::ALL.get(usize::from(code).wrapping_sub(1)).copied()
+}
+
+/// The form fastest by every probe's times together: each form's best time
+/// over all the probes (a disturbed probe only raises times, so the least
+/// is the form's speed), the least of those (`Chains` for no probe).
+pub fn fastest_of(probes: &[[f64; 3]]) -> Avx2Lookup {
+    let mut best = [f64::INFINITY; 3];
+    for p in probes {
+        for (b, t) in best.iter_mut().zip(p) {
+            *b = b.min(*t);
+        }
+    }
+    (0..3)
+        .filter(|&i| best[i].is_finite())
+        .min_by(|&a, &b| best[a].total_cmp(&best[b]))
+        .map_or(Avx2Lookup::Chains, |i| Avx2Lookup::ALL[i])
 }
 
 /// The AVX2 lookup form in use: the one set, else `WASTE_VQ_LOOKUP`, else
-/// the faster on this CPU by a probe of well under a millisecond, run once
-/// per process on the first call ([`probe_avx2_lookup`]). On a CPU without
-/// AVX2 it names the form the probe would not need: `Chains`.
+/// the fastest on this CPU by probes of about a millisecond and a half
+/// each, taken on the calls [`AVX2_PROBE_CALLS`] names and weighed together
+/// ([`fastest_of`]). Every form gives the same bits, so the form may change
+/// between calls: whoever builds a table takes the form once for its build
+/// and its rows. On a CPU without AVX2 it names the form the probe would
+/// not need: `Chains`.
 pub fn avx2_lookup() -> Avx2Lookup {
-    let set = AVX2_LOOKUP.load(core::sync::atomic::Ordering::Relaxed);
-    if let Some(&l) = Avx2Lookup::ALL.get(usize::from(set).wrapping_sub(1)) {
+    use core::sync::atomic::Ordering::Relaxed;
+    if let Some(l) = decoded(AVX2_FIXED.load(Relaxed)) {
         return l;
     }
-    let asked = std::env::var("WASTE_VQ_LOOKUP");
-    let chosen = match Avx2Lookup::ALL.into_iter().find(|l| asked.as_deref() == Ok(l.name())) {
-        Some(l) => l,
-        None => probe_avx2_lookup(),
+    let n = AVX2_CALLS.fetch_add(1, Relaxed);
+    if n == 0 {
+        let asked = std::env::var("WASTE_VQ_LOOKUP");
+        if let Some(l) = Avx2Lookup::ALL.into_iter().find(|l| asked.as_deref() == Ok(l.name())) {
+            set_avx2_lookup(l);
+            return l;
+        }
+    }
+    if let Some(l) = decoded(AVX2_PROBED.load(Relaxed)).filter(|_| !AVX2_PROBE_CALLS.contains(&n)) {
+        return l;
+    }
+    // the scheduled probe, or a call that came before the first probe ended
+    // (it probes too: both sets of times count)
+    let Some(times) = probe_times() else {
+        AVX2_PROBED.store(1 + Avx2Lookup::Chains as u8, Relaxed);
+        return Avx2Lookup::Chains;
     };
-    // a race sets the same answer or the probe's other run: either is exact
-    AVX2_LOOKUP.store(1 + chosen as u8, core::sync::atomic::Ordering::Relaxed);
-    chosen
+    let mut all = AVX2_PROBES.lock().unwrap_or_else(|e| e.into_inner());
+    all.push(times);
+    let l = fastest_of(&all);
+    AVX2_PROBED.store(1 + l as u8, Relaxed);
+    l
+}
+
+/// The times of every probe [`avx2_lookup`] took so far in this process,
+/// seconds per form in [`Avx2Lookup::ALL`]'s order (reports: which form won
+/// by how much).
+pub fn avx2_lookup_probes() -> Vec<[f64; 3]> {
+    AVX2_PROBES.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// One probe's verdict alone ([`probe_times`]; `Chains` without AVX2).
+pub fn probe_avx2_lookup() -> Avx2Lookup {
+    probe_times().map_or(Avx2Lookup::Chains, |t| fastest_of(&[t]))
 }
 
 /// Time the AVX2 lookup forms on a synthetic table and indices the shape
 /// of a thread's share of an expert matrix (512 rows, 96 positions, 3
 /// stages: 72 KiB of codes, 144 KiB wide, a real table's place past L1),
-/// alternated, 9 runs each (about 1 ms in all); the fastest by its best
-/// run. `Chains` where the CPU has no AVX2. Each form reads the table in
-/// the form its build keeps (chains a telescoped one — a 128-row probe that
-/// telescoped per call chose blends on the Intel Xeon, where whole matrices
-/// ran 14 % faster by chains: docs/lab entries 70, 71 — gathers a wide one).
-pub fn probe_avx2_lookup() -> Avx2Lookup {
+/// alternated, 9 runs each (about 1.4 ms in all): each form's best run, in
+/// [`Avx2Lookup::ALL`]'s order. `None` where the CPU has no AVX2. Each
+/// form reads the table in the form its build keeps (chains a telescoped
+/// one — a 128-row probe that telescoped per call chose blends on the Intel
+/// Xeon, where whole matrices ran 14 % faster by chains: docs/lab entries
+/// 70, 71 — gathers a wide one).
+pub fn probe_times() -> Option<[f64; 3]> {
     let lay = VqLayout { rows: 512, nvec: 96, stages: 3, block: 64, packed6: false };
     if !rows32(Level::Avx2, &lay) {
-        return Avx2Lookup::Chains;
+        return None;
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -540,11 +608,10 @@ pub fn probe_avx2_lookup() -> Avx2Lookup {
                 *b = b.min(t.elapsed().as_secs_f64());
             }
         }
-        let fastest = (0..3).min_by(|&a, &b| best[a].total_cmp(&best[b])).unwrap_or(1);
-        return Avx2Lookup::ALL[fastest];
+        return Some(best);
     }
     #[allow(unreachable_code)]
-    Avx2Lookup::Chains
+    None
 }
 
 /// The kernel that sums this layout's fast rows at `level` on this CPU, as
@@ -738,6 +805,27 @@ mod tests {
             for (i, (g, w)) in y.iter().zip(&want[a..b]).enumerate() {
                 assert_eq!(g.to_bits(), w.to_bits(), "{lay:?} row {} level {level:?}", a + i);
             }
+        }
+    }
+
+    /// The probes weigh together: each form by its best time over all of
+    /// them, so a probe whose gathers a moment slowed does not outvote one
+    /// that timed them undisturbed; times that are not finite never win;
+    /// no probe names the chains (the form without AVX2's probe).
+    #[test]
+    fn probes_weigh_together() {
+        use Avx2Lookup::{Blends, Chains, Gathers};
+        assert_eq!(fastest_of(&[]), Chains);
+        assert_eq!(fastest_of(&[[3.0, 2.0, 1.0]]), Gathers);
+        assert_eq!(fastest_of(&[[3.0, 2.0, 5.0]]), Chains);
+        assert_eq!(fastest_of(&[[3.0, 2.0, 5.0], [3.1, 2.1, 1.0]]), Gathers);
+        assert_eq!(fastest_of(&[[3.1, 2.1, 1.0], [3.0, 2.0, 5.0]]), Gathers, "in either order");
+        assert_eq!(fastest_of(&[[1.5, 9.0, 9.0], [9.0, 9.0, 1.6]]), Blends, "each form's best");
+        assert_eq!(fastest_of(&[[f64::NAN, f64::INFINITY, 2.0]]), Gathers);
+        assert_eq!(fastest_of(&[[f64::NAN; 3]]), Chains);
+        // a real probe times every form
+        if let Some(t) = probe_times() {
+            assert!(t.iter().all(|x| x.is_finite() && *x > 0.0), "{t:?}");
         }
     }
 
