@@ -507,14 +507,10 @@ fn bench_reports_whether_the_avx2_matmat_takes_avx_vnni() {
     let a = anchor();
     let m = a.to_str().unwrap();
     #[cfg(target_arch = "x86_64")]
-    let (avx2, vnni) = (
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c"),
-        std::arch::is_x86_feature_detected!("avxvnni"),
-    );
+    let vnni = std::arch::is_x86_feature_detected!("avxvnni");
     #[cfg(not(target_arch = "x86_64"))]
-    let (avx2, vnni) = (false, false);
+    let vnni = false;
+    let avx2 = avx2_level();
     // `args` at AVX2 (where the CPU has it), AVX-VNNI off or as detected: the JSON's `avx_vnni`
     let avx_vnni = |args: &[&str], off: bool| {
         let (code, out, err) = waste_in(args, "", |c| {
@@ -549,13 +545,7 @@ fn bench_reports_whether_the_avx2_matmat_takes_avx_vnni() {
 fn bench_reports_the_vq_lookup_probes() {
     let a = anchor();
     let m = a.to_str().unwrap();
-    #[cfg(target_arch = "x86_64")]
-    let avx2 = std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("f16c");
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx2 = false;
-    if !avx2 {
+    if !avx2_level() {
         skip::report_skip("the AVX2 VQ lookup probes (no AVX2 here)", cfg!(target_arch = "x86_64"));
         return;
     }
@@ -594,4 +584,14 @@ fn bench_reports_the_vq_lookup_probes() {
     let v = bench(Some("chains"), "avx2");
     assert_eq!(v["vq_lookup_probes_us"], serde_json::json!([]), "{v}");
     assert_eq!(v["expert_kernel"], "vq3r fast avx2-int8-pshufb-chains", "{v}");
+}
+
+/// Whether this CPU has the engine's AVX2 level (AVX2, FMA and F16C).
+fn avx2_level() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
