@@ -91,7 +91,7 @@ pub struct waste_plan {
     pub trunk_bytes: u64,
     /// Attention state for the context.
     pub state_bytes: u64,
-    /// Other buffers.
+    /// Other buffers (a session's and those its model shares).
     pub scratch_bytes: u64,
     /// Smallest expert cache.
     pub min_expert_cache_bytes: u64,
@@ -435,7 +435,7 @@ pub unsafe extern "C" fn waste_plan_for(
         *o = waste_plan {
             trunk_bytes: p.trunk_bytes,
             state_bytes: p.state_bytes,
-            scratch_bytes: p.scratch_bytes,
+            scratch_bytes: p.scratch_bytes + p.shared_scratch_bytes,
             min_expert_cache_bytes: p.min_expert_cache_bytes,
             floor_bytes: p.floor_bytes,
             working_set_bytes: p.working_set_bytes,

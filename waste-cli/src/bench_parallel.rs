@@ -80,8 +80,13 @@ pub fn bench_parallel(a: &BenchArgs, np: usize) -> Result<ExitCode> {
         / tokens;
     let disk_ms = disk_gbps.map_or(0.0, |g| bytes as f64 / tokens / (g * 1e9) * 1e3);
     let mem_ms = if mem_n > 0.0 { touched / (mem_n * 1e9) * 1e3 } else { 0.0 };
-    let shape = waste_model::PrefillShape { tokens: a.prompt_len, chunk: sessions[0].chunk_len(), users: 1.0 };
-    let (cb, _) = model.compute_bounds(shape)?;
+    // the cores' bound: the trunk as decode's; a step's experts as a
+    // chunk's of its tokens run (each run serving uses / runs of them:
+    // batched, or VQ tokens in pairs)
+    let users = if d.expert_runs > 0 { uses / d.expert_runs as f64 } else { 1.0 };
+    let shape = waste_model::PrefillShape { tokens: a.prompt_len.max(np), chunk: np, users };
+    let (cb, step) = model.compute_bounds(shape)?;
+    let cb = waste_model::ComputeBound { moe_layer_ms: step.moe_layer_ms, ..cb };
     let compute_ms = cb.ms_per_token(uses / tokens);
     let roofline_ms = disk_ms.max(mem_ms);
     let ms_per_token = 1e3 * dec_s / tokens;
@@ -92,7 +97,7 @@ pub fn bench_parallel(a: &BenchArgs, np: usize) -> Result<ExitCode> {
         "tok_per_s": tokens / dec_s, "tok_per_s_per_stream": steps / dec_s,
         "ms_per_step": 1e3 * dec_s / steps, "ms_per_token": ms_per_token,
         "experts_per_token": d.experts_acquired as f64 / tokens, "expert_reads_per_token": d.experts_missed as f64 / tokens,
-        "expert_uses_per_token": uses / tokens,
+        "expert_uses_per_token": uses / tokens, "tokens_per_expert_run": users,
         "hit_rate": if uses > 0.0 { d.experts_hit as f64 / uses } else { 0.0 },
         "bytes_per_token": bytes as f64 / tokens,
         "io_wait_ms_per_step": 1e3 * d.io_seconds / steps, "expert_ms_per_step": 1e3 * d.expert_seconds / steps,

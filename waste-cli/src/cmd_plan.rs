@@ -87,7 +87,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     let stream = split.as_ref().ok().filter(|s| s.streams()).map(|s| stream_estimate(&a, &p, s, slots));
     if a.json {
         let mut v = json!({
-            "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes, "tokenizer_bytes": p.tokenizer_bytes, "tokenize_bytes": p.tokenize_bytes, "template_bytes": p.template_bytes,
+            "trunk_bytes": p.trunk_bytes, "state_bytes": p.state_bytes, "scratch_bytes": p.scratch_bytes, "shared_scratch_bytes": p.shared_scratch_bytes, "tokenizer_bytes": p.tokenizer_bytes, "tokenize_bytes": p.tokenize_bytes, "template_bytes": p.template_bytes,
             "grammar_bytes_when_constrained": p.with_grammar(vocab).grammar_bytes,
             "vision_bytes": p.vision_bytes(), "vision_weight_bytes": p.vision_weight_bytes, "vision_scratch_bytes": p.vision_scratch_bytes,
             "min_expert_cache_bytes": p.min_expert_cache_bytes, "floor_bytes": p.floor_bytes,
@@ -109,6 +109,13 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         outln!("  trunk (resident)     {:>14} bytes  {}", p.trunk_bytes, gib(p.trunk_bytes));
         outln!("  state (KDA + MLA)    {:>14} bytes  {}", p.state_bytes, gib(p.state_bytes));
         outln!("  scratch              {:>14} bytes  {}", p.scratch_bytes, gib(p.scratch_bytes));
+        if p.shared_scratch_bytes > 0 {
+            outln!(
+                "  shared scratch       {:>14} bytes  {} (VQ tokens in pairs; once for all sessions)",
+                p.shared_scratch_bytes,
+                gib(p.shared_scratch_bytes)
+            );
+        }
         outln!("  tokenizer tables     {:>14} bytes  {}", p.tokenizer_bytes, gib(p.tokenizer_bytes));
         outln!("  tokenizing a prompt  {:>14} bytes  {}", p.tokenize_bytes, gib(p.tokenize_bytes));
         if p.template_bytes > 0 {

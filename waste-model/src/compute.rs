@@ -220,6 +220,12 @@ impl Model {
                 // top_k uses a token and layer, `users` of them a run
                 d.top_k as f64 * t / (lo as f64 + frac)
             }
+            // VQ experts whose tokens pair share each pair's gathers: a use
+            // in a pair costs half a pair run's share, the others decode's
+            Some(_) if nt > 1 => match self.moe_pairs_ms()? {
+                Some(pair_ms) => paired_layer_ms(d.moe_layer_ms, pair_ms, p.users),
+                None => d.moe_layer_ms,
+            },
             _ => d.moe_layer_ms,
         };
         Ok(ComputeBound { trunk_ms: trunk, moe_layer_ms, top_k: d.top_k })
@@ -307,6 +313,35 @@ impl Model {
         })
     }
 
+    /// ms of one MoE layer's routed experts for two tokens that share all
+    /// `top_k` of them, as a prefill chunk runs pairs (both tokens' tables,
+    /// then `top_k` pair jobs across the lanes), on expert 0 of the first
+    /// MoE layer; `None` where tokens do not pair now
+    /// (`ExpertKernel::pairs`).
+    fn moe_pairs_ms(&self) -> Result<Option<f64>> {
+        let c = self.config();
+        let (k, lat) = (c.top_k, c.expert_width());
+        let mut applies = false;
+        let ms = self.with_probe_record(|kernel, books, rec| {
+            applies = kernel.batch >= 2 && kernel.pairs(&self.pool, books);
+            if !applies {
+                return (0.0, 1);
+            }
+            let mut sc = kernel.scratch(waste_moe::lanes_for(self.pool.threads(), k));
+            let xs: Vec<f32> = (0..2 * lat).map(|i| ((i % 13) as f32 - 6.0) * 0.02).collect();
+            let mut outs = vec![0f32; 2 * k * lat];
+            let jobs: Vec<waste_moe::PairJob> =
+                (0..k).map(|i| waste_moe::PairJob { tokens: [0, 1], n: 2, slots: [i, k + i] }).collect();
+            let fetch = |_: usize| Ok::<_, std::convert::Infallible>(rec);
+            let mut tables = vec![0f32; kernel.token_tables_floats() / kernel.batch * 2];
+            time_calls(|| {
+                kernel.prepare_tokens(&self.pool, books, &xs, 2, &mut tables);
+                let Ok(()) = kernel.forward_pairs(&self.pool, books, &jobs, &fetch, &tables, &mut sc, &mut outs);
+            })
+        })?;
+        Ok(applies.then_some(ms))
+    }
+
     /// ms of one run of a batching expert kernel over `users` tokens, as
     /// prefill runs it (`forward_batch`, rows across the pool), on expert 0
     /// of the first MoE layer.
@@ -346,6 +381,17 @@ impl Model {
     }
 }
 
+/// A token's routed experts of one layer when its uses run `users` to a
+/// run, one or two (a pair) each: `single_ms` a token's layer run alone
+/// (decode's), `pair_ms` two tokens' layer all in pairs. Of `u` uses a run
+/// on average (clamped to 1..2), the share `2(u − 1)/u` of the uses is in
+/// pairs.
+fn paired_layer_ms(single_ms: f64, pair_ms: f64, users: f64) -> f64 {
+    let u = if users.is_finite() { users.clamp(1.0, 2.0) } else { 1.0 };
+    let in_pairs = 2.0 * (u - 1.0) / u;
+    single_ms * (1.0 - in_pairs) + pair_ms / 2.0 * in_pairs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,6 +416,16 @@ mod tests {
         // one token pays all of it; 0 tokens count as one, not a division by 0
         assert!((prefill_trunk_ms(&body, &mm, &once, &mv, 1) - 450.0).abs() < 1e-9);
         assert_eq!(prefill_trunk_ms(&body, &mm, &once, &mv, 0), prefill_trunk_ms(&body, &mm, &once, &mv, 1));
+    }
+
+    #[test]
+    fn paired_uses_cost_half_a_pair_run() {
+        assert_eq!(paired_layer_ms(10.0, 12.0, 1.0), 10.0);
+        assert_eq!(paired_layer_ms(10.0, 12.0, 2.0), 6.0);
+        // 3 uses in 2 runs: a pair and one alone, 2 of the 3 in the pair
+        assert!((paired_layer_ms(10.0, 12.0, 1.5) - (10.0 / 3.0 + 6.0 * 2.0 / 3.0)).abs() < 1e-12);
+        assert_eq!(paired_layer_ms(10.0, 12.0, 7.0), 6.0);
+        assert_eq!(paired_layer_ms(10.0, 12.0, f64::NAN), 10.0);
     }
 
     #[test]

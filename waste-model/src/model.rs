@@ -179,6 +179,10 @@ pub struct Model {
     pub(crate) head: Head,
     pub(crate) out_res: Option<Vec<f32>>,
     pub(crate) kernel: Option<ExpertKernel>,
+    /// The shared scratch ([`crate::Plan::shared_scratch_bytes`]): a paired
+    /// chunk's tokens' tables and outputs, taken by one session's step at a
+    /// time, sized at its first use.
+    pub(crate) pair_scratch: std::sync::Mutex<Vec<f32>>,
     pub(crate) pool: Pool,
     /// The expert store: cache, readers, record checks.
     pub(crate) store: ExpertStore<Records>,
@@ -245,6 +249,17 @@ impl Model {
             act: container.config.activation,
             batch: crate::plan::CHUNK,
         });
+        // the shared scratch, written once now where this level and mode
+        // may pair tokens (so a first prefill does not fault it in)
+        let mut pair_scratch = Vec::new();
+        if let Some(k) = kernel.as_ref().filter(|k| k.pairable() && numeric.qmax().is_some()) {
+            if waste_quant::vq_fast::rows32(
+                level,
+                &waste_quant::vq::VqLayout::for_expert(&k.lay.quant, k.lay.m, k.lay.lat),
+            ) {
+                pair_scratch.resize(crate::plan::shared_scratch_floats(k, container.config.top_k), 0.0);
+            }
+        }
         let fingerprint = fingerprint(&container)?;
         let mut pool = Pool::try_with_level(threads, level)
             .map_err(|source| waste_io::Error::Thread { what: "compute", source })?;
@@ -261,6 +276,7 @@ impl Model {
             out_res: trunk.out_res,
             store,
             kernel,
+            pair_scratch: std::sync::Mutex::new(pair_scratch),
             pool,
             opts,
             plan,
@@ -795,7 +811,7 @@ fn budget_of(plan: &Plan, budget: u64, usable: u64) -> Result<waste_cache::Budge
             "trunk {} + state {} + scratch {} + tokenizer {} + minimum expert cache {}",
             plan.trunk_bytes,
             plan.state_bytes,
-            plan.scratch_bytes,
+            plan.scratch_bytes + plan.shared_scratch_bytes,
             plan.tokenizer_bytes + plan.tokenize_bytes + plan.template_bytes,
             plan.min_expert_cache_bytes
         ),

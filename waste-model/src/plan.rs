@@ -14,6 +14,11 @@ pub struct Plan {
     pub state_bytes: u64,
     /// Every other buffer the engine allocates (one session).
     pub scratch_bytes: u64,
+    /// Buffers one per model that its sessions take in turn: where VQ
+    /// experts' tokens can pair (`waste_moe::ExpertKernel::pairable`), a
+    /// chunk's tokens' gate and up tables and every use's output; 0
+    /// elsewhere. Counted once, whatever the sessions.
+    pub shared_scratch_bytes: u64,
     /// The tokenizer's tables (rank and decoder maps, specials, the regex
     /// allowance); 0 until [`Plan::with_tokenizer`] counts them.
     pub tokenizer_bytes: u64,
@@ -34,8 +39,8 @@ pub struct Plan {
     pub grammar_bytes: u64,
     /// Smallest expert cache: top_k × record × 2.
     pub min_expert_cache_bytes: u64,
-    /// trunk + state + scratch + tokenizer (tables, tokenizing, the chat
-    /// template's rendering) + min cache.
+    /// trunk + state + scratch + shared scratch + tokenizer (tables,
+    /// tokenizing, the chat template's rendering) + min cache.
     pub floor_bytes: u64,
     /// One token's experts: top_k × record × MoE layers.
     pub working_set_bytes: u64,
@@ -254,6 +259,16 @@ fn f(n: usize) -> u64 {
     4 * n as u64
 }
 
+/// Floats of a model's shared scratch ([`Plan::shared_scratch_bytes`]) for
+/// its expert kernel and `top_k`: where tokens pair, the batch's tokens'
+/// tables and `batch × top_k` expert outputs.
+pub(crate) fn shared_scratch_floats(kernel: &waste_moe::ExpertKernel, top_k: usize) -> usize {
+    if !kernel.pairable() {
+        return 0;
+    }
+    kernel.token_tables_floats() + kernel.batch * top_k * kernel.lay.lat
+}
+
 impl Plan {
     /// Plan for an opened (validated) container.
     ///
@@ -265,14 +280,15 @@ impl Plan {
         }
         let c = &ct.config;
         let mut trunk = resident_tensor_bytes(ct);
-        let (rec, vq_scratch, lane_bytes) = match &ct.experts {
+        let (rec, vq_scratch, lane_bytes, shared) = match &ct.experts {
             Some((_, lay)) => {
                 trunk += c.n_moe_layers() as u64 * books_bytes_per_layer(ct);
                 let kernel = waste_moe::ExpertKernel { lay: *lay, act: c.activation, batch: CHUNK };
                 let one = kernel.scratch_bytes(1) as u64;
-                (lay.rec_bytes as u64, one, kernel.scratch_bytes(2) as u64 - one)
+                let shared = 4 * shared_scratch_floats(&kernel, c.top_k) as u64;
+                (lay.rec_bytes as u64, one, kernel.scratch_bytes(2) as u64 - one, shared)
             }
-            None => (0, 0, 0),
+            None => (0, 0, 0, 0),
         };
         let mut state = 0u64;
         for k in &c.attn_kinds {
@@ -287,7 +303,7 @@ impl Plan {
         let moe = c.n_moe_layers() as u64;
         let k = c.top_k as u64;
         let min_cache = if moe > 0 { aligned_alloc_bytes((2 * k * rec) as usize, true) } else { 0 };
-        let floor = trunk + state + scratch + min_cache;
+        let floor = trunk + state + scratch + shared + min_cache;
         let ws = k * rec * moe;
         // a malformed vision.json matters only when images are enabled (Model::open reports it)
         let vcfg = crate::vision::config(ct).ok().flatten();
@@ -295,6 +311,7 @@ impl Plan {
             trunk_bytes: trunk,
             state_bytes: state,
             scratch_bytes: scratch,
+            shared_scratch_bytes: shared,
             tokenizer_bytes: 0,
             tokenize_bytes: 0,
             template_bytes: 0,
@@ -565,6 +582,7 @@ impl Plan {
                 + self.stream_buffer_bytes
                 + self.state_bytes
                 + self.scratch_bytes
+                + self.shared_scratch_bytes
                 + self.tokenizer_bytes
                 + self.tokenize_bytes
                 + self.template_bytes
@@ -638,7 +656,7 @@ pub(crate) fn split_of(container: &Container, plan: &Plan, budget: u64, usable: 
                 "every decoder layer and the head streamed from disk; still resident: the rest of the trunk {} + state {} + scratch {} + tokenizer {} + two layers being streamed + minimum expert cache {}",
                 plan.trunk_bytes.saturating_sub(layers.iter().sum::<u64>() + head),
                 plan.state_bytes,
-                plan.scratch_bytes,
+                plan.scratch_bytes + plan.shared_scratch_bytes,
                 plan.tokenizer_bytes + plan.tokenize_bytes + plan.template_bytes,
                 plan.min_expert_cache_bytes
             ),

@@ -104,6 +104,21 @@ fn batched_steps_equal_each_sequence_alone() {
                 },
             ));
         }
+        // VQ experts in the fast mode looked up by the AVX2 gathers: a
+        // step's sequences on one expert share its gathers, two by two
+        if ["anchor", "tiny.waste"].contains(&name) && waste_quant::Level::Avx2.supported() {
+            waste_quant::vq_fast::set_avx2_lookup(waste_quant::vq_fast::Avx2Lookup::Gathers);
+            variants.push((
+                "fast mode, AVX2 gathers in pairs, 2 threads",
+                ModelOptions {
+                    budget: plan.floor_bytes + 400 * rec,
+                    threads: 2,
+                    numeric: Some(Numeric::Fast),
+                    simd: Some(waste_quant::Level::Avx2),
+                    ..ModelOptions::exact()
+                },
+            ));
+        }
         for (what, o) in variants {
             let m = Model::open(&path, ModelOptions { ctx: CTX, ..o }).unwrap();
             let n = m.max_batch().min(6);

@@ -127,3 +127,38 @@ fn the_fast_mode_is_bit_identical_across_placements() {
         assert_ne!(run(ModelOptions { numeric: Some(Numeric::Exact), ..base.clone() }), want, "{}", dir.display());
     }
 }
+
+/// A prefill chunk whose VQ experts serve two tokens at once (the AVX2
+/// gathers' pairs: every token's tables, one gather for two tokens' rows)
+/// gives the logits of the prompt fed token by token, on one thread and
+/// two, and the pairs ran (fewer expert runs than uses). On a CPU without
+/// AVX2 there is nothing to pair.
+#[test]
+fn a_prefill_of_paired_tokens_is_token_by_token() {
+    use waste_quant::vq_fast::{set_avx2_lookup, Avx2Lookup};
+    if !waste_quant::Level::Avx2.supported() {
+        return;
+    }
+    set_avx2_lookup(Avx2Lookup::Gathers);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures/fast-quality/model.waste");
+    let base = ModelOptions {
+        ctx: 128,
+        numeric: Some(Numeric::Fast),
+        simd: Some(waste_quant::Level::Avx2),
+        ..ModelOptions::exact()
+    };
+    let ids: Vec<u32> = (0..40).map(|i| (i * 53 + 11) % 250).collect();
+    let run = |o: ModelOptions| {
+        let m = Model::open(&dir, o).unwrap();
+        let mut s = m.session();
+        let bits: Vec<u32> = s.eval(&ids).unwrap().iter().map(|v| v.to_bits()).collect();
+        (bits, s.stats())
+    };
+    let (want, alone) = run(ModelOptions { threads: 1, max_chunk: 1, ..base.clone() });
+    assert_eq!(alone.expert_runs, alone.experts_hit + alone.experts_missed, "token by token: a run a use");
+    for threads in [1, 2] {
+        let (got, st) = run(ModelOptions { threads, max_chunk: 16, ..base.clone() });
+        assert_eq!(got, want, "{threads} threads, chunks of 16");
+        assert!(st.expert_runs < st.experts_hit + st.experts_missed, "{threads} threads: no pair ran: {st:?}");
+    }
+}

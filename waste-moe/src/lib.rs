@@ -208,6 +208,16 @@ pub struct ExpertLane {
     pub g: Vec<f32>,
     /// Up activations `[m]`.
     pub u: Vec<f32>,
+    /// A second token's down table, gate and up activations and output,
+    /// for [`ExpertKernel::forward_pairs`] (empty where tokens cannot pair;
+    /// a job of one token writes the second ones and discards them).
+    pub t_down2: Vec<f32>,
+    /// The second token's gate activations.
+    pub g2: Vec<f32>,
+    /// The second token's up activations.
+    pub u2: Vec<f32>,
+    /// The discarded second output of a one-token job (`lat`).
+    pub o2: Vec<f32>,
 }
 
 impl ExpertScratch {
@@ -215,10 +225,41 @@ impl ExpertScratch {
     pub fn allocated_bytes(&self) -> u64 {
         let f = |v: &Vec<f32>| 4 * v.capacity() as u64;
         let b = |v: &Vec<u8>| v.capacity() as u64;
-        let lanes: u64 = self.lanes.iter().map(|l| f(&l.t_down) + b(&l.p_down) + f(&l.g) + f(&l.u)).sum();
+        let lanes: u64 = self
+            .lanes
+            .iter()
+            .map(|l| f(&l.t_down) + b(&l.p_down) + f(&l.g) + f(&l.u) + f(&l.t_down2) + f(&l.g2) + f(&l.u2) + f(&l.o2))
+            .sum();
         let batch = f(&self.batch_in) + f(&self.batch_out) + f(&self.batch_act);
         f(&self.t_gate) + f(&self.t_up) + b(&self.p_gate) + b(&self.p_up) + lanes + batch
     }
+}
+
+/// One job of [`ExpertKernel::forward_pairs`]: an expert for one or two
+/// of a chunk's tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PairJob {
+    /// The tokens (rows of [`ExpertKernel::prepare_tokens`]' inputs); the
+    /// second is read only when `n` is 2.
+    pub tokens: [usize; 2],
+    /// How many tokens: 1 or 2.
+    pub n: usize,
+    /// Each token's output slot.
+    pub slots: [usize; 2],
+}
+
+/// A chunk's expert uses as [`PairJob`]s: `uses` lists, in the order the
+/// jobs should run, each expert's `(token, slot)` uses; consecutive uses of
+/// one expert pair, an odd one out runs alone.
+pub fn pair_jobs<'a>(uses: impl IntoIterator<Item = &'a [(usize, usize)]>) -> Vec<PairJob> {
+    let mut jobs = Vec::new();
+    for u in uses {
+        for p in u.chunks(2) {
+            let second = p.get(1).copied().unwrap_or(p[0]);
+            jobs.push(PairJob { tokens: [p[0].0, second.0], n: p.len(), slots: [p[0].1, second.1] });
+        }
+    }
+    jobs
 }
 
 /// How many experts [`ExpertKernel::forward_each`] computes at once on a
@@ -289,18 +330,61 @@ impl ExpertKernel {
         (self.batch * self.lay.lat, 2 * self.batch * self.lay.m)
     }
 
+    /// Whether a chunk's tokens can pair on these experts
+    /// ([`ExpertKernel::forward_pairs`]): VQ layouts whose rows two inputs'
+    /// gathers share on this build (`vq_fast::pairs_serve`), with a batch.
+    /// The scratch holds the pairs' lane buffers exactly then; the tokens'
+    /// tables are the caller's ([`ExpertKernel::token_tables_floats`]).
+    pub fn pairable(&self) -> bool {
+        let (lg, ld) = (self.vq(self.lay.m, self.lay.lat), self.vq(self.lay.lat, self.lay.m));
+        self.lay.quant.fmt.is_vq() && self.batch > 1 && vq_fast::pairs_serve(&lg) && vq_fast::pairs_serve(&ld)
+    }
+
+    /// Whether the tokens of a chunk pair on these experts now: they can
+    /// ([`ExpertKernel::pairable`]), `pool` computes in the fast mode with
+    /// full books, and its level looks these tables up by gathers (the
+    /// process's probe chose them: where the chains are faster, two tokens'
+    /// gathers need not be).
+    pub fn pairs(&self, pool: &Pool, books: &LayerBooks) -> bool {
+        self.pairable()
+            && self.fast_vq(pool.numeric(), books).is_some()
+            && vq_fast::table_form(pool.level(), &self.vq(self.lay.m, self.lay.lat)) == TableForm::Wide
+    }
+
+    /// Floats of one plain fast table of the gate (= up) and of the down
+    /// layout, where tokens can pair (else 0).
+    fn pair_lens(&self) -> (usize, usize) {
+        if !self.pairable() {
+            return (0, 0);
+        }
+        let (lg, ld) = (self.vq(self.lay.m, self.lay.lat), self.vq(self.lay.lat, self.lay.m));
+        (vq_fast::qtable_floats(&lg, TableForm::Plain), vq_fast::qtable_floats(&ld, TableForm::Plain))
+    }
+
+    /// Floats of the tables [`ExpertKernel::prepare_tokens`] builds for a
+    /// whole batch: each token's gate and up tables (plain codes, a byte an
+    /// entry); 0 where tokens cannot pair. One buffer serves every session
+    /// of a model (it holds one step's tokens at a time).
+    pub fn token_tables_floats(&self) -> usize {
+        self.batch * 2 * self.pair_lens().0
+    }
+
     /// Bytes of [`ExpertKernel::scratch`] with `lanes` lanes (the per-token
     /// part the plan counts beside the session's activations).
     pub fn scratch_bytes(&self, lanes: usize) -> usize {
         let (tg, td, pg, pd) = self.table_lens();
         let (bio, bact) = self.batch_lens();
-        4 * 2 * tg + 2 * pg + lanes.max(1) * (4 * td + pd + 4 * 2 * self.lay.m) + 4 * (2 * bio + bact)
+        let (_, pdn) = self.pair_lens();
+        let pair_lane = if pdn > 0 { pdn + 2 * self.lay.m + self.lay.lat } else { 0 };
+        4 * 2 * tg + 2 * pg + lanes.max(1) * (4 * td + pd + 4 * 2 * self.lay.m + 4 * pair_lane) + 4 * (2 * bio + bact)
     }
 
     /// Scratch sized for this layout, with `lanes` lanes (at least one).
     pub fn scratch(&self, lanes: usize) -> ExpertScratch {
         let m = self.lay.m;
         let (tg, td, pg, pd) = self.table_lens();
+        let (_, pdn) = self.pair_lens();
+        let (pm, pl) = if pdn > 0 { (m, self.lay.lat) } else { (0, 0) };
         ExpertScratch {
             t_gate: vec![0.0; tg],
             t_up: vec![0.0; tg],
@@ -308,7 +392,16 @@ impl ExpertKernel {
             p_gate: vec![0; pg],
             p_up: vec![0; pg],
             lanes: (0..lanes.max(1))
-                .map(|_| ExpertLane { t_down: vec![0.0; td], p_down: vec![0; pd], g: vec![0.0; m], u: vec![0.0; m] })
+                .map(|_| ExpertLane {
+                    t_down: vec![0.0; td],
+                    p_down: vec![0; pd],
+                    g: vec![0.0; m],
+                    u: vec![0.0; m],
+                    t_down2: vec![0.0; pdn],
+                    g2: vec![0.0; pm],
+                    u2: vec![0.0; pm],
+                    o2: vec![0.0; pl],
+                })
                 .collect(),
             batch_in: vec![0.0; self.batch_lens().0],
             batch_out: vec![0.0; self.batch_lens().0],
@@ -479,41 +572,130 @@ impl ExpertKernel {
         if whole > 0 {
             let shared =
                 Shared { t_gate: &sc.t_gate, t_up: &sc.t_up, form: sc.t_form, p_gate: &sc.p_gate, p_up: &sc.p_up };
-            let ls = SyncSlice::new(&mut sc.lanes[..lanes]);
             let os = SyncSlice::new(outs);
-            let next = AtomicUsize::new(0);
-            let failed = Mutex::new(None);
-            pool.run(lanes, &|i| {
-                // SAFETY: task i alone uses lane i.
-                let lane = unsafe { &mut ls.range(i, i + 1)[0] };
-                loop {
-                    let j = next.fetch_add(1, Ordering::Relaxed);
-                    if j >= whole {
-                        break;
-                    }
-                    match fetch(j) {
-                        Ok(rec) => {
-                            let s = slots[j];
-                            // SAFETY: the slots are distinct (asserted above), so are the outputs.
-                            let out = unsafe { os.range(s * lat, (s + 1) * lat) };
-                            self.run(None, (pool.level(), pool.numeric()), books, rec, h, &shared, lane, out);
-                        }
-                        Err(e) => {
-                            // no lane claims another job
-                            next.store(usize::MAX / 2, Ordering::Relaxed);
-                            failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
-                            break;
-                        }
-                    }
-                }
-            });
-            if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                return Err(e);
-            }
+            claim_jobs(pool, &mut sc.lanes[..lanes], whole, fetch, &|j, rec, lane| {
+                let s = slots[j];
+                // SAFETY: the slots are distinct (asserted above), so are the outputs.
+                let out = unsafe { os.range(s * lat, (s + 1) * lat) };
+                self.run(None, (pool.level(), pool.numeric()), books, rec, h, &shared, lane, out);
+            })?;
         }
         for (j, &s) in slots.iter().enumerate().skip(whole) {
             let rec = fetch(j)?;
             self.forward(pool, books, rec, h, sc, &mut outs[s * lat..(s + 1) * lat]);
+        }
+        Ok(())
+    }
+
+    /// Every token's gate and up tables for [`ExpertKernel::forward_pairs`]
+    /// into `tables` ([`ExpertKernel::token_tables_floats`] long): token
+    /// `t`'s input is `xs[t·lat..][..lat]`, its tables the fast mode's with
+    /// plain codes (widened side by side a tile at a time where two tokens'
+    /// gathers share them), each built whole by one task of the pool. Only
+    /// where [`ExpertKernel::pairs`].
+    ///
+    /// # Panics
+    /// When `nt` exceeds the kernel's `batch`, `xs` is shorter than `nt`
+    /// inputs, `tables` is too short, or the tokens cannot pair.
+    pub fn prepare_tokens(&self, pool: &Pool, books: &LayerBooks, xs: &[f32], nt: usize, tables: &mut [f32]) {
+        let lat = self.lay.lat;
+        assert!(
+            nt <= self.batch && xs.len() >= nt * lat,
+            "prepare_tokens: {nt} tokens of a {}-token batch",
+            self.batch
+        );
+        let qmax = self.fast_vq(pool.numeric(), books).expect("pairs: the fast mode, full books");
+        let (pq, _) = self.pair_lens();
+        assert!(pq > 0 && tables.len() >= 2 * nt * pq, "prepare_tokens: tokens that cannot pair");
+        let lay = self.vq(self.lay.m, lat);
+        let lv = pool.level();
+        assert!(vq_fast::rows32(lv, &lay), "prepare_tokens: the level's rows do not read wide tables");
+        let nb = vq_fast::blocks(&lay);
+        let by_kind: [Vec<&VqBook>; 2] = [books.books[0].iter().collect(), books.books[1].iter().collect()];
+        let tabs = SyncSlice::new(&mut tables[..2 * nt * pq]);
+        pool.run(2 * nt, &|i| {
+            let (t, kind) = (i / 2, i % 2);
+            // SAFETY: task i alone writes table i.
+            let buf = unsafe { tabs.range(i * pq, (i + 1) * pq) };
+            let (d, q) = vq_fast::parts_mut(&lay, TableForm::Plain, buf, 0, nb);
+            let x = &xs[t * lat..(t + 1) * lat];
+            vq_fast::build(lv, &by_kind[kind], &lay, x, qmax, (0, nb), d, q, TableForm::Plain);
+        });
+    }
+
+    /// Experts for one or two tokens each ([`PairJob`]), over the `tables`
+    /// of [`ExpertKernel::prepare_tokens`]: job `j`'s record is `fetch(j)`
+    /// (which may wait for a read, from any thread), token `tokens[i]`'s
+    /// output goes to `outs[slots[i]·lat..][..lat]`. Two tokens of a job
+    /// share each row's gathers; each output is bit-identical to
+    /// [`ExpertKernel::forward`] on that token alone. Lanes claim jobs in
+    /// the order given, each whole on one thread; the jobs beyond a multiple
+    /// of the lanes run afterwards one at a time across the pool.
+    ///
+    /// # Errors
+    /// The first error `fetch` returns; the jobs not yet claimed are skipped.
+    ///
+    /// # Panics
+    /// When a slot repeats or lies outside `outs`, a token is beyond the
+    /// prepared ones, a job has other than 1 or 2 tokens, or the tokens
+    /// cannot pair.
+    pub fn forward_pairs<'r, E: Send>(
+        &self,
+        pool: &Pool,
+        books: &LayerBooks,
+        jobs: &[PairJob],
+        fetch: &(dyn Fn(usize) -> Result<&'r [u8], E> + Sync),
+        tables: &[f32],
+        sc: &mut ExpertScratch,
+        outs: &mut [f32],
+    ) -> Result<(), E> {
+        let lat = self.lay.lat;
+        let (lv, qmax) = (pool.level(), self.fast_vq(pool.numeric(), books).expect("pairs: the fast mode"));
+        let (pq, pdn) = self.pair_lens();
+        assert!(pq > 0 && sc.lanes.iter().all(|l| l.t_down2.len() >= pdn), "forward_pairs: tokens that cannot pair");
+        let mut seen: Vec<usize> = Vec::with_capacity(2 * jobs.len());
+        for j in jobs {
+            assert!(j.n == 1 || j.n == 2, "a pair job of {} tokens", j.n);
+            for i in 0..j.n {
+                let s = j.slots[i];
+                assert!((s + 1) * lat <= outs.len(), "expert output slot {s} outside the buffer");
+                assert!(!seen.contains(&s), "expert output slot {s} repeats");
+                assert!(2 * (j.tokens[i] + 1) * pq <= tables.len(), "token {} not prepared", j.tokens[i]);
+                seen.push(s);
+            }
+        }
+        let table = |t: usize, kind: usize| &tables[(2 * t + kind) * pq..(2 * t + kind + 1) * pq];
+        let tabs_of = |j: &PairJob| {
+            let second = j.tokens[if j.n == 2 { 1 } else { 0 }];
+            Tabs {
+                gate: [table(j.tokens[0], 0), table(second, 0)],
+                up: [table(j.tokens[0], 1), table(second, 1)],
+                form: TableForm::Plain,
+                down_form: TableForm::Plain,
+                pairwise: true,
+            }
+        };
+        let os = SyncSlice::new(outs);
+        // SAFETY (both uses): the slots are distinct (asserted above), so are the outputs.
+        let outs_of = |j: &PairJob| unsafe {
+            let a = os.range(j.slots[0] * lat, (j.slots[0] + 1) * lat);
+            let b = if j.n == 2 { os.range(j.slots[1] * lat, (j.slots[1] + 1) * lat) } else { &mut [][..] };
+            [a, b]
+        };
+        let lanes = lanes_in_use(sc, pool);
+        let whole = if lanes > 1 { jobs.len() / lanes * lanes } else { 0 };
+        if whole > 0 {
+            claim_jobs(pool, &mut sc.lanes[..lanes], whole, fetch, &|j, rec, lane| {
+                let job = &jobs[j];
+                let on_thread = |n: usize, f: &(dyn Fn(usize, usize) + Sync)| f(0, n);
+                self.run_fast_vq_n(on_thread, (lv, qmax), books, rec, &tabs_of(job), job.n, lane, outs_of(job));
+            })?;
+        }
+        for (j, job) in jobs.iter().enumerate().skip(whole) {
+            let rec = fetch(j)?;
+            let tabs = tabs_of(job);
+            let across = |n: usize, f: &(dyn Fn(usize, usize) + Sync)| pool.chunks(n, f);
+            self.run_fast_vq_n(across, (lv, qmax), books, rec, &tabs, job.n, &mut sc.lanes[0], outs_of(job));
         }
         Ok(())
     }
@@ -646,6 +828,37 @@ impl ExpertKernel {
         lane: &mut ExpertLane,
         out: &mut [f32],
     ) {
+        let ld = self.vq(self.lay.lat, self.lay.m);
+        let tabs = Tabs {
+            gate: [shared.t_gate, &[]],
+            up: [shared.t_up, &[]],
+            form: shared.form,
+            down_form: vq_fast::table_form(lv, &ld),
+            pairwise: false,
+        };
+        self.run_fast_vq_n(chunks, (lv, qmax), books, rec, &tabs, 1, lane, [out, &mut []]);
+    }
+
+    /// One fast-mode VQ expert for `n` (1 or 2) tokens: token `j`'s gate
+    /// and up rows over `tabs.gate[j]` and `tabs.up[j]` (built in
+    /// `tabs.form`), its down table built in `tabs.down_form` by blocks of
+    /// positions across `chunks` (lane `t_down`, and `t_down2` for the
+    /// second token), its output in `outs[j]`. Two tokens share each row's
+    /// gathers (`vq_fast::matvec_rows_pair`); each output is bit-identical
+    /// to the token's expert alone.
+    #[allow(clippy::too_many_arguments)]
+    fn run_fast_vq_n(
+        &self,
+        chunks: impl Fn(usize, &(dyn Fn(usize, usize) + Sync)),
+        (lv, qmax): (Level, f32),
+        books: &LayerBooks,
+        rec: &[u8],
+        tabs: &Tabs<'_>,
+        n: usize,
+        lane: &mut ExpertLane,
+        outs: [&mut [f32]; 2],
+    ) {
+        debug_assert!(n == 1 || n == 2);
         let l = &self.lay;
         let (m, lat) = (l.m, l.lat);
         let (lg, ld) = (self.vq(m, lat), self.vq(lat, m));
@@ -653,42 +866,121 @@ impl ExpertKernel {
         let scales = &rec[so..so + l.scales_len];
         let (gs, us, ds) = (&scales[..2 * m], &scales[2 * m..4 * m], &scales[4 * m..]);
         let (gi, ui) = (&rec[go..go + lg.index_bytes()], &rec[uo..uo + lg.index_bytes()]);
+        let ExpertLane { t_down, g, u, t_down2, g2, u2, o2: spare, .. } = lane;
+        let (g, u, t_down): (&mut [f32], &mut [f32], &mut [f32]) = (g, u, t_down);
+        let (g2, u2, t_down2): (&mut [f32], &mut [f32], &mut [f32]) = (g2, u2, t_down2);
+        // rows by the pair kernel: two tokens, or one whose table goes twice
+        let two = n == 2 || tabs.pairwise;
         {
             let unit = row_unit(vq_fast::rows64(lv, &lg));
-            let (g, u) = (SyncSlice::new(&mut lane.g), SyncSlice::new(&mut lane.u));
+            let (g, u) = (SyncSlice::new(g), SyncSlice::new(u));
+            let (g2, u2) = (SyncSlice::new(g2), SyncSlice::new(u2));
             let units = (m / unit).max(1);
             chunks(units, &|a, b| {
                 let (ra, rb) = (unit * a, if b == units { m } else { unit * b });
                 // SAFETY: disjoint row ranges [unit·a, unit·b) (the last chunk takes the tail).
                 let (gy, uy) = unsafe { (g.range(ra, rb), u.range(ra, rb)) };
-                vq_fast::matvec_rows(lv, &lg, gi, gs, shared.t_gate, ra, gy, shared.form);
-                vq_fast::matvec_rows(lv, &lg, ui, us, shared.t_up, ra, uy, shared.form);
+                if two {
+                    // SAFETY: as above, in the second token's buffers (m rows each).
+                    let (gy2, uy2) = unsafe { (g2.range(ra, rb), u2.range(ra, rb)) };
+                    vq_fast::matvec_rows_pair(lv, &lg, gi, gs, tabs.gate, ra, [gy, gy2], tabs.form);
+                    vq_fast::matvec_rows_pair(lv, &lg, ui, us, tabs.up, ra, [uy, uy2], tabs.form);
+                } else {
+                    vq_fast::matvec_rows(lv, &lg, gi, gs, tabs.gate[0], ra, gy, tabs.form);
+                    vq_fast::matvec_rows(lv, &lg, ui, us, tabs.up[0], ra, uy, tabs.form);
+                }
             });
         }
-        for (gv, uv) in lane.g.iter_mut().zip(lane.u.iter()) {
-            *gv = glu(self.act, *gv, *uv);
-        }
         let bd: Vec<&VqBook> = books.books[2].iter().collect();
-        let tds = SyncSlice::new(&mut lane.t_down);
-        let gin = &lane.g;
-        let form = vq_fast::table_form(lv, &ld);
-        chunks(vq_fast::blocks(&ld), &|a, b| {
-            let (d, q) = vq_fast::block_ranges(&ld, form, a, b);
-            // SAFETY: the tasks' block ranges [a, b) are disjoint, so are their scales and codes.
-            let (d, q) = unsafe { (tds.range(d.start, d.end), tds.range(q.start, q.end)) };
-            vq_fast::build(lv, &bd, &ld, gin, qmax, (a, b), d, bytemuck::cast_slice_mut(q), form);
-        });
+        let form = tabs.down_form;
+        for (gin, uin, td) in [(&mut *g, &*u, &mut *t_down), (&mut *g2, &*u2, &mut *t_down2)].into_iter().take(n) {
+            for (gv, uv) in gin.iter_mut().zip(uin.iter()) {
+                *gv = glu(self.act, *gv, *uv);
+            }
+            let tds = SyncSlice::new(td);
+            let gin = &*gin;
+            chunks(vq_fast::blocks(&ld), &|a, b| {
+                let (d, q) = vq_fast::block_ranges(&ld, form, a, b);
+                // SAFETY: the tasks' block ranges [a, b) are disjoint, so are their scales and codes.
+                let (d, q) = unsafe { (tds.range(d.start, d.end), tds.range(q.start, q.end)) };
+                vq_fast::build(lv, &bd, &ld, gin, qmax, (a, b), d, bytemuck::cast_slice_mut(q), form);
+            });
+        }
         let di = &rec[dof..dof + ld.index_bytes()];
-        let o = SyncSlice::new(out);
+        let [out, out2] = outs;
+        // one token's second output is discarded
+        let out2 = if n == 2 { out2 } else { &mut spare[..] };
+        let (o, o2) = (SyncSlice::new(out), SyncSlice::new(out2));
         let unit = row_unit(vq_fast::rows64(lv, &ld));
         let units = (lat / unit).max(1);
+        let (td, td2) = (&*t_down, if n == 2 { &*t_down2 } else { &*t_down });
         chunks(units, &|a, b| {
             let (ra, rb) = (unit * a, if b == units { lat } else { unit * b });
             // SAFETY: disjoint row ranges.
             let oy = unsafe { o.range(ra, rb) };
-            vq_fast::matvec_rows(lv, &ld, di, ds, &lane.t_down, ra, oy, form);
+            if two {
+                // SAFETY: as above, in the second output (lat rows).
+                let oy2 = unsafe { o2.range(ra, rb) };
+                vq_fast::matvec_rows_pair(lv, &ld, di, ds, [td, td2], ra, [oy, oy2], form);
+            } else {
+                vq_fast::matvec_rows(lv, &ld, di, ds, td, ra, oy, form);
+            }
         });
     }
+}
+
+/// Jobs `0..whole` claimed in order by `lanes` (one pool task each, lane
+/// `i` on task `i`, each taking the next job as soon as it finishes one):
+/// `run(j, record, lane)` once `fetch(j)` returns job `j`'s record. The
+/// first error stops the claiming (no lane takes another job) and is
+/// returned.
+fn claim_jobs<'r, E: Send>(
+    pool: &Pool,
+    lanes: &mut [ExpertLane],
+    whole: usize,
+    fetch: &(dyn Fn(usize) -> Result<&'r [u8], E> + Sync),
+    run: &(dyn Fn(usize, &[u8], &mut ExpertLane) + Sync),
+) -> Result<(), E> {
+    let n = lanes.len();
+    let ls = SyncSlice::new(lanes);
+    let next = AtomicUsize::new(0);
+    let failed = Mutex::new(None);
+    pool.run(n, &|i| {
+        // SAFETY: task i alone uses lane i.
+        let lane = unsafe { &mut ls.range(i, i + 1)[0] };
+        loop {
+            let j = next.fetch_add(1, Ordering::Relaxed);
+            if j >= whole {
+                break;
+            }
+            match fetch(j) {
+                Ok(rec) => run(j, rec, lane),
+                Err(e) => {
+                    // no lane claims another job
+                    next.store(usize::MAX / 2, Ordering::Relaxed);
+                    failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                    break;
+                }
+            }
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The fast tables one run of [`ExpertKernel::run_fast_vq_n`] reads: each
+/// token's gate and up tables (the second unused for one token), their form,
+/// and the form to build the down tables in.
+struct Tabs<'a> {
+    gate: [&'a [f32]; 2],
+    up: [&'a [f32]; 2],
+    form: TableForm,
+    down_form: TableForm,
+    /// Every row by the pair kernel (plain tables on the gathers' level):
+    /// one token's rows take its table twice, the second output discarded.
+    pairwise: bool,
 }
 
 /// `f([gate, up, down])` over a validated record of a format a token reads
@@ -904,6 +1196,68 @@ mod tests {
                     let s = (e + 1) % n;
                     let (a, b) = (&want[e * hidden..(e + 1) * hidden], &got[s * hidden..(s + 1) * hidden]);
                     prop_assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "fetched {} level {:?}", e, lv);
+                }
+            }
+        }
+    }
+
+    /// Experts for pairs of tokens (`forward_pairs` over `prepare_tokens`'
+    /// tables) give every token's output bit for bit as the expert alone
+    /// on it: pairs and odd ones out, on 1 to 3 threads (whole jobs per
+    /// lane and a remainder across the pool), rows of whole 32-row groups
+    /// and not, at the AVX2 level with the gathers (where the CPU has it).
+    #[test]
+    fn pairs_are_each_token_alone() {
+        if !Level::Avx2.supported() {
+            return;
+        }
+        waste_quant::vq_fast::set_avx2_lookup(waste_quant::vq_fast::Avx2Lookup::Gathers);
+        for (hidden, m) in [(128, 192), (136, 72)] {
+            let (mut kernel, books, recs, _) = experts(ExpertFmt::Vq3r, hidden, m, 4, 5 + m as u64);
+            kernel.batch = 4;
+            assert!(kernel.pairable());
+            let mut r = 99u64;
+            let xs: Vec<f32> = (0..3 * hidden)
+                .map(|_| {
+                    r = r.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((r >> 40) % 2001) as f32 * 1e-3 - 1.0
+                })
+                .collect();
+            // expert e's users: 0 takes tokens 0,1,2; 1 takes 2,0; 2 takes 1; 3 none
+            let users: [&[usize]; 4] = [&[0, 1, 2], &[2, 0], &[1], &[]];
+            for threads in 1..4 {
+                let mut pool = Pool::with_level(threads, Level::Avx2);
+                pool.set_numeric(Numeric::Fast);
+                assert!(kernel.pairs(&pool, &books));
+                let mut sc = kernel.scratch(lanes_for(threads, 2));
+                let mut want = vec![vec![0f32; hidden]; 3 * 4];
+                for t in 0..3 {
+                    let h = &xs[t * hidden..(t + 1) * hidden];
+                    kernel.prepare(&pool, &books, h, &mut sc);
+                    for e in 0..4 {
+                        kernel.forward(&pool, &books, &recs[e], h, &mut sc, &mut want[t * 4 + e]);
+                    }
+                }
+                let mut tables = vec![0f32; kernel.token_tables_floats()];
+                kernel.prepare_tokens(&pool, &books, &xs, 3, &mut tables);
+                let uses: Vec<Vec<(usize, usize)>> =
+                    users.iter().enumerate().map(|(e, u)| u.iter().map(|&t| (t, t * 4 + e)).collect()).collect();
+                let jobs = pair_jobs(uses.iter().map(|u| &u[..]));
+                assert_eq!(jobs.iter().filter(|j| j.n == 2).count(), 2);
+                let expert: Vec<usize> =
+                    uses.iter().enumerate().flat_map(|(e, u)| std::iter::repeat_n(e, u.len().div_ceil(2))).collect();
+                let fetch = |j: usize| Ok::<_, ()>(&recs[expert[j]][..]);
+                let mut got = vec![f32::NAN; 12 * hidden];
+                assert!(kernel.forward_pairs(&pool, &books, &jobs, &fetch, &tables, &mut sc, &mut got).is_ok());
+                for (e, u) in users.iter().enumerate() {
+                    for &t in u.iter() {
+                        let s = t * 4 + e;
+                        let same = got[s * hidden..(s + 1) * hidden]
+                            .iter()
+                            .zip(&want[s])
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{hidden}x{m}, {threads} threads: expert {e} token {t}");
+                    }
                 }
             }
         }

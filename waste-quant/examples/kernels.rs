@@ -468,6 +468,58 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
                 (lay.rows * lay.nvec * lay.stages) as f64 / med / 1e9
             );
         }
+        // two inputs through the same rows: two gathers' calls, or one of the pair's
+        if vf::rows32(fast_level, &lay) && lay.stages > 1 {
+            vf::set_avx2_lookup(Avx2Lookup::Gathers);
+            let form = vf::table_form(fast_level, &lay);
+            // the pair's tables plain (widened a tile at a time), the calls' wide
+            let (mut qt2, mut pa, mut pb) =
+                (vec![0f32; lay.table_len()], vec![0f32; lay.table_len()], vec![0f32; lay.table_len()]);
+            let x2: Vec<f32> = x.iter().map(|v| 0.3 - v).collect();
+            for (buf, xi, f) in [
+                (&mut qt, &x, form),
+                (&mut qt2, &x2, form),
+                (&mut pa, &x, TableForm::Plain),
+                (&mut pb, &x2, TableForm::Plain),
+            ] {
+                let (d, q) = vf::parts_mut(&lay, f, buf, 0, nb);
+                vf::build(fast_level, &br, &lay, xi, 127.0, (0, nb), d, q, f);
+            }
+            let mut y2 = vec![0f32; lay.rows];
+            let (mut two, mut pair, mut twice) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..reps.max(1) {
+                let ix = pick();
+                let t0 = Instant::now();
+                vf::matvec_rows(fast_level, &lay, ix, &scales, &qt, 0, &mut y, form);
+                vf::matvec_rows(fast_level, &lay, ix, &scales, &qt2, 0, &mut y2, form);
+                two.push(t0.elapsed().as_secs_f64());
+                let ix = pick();
+                let t0 = Instant::now();
+                vf::matvec_rows_pair(fast_level, &lay, ix, &scales, [&pa, &pb], 0, [&mut y, &mut y2], TableForm::Plain);
+                pair.push(t0.elapsed().as_secs_f64());
+                // one input by the pair kernel: its plain table twice, one output discarded
+                let ix = pick();
+                let t0 = Instant::now();
+                vf::matvec_rows_pair(fast_level, &lay, ix, &scales, [&pa, &pa], 0, [&mut y, &mut y2], TableForm::Plain);
+                twice.push(t0.elapsed().as_secs_f64());
+            }
+            for (what, ts) in [
+                ("two inputs by two calls", &mut two),
+                ("two inputs by one pair call", &mut pair),
+                ("one input by the pair kernel, its table twice", &mut twice),
+            ] {
+                ts.sort_by(f64::total_cmp);
+                println!(
+                    "{name} rows {}x{} fast gathers, {what}{}: {:.3} ms ({:.3}–{:.3})",
+                    lay.rows,
+                    lay.nvec * 8,
+                    if from_mem { ", indices from memory" } else { "" },
+                    ts[ts.len() / 2] * 1e3,
+                    ts[0] * 1e3,
+                    ts[ts.len() - 1] * 1e3
+                );
+            }
+        }
         vf::set_avx2_lookup(keep);
         for (lv, k, ts) in runs.iter_mut() {
             ts.sort_by(f64::total_cmp);

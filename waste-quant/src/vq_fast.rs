@@ -177,6 +177,20 @@ pub fn table_form(level: Level, lay: &VqLayout) -> TableForm {
     }
 }
 
+/// Whether two inputs' rows of this layout can share their gathers
+/// ([`matvec_rows_pair`] with wide tables) on some level of this build: an
+/// x86_64 build, byte stages the gathers serve, index blocks of a multiple
+/// of 32 rows. A property of the layout, not of the CPU, so buffers for it
+/// are the same on every x86_64 machine.
+pub fn pairs_serve(lay: &VqLayout) -> bool {
+    cfg!(target_arch = "x86_64")
+        && gathers_serve(lay)
+        && !lay.packed6
+        && lay.stages == lay.bpv()
+        && lay.block > 0
+        && lay.block.is_multiple_of(32)
+}
+
 /// Whether the AVX2 gathers serve this layout (2 or 3 byte stages).
 fn gathers_serve(lay: &VqLayout) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -397,6 +411,53 @@ pub fn matvec_rows(
     }
     for (yo, s) in y.iter_mut().zip(sc.chunks_exact(2)) {
         *yo *= f16_to_f32(u16::from_le_bytes([s[0], s[1]]));
+    }
+}
+
+/// [`matvec_rows`] for two inputs through the same rows: `ys[j]` from the
+/// table in `qts[j]`, both built in `form`. Where the AVX2 gathers serve
+/// the layout and the tables are plain ([`TableForm::Plain`], as
+/// [`pairs_serve`] callers build them) one gather looks both up, each
+/// tile's codes widened side by side (`x86_64::gathers::rows32_pair`);
+/// elsewhere the tables go one after the other. Each output is
+/// bit-identical to [`matvec_rows`] on its table. The same table twice is
+/// one input's rows by the gathers from a plain table.
+///
+/// # Panics
+/// As [`matvec_rows`]; when the outputs differ in length.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_rows_pair(
+    level: Level,
+    lay: &VqLayout,
+    idx: &[u8],
+    scales: &[u8],
+    qts: [&[f32]; 2],
+    r0: usize,
+    ys: [&mut [f32]; 2],
+    form: TableForm,
+) {
+    let [ya, yb] = ys;
+    assert_eq!(ya.len(), yb.len(), "two outputs of the same rows");
+    #[allow(unused_mut)]
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if form == TableForm::Plain && rows32(level, lay) && gathers_serve(lay) && r0.is_multiple_of(32) && ya.len() >= 32 {
+        assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2);
+        assert!(r0.checked_add(ya.len()).is_some_and(|e| e <= lay.rows));
+        done = ya.len() / 32 * 32;
+        let ((da, qa), (db, qb)) = (parts(lay, form, qts[0]), parts(lay, form, qts[1]));
+        let (ha, hb) = (&mut ya[..done], &mut yb[..done]);
+        // SAFETY: features checked by rows32; sizes asserted above and by parts.
+        unsafe { crate::x86_64::gathers::rows32_pair(lay, idx, [da, db], [qa, qb], r0, [&mut *ha, &mut *hb]) };
+        let sc = &scales[2 * r0..2 * (r0 + done)];
+        for y in [ha, hb] {
+            // SAFETY: the AVX2 kernels' level has AVX2 and F16C; 2 bytes a row.
+            unsafe { crate::x86_64::avx2::scale_by_f16(y, sc) };
+        }
+    }
+    if done < ya.len() {
+        matvec_rows(level, lay, idx, scales, qts[0], r0 + done, &mut ya[done..], form);
+        matvec_rows(level, lay, idx, scales, qts[1], r0 + done, &mut yb[done..], form);
     }
 }
 
@@ -798,12 +859,24 @@ mod tests {
             build(level, &books, &lay, &x, 127.0, (b0, b1), d, q, form);
         }
         let want = reference(&lay, &books, &x, &idx, &scales, 127.0);
+        // a second input's table, for the rows of two inputs at once
+        let x2: Vec<f32> = (0..lay.nvec * 8).map(|_| r.unif() * 6.0 - 3.0).collect();
+        let mut buf2 = vec![0f32; lay.table_len()];
+        let (d, q) = parts_mut(&lay, form, &mut buf2, 0, nb);
+        build(level, &books, &lay, &x2, 127.0, (0, nb), d, q, form);
+        let want2 = reference(&lay, &books, &x2, &idx, &scales, 127.0);
         // every row range the kernels may be given
         for (a, b) in [(0, lay.rows), (1, lay.rows.min(13)), (lay.rows / 2, lay.rows), (64.min(lay.rows), lay.rows)] {
             let mut y = vec![0f32; b - a];
             matvec_rows(level, &lay, &idx, &scales, &buf, a, &mut y, form);
             for (i, (g, w)) in y.iter().zip(&want[a..b]).enumerate() {
                 assert_eq!(g.to_bits(), w.to_bits(), "{lay:?} row {} level {level:?}", a + i);
+            }
+            let (mut p1, mut p2) = (vec![0f32; b - a], vec![0f32; b - a]);
+            matvec_rows_pair(level, &lay, &idx, &scales, [&buf, &buf2], a, [&mut p1, &mut p2], form);
+            for (i, ((g1, g2), (w1, w2))) in p1.iter().zip(&p2).zip(want[a..b].iter().zip(&want2[a..b])).enumerate() {
+                assert_eq!(g1.to_bits(), w1.to_bits(), "pair, first: {lay:?} row {} level {level:?}", a + i);
+                assert_eq!(g2.to_bits(), w2.to_bits(), "pair, second: {lay:?} row {} level {level:?}", a + i);
             }
         }
     }

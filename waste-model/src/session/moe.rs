@@ -77,20 +77,25 @@ impl Work {
         // formats a token reads directly run each expert once for the
         // chunk, in ascending id: their reads are started in that order
         let batched = nt > 1 && kernel.batches();
-        let (distinct, repeats) = union_of(&routes, batched);
+        // VQ experts in the fast mode, looked up by gathers: two tokens of
+        // an expert share its gathers (also in ascending id)
+        let paired = !batched && nt > 1 && kernel.pairs(&m.pool, &w.books);
+        let (distinct, repeats) = union_of(&routes, batched || paired);
         let experts = m.store.acquire(l as u32, &distinct, &repeats)?;
         self.stats.experts_acquired += distinct.len() as u64;
         // the chunk's expert inputs (the latent down-projection for all tokens at once)
         if let Some(lt) = &w.latent {
             m.pool.matmat(&lt.down.view(), self.chunk_ffn_in.rows(xs), nt, self.moe.lat_in.rows_mut(0..nt));
         }
-        let overlapped = if batched {
+        let (overlapped, runs) = if batched {
             self.experts_batched(m, w, &experts, &routes, &distinct, first, nt)?;
-            0.0
+            (0.0, distinct.len())
+        } else if paired {
+            self.experts_paired(m, w, &experts, &routes, &distinct, first, nt)?
         } else {
-            self.experts_per_token(m, w, &experts, &routes, first, nt)?
+            (self.experts_per_token(m, w, &experts, &routes, first, nt)?, routes.len())
         };
-        self.stats.expert_runs += if batched { distinct.len() } else { routes.len() } as u64;
+        self.stats.expert_runs += runs as u64;
         self.combine(m, w, first, nt);
         let traffic = experts.release()?;
         self.stats.experts_hit += traffic.hits;
@@ -170,6 +175,77 @@ impl Work {
             }
         }
         Ok(())
+    }
+
+    /// Every token's tables, then each expert once for every two of its
+    /// tokens (an odd one alone), in ascending id, the jobs whose records
+    /// are resident first; then each token's sum of its experts in
+    /// ascending id, as token by token, bit for bit. Returns the I/O wait
+    /// other lanes' compute overlapped and the expert runs (jobs).
+    #[allow(clippy::too_many_arguments)]
+    fn experts_paired(
+        &mut self,
+        m: &Model,
+        w: &MoeWeights,
+        experts: &Pinned<'_, crate::model::Records>,
+        routes: &[(usize, f32)],
+        distinct: &[u32],
+        first: usize,
+        nt: usize,
+    ) -> Result<(f64, usize)> {
+        let k = m.config().top_k;
+        let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
+        let scr = self.ex_sc.as_mut().expect("expert scratch");
+        let xs = match &w.latent {
+            Some(_) => self.moe.lat_in.rows(0..nt),
+            None => self.chunk_ffn_in.rows(first..first + nt),
+        };
+        // the model's shared tables and outputs, one step at a time
+        let mut shared = m.pair_scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let tf = kernel.token_tables_floats();
+        shared.resize(crate::plan::shared_scratch_floats(kernel, k), 0.0);
+        let (tables, outs) = shared.split_at_mut(tf);
+        let te = Instant::now();
+        kernel.prepare_tokens(&m.pool, &w.books, xs, nt, tables);
+        self.stats.expert_seconds += te.elapsed().as_secs_f64();
+        // each expert's (token, slot) uses, slot t·k + i for token t's i-th route
+        let (ready, arriving): (Vec<u32>, Vec<u32>) = distinct.iter().partition(|&&e| experts.is_ready(e));
+        let uses: Vec<(u32, Vec<(usize, usize)>)> = ready
+            .iter()
+            .chain(&arriving)
+            .map(|&e| {
+                let of = (0..nt)
+                    .filter_map(|t| {
+                        routes[t * k..(t + 1) * k].iter().position(|r| r.0 == e as usize).map(|i| (t, t * k + i))
+                    })
+                    .collect();
+                (e, of)
+            })
+            .collect();
+        let mut owner = Vec::with_capacity(routes.len());
+        for (e, u) in &uses {
+            owner.extend(std::iter::repeat_n(*e, u.len().div_ceil(2)));
+        }
+        let jobs = waste_moe::pair_jobs(uses.iter().map(|(_, u)| &u[..]));
+        let fetch = |j: usize| experts.wait(owner[j]);
+        let lanes = waste_moe::lanes_in_use(scr, &m.pool);
+        let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
+        let lat = m.config().expert_width();
+        let outs = &mut outs[..nt * k * lat];
+        kernel.forward_pairs(&m.pool, &w.books, &jobs, &fetch, tables, scr, outs)?;
+        let (spent, waited) = (te.elapsed().as_secs_f64(), experts.traffic().io_seconds - io0);
+        let io_wall = (waited / lanes as f64).min(spent);
+        self.stats.expert_seconds += spent - io_wall;
+        for t in 0..nt {
+            let sum = self.moe.lat_sum.row_mut(t);
+            sum.fill(0.0);
+            for (i, &(_, wgt)) in routes[t * k..(t + 1) * k].iter().enumerate() {
+                for (s, &v) in sum.iter_mut().zip(&outs[(t * k + i) * lat..(t * k + i + 1) * lat]) {
+                    *s += v * wgt;
+                }
+            }
+        }
+        Ok((waited - io_wall, jobs.len()))
     }
 
     /// Token by token: its tables, then its experts (the resident ones

@@ -139,3 +139,146 @@ unsafe fn body<const BPV: usize>(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[u8]
         t0 = t1;
     }
 }
+
+/// Vector positions per tile of [`rows32_pair`]: two blocks, their two
+/// tables' codes side by side (8 × 3 stages × 256 dwords = 24 KiB, in L1).
+const PAIR_TILE: usize = 8;
+
+/// [`rows32`] for two inputs' tables at once, over the same rows and
+/// indices: `ys[j]` from the plain table `qs[j]` (one `i8` code an entry,
+/// `table_len` of them) with block scales `ds[j]`. Each tile's codes of the
+/// two tables are widened and laid side by side (one dword an entry: the
+/// first table's code in the low half, the second's in the high one), so
+/// one gather does eight rows' lookups for both inputs; the lanes add as
+/// 16-bit halves (a block's sums fit), each half sign-extended once a
+/// block. Every output is bit-identical to [`rows32`] on its table alone:
+/// the same exact integer a block, the same float steps in the same order.
+/// One input's rows take the same table twice (an output to discard): the
+/// cost of one gather pass over plain codes.
+///
+/// # Safety
+/// As [`rows32`], for both tables (plain, not wide).
+pub unsafe fn rows32_pair(lay: &VqLayout, idx: &[u8], ds: [&[f32]; 2], qs: [&[u8]; 2], r0: usize, ys: [&mut [f32]; 2]) {
+    let n = ys[0].len();
+    assert!(ys[1].len() == n, "two outputs of the same rows");
+    for (d, q) in ds.iter().zip(&qs) {
+        assert!(q.len() >= lay.table_len(), "a plain table");
+        assert!(d.len() >= lay.nvec.div_ceil(QBLOCK));
+    }
+    assert!(n.is_multiple_of(32) && r0.is_multiple_of(32));
+    assert!(idx.len() >= lay.index_bytes() && r0 + n <= lay.rows);
+    debug_assert!(lay.stages == lay.bpv() && !lay.packed6 && lay.block.is_multiple_of(32));
+    // SAFETY: the caller's contract; sizes asserted.
+    unsafe {
+        match lay.bpv() {
+            3 => pair_body::<3>(lay, idx, ds, qs, r0, ys),
+            2 => pair_body::<2>(lay, idx, ds, qs, r0, ys),
+            b => unreachable!("the gathers serve 2 or 3 byte stages, not {b}"),
+        }
+    }
+}
+
+/// The tile's codes of two plain tables widened side by side: `w[e] =
+/// (a[e] as i16) | (b[e] as i16) << 16` for the `w.len()` codes from code
+/// `c0`.
+///
+/// # Safety
+/// AVX2; `c0 + w.len()` codes inside both tables, `w.len()` a multiple of 16.
+#[target_feature(enable = "avx2")]
+unsafe fn interleave(qa: &[u8], qb: &[u8], c0: usize, w: &mut [u32]) {
+    debug_assert!(w.len().is_multiple_of(16) && c0 + w.len() <= qa.len().min(qb.len()));
+    let (pa, pb) = (qa.as_ptr().wrapping_add(c0), qb.as_ptr().wrapping_add(c0));
+    for (i, o) in w.chunks_exact_mut(16).enumerate() {
+        // SAFETY: 16 codes (16 bytes) at code c0 + 16i of each table (the caller's bound); 16 dwords out.
+        unsafe {
+            let a = _mm256_cvtepi8_epi16(_mm_loadu_si128(pa.add(16 * i) as *const __m128i));
+            let b = _mm256_cvtepi8_epi16(_mm_loadu_si128(pb.add(16 * i) as *const __m128i));
+            let (lo, hi) = (_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b));
+            let op = o.as_mut_ptr() as *mut __m256i;
+            _mm256_storeu_si256(op, _mm256_permute2x128_si256::<0x20>(lo, hi));
+            _mm256_storeu_si256(op.add(1), _mm256_permute2x128_si256::<0x31>(lo, hi));
+        }
+    }
+}
+
+/// [`rows32_pair`] for `BPV` byte stages.
+///
+/// # Safety
+/// As [`rows32_pair`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pair_body<const BPV: usize>(
+    lay: &VqLayout,
+    idx: &[u8],
+    ds: [&[f32]; 2],
+    qs: [&[u8]; 2],
+    r0: usize,
+    ys: [&mut [f32]; 2],
+) {
+    let ms = masks::<BPV>();
+    let vstride = lay.vstride();
+    let per_v = BPV * 256;
+    let groups = ys[0].len() / 32;
+    let [ya, yb] = ys;
+    let mut w = vec![0u32; PAIR_TILE * per_v];
+    let mut t0 = 0;
+    while t0 < lay.nvec {
+        let t1 = (t0 + PAIR_TILE).min(lay.nvec);
+        let wl = (t1 - t0) * per_v;
+        // SAFETY: positions t0..t1's codes are inside both tables (asserted by the caller); wl is a multiple of 256.
+        unsafe { interleave(qs[0], qs[1], t0 * per_v, &mut w[..wl]) };
+        for g in 0..groups {
+            let base = lay.offset(r0 + 32 * g, 0);
+            let next =
+                if g + 1 < groups { lay.offset(r0 + 32 * (g + 1), 0) } else { lay.offset(r0, 0) + PAIR_TILE * vstride };
+            let (pa, pb) = (ya.as_mut_ptr().wrapping_add(32 * g), yb.as_mut_ptr().wrapping_add(32 * g));
+            let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+            if t0 > 0 {
+                // SAFETY: 32g + 32 <= the outputs' length.
+                acc = [
+                    core::array::from_fn(|k| unsafe { _mm256_loadu_ps(pa.add(8 * k)) }),
+                    core::array::from_fn(|k| unsafe { _mm256_loadu_ps(pb.add(8 * k)) }),
+                ];
+            }
+            let mut v = t0;
+            while v < t1 {
+                let ve = (v + QBLOCK).min(t1);
+                let mut n = [_mm256_setzero_si256(); 4];
+                for vi in v..ve {
+                    let pn = idx.as_ptr().wrapping_add(next + vi * vstride);
+                    _mm_prefetch::<_MM_HINT_T0>(pn as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(pn.wrapping_add(32 * BPV - 1) as *const i8);
+                    let p = idx.as_ptr().wrapping_add(base + vi * vstride);
+                    for (k, nk) in n.iter_mut().enumerate() {
+                        let e = 8 * BPV * k;
+                        // SAFETY: bytes e .. e + 8·BPV of the group's 32·BPV at this position.
+                        let z = unsafe {
+                            _mm256_loadu2_m128i(p.add(e + high(BPV)) as *const __m128i, p.add(e) as *const __m128i)
+                        };
+                        for (s, m) in ms.iter().enumerate() {
+                            let iv = _mm256_shuffle_epi8(z, *m);
+                            let tb = w.as_ptr().wrapping_add((vi - t0) * per_v + 256 * s) as *const i32;
+                            // SAFETY: (vi, s)'s 256 side-by-side codes are inside the tile.
+                            *nk = _mm256_add_epi16(*nk, unsafe { _mm256_i32gather_epi32::<4>(tb, iv) });
+                        }
+                    }
+                }
+                let (da, db) = (_mm256_set1_ps(ds[0][v / QBLOCK]), _mm256_set1_ps(ds[1][v / QBLOCK]));
+                for (k, nk) in n.iter().enumerate() {
+                    let lo = _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(*nk));
+                    let hi = _mm256_srai_epi32::<16>(*nk);
+                    acc[0][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), da, acc[0][k]);
+                    acc[1][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), db, acc[1][k]);
+                }
+                v = ve;
+            }
+            for k in 0..4 {
+                // SAFETY: 32g + 8k + 8 <= the outputs' length.
+                unsafe {
+                    _mm256_storeu_ps(pa.add(8 * k), acc[0][k]);
+                    _mm256_storeu_ps(pb.add(8 * k), acc[1][k]);
+                }
+            }
+        }
+        t0 = t1;
+    }
+}
