@@ -341,13 +341,14 @@ pub(crate) fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) ->
 }
 
 /// `bench --json`'s `vq_lookup_probes_us`: each probe that chose the AVX2
-/// fast VQ lookup form, its best time per form in µs.
+/// fast VQ lookup form, its best time per form in µs and two inputs' by
+/// the pair kernel (`pairs`: whether tokens share the gathers).
 pub(crate) fn lookup_probes_json(model: &waste_model::Model) -> serde_json::Value {
     let us = |t: f64| (t * 1e7).round() / 10.0;
     model
         .vq_lookup_probes()
         .iter()
-        .map(|[b, c, g]| json!({"blends": us(*b), "chains": us(*c), "gathers": us(*g)}))
+        .map(|[b, c, g, p]| json!({"blends": us(*b), "chains": us(*c), "gathers": us(*g), "pairs": us(*p)}))
         .collect()
 }
 

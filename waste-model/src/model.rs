@@ -679,9 +679,11 @@ impl Model {
     /// The probes that chose the fast mode's AVX2 VQ lookup form in this
     /// process so far (`waste_quant::vq_fast::avx2_lookup`): each probe's
     /// best time in seconds for the blends, the chains and the gathers, in
-    /// that order. Empty where none ran (another level, the exact mode, a
-    /// form fixed by `WASTE_VQ_LOOKUP`).
-    pub fn vq_lookup_probes(&self) -> Vec<[f64; 3]> {
+    /// that order, then two inputs' rows by the pair kernel (whether a
+    /// chunk's tokens share the gathers: `vq_fast::pairs_pay`). Empty where
+    /// none ran (another level, the exact mode, a form fixed by
+    /// `WASTE_VQ_LOOKUP`).
+    pub fn vq_lookup_probes(&self) -> Vec<[f64; 4]> {
         waste_quant::vq_fast::avx2_lookup_probes()
     }
     /// A new session (its own state, position 0).

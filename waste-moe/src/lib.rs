@@ -342,13 +342,15 @@ impl ExpertKernel {
 
     /// Whether the tokens of a chunk pair on these experts now: they can
     /// ([`ExpertKernel::pairable`]), `pool` computes in the fast mode with
-    /// full books, and its level looks these tables up by gathers (the
-    /// process's probe chose them: where the chains are faster, two tokens'
-    /// gathers need not be).
+    /// full books at the AVX2 kernels' level, and the process's probes found
+    /// two inputs' shared gathers faster than each alone by the fastest form
+    /// (`vq_fast::avx2_pairs`: where the gathers are slow and the chains win
+    /// alone, a pair may still pay).
     pub fn pairs(&self, pool: &Pool, books: &LayerBooks) -> bool {
         self.pairable()
             && self.fast_vq(pool.numeric(), books).is_some()
-            && vq_fast::table_form(pool.level(), &self.vq(self.lay.m, self.lay.lat)) == TableForm::Wide
+            && vq_fast::rows32(pool.level(), &self.vq(self.lay.m, self.lay.lat))
+            && vq_fast::avx2_pairs()
     }
 
     /// Floats of one plain fast table of the gate (= up) and of the down

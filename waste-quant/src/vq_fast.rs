@@ -542,8 +542,12 @@ static AVX2_FIXED: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::
 static AVX2_PROBED: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
 /// Calls of [`avx2_lookup`] that did not find a fixed form.
 static AVX2_CALLS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
-/// Every probe's times (seconds, per form in [`Avx2Lookup::ALL`]'s order).
-static AVX2_PROBES: std::sync::Mutex<Vec<[f64; 3]>> = std::sync::Mutex::new(Vec::new());
+/// Every probe's times (seconds, per form in [`Avx2Lookup::ALL`]'s order,
+/// then two inputs' rows by the pair kernel).
+static AVX2_PROBES: std::sync::Mutex<Vec<[f64; 4]>> = std::sync::Mutex::new(Vec::new());
+/// Whether two inputs pay to share the gathers, by the probes so far
+/// ([`pairs_pay`]): 0 no probe has finished, 1 no, 2 yes.
+static AVX2_PAIRS: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
 
 /// The calls of [`avx2_lookup`] (counted from 0) that probe: the first,
 /// then two later ones (a 48B token makes about 230 calls, a 3-layer slice's
@@ -565,16 +569,23 @@ fn decoded(code: u8) -> Option<Avx2Lookup> {
     Avx2Lookup::ALL.get(usize::from(code).wrapping_sub(1)).copied()
 }
 
-/// The form fastest by every probe's times together: each form's best time
-/// over all the probes (a disturbed probe only raises times, so the least
-/// is the form's speed), the least of those (`Chains` for no probe).
-pub fn fastest_of(probes: &[[f64; 3]]) -> Avx2Lookup {
-    let mut best = [f64::INFINITY; 3];
+/// Each probe column's best time over all the probes (a disturbed probe
+/// only raises times, so the least is the speed); infinite for none.
+fn best_of(probes: &[[f64; 4]]) -> [f64; 4] {
+    let mut best = [f64::INFINITY; 4];
     for p in probes {
         for (b, t) in best.iter_mut().zip(p) {
             *b = b.min(*t);
         }
     }
+    best
+}
+
+/// The form fastest by every probe's times together: each form's best time
+/// over all the probes, the least of those (`Chains` for no probe; the
+/// fourth column, the pairs', takes no part).
+pub fn fastest_of(probes: &[[f64; 4]]) -> Avx2Lookup {
+    let best = best_of(probes);
     (0..3)
         .filter(|&i| best[i].is_finite())
         .min_by(|&a, &b| best[a].total_cmp(&best[b]))
@@ -607,20 +618,50 @@ pub fn avx2_lookup() -> Avx2Lookup {
     // the scheduled probe, or a call that came before the first probe ended
     // (it probes too: both sets of times count)
     let Some(times) = probe_times() else {
+        AVX2_PAIRS.store(1, Relaxed);
         AVX2_PROBED.store(1 + Avx2Lookup::Chains as u8, Relaxed);
         return Avx2Lookup::Chains;
     };
     let mut all = AVX2_PROBES.lock().unwrap_or_else(|e| e.into_inner());
     all.push(times);
     let l = fastest_of(&all);
+    AVX2_PAIRS.store(1 + u8::from(pairs_pay(&all)), Relaxed);
     AVX2_PROBED.store(1 + l as u8, Relaxed);
     l
 }
 
+/// Whether two inputs through the same rows pay to share the gathers
+/// ([`matvec_rows_pair`]) against each alone by the fastest form, by every
+/// probe's times together: the pair's best time for two inputs under twice
+/// the best single form's (on the Intel Xeon of docs/lab entry 75 about 1.05
+/// against 2; where gathers are slow, AMD Zen 2/3, the chains may win
+/// alone and the pair still pay). False for no probe or times that are not
+/// finite.
+pub fn pairs_pay(probes: &[[f64; 4]]) -> bool {
+    let best = best_of(probes);
+    let single = best[..3].iter().copied().fold(f64::INFINITY, f64::min);
+    best[3].is_finite() && single.is_finite() && best[3] < 2.0 * single
+}
+
+/// Whether a caller with two inputs through the same rows at the AVX2
+/// kernels' level should pair them ([`matvec_rows_pair`] over plain tables)
+/// on this CPU: by the probes of [`avx2_lookup`] (taken on its schedule;
+/// this call counts as one of its calls), or, where the form is fixed
+/// (`WASTE_VQ_LOOKUP`, [`set_avx2_lookup`]), when it is the gathers.
+pub fn avx2_pairs() -> bool {
+    use core::sync::atomic::Ordering::Relaxed;
+    let l = avx2_lookup();
+    if decoded(AVX2_FIXED.load(Relaxed)).is_some() {
+        return l == Avx2Lookup::Gathers;
+    }
+    AVX2_PAIRS.load(Relaxed) == 2
+}
+
 /// The times of every probe [`avx2_lookup`] took so far in this process,
-/// seconds per form in [`Avx2Lookup::ALL`]'s order (reports: which form won
-/// by how much).
-pub fn avx2_lookup_probes() -> Vec<[f64; 3]> {
+/// seconds per form in [`Avx2Lookup::ALL`]'s order, then two inputs' rows
+/// by the pair kernel (reports: which form won by how much, whether pairs
+/// pay).
+pub fn avx2_lookup_probes() -> Vec<[f64; 4]> {
     AVX2_PROBES.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
@@ -632,13 +673,14 @@ pub fn probe_avx2_lookup() -> Avx2Lookup {
 /// Time the AVX2 lookup forms on a synthetic table and indices the shape
 /// of a thread's share of an expert matrix (512 rows, 96 positions, 3
 /// stages: 72 KiB of codes, 144 KiB wide, a real table's place past L1),
-/// alternated, 9 runs each (about 1.4 ms in all): each form's best run, in
-/// [`Avx2Lookup::ALL`]'s order. `None` where the CPU has no AVX2. Each
-/// form reads the table in the form its build keeps (chains a telescoped
-/// one — a 128-row probe that telescoped per call chose blends on the Intel
-/// Xeon, where whole matrices ran 14 % faster by chains: docs/lab entries
-/// 70, 71 — gathers a wide one).
-pub fn probe_times() -> Option<[f64; 3]> {
+/// alternated, 9 runs each (about 1.8 ms in all): each form's best run, in
+/// [`Avx2Lookup::ALL`]'s order, then the pair kernel's for two inputs (two
+/// plain tables). `None` where the CPU has no AVX2. Each form reads the
+/// table in the form its build keeps (chains a telescoped one — a 128-row
+/// probe that telescoped per call chose blends on the Intel Xeon, where
+/// whole matrices ran 14 % faster by chains: docs/lab entries 70, 71 —
+/// gathers a wide one).
+pub fn probe_times() -> Option<[f64; 4]> {
     let lay = VqLayout { rows: 512, nvec: 96, stages: 3, block: 64, packed6: false };
     if !rows32(Level::Avx2, &lay) {
         return None;
@@ -650,9 +692,16 @@ pub fn probe_times() -> Option<[f64; 3]> {
         // random codes stand for a built table as well as any, in every form
         let q: Vec<u8> = (0..2 * lay.table_len() + 2).map(|_| (r.next_u64() % 255) as u8).collect();
         let d = vec![1.0f32; blocks(&lay)];
-        let mut y = vec![0f32; lay.rows];
-        let mut best = [f64::INFINITY; 3];
+        let (mut y, mut y2) = (vec![0f32; lay.rows], vec![0f32; lay.rows]);
+        let mut best = [f64::INFINITY; 4];
+        // a second plain table, for the pair
+        let q2: Vec<u8> = (0..lay.table_len()).map(|_| (r.next_u64() % 255) as u8).collect();
         for _ in 0..9 {
+            let t = std::time::Instant::now();
+            let (q1, qs) = (&q[..lay.table_len()], &q2[..]);
+            // SAFETY: rows32 checked AVX2 and the layout (3 byte stages: the gathers serve it); the sizes are the layout's.
+            unsafe { crate::x86_64::gathers::rows32_pair(&lay, &idx, [&d, &d], [q1, qs], 0, [&mut y, &mut y2]) };
+            best[3] = best[3].min(t.elapsed().as_secs_f64());
             for (l, b) in Avx2Lookup::ALL.into_iter().zip(best.iter_mut()) {
                 let t = std::time::Instant::now();
                 let q8 = bytemuck::cast_slice(&q[..lay.table_len()]);
@@ -889,13 +938,22 @@ mod tests {
     fn probes_weigh_together() {
         use Avx2Lookup::{Blends, Chains, Gathers};
         assert_eq!(fastest_of(&[]), Chains);
-        assert_eq!(fastest_of(&[[3.0, 2.0, 1.0]]), Gathers);
-        assert_eq!(fastest_of(&[[3.0, 2.0, 5.0]]), Chains);
-        assert_eq!(fastest_of(&[[3.0, 2.0, 5.0], [3.1, 2.1, 1.0]]), Gathers);
-        assert_eq!(fastest_of(&[[3.1, 2.1, 1.0], [3.0, 2.0, 5.0]]), Gathers, "in either order");
-        assert_eq!(fastest_of(&[[1.5, 9.0, 9.0], [9.0, 9.0, 1.6]]), Blends, "each form's best");
-        assert_eq!(fastest_of(&[[f64::NAN, f64::INFINITY, 2.0]]), Gathers);
-        assert_eq!(fastest_of(&[[f64::NAN; 3]]), Chains);
+        assert_eq!(fastest_of(&[[3.0, 2.0, 1.0, 9.0]]), Gathers);
+        assert_eq!(fastest_of(&[[3.0, 2.0, 5.0, 9.0]]), Chains);
+        assert_eq!(fastest_of(&[[3.0, 2.0, 5.0, 9.0], [3.1, 2.1, 1.0, 9.0]]), Gathers);
+        assert_eq!(fastest_of(&[[3.1, 2.1, 1.0, 9.0], [3.0, 2.0, 5.0, 9.0]]), Gathers, "in either order");
+        assert_eq!(fastest_of(&[[1.5, 9.0, 9.0, 0.1], [9.0, 9.0, 1.6, 0.1]]), Blends, "each form's best");
+        assert_eq!(fastest_of(&[[f64::NAN, f64::INFINITY, 2.0, 0.5]]), Gathers);
+        assert_eq!(fastest_of(&[[f64::NAN; 4]]), Chains);
+        // pairs pay when two inputs' pair beats twice the best form alone
+        // (the best of each column over the probes), never without times
+        assert!(!pairs_pay(&[]));
+        assert!(pairs_pay(&[[3.0, 2.0, 1.0, 1.9]]));
+        assert!(!pairs_pay(&[[3.0, 2.0, 1.0, 2.1]]));
+        assert!(pairs_pay(&[[3.0, 2.0, 1.0, 2.1], [3.0, 2.0, 1.0, 1.5]]), "the pair's best");
+        assert!(!pairs_pay(&[[3.0, 0.9, 1.0, 2.1], [3.0, 2.0, 1.0, 1.9]]), "against the chains' best");
+        assert!(pairs_pay(&[[3.0, 1.5, 2.4, 2.9]]), "the chains win alone, the pair still pays");
+        assert!(!pairs_pay(&[[1.0, 1.0, 1.0, f64::NAN]]));
         // a real probe times every form
         if let Some(t) = probe_times() {
             assert!(t.iter().all(|x| x.is_finite() && *x > 0.0), "{t:?}");
