@@ -252,13 +252,8 @@ impl Model {
         // the shared scratch, written once now where this level and mode
         // may pair tokens (so a first prefill does not fault it in)
         let mut pair_scratch = Vec::new();
-        if let Some(k) = kernel.as_ref().filter(|k| k.pairable() && numeric.qmax().is_some()) {
-            if waste_quant::vq_fast::rows32(
-                level,
-                &waste_quant::vq::VqLayout::for_expert(&k.lay.quant, k.lay.m, k.lay.lat),
-            ) {
-                pair_scratch.resize(crate::plan::shared_scratch_floats(k, container.config.top_k), 0.0);
-            }
+        if let Some(k) = kernel.as_ref().filter(|k| k.may_pair(level, numeric)) {
+            pair_scratch.resize(crate::plan::shared_scratch_floats(k, container.config.top_k), 0.0);
         }
         let fingerprint = fingerprint(&container)?;
         let mut pool = Pool::try_with_level(threads, level)

@@ -347,10 +347,18 @@ impl ExpertKernel {
     /// (`vq_fast::avx2_pairs`: where the gathers are slow and the chains win
     /// alone, a pair may still pay).
     pub fn pairs(&self, pool: &Pool, books: &LayerBooks) -> bool {
-        self.pairable()
+        self.may_pair(pool.level(), pool.numeric())
             && self.fast_vq(pool.numeric(), books).is_some()
-            && vq_fast::rows32(pool.level(), &self.vq(self.lay.m, self.lay.lat))
             && vq_fast::avx2_pairs()
+    }
+
+    /// Whether tokens may pair at `level` in `numeric` (what
+    /// [`ExpertKernel::pairs`] asks before the books and the probes): they
+    /// can ([`ExpertKernel::pairable`]), the mode quantizes, and the level
+    /// sums these rows by the AVX2 kernels. Where not, the pairs' buffers go
+    /// unused.
+    pub fn may_pair(&self, level: Level, numeric: waste_quant::fast::Numeric) -> bool {
+        self.pairable() && numeric.qmax().is_some() && vq_fast::rows32(level, &self.vq(self.lay.m, self.lay.lat))
     }
 
     /// Floats of one plain fast table of the gate (= up) and of the down
@@ -655,15 +663,15 @@ impl ExpertKernel {
         let (lv, qmax) = (pool.level(), self.fast_vq(pool.numeric(), books).expect("pairs: the fast mode"));
         let (pq, pdn) = self.pair_lens();
         assert!(pq > 0 && sc.lanes.iter().all(|l| l.t_down2.len() >= pdn), "forward_pairs: tokens that cannot pair");
-        let mut seen: Vec<usize> = Vec::with_capacity(2 * jobs.len());
+        // one flag a slot of `outs`: the check stays linear in the uses
+        let mut seen = vec![false; outs.len() / lat.max(1)];
         for j in jobs {
             assert!(j.n == 1 || j.n == 2, "a pair job of {} tokens", j.n);
             for i in 0..j.n {
                 let s = j.slots[i];
-                assert!((s + 1) * lat <= outs.len(), "expert output slot {s} outside the buffer");
-                assert!(!seen.contains(&s), "expert output slot {s} repeats");
+                assert!(s < seen.len(), "expert output slot {s} outside the buffer");
+                assert!(!std::mem::replace(&mut seen[s], true), "expert output slot {s} repeats");
                 assert!(2 * (j.tokens[i] + 1) * pq <= tables.len(), "token {} not prepared", j.tokens[i]);
-                seen.push(s);
             }
         }
         let table = |t: usize, kind: usize| &tables[(2 * t + kind) * pq..(2 * t + kind + 1) * pq];

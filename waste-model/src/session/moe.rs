@@ -152,14 +152,9 @@ impl Work {
         let mut users: Vec<(usize, f32)> = Vec::with_capacity(nt);
         for &e in distinct {
             users.clear();
-            users.extend(
-                (0..nt).filter_map(|t| routes[t * k..(t + 1) * k].iter().find(|r| r.0 == e as usize).map(|r| (t, r.1))),
-            );
+            users.extend(uses_of(routes, k, nt, e).map(|(t, i)| (t, routes[t * k + i].1)));
             for (i, &(t, _)) in users.iter().enumerate() {
-                let x = match &w.latent {
-                    Some(_) => self.moe.lat_in.row(t),
-                    None => self.chunk_ffn_in.row(first + t),
-                };
+                let x = expert_inputs(&self.moe.lat_in, &self.chunk_ffn_in, w, first, t..t + 1);
                 scr.batch_in[i * lat..(i + 1) * lat].copy_from_slice(x);
             }
             let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
@@ -196,10 +191,7 @@ impl Work {
         let k = m.config().top_k;
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
         let scr = self.ex_sc.as_mut().expect("expert scratch");
-        let xs = match &w.latent {
-            Some(_) => self.moe.lat_in.rows(0..nt),
-            None => self.chunk_ffn_in.rows(first..first + nt),
-        };
+        let xs = expert_inputs(&self.moe.lat_in, &self.chunk_ffn_in, w, first, 0..nt);
         // the model's shared tables and outputs, one step at a time
         let mut shared = m.pair_scratch.lock().unwrap_or_else(|p| p.into_inner());
         let tf = kernel.token_tables_floats();
@@ -213,14 +205,7 @@ impl Work {
         let uses: Vec<(u32, Vec<(usize, usize)>)> = ready
             .iter()
             .chain(&arriving)
-            .map(|&e| {
-                let of = (0..nt)
-                    .filter_map(|t| {
-                        routes[t * k..(t + 1) * k].iter().position(|r| r.0 == e as usize).map(|i| (t, t * k + i))
-                    })
-                    .collect();
-                (e, of)
-            })
+            .map(|&e| (e, uses_of(routes, k, nt, e).map(|(t, i)| (t, t * k + i)).collect()))
             .collect();
         let mut owner = Vec::with_capacity(routes.len());
         for (e, u) in &uses {
@@ -269,10 +254,7 @@ impl Work {
         let kernel_lanes = waste_moe::lanes_in_use(scr, &m.pool);
         let mut overlapped = 0.0;
         for t in 0..nt {
-            let x = match &w.latent {
-                Some(_) => self.moe.lat_in.row(t),
-                None => self.chunk_ffn_in.row(first + t),
-            };
+            let x = expert_inputs(&self.moe.lat_in, &self.chunk_ffn_in, w, first, t..t + 1);
             let te = Instant::now();
             kernel.prepare(&m.pool, &w.books, x, scr);
             self.stats.expert_seconds += te.elapsed().as_secs_f64();
@@ -339,6 +321,29 @@ impl Work {
         let want: Vec<u32> = guess.iter().take(m.opts.lookahead).map(|&(e, _)| e as u32).collect();
         self.stats.prefetch_issued += m.store.prefetch((l + 1) as u32, &want)?;
         Ok(())
+    }
+}
+
+/// Expert `e`'s uses among a chunk's routes (`nt` tokens of `k` each, a
+/// token's experts distinct): `(token, index of the route in the token's)`,
+/// in token order.
+fn uses_of(routes: &[(usize, f32)], k: usize, nt: usize, e: u32) -> impl Iterator<Item = (usize, usize)> + '_ {
+    (0..nt).filter_map(move |t| routes[t * k..(t + 1) * k].iter().position(|r| r.0 == e as usize).map(|i| (t, i)))
+}
+
+/// The experts' inputs of chunk tokens `ts` (token-major): the latent
+/// down-projection's output where the layer has one, else the FFN inputs
+/// (chunk rows from `first`).
+fn expert_inputs<'a>(
+    lat_in: &'a Rows,
+    ffn_in: &'a Rows,
+    w: &MoeWeights,
+    first: usize,
+    ts: std::ops::Range<usize>,
+) -> &'a [f32] {
+    match &w.latent {
+        Some(_) => lat_in.rows(ts),
+        None => ffn_in.rows(first + ts.start..first + ts.end),
     }
 }
 

@@ -77,6 +77,37 @@ fn masks<const BPV: usize>() -> [__m256i; BPV] {
     })
 }
 
+/// One position of a 32-row group: prefetch the next group's index bytes
+/// at `next` (a hint: never faults), then `look(k, s, iv)` for each eight
+/// rows `8k..8k + 8` and stage `s`, `iv` their stage-`s` index bytes in the
+/// low bytes of dword lanes (rows in order), from the group's `32 · BPV`
+/// bytes at `at`.
+///
+/// # Safety
+/// AVX2; `idx[at..at + 32 · BPV]` in bounds.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn each_index<const BPV: usize>(
+    idx: &[u8],
+    ms: &[__m256i; BPV],
+    at: usize,
+    next: usize,
+    mut look: impl FnMut(usize, usize, __m256i),
+) {
+    let pn = idx.as_ptr().wrapping_add(next);
+    _mm_prefetch::<_MM_HINT_T0>(pn as *const i8);
+    _mm_prefetch::<_MM_HINT_T0>(pn.wrapping_add(32 * BPV - 1) as *const i8);
+    let p = idx.as_ptr().wrapping_add(at);
+    for k in 0..4 {
+        let e = 8 * BPV * k;
+        // SAFETY: bytes e .. e + 8·BPV of the group's 32·BPV at `at` (the caller's bound).
+        let z = unsafe { _mm256_loadu2_m128i(p.add(e + high(BPV)) as *const __m128i, p.add(e) as *const __m128i) };
+        for (s, m) in ms.iter().enumerate() {
+            look(k, s, _mm256_shuffle_epi8(z, *m));
+        }
+    }
+}
+
 /// [`rows32`] for `BPV` byte stages.
 ///
 /// # Safety
@@ -106,23 +137,14 @@ unsafe fn body<const BPV: usize>(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[u8]
                 let ve = (v + QBLOCK).min(t1);
                 let mut n = [_mm256_setzero_si256(); 4];
                 for vi in v..ve {
-                    let pn = idx.as_ptr().wrapping_add(next + vi * vstride);
-                    _mm_prefetch::<_MM_HINT_T0>(pn as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(pn.wrapping_add(32 * BPV - 1) as *const i8);
-                    let p = idx.as_ptr().wrapping_add(base + vi * vstride);
-                    for (k, nk) in n.iter_mut().enumerate() {
-                        let e = 8 * BPV * k;
-                        // SAFETY: bytes e .. e + 8·BPV of the group's 32·BPV at this position (asserted by the caller).
-                        let z = unsafe {
-                            _mm256_loadu2_m128i(p.add(e + high(BPV)) as *const __m128i, p.add(e) as *const __m128i)
-                        };
-                        for (s, m) in ms.iter().enumerate() {
-                            let iv = _mm256_shuffle_epi8(z, *m);
+                    // SAFETY: the group's index bytes at vi are inside `idx` (asserted by the caller).
+                    unsafe {
+                        each_index(idx, &ms, base + vi * vstride, next + vi * vstride, |k, s, iv| {
                             let tb = q.as_ptr().wrapping_add(2 * 256 * (vi * BPV + s)) as *const i32;
                             // SAFETY: (vi, s)'s 256 wide codes and the 2 bytes after the last are inside `q` (asserted).
-                            *nk = _mm256_add_epi32(*nk, unsafe { _mm256_i32gather_epi32::<2>(tb, iv) });
-                        }
-                    }
+                            n[k] = _mm256_add_epi32(n[k], _mm256_i32gather_epi32::<2>(tb, iv));
+                        })
+                    };
                 }
                 let db = _mm256_set1_ps(d[v / QBLOCK]);
                 for (a, nk) in acc.iter_mut().zip(n) {
@@ -244,23 +266,14 @@ unsafe fn pair_body<const BPV: usize>(
                 let ve = (v + QBLOCK).min(t1);
                 let mut n = [_mm256_setzero_si256(); 4];
                 for vi in v..ve {
-                    let pn = idx.as_ptr().wrapping_add(next + vi * vstride);
-                    _mm_prefetch::<_MM_HINT_T0>(pn as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(pn.wrapping_add(32 * BPV - 1) as *const i8);
-                    let p = idx.as_ptr().wrapping_add(base + vi * vstride);
-                    for (k, nk) in n.iter_mut().enumerate() {
-                        let e = 8 * BPV * k;
-                        // SAFETY: bytes e .. e + 8·BPV of the group's 32·BPV at this position.
-                        let z = unsafe {
-                            _mm256_loadu2_m128i(p.add(e + high(BPV)) as *const __m128i, p.add(e) as *const __m128i)
-                        };
-                        for (s, m) in ms.iter().enumerate() {
-                            let iv = _mm256_shuffle_epi8(z, *m);
+                    // SAFETY: the group's index bytes at vi are inside `idx` (asserted by the caller).
+                    unsafe {
+                        each_index(idx, &ms, base + vi * vstride, next + vi * vstride, |k, s, iv| {
                             let tb = w.as_ptr().wrapping_add((vi - t0) * per_v + 256 * s) as *const i32;
                             // SAFETY: (vi, s)'s 256 side-by-side codes are inside the tile.
-                            *nk = _mm256_add_epi16(*nk, unsafe { _mm256_i32gather_epi32::<4>(tb, iv) });
-                        }
-                    }
+                            n[k] = _mm256_add_epi16(n[k], _mm256_i32gather_epi32::<4>(tb, iv));
+                        })
+                    };
                 }
                 let (da, db) = (_mm256_set1_ps(ds[0][v / QBLOCK]), _mm256_set1_ps(ds[1][v / QBLOCK]));
                 for (k, nk) in n.iter().enumerate() {
