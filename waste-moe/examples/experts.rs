@@ -6,7 +6,7 @@
 //! 64 tokens' worth of distinct records (170 MB) are cycled. The two ways
 //! alternate in one process; prints medians and ranges per token.
 //!
-//! `cargo run --release -p waste-moe --example experts [-- REPS [THREADS]]`
+//! `cargo run --release -p waste-moe --example experts [-- REPS [THREADS [exact|fast]]]`
 
 use std::time::Instant;
 use waste_format::{Activation, ExpertFmt, ExpertQuant, ModelConfig, RecordLayout};
@@ -18,6 +18,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let reps: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(9);
     let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
+    let fast = args.next().as_deref() == Some("fast");
     let q = ExpertQuant::standard(ExpertFmt::Vq3r);
     let cfg = ModelConfig::from_json(&serde_json::json!({"hidden_size": 2304, "num_hidden_layers": 1, "vocab_size": 4,
         "num_experts": 256, "num_experts_per_token": 8, "moe_intermediate_size": 1024, "num_attention_heads": 1,
@@ -50,7 +51,10 @@ fn main() {
     };
     let books = LayerBooks { books: core::array::from_fn(|_| (0..3).map(|_| book(&mut next)).collect()) };
     let kernel = ExpertKernel { lay, act: Activation::Silu, batch: 0 };
-    let pool = Pool::new(threads);
+    let mut pool = Pool::new(threads);
+    if fast {
+        pool.set_numeric(waste_quant::fast::Numeric::Fast);
+    }
     let lanes = waste_moe::lanes_for(threads, k);
     let mut sc = kernel.scratch(lanes);
     let h: Vec<f32> = (0..2304).map(|_| ((next() % 2000) as f32 - 1000.0) * 1e-3).collect();
@@ -82,7 +86,11 @@ fn main() {
         v.sort_by(f64::total_cmp);
         format!("{:.3} ms ({:.3}–{:.3})", v[v.len() / 2], v[0], v[v.len() - 1])
     };
-    println!("{threads} threads, {k} experts per token, {lanes} lanes, simd {}", pool.level().name());
+    println!(
+        "{threads} threads, {k} experts per token, {lanes} lanes, simd {}, {}",
+        pool.level().name(),
+        kernel.kernel_name(pool.level(), pool.numeric())
+    );
     println!("  one at a time, rows split (forward):  {}", stat(&mut a));
     println!("  whole experts per thread (forward_each): {}", stat(&mut b));
 }

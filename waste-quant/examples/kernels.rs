@@ -17,7 +17,7 @@ use waste_quant::vq::{
     uses_planes, PlaneLookup, VqBook, VqLayout,
 };
 use waste_quant::vq_loads::{set_rows_kernel, RowsKernel};
-use waste_quant::{f32_to_f16, Level, Matrix};
+use waste_quant::{f32_to_f16, Level, MatJob, Matrix};
 
 fn rng(seed: u64) -> impl FnMut() -> u64 {
     let mut s = seed ^ 0x9E37_79B9_7F4A_7C15;
@@ -53,12 +53,65 @@ fn random_trunk(fmt: Fmt, rows: usize, cols: usize, r: &mut impl FnMut() -> u64)
     (m, x)
 }
 
+/// The Kimi-Linear-48B KDA layer's input projections (q, k, v 4096 × 2304,
+/// f_a and g_a 128 × 2304, b 32 × 2304, Q4G) of 20 layers cycled, so each
+/// pass reads its 15 MB from DRAM, as a decode token does: one
+/// `Pool::matmats` a layer, at every level and both modes, 1 and 2 threads,
+/// against one big matrix of the same bytes in one matvec.
+fn projections(reps: usize, r: &mut impl FnMut() -> u64) {
+    let shapes = [(4096, 2304), (4096, 2304), (4096, 2304), (128, 2304), (32, 2304), (128, 2304)];
+    let layers: Vec<Vec<Matrix>> =
+        (0..20).map(|_| shapes.iter().map(|&(rows, cols)| random_trunk(Fmt::Q4G, rows, cols, r).0).collect()).collect();
+    let bytes: f64 = layers[0].iter().map(|m| m.heap_bytes() as f64).sum();
+    let x: Vec<f32> = (0..2304).map(|i| (i % 7) as f32 * 0.1).collect();
+    let mut ys: Vec<Vec<f32>> = shapes.iter().map(|&(rows, _)| vec![0f32; rows]).collect();
+    let big: Vec<Matrix> = (0..20).map(|_| random_trunk(Fmt::Q4G, 12_576, 2304, r).0).collect();
+    let mut yb = vec![0f32; 12_576];
+    let levels: Vec<Level> = Level::available().into_iter().filter(|&l| l != Level::Scalar).collect();
+    for threads in [1, 2] {
+        for &lv in &levels {
+            for numeric in [waste_quant::fast::Numeric::Exact, waste_quant::fast::Numeric::Fast] {
+                let mut pool = waste_quant::Pool::with_level(threads, lv);
+                pool.set_numeric(numeric);
+                let mut l = 0;
+                let (med, lo, hi) = time(reps * 20, || {
+                    let views: Vec<_> = layers[l % 20].iter().map(|m| m.view()).collect();
+                    let mut jobs: Vec<MatJob<'_>> =
+                        views.iter().zip(ys.iter_mut()).map(|(m, y)| MatJob { m, xs: &x, ys: y }).collect();
+                    pool.matmats(&mut jobs);
+                    l += 1;
+                });
+                let mut l = 0;
+                let (bmed, _, _) = time(reps * 20, || {
+                    pool.matvec(&big[l % 20].view(), &x, &mut yb);
+                    l += 1;
+                });
+                println!(
+                    "kda projections {threads} thread(s) {:>7} {:>5}: {:.3} ms ({:.3}–{:.3}) {:.1} GB/s; one matrix of their rows {:.3} ms {:.1} GB/s",
+                    lv.name(),
+                    numeric.name(),
+                    med * 1e3,
+                    lo * 1e3,
+                    hi * 1e3,
+                    bytes / med / 1e9,
+                    bmed * 1e3,
+                    bytes / bmed / 1e9
+                );
+            }
+        }
+    }
+}
+
 fn main() {
     let reps: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(15);
     let mut r = rng(1);
     // `kernels REPS rows [memory]`: the row forms alone, indices from L2 or memory
     if std::env::args().nth(2).as_deref() == Some("rows") {
         return vq_row_forms(reps, &mut r);
+    }
+    // `kernels REPS projections`: a KDA layer's input projections from DRAM
+    if std::env::args().nth(2).as_deref() == Some("projections") {
+        return projections(reps, &mut r);
     }
     // `kernels REPS matmat`: the trunk matmats and matvecs alone
     let trunk_only = std::env::args().nth(2).as_deref() == Some("matmat");
