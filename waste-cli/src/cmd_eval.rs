@@ -48,8 +48,10 @@ pub struct EngineArgs {
     /// Usage hotlist to preload (default: the container's usage.waste).
     #[arg(long)]
     pub usage: Option<PathBuf>,
-    /// Most tokens a prefill chunk evaluates together (1 = token by token).
-    #[arg(long, default_value_t = 16)]
+    /// Most tokens a prefill chunk evaluates together (1 = token by token);
+    /// above 16 only where the expert cache leaves room for the larger
+    /// buffers (`waste plan` shows the chunk a budget gets).
+    #[arg(long, default_value_t = waste_model::MAX_CHUNK)]
     pub chunk: usize,
     /// KDA over a prefill chunk in the chunked (WY) form: fewer passes over
     /// the state, within 1e-5 of the token form but not bit-identical (the

@@ -63,9 +63,19 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         Err(e) => Err(e.to_string()),
         Ok(_) => waste_cache_resolve(&p, a.budget, usable),
     };
-    let (budget, cache, note) = match &resolved {
+    let (budget, mut cache, note) = match &resolved {
         Ok((b, c, w)) => (*b, *c, w.clone()),
         Err(e) => (a.budget, 0, Some(e.clone())),
+    };
+    // a prefill chunk above the floor's where the cache leaves room (as
+    // `Model::open` chooses it): its buffers out of the cache's share
+    let p = match resolved.is_ok() && p.streamed_layers == 0 {
+        true => {
+            let wide = p.with_chunk(p.chunk_for(cache, waste_model::MAX_CHUNK));
+            cache -= wide.floor_bytes - p.floor_bytes;
+            wide
+        }
+        false => p,
     };
     let slots = p.cache_slots(cache, true);
     // what the cache allocates for those slots (less than its share of the
@@ -99,6 +109,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             "parallel": p.parallel, "parallel_bytes": p.parallel_bytes, "max_parallel": max_parallel,
             "snapshot_bytes_when_serving": p.with_snapshots(a.parallel).snapshot_bytes,
             "resident_floor_bytes": resident.floor_bytes, "streamed_layers": p.streamed_layers,
+            "chunk": p.chunk,
         });
         if let (Some(o), Some(st)) = (v.as_object_mut(), &stream) {
             o.extend(st.json().as_object().into_iter().flatten().map(|(k, x)| (k.clone(), x.clone())));
@@ -108,7 +119,12 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         outln!("{} at {} tokens of context", a.model.display(), a.ctx);
         outln!("  trunk (resident)     {:>14} bytes  {}", p.trunk_bytes, gib(p.trunk_bytes));
         outln!("  state (KDA + MLA)    {:>14} bytes  {}", p.state_bytes, gib(p.state_bytes));
-        outln!("  scratch              {:>14} bytes  {}", p.scratch_bytes, gib(p.scratch_bytes));
+        outln!(
+            "  scratch              {:>14} bytes  {} (prefill chunks of {} tokens)",
+            p.scratch_bytes,
+            gib(p.scratch_bytes),
+            p.chunk
+        );
         if p.shared_scratch_bytes > 0 {
             outln!(
                 "  shared scratch       {:>14} bytes  {} (VQ tokens in pairs; once for all sessions)",

@@ -68,7 +68,7 @@ pub struct PrefillShape {
     /// Prompt tokens.
     pub tokens: usize,
     /// Most tokens a chunk evaluates together ([`crate::Session::chunk_len`];
-    /// the probe takes at most [`crate::CHUNK`]).
+    /// the probe takes at most the model's [`crate::Model::chunk`]).
     pub chunk: usize,
     /// Tokens each run of a batching expert kernel served on average
     /// (expert uses / [`crate::Stats::expert_runs`]; 1 when tokens run one
@@ -199,9 +199,9 @@ impl Model {
 
     /// The prefill's bound, with decode's bound `d` and matvec rates `mv`.
     fn measure_prefill_compute(&self, p: PrefillShape, d: &ComputeBound, mv: &[(Fmt, f64)]) -> Result<ComputeBound> {
-        // the engine's chunks hold at most CHUNK tokens: a caller's larger
+        // the engine's chunks hold at most its buffers' tokens: a caller's larger
         // chunk or prompt does not size the probe's inputs
-        let nt = p.chunk.clamp(1, p.tokens.max(1)).min(crate::CHUNK);
+        let nt = p.chunk.clamp(1, p.tokens.max(1)).min(self.chunk());
         let last = self.layers.len().saturating_sub(1);
         let body: Vec<&Matrix> = (0..last).flat_map(|l| self.layer_matrices(l)).collect();
         let mut once: Vec<&Matrix> = if self.layers.is_empty() { Vec::new() } else { self.layer_matrices(last) };

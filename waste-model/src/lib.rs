@@ -73,11 +73,11 @@ pub use generate::{
     NO_TOKEN,
 };
 pub use model::{default_numeric, Model, ModelOptions, MAX_IO_THREADS, MAX_THREADS_PER_CORE};
-pub use plan::CHUNK;
 pub use plan::{
     head_bytes, head_piece_bytes, layer_bytes, layer_read_bytes, plan, split, Plan, Split, GRAMMAR_BYTES_PER_TOKEN,
     HEAD_PIECE_BYTES, MAX_CTX, MAX_PARALLEL,
 };
+pub use plan::{CHUNK, MAX_CHUNK};
 pub use sample::{argmax, log_softmax, Sampler, SamplingParams};
 pub use session::{Session, Stats};
 pub use state::{Snapshot, STATE_MAGIC, STATE_VERSION};

@@ -48,7 +48,8 @@ pub struct ModelOptions {
     /// by default; off, pages arrive only with the first read into a slot.
     pub prefault: bool,
     /// Most tokens a prefill chunk evaluates together (1 = token by token;
-    /// capped at `CHUNK` and by what the cache holds).
+    /// capped by the buffers the budget leaves room for — [`Plan::chunk_for`],
+    /// [`crate::MAX_CHUNK`] at most — and by what the cache holds).
     pub max_chunk: usize,
     /// Run KDA over a prefill chunk in its chunked (WY) form: the state read
     /// twice per chunk instead of twice per token, within
@@ -148,7 +149,7 @@ impl Default for ModelOptions {
             lookahead: 0,
             huge_pages: true,
             prefault: true,
-            max_chunk: crate::plan::CHUNK,
+            max_chunk: crate::plan::MAX_CHUNK,
             kda_chunked: false,
             numeric: None,
             usage: None,
@@ -247,7 +248,7 @@ impl Model {
         let kernel = container.experts.as_ref().map(|(_, lay)| ExpertKernel {
             lay: *lay,
             act: container.config.activation,
-            batch: crate::plan::CHUNK,
+            batch: plan.chunk as usize,
         });
         // the shared scratch, written once now where this level and mode
         // may pair tokens (so a first prefill does not fault it in)
@@ -651,6 +652,11 @@ impl Model {
     pub fn threads(&self) -> usize {
         self.pool.threads()
     }
+    /// Tokens a prefill chunk's buffers hold ([`Plan::chunk`]: [`crate::CHUNK`],
+    /// more where the expert cache leaves room).
+    pub fn chunk(&self) -> usize {
+        self.plan.chunk as usize
+    }
     /// SIMD level of the kernels.
     pub fn simd(&self) -> Level {
         self.pool.level()
@@ -772,7 +778,18 @@ fn memory_of(
             max_ctx: Plan::largest_ctx_within(container, usable, tokenizer.as_ref(), threads),
         });
     }
-    let resolved = budget_of(&plan, opts.budget, usable)?;
+    let mut resolved = budget_of(&plan, opts.budget, usable)?;
+    // chunks above the floor's where the cache leaves room: their buffers
+    // come out of the cache's share (none when layers stream: the cache is
+    // then the least it can be)
+    let plan = match split.streams() {
+        true => plan,
+        false => {
+            let wide = plan.with_chunk(plan.chunk_for(resolved.cache_bytes, opts.max_chunk));
+            resolved.cache_bytes -= wide.floor_bytes - plan.floor_bytes;
+            wide
+        }
+    };
     Ok(Memory { plan, vcfg, vision_error, split, resolved })
 }
 

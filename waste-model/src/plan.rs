@@ -19,6 +19,13 @@ pub struct Plan {
     /// chunk's tokens' gate and up tables and every use's output; 0
     /// elsewhere. Counted once, whatever the sessions.
     pub shared_scratch_bytes: u64,
+    /// Tokens a prefill chunk's buffers hold: [`CHUNK`] until
+    /// [`Plan::with_chunk`].
+    pub chunk: u64,
+    /// What one more token of chunk adds to `scratch_bytes` (a session's).
+    pub chunk_token_bytes: u64,
+    /// What one more token of chunk adds to `shared_scratch_bytes`.
+    pub chunk_shared_token_bytes: u64,
     /// The tokenizer's tables (rank and decoder maps, specials, the regex
     /// allowance); 0 until [`Plan::with_tokenizer`] counts them.
     pub tokenizer_bytes: u64,
@@ -103,9 +110,25 @@ pub struct Plan {
 /// "Constrained decoding cost"), about 456 bytes; 480 with margin.
 pub const GRAMMAR_BYTES_PER_TOKEN: u64 = 480;
 
-/// Most tokens a prefill chunk evaluates together (the plan sizes the
-/// session's scratch for it).
+/// The prefill chunk every floor holds: a session's buffers take at
+/// least this many tokens (a batched step's [`MAX_PARALLEL`] sequences
+/// too); more where the expert cache leaves room ([`Plan::chunk_for`]).
 pub const CHUNK: usize = 16;
+
+/// The most tokens a prefill chunk evaluates together: each layer's
+/// weights are read once a chunk, and each expert once for all the chunk's
+/// tokens routed to it — on a 101-token prompt of real text (the 48B's
+/// routing trace, AVX2) 1.52 tokens an expert run in chunks of 16, 1.80 in
+/// one of 128 (docs/lab entry 76).
+pub const MAX_CHUNK: usize = 128;
+
+/// The chunks [`Plan::chunk_for`] chooses among, largest first.
+const CHUNK_LADDER: [usize; 4] = [MAX_CHUNK, 64, 32, CHUNK];
+
+/// The share of the expert cache a chunk above [`CHUNK`] may take for its
+/// larger buffers: a thirty-second (on the 48B at its recommended budget,
+/// 53 MB of 1.7 GB: chunks of 64).
+const CHUNK_CACHE_SHARE: u64 = 32;
 
 /// Most sessions one batched step takes, and so most a plan counts as
 /// decoded together ([`Plan::with_parallel`]) or snapshotted
@@ -269,6 +292,22 @@ pub(crate) fn shared_scratch_floats(kernel: &waste_moe::ExpertKernel, top_k: usi
     kernel.token_tables_floats() + kernel.batch * top_k * kernel.lay.lat
 }
 
+/// One session's scratch, the shared scratch and one expert lane's bytes
+/// with buffers for prefill chunks of `chunk` tokens.
+fn chunk_bytes(ct: &Container, ctx: usize, chunk: usize) -> (u64, u64, u64) {
+    let c = &ct.config;
+    let (vq_scratch, lane_bytes, shared) = match &ct.experts {
+        Some((_, lay)) => {
+            let kernel = waste_moe::ExpertKernel { lay: *lay, act: c.activation, batch: chunk };
+            let one = kernel.scratch_bytes(1) as u64;
+            let shared = 4 * shared_scratch_floats(&kernel, c.top_k) as u64;
+            (one, kernel.scratch_bytes(2) as u64 - one, shared)
+        }
+        None => (0, 0, 0),
+    };
+    (crate::session::scratch_bytes(c, ctx, chunk) + vq_scratch, shared, lane_bytes)
+}
+
 impl Plan {
     /// Plan for an opened (validated) container.
     ///
@@ -280,16 +319,17 @@ impl Plan {
         }
         let c = &ct.config;
         let mut trunk = resident_tensor_bytes(ct);
-        let (rec, vq_scratch, lane_bytes, shared) = match &ct.experts {
-            Some((_, lay)) => {
-                trunk += c.n_moe_layers() as u64 * books_bytes_per_layer(ct);
-                let kernel = waste_moe::ExpertKernel { lay: *lay, act: c.activation, batch: CHUNK };
-                let one = kernel.scratch_bytes(1) as u64;
-                let shared = 4 * shared_scratch_floats(&kernel, c.top_k) as u64;
-                (lay.rec_bytes as u64, one, kernel.scratch_bytes(2) as u64 - one, shared)
-            }
-            None => (0, 0, 0, 0),
-        };
+        if ct.experts.is_some() {
+            trunk += c.n_moe_layers() as u64 * books_bytes_per_layer(ct);
+        }
+        let rec = ct.experts.as_ref().map_or(0, |(_, lay)| lay.rec_bytes as u64);
+        let (scratch, shared, lane_bytes) = chunk_bytes(ct, ctx, CHUNK);
+        // every chunk-sized buffer is a fixed number of rows a token: the
+        // bytes a token of chunk adds, from the floor's chunk and twice it
+        // (tests/streaming.rs `plan_equals_what_the_engine_allocates`
+        // checks the largest chunk's allocation against it)
+        let (scratch2, shared2, _) = chunk_bytes(ct, ctx, 2 * CHUNK);
+        let per = |a: u64, b: u64| (b - a) / CHUNK as u64;
         let mut state = 0u64;
         for k in &c.attn_kinds {
             state += match k {
@@ -299,7 +339,6 @@ impl Plan {
                 AttnKind::Mla => f(ctx * (c.kv_lora + c.qk_rope)),
             };
         }
-        let scratch = crate::session::scratch_bytes(c, ctx) + vq_scratch;
         let moe = c.n_moe_layers() as u64;
         let k = c.top_k as u64;
         let min_cache = if moe > 0 { aligned_alloc_bytes((2 * k * rec) as usize, true) } else { 0 };
@@ -312,6 +351,9 @@ impl Plan {
             state_bytes: state,
             scratch_bytes: scratch,
             shared_scratch_bytes: shared,
+            chunk: CHUNK as u64,
+            chunk_token_bytes: per(scratch, scratch2),
+            chunk_shared_token_bytes: per(shared, shared2),
             tokenizer_bytes: 0,
             tokenize_bytes: 0,
             template_bytes: 0,
@@ -445,6 +487,43 @@ impl Plan {
         self.parallel = n;
         self.parallel_bytes = bytes;
         self
+    }
+
+    /// The same plan with buffers for prefill chunks of `chunk` tokens
+    /// (clamped to [`CHUNK`]..=[`MAX_CHUNK`]): each session's scratch and
+    /// the shared scratch, in the floor and the recommendation (the
+    /// parallel sessions' scratch too).
+    pub fn with_chunk(mut self, chunk: usize) -> Plan {
+        let (old, new) = (self.chunk - CHUNK as u64, chunk.clamp(CHUNK, MAX_CHUNK) as u64 - CHUNK as u64);
+        let (ts, tsh) = (self.chunk_token_bytes, self.chunk_shared_token_bytes);
+        let (was, now) = (old * (ts + tsh), new * (ts + tsh));
+        self.scratch_bytes = self.scratch_bytes - old * ts + new * ts;
+        self.shared_scratch_bytes = self.shared_scratch_bytes - old * tsh + new * tsh;
+        self.floor_bytes = self.floor_bytes - was + now;
+        self.recommended_bytes = self.recommended_bytes - was + now;
+        self.chunk = CHUNK as u64 + new;
+        self.with_parallel(self.parallel as usize)
+    }
+
+    /// The largest prefill chunk ([`MAX_CHUNK`], 64, 32 or [`CHUNK`], at
+    /// most `most`) whose buffers beyond the floor's take at most a
+    /// thirty-second of an expert cache of `cache_bytes`, and which such a
+    /// cache can feed (every distinct expert of a chunk is held at once:
+    /// `top_k` slots a token); [`CHUNK`] at least.
+    pub fn chunk_for(&self, cache_bytes: u64, most: usize) -> usize {
+        let fed = match self.record_bytes * self.top_k {
+            0 => MAX_CHUNK as u64,
+            per_token => cache_bytes / per_token,
+        };
+        let base = self.with_chunk(CHUNK).floor_bytes;
+        CHUNK_LADDER
+            .into_iter()
+            .find(|&c| {
+                c <= most.max(CHUNK)
+                    && c as u64 <= fed.max(CHUNK as u64)
+                    && self.with_chunk(c).floor_bytes - base <= cache_bytes / CHUNK_CACHE_SHARE
+            })
+            .unwrap_or(CHUNK)
     }
 
     /// The same plan for a pool of `threads` compute threads: as many

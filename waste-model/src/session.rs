@@ -1,7 +1,6 @@
 //! `Session`: one sequence's state and the forward pass.
 
 use crate::model::Model;
-use crate::plan::CHUNK;
 use crate::weights::{kda_config, mla_config, router_config, Attn, Ffn, MoeWeights};
 use crate::{Error, NonFiniteAt, Result};
 use std::time::Instant;
@@ -120,7 +119,7 @@ struct Work {
     kda_sc: Option<KdaScratch>,
     mla_sc: Option<MlaScratch>,
     ex_sc: Option<ExpertScratch>,
-    /// Per chunk token: hidden state, FFN input, FFN output (`CHUNK` rows of `hidden` each).
+    /// Per chunk token: hidden state, FFN input, FFN output (a row of `hidden` each).
     chunk_hidden: Rows,
     chunk_ffn_in: Rows,
     chunk_ffn_out: Rows,
@@ -183,16 +182,17 @@ pub(crate) struct BufferLens {
 }
 
 impl BufferLens {
-    pub(crate) fn new(c: &waste_format::ModelConfig) -> BufferLens {
+    /// For prefill chunks of `chunk` tokens.
+    pub(crate) fn new(c: &waste_format::ModelConfig, chunk: usize) -> BufferLens {
         let h = c.hidden;
         let ffn_w = c.intermediate.max(c.moe_intermediate * c.shared_experts);
         BufferLens {
-            chunk: (CHUNK, h),
+            chunk: (chunk, h),
             token_in: h,
             head_in: h,
-            res: attention::ResScratch::floats(c),
-            moe: moe::MoeScratch::floats(c),
-            ffn_tmp: 2 * ffn_w * CHUNK,
+            res: attention::ResScratch::floats(c, chunk),
+            moe: moe::MoeScratch::floats(c, chunk),
+            ffn_tmp: 2 * ffn_w * chunk,
             logits: c.vocab,
         }
     }
@@ -207,14 +207,15 @@ impl BufferLens {
 
 /// Bytes of one session's scratch but the experts' (their VQ tables are the
 /// kernel's): its buffers ([`BufferLens`]) and the attention scratch, as
-/// `Session::new` allocates them for a context of `ctx`.
-pub(crate) fn scratch_bytes(c: &waste_format::ModelConfig, ctx: usize) -> u64 {
-    let mut b = 4 * BufferLens::new(c).total() as u64;
+/// `Session::new` allocates them for a context of `ctx` and prefill chunks
+/// of `chunk` tokens.
+pub(crate) fn scratch_bytes(c: &waste_format::ModelConfig, ctx: usize, chunk: usize) -> u64 {
+    let mut b = 4 * BufferLens::new(c, chunk).total() as u64;
     if c.attn_kinds.contains(&waste_format::AttnKind::Kda) {
-        b += KdaScratch::bytes(&kda_config(c), CHUNK) as u64;
+        b += KdaScratch::bytes(&kda_config(c), chunk) as u64;
     }
     if c.n_mla_layers() > 0 {
-        b += MlaScratch::bytes(&mla_config(c, ctx), c.q_lora.unwrap_or(0), CHUNK) as u64;
+        b += MlaScratch::bytes(&mla_config(c, ctx), c.q_lora.unwrap_or(0), chunk) as u64;
     }
     b
 }
@@ -242,19 +243,20 @@ impl<'m> Session<'m> {
             .collect();
         let has_kda = c.attn_kinds.contains(&waste_format::AttnKind::Kda);
         let has_mla = c.n_mla_layers() > 0;
-        let n = BufferLens::new(c);
+        let chunk = m.chunk();
+        let n = BufferLens::new(c, chunk);
         let buf = |len: usize| vec![0f32; len];
         let work = Work {
-            kda_sc: has_kda.then(|| KdaScratch::new(&kc, CHUNK)),
-            mla_sc: has_mla.then(|| MlaScratch::new(&mc, c.q_lora.unwrap_or(0), CHUNK)),
+            kda_sc: has_kda.then(|| KdaScratch::new(&kc, chunk)),
+            mla_sc: has_mla.then(|| MlaScratch::new(&mc, c.q_lora.unwrap_or(0), chunk)),
             ex_sc: m.kernel.as_ref().map(|k| k.scratch(waste_moe::lanes_for(m.pool.threads(), c.top_k))),
             chunk_hidden: Rows::new(n.chunk.0, n.chunk.1),
             chunk_ffn_in: Rows::new(n.chunk.0, n.chunk.1),
             chunk_ffn_out: Rows::new(n.chunk.0, n.chunk.1),
             token_in: buf(n.token_in),
             head_in: buf(n.head_in),
-            res: attention::ResScratch::new(c),
-            moe: moe::MoeScratch::new(c),
+            res: attention::ResScratch::new(c, chunk),
+            moe: moe::MoeScratch::new(c, chunk),
             ffn_tmp: buf(n.ffn_tmp),
             batch_logits: Vec::new(),
             stats: Stats::default(),
@@ -520,14 +522,16 @@ impl<'m> Session<'m> {
     }
 
     /// Tokens evaluated together in a prefill chunk: as many as the cache can
-    /// hold every distinct expert of (each read once per chunk), at most [`CHUNK`].
+    /// hold every distinct expert of (each read once per chunk), at most
+    /// what the buffers hold ([`Model::chunk`]) and the options' `max_chunk`.
     pub fn chunk_len(&self) -> usize {
         let c = self.m.config();
+        let most = self.m.opts.max_chunk.clamp(1, self.m.chunk());
         if c.n_moe_layers() == 0 {
-            return CHUNK;
+            return most;
         }
         let slots = self.m.cache_slots();
-        ((slots.saturating_sub(self.m.opts.lookahead)) / c.top_k).clamp(1, self.m.opts.max_chunk.clamp(1, CHUNK))
+        ((slots.saturating_sub(self.m.opts.lookahead)) / c.top_k).clamp(1, most)
     }
 
     /// [`Error::Incomplete`] when a step failed part-way since the last

@@ -156,9 +156,10 @@ fn a_prefill_of_paired_tokens_is_token_by_token() {
     };
     let (want, alone) = run(ModelOptions { threads: 1, max_chunk: 1, ..base.clone() });
     assert_eq!(alone.expert_runs, alone.experts_hit + alone.experts_missed, "token by token: a run a use");
-    for threads in [1, 2] {
-        let (got, st) = run(ModelOptions { threads, max_chunk: 16, ..base.clone() });
-        assert_eq!(got, want, "{threads} threads, chunks of 16");
+    // chunks of 16, and the whole prompt in one (a roomy budget's buffers)
+    for (threads, max_chunk, budget) in [(1, 16, 0), (2, 16, 0), (2, waste_model::MAX_CHUNK, 1 << 34)] {
+        let (got, st) = run(ModelOptions { threads, max_chunk, budget, ..base.clone() });
+        assert_eq!(got, want, "{threads} threads, chunks of {max_chunk}");
         assert!(st.expert_runs < st.experts_hit + st.experts_missed, "{threads} threads: no pair ran: {st:?}");
     }
 }

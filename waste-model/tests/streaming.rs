@@ -177,6 +177,22 @@ fn plan_equals_what_the_engine_allocates() {
         assert!(trunk + state + scratch + arena <= m.budget());
         assert_eq!(arena, plan.cache_arena_bytes(m.cache_slots(), m.huge_pages()), "{name}: the plan's arena");
     }
+    // a budget with room for the largest chunks: the buffers the plan
+    // extrapolates from the floor's chunk are the ones the engine allocates
+    for name in ["tiny.waste", "tiny-b.waste", "tiny-q4g.waste"] {
+        let path = fixture(name);
+        let plan = waste_model::plan(&path, CTX).unwrap();
+        let m = Model::open(&path, ModelOptions { ctx: CTX, budget: 1 << 34, ..ModelOptions::exact() }).unwrap();
+        assert_eq!(m.chunk(), waste_model::MAX_CHUNK, "{name}: a roomy budget's chunk");
+        let wide = plan.with_chunk(m.chunk());
+        assert!(wide.scratch_bytes > plan.scratch_bytes, "{name}: larger buffers");
+        assert_eq!(m.plan(), &wide, "{name}: the model's plan");
+        let (state, scratch) = m.session().allocated_bytes();
+        assert_eq!((state, scratch), (wide.state_bytes, wide.scratch_bytes), "{name}: chunks of {}", m.chunk());
+        // and the options' cap holds the buffers to the floor's chunk
+        let o = ModelOptions { ctx: CTX, budget: 1 << 34, max_chunk: 16, ..ModelOptions::exact() };
+        assert_eq!(Model::open(&path, o).unwrap().plan(), &plan, "{name}: max_chunk 16");
+    }
     // a budget far beyond the records: the cache holds every record and
     // allocates only their arena, which the plan says (not the budget's share)
     let path = fixture("tiny.waste");

@@ -97,8 +97,13 @@ pub enum Event {
 }
 
 /// Prompt tokens a slot evaluates between two decode steps: a long prompt
-/// is taken in pieces so the requests already decoding go on meanwhile.
+/// is taken in pieces so the requests already decoding go on meanwhile —
+/// four chunks, at most [`PREFILL_PIECE_TOKENS`] or one chunk.
 const PREFILL_PIECE_CHUNKS: usize = 4;
+
+/// The most tokens a prompt piece takes when a chunk is smaller (so the
+/// larger chunks a roomy budget gets do not lengthen the others' waits).
+const PREFILL_PIECE_TOKENS: usize = 64;
 
 /// One engine slot: a session, the tokens whose state it holds, a snapshot
 /// taken right after its last prompt (a follow-up turn extends the prompt,
@@ -266,7 +271,7 @@ fn prefill_piece<'m>(model: &'m Model, slot: &mut Slot<'m>) {
         return;
     }
     let s = &mut slot.s;
-    let piece = s.chunk_len() * PREFILL_PIECE_CHUNKS;
+    let piece = (s.chunk_len() * PREFILL_PIECE_CHUNKS).min(PREFILL_PIECE_TOKENS.max(s.chunk_len()));
     let len = a.job.prompt.len();
     let end = if a.next < a.boundary { a.boundary } else { len };
     let to = end.min(a.next + piece);

@@ -10,9 +10,9 @@ use super::*;
 /// [`ResScratch::floats`]); all empty for a model without them.
 pub(super) struct ResScratch {
     /// Each chunk token's partial block (the running sum since the last
-    /// block boundary), `CHUNK` rows of `hidden`.
+    /// block boundary), a row of `hidden` a chunk token.
     pub(super) prefix: Rows,
-    /// Each chunk token's finished blocks, `CHUNK` rows of `per_token × hidden`.
+    /// Each chunk token's finished blocks, a row of `per_token × hidden` a chunk token.
     pub(super) blocks: Rows,
     /// Blocks finished so far in this token's pass.
     pub(super) done: usize,
@@ -24,20 +24,20 @@ impl ResScratch {
     /// The buffers' shapes, `(rows, width)`: prefix, blocks (a token's
     /// row holds its layers / block size blocks), out copy; no rows
     /// without AttnRes.
-    fn shapes(c: &waste_format::ModelConfig) -> [(usize, usize); 3] {
+    fn shapes(c: &waste_format::ModelConfig, chunk: usize) -> [(usize, usize); 3] {
         let (h, nb) = (c.hidden, c.attn_res_block.map_or(0, |b| c.layers.div_ceil(b)));
         let on = usize::from(nb > 0);
-        [(on * CHUNK, h), (on * CHUNK, nb * h), (on, h)]
+        [(on * chunk, h), (on * chunk, nb * h), (on, h)]
     }
-    /// The buffers for a config.
-    pub(super) fn new(c: &waste_format::ModelConfig) -> ResScratch {
-        let [p, b, o] = Self::shapes(c);
+    /// The buffers for a config and chunks of `chunk` tokens.
+    pub(super) fn new(c: &waste_format::ModelConfig, chunk: usize) -> ResScratch {
+        let [p, b, o] = Self::shapes(c, chunk);
         let (prefix, blocks) = (Rows::new(p.0, p.1), Rows::new(b.0, b.1));
         ResScratch { prefix, blocks, done: 0, out_copy: vec![0f32; o.0 * o.1] }
     }
     /// Their f32s for a config (the plan's count).
-    pub(super) fn floats(c: &waste_format::ModelConfig) -> usize {
-        Self::shapes(c).iter().map(|(r, w)| r * w).sum()
+    pub(super) fn floats(c: &waste_format::ModelConfig, chunk: usize) -> usize {
+        Self::shapes(c, chunk).iter().map(|(r, w)| r * w).sum()
     }
     /// Bytes allocated (capacities).
     pub(super) fn allocated_bytes(&self) -> u64 {

@@ -9,12 +9,12 @@ use super::*;
 /// The MoE block's own buffers in a step (one formula for what
 /// `Session::new` allocates and what the plan counts: [`MoeScratch::floats`]).
 pub(super) struct MoeScratch {
-    /// Router logits, `CHUNK` rows of `experts`.
+    /// Router logits, a row of `experts` a chunk token.
     pub(super) router: Rows,
     /// One token's chosen (expert, weight) pairs.
     pub(super) chosen: Vec<(usize, f32)>,
     /// The experts' inputs per chunk token (the latent down-projection's
-    /// output, where the model has one), `CHUNK` rows of the expert width.
+    /// output, where the model has one), a row of the expert width a chunk token.
     pub(super) lat_in: Rows,
     /// Each chunk token's weighted sum of its experts' outputs.
     pub(super) lat_sum: Rows,
@@ -25,28 +25,29 @@ pub(super) struct MoeScratch {
 }
 
 impl MoeScratch {
-    /// The buffers' shapes, `(rows, width)`, in field order (no rows but
-    /// the router's and the sums' without MoE layers).
-    fn shapes(c: &waste_format::ModelConfig) -> [(usize, usize); 5] {
+    /// The buffers' shapes, `(rows, width)`, in field order, for chunks of
+    /// `chunk` tokens (no rows but the router's and the sums' without MoE
+    /// layers).
+    fn shapes(c: &waste_format::ModelConfig, chunk: usize) -> [(usize, usize); 5] {
         let (h, lat) = (c.hidden, c.expert_width());
         let moe = c.n_moe_layers() > 0;
         [
-            (CHUNK, c.experts),
-            (CHUNK, lat),
-            (CHUNK, lat),
+            (chunk, c.experts),
+            (chunk, lat),
+            (chunk, lat),
             (if moe { c.top_k } else { 0 }, lat),
-            (if moe && c.shared_experts > 0 { CHUNK } else { 0 }, h),
+            (if moe && c.shared_experts > 0 { chunk } else { 0 }, h),
         ]
     }
-    /// The buffers for a config.
-    pub(super) fn new(c: &waste_format::ModelConfig) -> MoeScratch {
-        let [router, lat_in, lat_sum, eouts, shared] = Self::shapes(c).map(|(r, w)| Rows::new(r, w));
+    /// The buffers for a config and chunks of `chunk` tokens.
+    pub(super) fn new(c: &waste_format::ModelConfig, chunk: usize) -> MoeScratch {
+        let [router, lat_in, lat_sum, eouts, shared] = Self::shapes(c, chunk).map(|(r, w)| Rows::new(r, w));
         MoeScratch { router, chosen: Vec::with_capacity(c.top_k), lat_in, lat_sum, eouts, chunk_shared: shared }
     }
     /// Their f32s for a config (the plan's count; the chosen pairs' few
     /// bytes aside).
-    pub(super) fn floats(c: &waste_format::ModelConfig) -> usize {
-        Self::shapes(c).iter().map(|(r, w)| r * w).sum()
+    pub(super) fn floats(c: &waste_format::ModelConfig, chunk: usize) -> usize {
+        Self::shapes(c, chunk).iter().map(|(r, w)| r * w).sum()
     }
     /// Bytes allocated (capacities).
     pub(super) fn allocated_bytes(&self) -> u64 {
