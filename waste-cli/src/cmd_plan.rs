@@ -357,14 +357,17 @@ pub(crate) fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) ->
 }
 
 /// `bench --json`'s `vq_lookup_probes_us`: each probe that chose the AVX2
-/// fast VQ lookup form, its best time per form in µs and two inputs' by
-/// the pair kernel (`pairs`: whether tokens share the gathers).
+/// fast VQ lookup form, its best time per form in µs, two inputs' by the
+/// pair kernel (`pairs`: whether tokens share the gathers) and four inputs'
+/// by the quad kernel (`quads`: whether four tokens share them).
 pub(crate) fn lookup_probes_json(model: &waste_model::Model) -> serde_json::Value {
     let us = |t: f64| (t * 1e7).round() / 10.0;
     model
         .vq_lookup_probes()
         .iter()
-        .map(|[b, c, g, p]| json!({"blends": us(*b), "chains": us(*c), "gathers": us(*g), "pairs": us(*p)}))
+        .map(|[b, c, g, p, q]| {
+            json!({"blends": us(*b), "chains": us(*c), "gathers": us(*g), "pairs": us(*p), "quads": us(*q)})
+        })
         .collect()
 }
 

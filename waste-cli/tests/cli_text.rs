@@ -579,6 +579,8 @@ fn bench_reports_the_vq_lookup_probes() {
     // and two inputs' rows by the pair kernel, which decides whether a
     // chunk's tokens share the gathers
     assert!(probes.iter().all(|p| p["pairs"].as_f64().is_some_and(|t| t > 0.0)), "{v}");
+    // and four inputs' by the quad kernel (whether four tokens share them)
+    assert!(probes.iter().all(|p| p["quads"].as_f64().is_some_and(|t| t > 0.0)), "{v}");
     let named = v["expert_kernel"].as_str().unwrap_or_else(|| panic!("{v}"));
     let i = forms.iter().position(|(_, k)| named == format!("vq3r fast {k}")).unwrap_or_else(|| panic!("{named}"));
     // the named form's best is the least (to the report's 0.1 µs)

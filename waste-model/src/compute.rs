@@ -330,13 +330,14 @@ impl Model {
             let mut sc = kernel.scratch(waste_moe::lanes_for(self.pool.threads(), k));
             let xs: Vec<f32> = (0..2 * lat).map(|i| ((i % 13) as f32 - 6.0) * 0.02).collect();
             let mut outs = vec![0f32; 2 * k * lat];
-            let jobs: Vec<waste_moe::PairJob> =
-                (0..k).map(|i| waste_moe::PairJob { tokens: [0, 1], n: 2, slots: [i, k + i] }).collect();
+            let jobs: Vec<waste_moe::GroupJob> = (0..k)
+                .map(|i| waste_moe::GroupJob { tokens: [0, 1, 1, 1], n: 2, slots: [i, k + i, k + i, k + i] })
+                .collect();
             let fetch = |_: usize| Ok::<_, std::convert::Infallible>(rec);
             let mut tables = vec![0f32; kernel.token_tables_floats() / kernel.batch * 2];
             time_calls(|| {
                 kernel.prepare_tokens(&self.pool, books, &xs, 2, &mut tables);
-                let Ok(()) = kernel.forward_pairs(&self.pool, books, &jobs, &fetch, &tables, &mut sc, &mut outs);
+                let Ok(()) = kernel.forward_groups(&self.pool, books, &jobs, &fetch, &tables, &mut sc, &mut outs);
             })
         })?;
         Ok(applies.then_some(ms))

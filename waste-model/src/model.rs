@@ -681,10 +681,11 @@ impl Model {
     /// process so far (`waste_quant::vq_fast::avx2_lookup`): each probe's
     /// best time in seconds for the blends, the chains and the gathers, in
     /// that order, then two inputs' rows by the pair kernel (whether a
-    /// chunk's tokens share the gathers: `vq_fast::pairs_pay`). Empty where
-    /// none ran (another level, the exact mode, a form fixed by
+    /// chunk's tokens share the gathers: `vq_fast::pairs_pay`) and four
+    /// inputs' by the quad kernel (`vq_fast::quads_pay`). Empty where none
+    /// ran (another level, the exact mode, a form fixed by
     /// `WASTE_VQ_LOOKUP`).
-    pub fn vq_lookup_probes(&self) -> Vec<[f64; 4]> {
+    pub fn vq_lookup_probes(&self) -> Vec<waste_quant::vq_fast::ProbeTimes> {
         waste_quant::vq_fast::avx2_lookup_probes()
     }
     /// A new session (its own state, position 0).

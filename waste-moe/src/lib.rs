@@ -208,16 +208,18 @@ pub struct ExpertLane {
     pub g: Vec<f32>,
     /// Up activations `[m]`.
     pub u: Vec<f32>,
-    /// A second token's down table, gate and up activations and output,
-    /// for [`ExpertKernel::forward_pairs`] (empty where tokens cannot pair;
-    /// a job of one token writes the second ones and discards them).
-    pub t_down2: Vec<f32>,
-    /// The second token's gate activations.
-    pub g2: Vec<f32>,
-    /// The second token's up activations.
-    pub u2: Vec<f32>,
-    /// The discarded second output of a one-token job (`lat`).
-    pub o2: Vec<f32>,
+    /// The second to fourth tokens' down tables, for
+    /// [`ExpertKernel::forward_groups`] (empty where tokens cannot pair; a
+    /// job of fewer tokens than its kernel takes writes the unused ones and
+    /// discards them).
+    pub t_down_more: [Vec<f32>; 3],
+    /// Their gate activations.
+    pub g_more: [Vec<f32>; 3],
+    /// Their up activations.
+    pub u_more: [Vec<f32>; 3],
+    /// The discarded output of a job of one token by the pair kernel, or
+    /// of three by the quad kernel (`lat`).
+    pub spare: Vec<f32>,
 }
 
 impl ExpertScratch {
@@ -228,35 +230,47 @@ impl ExpertScratch {
         let lanes: u64 = self
             .lanes
             .iter()
-            .map(|l| f(&l.t_down) + b(&l.p_down) + f(&l.g) + f(&l.u) + f(&l.t_down2) + f(&l.g2) + f(&l.u2) + f(&l.o2))
+            .map(|l| {
+                let more: u64 = (0..3).map(|i| f(&l.t_down_more[i]) + f(&l.g_more[i]) + f(&l.u_more[i])).sum();
+                f(&l.t_down) + b(&l.p_down) + f(&l.g) + f(&l.u) + more + f(&l.spare)
+            })
             .sum();
         let batch = f(&self.batch_in) + f(&self.batch_out) + f(&self.batch_act);
         f(&self.t_gate) + f(&self.t_up) + b(&self.p_gate) + b(&self.p_up) + lanes + batch
     }
 }
 
-/// One job of [`ExpertKernel::forward_pairs`]: an expert for one or two
+/// One job of [`ExpertKernel::forward_groups`]: an expert for one to four
 /// of a chunk's tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PairJob {
+pub struct GroupJob {
     /// The tokens (rows of [`ExpertKernel::prepare_tokens`]' inputs); the
-    /// second is read only when `n` is 2.
-    pub tokens: [usize; 2],
-    /// How many tokens: 1 or 2.
+    /// first `n` are read.
+    pub tokens: [usize; 4],
+    /// How many tokens: 1 to 4.
     pub n: usize,
-    /// Each token's output slot.
-    pub slots: [usize; 2],
+    /// Each token's output slot (the first `n`).
+    pub slots: [usize; 4],
 }
 
-/// A chunk's expert uses as [`PairJob`]s: `uses` lists, in the order the
-/// jobs should run, each expert's `(token, slot)` uses; consecutive uses of
-/// one expert pair, an odd one out runs alone.
-pub fn pair_jobs<'a>(uses: impl IntoIterator<Item = &'a [(usize, usize)]>) -> Vec<PairJob> {
+/// A chunk's expert uses as [`GroupJob`]s of at most `most` (2 or 4)
+/// tokens: `uses` lists, in the order the jobs should run, each expert's
+/// `(token, slot)` uses; consecutive uses of one expert go together, the
+/// rest of a division in a last, smaller job.
+///
+/// # Panics
+/// When `most` is not 2 or 4.
+pub fn group_jobs<'a>(uses: impl IntoIterator<Item = &'a [(usize, usize)]>, most: usize) -> Vec<GroupJob> {
+    assert!(most == 2 || most == 4, "jobs of {most} tokens: 2 or 4");
     let mut jobs = Vec::new();
     for u in uses {
-        for p in u.chunks(2) {
-            let second = p.get(1).copied().unwrap_or(p[0]);
-            jobs.push(PairJob { tokens: [p[0].0, second.0], n: p.len(), slots: [p[0].1, second.1] });
+        for p in u.chunks(most) {
+            let at = |i: usize| p[i.min(p.len() - 1)];
+            jobs.push(GroupJob {
+                tokens: [0, 1, 2, 3].map(|i| at(i).0),
+                n: p.len(),
+                slots: [0, 1, 2, 3].map(|i| at(i).1),
+            });
         }
     }
     jobs
@@ -331,7 +345,7 @@ impl ExpertKernel {
     }
 
     /// Whether a chunk's tokens can pair on these experts
-    /// ([`ExpertKernel::forward_pairs`]): VQ layouts whose rows two inputs'
+    /// ([`ExpertKernel::forward_groups`]): VQ layouts whose rows two inputs'
     /// gathers share on this build (`vq_fast::pairs_serve`), with a batch.
     /// The scratch holds the pairs' lane buffers exactly then; the tokens'
     /// tables are the caller's ([`ExpertKernel::token_tables_floats`]).
@@ -350,6 +364,18 @@ impl ExpertKernel {
         self.may_pair(pool.level(), pool.numeric())
             && self.fast_vq(pool.numeric(), books).is_some()
             && vq_fast::avx2_pairs()
+    }
+
+    /// Where tokens pair ([`ExpertKernel::pairs`]), whether three or four
+    /// tokens of an expert go together through the quad kernel
+    /// (`vq_fast::avx2_quads`: the probes found four inputs' qword gathers
+    /// faster than two pairs): the most tokens a [`GroupJob`] takes, 2 or 4.
+    pub fn group_most(&self) -> usize {
+        if vq_fast::avx2_quads() {
+            4
+        } else {
+            2
+        }
     }
 
     /// Whether tokens may pair at `level` in `numeric` (what
@@ -385,7 +411,7 @@ impl ExpertKernel {
         let (tg, td, pg, pd) = self.table_lens();
         let (bio, bact) = self.batch_lens();
         let (_, pdn) = self.pair_lens();
-        let pair_lane = if pdn > 0 { pdn + 2 * self.lay.m + self.lay.lat } else { 0 };
+        let pair_lane = if pdn > 0 { 3 * (pdn + 2 * self.lay.m) + self.lay.lat } else { 0 };
         4 * 2 * tg + 2 * pg + lanes.max(1) * (4 * td + pd + 4 * 2 * self.lay.m + 4 * pair_lane) + 4 * (2 * bio + bact)
     }
 
@@ -407,10 +433,10 @@ impl ExpertKernel {
                     p_down: vec![0; pd],
                     g: vec![0.0; m],
                     u: vec![0.0; m],
-                    t_down2: vec![0.0; pdn],
-                    g2: vec![0.0; pm],
-                    u2: vec![0.0; pm],
-                    o2: vec![0.0; pl],
+                    t_down_more: core::array::from_fn(|_| vec![0.0; pdn]),
+                    g_more: core::array::from_fn(|_| vec![0.0; pm]),
+                    u_more: core::array::from_fn(|_| vec![0.0; pm]),
+                    spare: vec![0.0; pl],
                 })
                 .collect(),
             batch_in: vec![0.0; self.batch_lens().0],
@@ -597,7 +623,7 @@ impl ExpertKernel {
         Ok(())
     }
 
-    /// Every token's gate and up tables for [`ExpertKernel::forward_pairs`]
+    /// Every token's gate and up tables for [`ExpertKernel::forward_groups`]
     /// into `tables` ([`ExpertKernel::token_tables_floats`] long): token
     /// `t`'s input is `xs[t·lat..][..lat]`, its tables the fast mode's with
     /// plain codes (widened side by side a tile at a time where two tokens'
@@ -633,11 +659,12 @@ impl ExpertKernel {
         });
     }
 
-    /// Experts for one or two tokens each ([`PairJob`]), over the `tables`
-    /// of [`ExpertKernel::prepare_tokens`]: job `j`'s record is `fetch(j)`
-    /// (which may wait for a read, from any thread), token `tokens[i]`'s
-    /// output goes to `outs[slots[i]·lat..][..lat]`. Two tokens of a job
-    /// share each row's gathers; each output is bit-identical to
+    /// Experts for one to four tokens each ([`GroupJob`]), over the
+    /// `tables` of [`ExpertKernel::prepare_tokens`]: job `j`'s record is
+    /// `fetch(j)` (which may wait for a read, from any thread), token
+    /// `tokens[i]`'s output goes to `outs[slots[i]·lat..][..lat]`. A job's
+    /// tokens share each row's gathers (two by the pair kernel, three or
+    /// four by the quad kernel); each output is bit-identical to
     /// [`ExpertKernel::forward`] on that token alone. Lanes claim jobs in
     /// the order given, each whole on one thread; the jobs beyond a multiple
     /// of the lanes run afterwards one at a time across the pool.
@@ -647,13 +674,14 @@ impl ExpertKernel {
     ///
     /// # Panics
     /// When a slot repeats or lies outside `outs`, a token is beyond the
-    /// prepared ones, a job has other than 1 or 2 tokens, or the tokens
+    /// prepared ones, a job has other than 1 to 4 tokens, or the tokens
     /// cannot pair.
-    pub fn forward_pairs<'r, E: Send>(
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_groups<'r, E: Send>(
         &self,
         pool: &Pool,
         books: &LayerBooks,
-        jobs: &[PairJob],
+        jobs: &[GroupJob],
         fetch: &(dyn Fn(usize) -> Result<&'r [u8], E> + Sync),
         tables: &[f32],
         sc: &mut ExpertScratch,
@@ -662,11 +690,14 @@ impl ExpertKernel {
         let lat = self.lay.lat;
         let (lv, qmax) = (pool.level(), self.fast_vq(pool.numeric(), books).expect("pairs: the fast mode"));
         let (pq, pdn) = self.pair_lens();
-        assert!(pq > 0 && sc.lanes.iter().all(|l| l.t_down2.len() >= pdn), "forward_pairs: tokens that cannot pair");
+        assert!(
+            pq > 0 && sc.lanes.iter().all(|l| l.t_down_more.iter().all(|t| t.len() >= pdn)),
+            "forward_groups: tokens that cannot pair"
+        );
         // one flag a slot of `outs`: the check stays linear in the uses
         let mut seen = vec![false; outs.len() / lat.max(1)];
         for j in jobs {
-            assert!(j.n == 1 || j.n == 2, "a pair job of {} tokens", j.n);
+            assert!((1..=4).contains(&j.n), "a job of {} tokens", j.n);
             for i in 0..j.n {
                 let s = j.slots[i];
                 assert!(s < seen.len(), "expert output slot {s} outside the buffer");
@@ -675,11 +706,12 @@ impl ExpertKernel {
             }
         }
         let table = |t: usize, kind: usize| &tables[(2 * t + kind) * pq..(2 * t + kind + 1) * pq];
-        let tabs_of = |j: &PairJob| {
-            let second = j.tokens[if j.n == 2 { 1 } else { 0 }];
+        // a job's tokens past its n repeat its last (their outputs discarded)
+        let tabs_of = |j: &GroupJob| {
+            let tok = |i: usize| j.tokens[i.min(j.n - 1)];
             Tabs {
-                gate: [table(j.tokens[0], 0), table(second, 0)],
-                up: [table(j.tokens[0], 1), table(second, 1)],
+                gate: [0, 1, 2, 3].map(|i| table(tok(i), 0)),
+                up: [0, 1, 2, 3].map(|i| table(tok(i), 1)),
                 form: TableForm::Plain,
                 down_form: TableForm::Plain,
                 pairwise: true,
@@ -687,10 +719,11 @@ impl ExpertKernel {
         };
         let os = SyncSlice::new(outs);
         // SAFETY (both uses): the slots are distinct (asserted above), so are the outputs.
-        let outs_of = |j: &PairJob| unsafe {
-            let a = os.range(j.slots[0] * lat, (j.slots[0] + 1) * lat);
-            let b = if j.n == 2 { os.range(j.slots[1] * lat, (j.slots[1] + 1) * lat) } else { &mut [][..] };
-            [a, b]
+        let outs_of = |j: &GroupJob| -> [&mut [f32]; 4] {
+            core::array::from_fn(|i| match i < j.n {
+                true => unsafe { os.range(j.slots[i] * lat, (j.slots[i] + 1) * lat) },
+                false => &mut [][..],
+            })
         };
         let lanes = lanes_in_use(sc, pool);
         let whole = if lanes > 1 { jobs.len() / lanes * lanes } else { 0 };
@@ -840,22 +873,24 @@ impl ExpertKernel {
     ) {
         let ld = self.vq(self.lay.lat, self.lay.m);
         let tabs = Tabs {
-            gate: [shared.t_gate, &[]],
-            up: [shared.t_up, &[]],
+            gate: [shared.t_gate, &[], &[], &[]],
+            up: [shared.t_up, &[], &[], &[]],
             form: shared.form,
             down_form: vq_fast::table_form(lv, &ld),
             pairwise: false,
         };
-        self.run_fast_vq_n(chunks, (lv, qmax), books, rec, &tabs, 1, lane, [out, &mut []]);
+        self.run_fast_vq_n(chunks, (lv, qmax), books, rec, &tabs, 1, lane, [out, &mut [], &mut [], &mut []]);
     }
 
-    /// One fast-mode VQ expert for `n` (1 or 2) tokens: token `j`'s gate
+    /// One fast-mode VQ expert for `n` (1 to 4) tokens: token `j`'s gate
     /// and up rows over `tabs.gate[j]` and `tabs.up[j]` (built in
     /// `tabs.form`), its down table built in `tabs.down_form` by blocks of
-    /// positions across `chunks` (lane `t_down`, and `t_down2` for the
-    /// second token), its output in `outs[j]`. Two tokens share each row's
-    /// gathers (`vq_fast::matvec_rows_pair`); each output is bit-identical
-    /// to the token's expert alone.
+    /// positions across `chunks` (lane `t_down` for the first token,
+    /// `t_down_more` for the others), its output in `outs[j]`. Two tokens
+    /// share each row's gathers (`vq_fast::matvec_rows_pair`), three or four
+    /// the quad kernel's (`vq_fast::matvec_rows_quad`: `tabs` repeats the
+    /// last token's tables past `n`); each output is bit-identical to the
+    /// token's expert alone.
     #[allow(clippy::too_many_arguments)]
     fn run_fast_vq_n(
         &self,
@@ -866,9 +901,9 @@ impl ExpertKernel {
         tabs: &Tabs<'_>,
         n: usize,
         lane: &mut ExpertLane,
-        outs: [&mut [f32]; 2],
+        outs: [&mut [f32]; 4],
     ) {
-        debug_assert!(n == 1 || n == 2);
+        debug_assert!((1..=4).contains(&n));
         let l = &self.lay;
         let (m, lat) = (l.m, l.lat);
         let (lg, ld) = (self.vq(m, lat), self.vq(lat, m));
@@ -876,39 +911,67 @@ impl ExpertKernel {
         let scales = &rec[so..so + l.scales_len];
         let (gs, us, ds) = (&scales[..2 * m], &scales[2 * m..4 * m], &scales[4 * m..]);
         let (gi, ui) = (&rec[go..go + lg.index_bytes()], &rec[uo..uo + lg.index_bytes()]);
-        let ExpertLane { t_down, g, u, t_down2, g2, u2, o2: spare, .. } = lane;
-        let (g, u, t_down): (&mut [f32], &mut [f32], &mut [f32]) = (g, u, t_down);
-        let (g2, u2, t_down2): (&mut [f32], &mut [f32], &mut [f32]) = (g2, u2, t_down2);
-        // rows by the pair kernel: two tokens, or one whose table goes twice
-        let two = n == 2 || tabs.pairwise;
+        let ExpertLane { t_down, g, u, t_down_more, g_more, u_more, spare, .. } = lane;
+        // the kernel's inputs: four by the quad kernel, two by the pair
+        // kernel (one token's table twice where `pairwise`), or one
+        let width = match n {
+            3 | 4 => 4,
+            2 => 2,
+            _ if tabs.pairwise => 2,
+            _ => 1,
+        };
         {
+            let [gm0, gm1, gm2] = g_more;
+            let [um0, um1, um2] = u_more;
+            let gy: [SyncSlice<f32>; 4] =
+                [SyncSlice::new(g), SyncSlice::new(gm0), SyncSlice::new(gm1), SyncSlice::new(gm2)];
+            let uy: [SyncSlice<f32>; 4] =
+                [SyncSlice::new(u), SyncSlice::new(um0), SyncSlice::new(um1), SyncSlice::new(um2)];
             let unit = row_unit(vq_fast::rows64(lv, &lg));
-            let (g, u) = (SyncSlice::new(g), SyncSlice::new(u));
-            let (g2, u2) = (SyncSlice::new(g2), SyncSlice::new(u2));
             let units = (m / unit).max(1);
             chunks(units, &|a, b| {
                 let (ra, rb) = (unit * a, if b == units { m } else { unit * b });
-                // SAFETY: disjoint row ranges [unit·a, unit·b) (the last chunk takes the tail).
-                let (gy, uy) = unsafe { (g.range(ra, rb), u.range(ra, rb)) };
-                if two {
-                    // SAFETY: as above, in the second token's buffers (m rows each).
-                    let (gy2, uy2) = unsafe { (g2.range(ra, rb), u2.range(ra, rb)) };
-                    vq_fast::matvec_rows_pair(lv, &lg, gi, gs, tabs.gate, ra, [gy, gy2], tabs.form);
-                    vq_fast::matvec_rows_pair(lv, &lg, ui, us, tabs.up, ra, [uy, uy2], tabs.form);
-                } else {
-                    vq_fast::matvec_rows(lv, &lg, gi, gs, tabs.gate[0], ra, gy, tabs.form);
-                    vq_fast::matvec_rows(lv, &lg, ui, us, tabs.up[0], ra, uy, tabs.form);
+                // SAFETY (every range below): disjoint row ranges [unit·a, unit·b) (the last
+                // chunk takes the tail) of the buffers the width uses (m rows each).
+                match width {
+                    4 => {
+                        let gq: [&mut [f32]; 4] = core::array::from_fn(|i| unsafe { gy[i].range(ra, rb) });
+                        let uq: [&mut [f32]; 4] = core::array::from_fn(|i| unsafe { uy[i].range(ra, rb) });
+                        vq_fast::matvec_rows_quad(lv, &lg, gi, gs, tabs.gate, ra, gq, tabs.form);
+                        vq_fast::matvec_rows_quad(lv, &lg, ui, us, tabs.up, ra, uq, tabs.form);
+                    }
+                    2 => {
+                        let gp: [&mut [f32]; 2] = core::array::from_fn(|i| unsafe { gy[i].range(ra, rb) });
+                        let up: [&mut [f32]; 2] = core::array::from_fn(|i| unsafe { uy[i].range(ra, rb) });
+                        let (gt, ut) = ([tabs.gate[0], tabs.gate[1]], [tabs.up[0], tabs.up[1]]);
+                        vq_fast::matvec_rows_pair(lv, &lg, gi, gs, gt, ra, gp, tabs.form);
+                        vq_fast::matvec_rows_pair(lv, &lg, ui, us, ut, ra, up, tabs.form);
+                    }
+                    _ => {
+                        let (g0, u0) = unsafe { (gy[0].range(ra, rb), uy[0].range(ra, rb)) };
+                        vq_fast::matvec_rows(lv, &lg, gi, gs, tabs.gate[0], ra, g0, tabs.form);
+                        vq_fast::matvec_rows(lv, &lg, ui, us, tabs.up[0], ra, u0, tabs.form);
+                    }
                 }
             });
         }
         let bd: Vec<&VqBook> = books.books[2].iter().collect();
         let form = tabs.down_form;
-        for (gin, uin, td) in [(&mut *g, &*u, &mut *t_down), (&mut *g2, &*u2, &mut *t_down2)].into_iter().take(n) {
+        let [tm0, tm1, tm2] = t_down_more;
+        let [gm0, gm1, gm2] = g_more;
+        let [um0, um1, um2] = u_more;
+        let mut toks: [(&mut [f32], &[f32], &mut [f32]); 4] = [
+            (&mut g[..], &u[..], &mut t_down[..]),
+            (&mut gm0[..], &um0[..], &mut tm0[..]),
+            (&mut gm1[..], &um1[..], &mut tm1[..]),
+            (&mut gm2[..], &um2[..], &mut tm2[..]),
+        ];
+        for (gin, uin, td) in toks.iter_mut().take(n) {
             for (gv, uv) in gin.iter_mut().zip(uin.iter()) {
                 *gv = glu(self.act, *gv, *uv);
             }
             let tds = SyncSlice::new(td);
-            let gin = &*gin;
+            let gin = &**gin;
             chunks(vq_fast::blocks(&ld), &|a, b| {
                 let (d, q) = vq_fast::block_ranges(&ld, form, a, b);
                 // SAFETY: the tasks' block ranges [a, b) are disjoint, so are their scales and codes.
@@ -917,23 +980,36 @@ impl ExpertKernel {
             });
         }
         let di = &rec[dof..dof + ld.index_bytes()];
-        let [out, out2] = outs;
-        // one token's second output is discarded
-        let out2 = if n == 2 { out2 } else { &mut spare[..] };
-        let (o, o2) = (SyncSlice::new(out), SyncSlice::new(out2));
+        // the down tables, the last token's repeated past n; the outputs
+        // past n are discarded (one spare serves: at most one is written)
+        let tds: [&[f32]; 4] = {
+            let all = [&*toks[0].2, &*toks[1].2, &*toks[2].2, &*toks[3].2];
+            core::array::from_fn(|i| all[i.min(n - 1)])
+        };
+        let [o0, o1, o2, o3] = outs;
+        let mut spare = Some(&mut spare[..]);
+        let mut out_or_spare = |o: &'_ mut [f32], used: bool| -> SyncSlice<f32> {
+            match used {
+                true => SyncSlice::new(o),
+                false => SyncSlice::new(spare.take().map_or(&mut [][..], |s| s)),
+            }
+        };
+        let os = [
+            SyncSlice::new(o0),
+            out_or_spare(o1, n >= 2 || width < 2),
+            out_or_spare(o2, n >= 3 || width < 4),
+            out_or_spare(o3, n >= 4 || width < 4),
+        ];
         let unit = row_unit(vq_fast::rows64(lv, &ld));
         let units = (lat / unit).max(1);
-        let (td, td2) = (&*t_down, if n == 2 { &*t_down2 } else { &*t_down });
         chunks(units, &|a, b| {
             let (ra, rb) = (unit * a, if b == units { lat } else { unit * b });
-            // SAFETY: disjoint row ranges.
-            let oy = unsafe { o.range(ra, rb) };
-            if two {
-                // SAFETY: as above, in the second output (lat rows).
-                let oy2 = unsafe { o2.range(ra, rb) };
-                vq_fast::matvec_rows_pair(lv, &ld, di, ds, [td, td2], ra, [oy, oy2], form);
-            } else {
-                vq_fast::matvec_rows(lv, &ld, di, ds, td, ra, oy, form);
+            // SAFETY: disjoint row ranges of each output (lat rows each) the kernel writes.
+            let rows = |i: usize| unsafe { os[i].range(ra, rb) };
+            match width {
+                4 => vq_fast::matvec_rows_quad(lv, &ld, di, ds, tds, ra, [rows(0), rows(1), rows(2), rows(3)], form),
+                2 => vq_fast::matvec_rows_pair(lv, &ld, di, ds, [tds[0], tds[1]], ra, [rows(0), rows(1)], form),
+                _ => vq_fast::matvec_rows(lv, &ld, di, ds, tds[0], ra, rows(0), form),
             }
         });
     }
@@ -984,8 +1060,8 @@ fn claim_jobs<'r, E: Send>(
 /// token's gate and up tables (the second unused for one token), their form,
 /// and the form to build the down tables in.
 struct Tabs<'a> {
-    gate: [&'a [f32]; 2],
-    up: [&'a [f32]; 2],
+    gate: [&'a [f32]; 4],
+    up: [&'a [f32]; 4],
     form: TableForm,
     down_form: TableForm,
     /// Every row by the pair kernel (plain tables on the gathers' level):
@@ -1211,37 +1287,41 @@ mod tests {
         }
     }
 
-    /// Experts for pairs of tokens (`forward_pairs` over `prepare_tokens`'
+    /// Experts for groups of tokens (`forward_groups` over `prepare_tokens`'
     /// tables) give every token's output bit for bit as the expert alone
-    /// on it: pairs and odd ones out, on 1 to 3 threads (whole jobs per
-    /// lane and a remainder across the pool), rows of whole 32-row groups
-    /// and not, at the AVX2 level with the gathers (where the CPU has it).
+    /// on it: jobs of up to two and of up to four tokens (pairs, quads,
+    /// three by the quad kernel, odd ones out), on 1 to 3 threads (whole
+    /// jobs per lane and a remainder across the pool), rows of whole 32-row
+    /// groups and not, at the AVX2 level with the gathers (where the CPU
+    /// has it).
     #[test]
-    fn pairs_are_each_token_alone() {
+    fn groups_are_each_token_alone() {
         if !Level::Avx2.supported() {
             return;
         }
         waste_quant::vq_fast::set_avx2_lookup(waste_quant::vq_fast::Avx2Lookup::Gathers);
         for (hidden, m) in [(128, 192), (136, 72)] {
             let (mut kernel, books, recs, _) = experts(ExpertFmt::Vq3r, hidden, m, 4, 5 + m as u64);
-            kernel.batch = 4;
+            kernel.batch = 5;
             assert!(kernel.pairable());
             let mut r = 99u64;
-            let xs: Vec<f32> = (0..3 * hidden)
+            let xs: Vec<f32> = (0..5 * hidden)
                 .map(|_| {
                     r = r.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                     ((r >> 40) % 2001) as f32 * 1e-3 - 1.0
                 })
                 .collect();
-            // expert e's users: 0 takes tokens 0,1,2; 1 takes 2,0; 2 takes 1; 3 none
-            let users: [&[usize]; 4] = [&[0, 1, 2], &[2, 0], &[1], &[]];
+            // expert e's users: 0 takes all five tokens (a quad and one
+            // alone, or two pairs and one), 1 takes three (a quad with a
+            // repeat, or a pair and one), 2 one, 3 two
+            let users: [&[usize]; 4] = [&[0, 1, 2, 3, 4], &[2, 0, 4], &[1], &[3, 1]];
             for threads in 1..4 {
                 let mut pool = Pool::with_level(threads, Level::Avx2);
                 pool.set_numeric(Numeric::Fast);
                 assert!(kernel.pairs(&pool, &books));
                 let mut sc = kernel.scratch(lanes_for(threads, 2));
-                let mut want = vec![vec![0f32; hidden]; 3 * 4];
-                for t in 0..3 {
+                let mut want = vec![vec![0f32; hidden]; 5 * 4];
+                for t in 0..5 {
                     let h = &xs[t * hidden..(t + 1) * hidden];
                     kernel.prepare(&pool, &books, h, &mut sc);
                     for e in 0..4 {
@@ -1249,24 +1329,31 @@ mod tests {
                     }
                 }
                 let mut tables = vec![0f32; kernel.token_tables_floats()];
-                kernel.prepare_tokens(&pool, &books, &xs, 3, &mut tables);
+                kernel.prepare_tokens(&pool, &books, &xs, 5, &mut tables);
                 let uses: Vec<Vec<(usize, usize)>> =
                     users.iter().enumerate().map(|(e, u)| u.iter().map(|&t| (t, t * 4 + e)).collect()).collect();
-                let jobs = pair_jobs(uses.iter().map(|u| &u[..]));
-                assert_eq!(jobs.iter().filter(|j| j.n == 2).count(), 2);
-                let expert: Vec<usize> =
-                    uses.iter().enumerate().flat_map(|(e, u)| std::iter::repeat_n(e, u.len().div_ceil(2))).collect();
-                let fetch = |j: usize| Ok::<_, ()>(&recs[expert[j]][..]);
-                let mut got = vec![f32::NAN; 12 * hidden];
-                assert!(kernel.forward_pairs(&pool, &books, &jobs, &fetch, &tables, &mut sc, &mut got).is_ok());
-                for (e, u) in users.iter().enumerate() {
-                    for &t in u.iter() {
-                        let s = t * 4 + e;
-                        let same = got[s * hidden..(s + 1) * hidden]
-                            .iter()
-                            .zip(&want[s])
-                            .all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(same, "{hidden}x{m}, {threads} threads: expert {e} token {t}");
+                for most in [2, 4] {
+                    let jobs = group_jobs(uses.iter().map(|u| &u[..]), most);
+                    let sizes: Vec<usize> = jobs.iter().map(|j| j.n).collect();
+                    let want_sizes: &[usize] = if most == 4 { &[4, 1, 3, 1, 2] } else { &[2, 2, 1, 2, 1, 1, 2] };
+                    assert_eq!(sizes, want_sizes);
+                    let expert: Vec<usize> = uses
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(e, u)| std::iter::repeat_n(e, u.len().div_ceil(most)))
+                        .collect();
+                    let fetch = |j: usize| Ok::<_, ()>(&recs[expert[j]][..]);
+                    let mut got = vec![f32::NAN; 20 * hidden];
+                    assert!(kernel.forward_groups(&pool, &books, &jobs, &fetch, &tables, &mut sc, &mut got).is_ok());
+                    for (e, u) in users.iter().enumerate() {
+                        for &t in u.iter() {
+                            let s = t * 4 + e;
+                            let same = got[s * hidden..(s + 1) * hidden]
+                                .iter()
+                                .zip(&want[s])
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "{hidden}x{m}, {threads} threads, jobs of {most}: expert {e} token {t}");
+                        }
                     }
                 }
             }

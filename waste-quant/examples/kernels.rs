@@ -539,7 +539,8 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
                 vf::build(fast_level, &br, &lay, xi, 127.0, (0, nb), d, q, f);
             }
             let mut y2 = vec![0f32; lay.rows];
-            let (mut two, mut pair, mut twice) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut two, mut pair, mut twice, mut quad) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut y3, mut y4) = (vec![0f32; lay.rows], vec![0f32; lay.rows]);
             for _ in 0..reps.max(1) {
                 let ix = pick();
                 let t0 = Instant::now();
@@ -555,11 +556,18 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
                 let t0 = Instant::now();
                 vf::matvec_rows_pair(fast_level, &lay, ix, &scales, [&pa, &pa], 0, [&mut y, &mut y2], TableForm::Plain);
                 twice.push(t0.elapsed().as_secs_f64());
+                // four inputs (the two tables, each twice) by one quad call
+                let ix = pick();
+                let t0 = Instant::now();
+                let ys4 = [&mut y[..], &mut y2[..], &mut y3[..], &mut y4[..]];
+                vf::matvec_rows_quad(fast_level, &lay, ix, &scales, [&pa, &pb, &pa, &pb], 0, ys4, TableForm::Plain);
+                quad.push(t0.elapsed().as_secs_f64());
             }
             for (what, ts) in [
                 ("two inputs by two calls", &mut two),
                 ("two inputs by one pair call", &mut pair),
                 ("one input by the pair kernel, its table twice", &mut twice),
+                ("four inputs by one quad call", &mut quad),
             ] {
                 ts.sort_by(f64::total_cmp);
                 println!(

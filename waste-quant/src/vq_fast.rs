@@ -461,6 +461,53 @@ pub fn matvec_rows_pair(
     }
 }
 
+/// [`matvec_rows_pair`] for four inputs: where the AVX2 gathers serve the
+/// layout and the tables are plain, one `vpgatherdq` looks four rows up in
+/// all four tables (`x86_64::gathers::rows32_quad`); elsewhere the tables
+/// go one after the other. Each output is bit-identical to [`matvec_rows`]
+/// on its table; a table given twice gives its rows twice.
+///
+/// # Panics
+/// As [`matvec_rows`]; when the outputs differ in length.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_rows_quad(
+    level: Level,
+    lay: &VqLayout,
+    idx: &[u8],
+    scales: &[u8],
+    qts: [&[f32]; 4],
+    r0: usize,
+    ys: [&mut [f32]; 4],
+    form: TableForm,
+) {
+    let len = ys[0].len();
+    assert!(ys.iter().all(|y| y.len() == len), "four outputs of the same rows");
+    let mut ys = ys;
+    #[allow(unused_mut)]
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if form == TableForm::Plain && rows32(level, lay) && gathers_serve(lay) && r0.is_multiple_of(32) && len >= 32 {
+        assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2);
+        assert!(r0.checked_add(len).is_some_and(|e| e <= lay.rows));
+        done = len / 32 * 32;
+        let parts4 = qts.map(|t| parts(lay, form, t));
+        let [a, b, c, d] = &mut ys;
+        let heads = [&mut a[..done], &mut b[..done], &mut c[..done], &mut d[..done]];
+        // SAFETY: features checked by rows32; sizes asserted above and by parts.
+        unsafe { crate::x86_64::gathers::rows32_quad(lay, idx, parts4.map(|p| p.0), parts4.map(|p| p.1), r0, heads) };
+        let sc = &scales[2 * r0..2 * (r0 + done)];
+        for y in ys.iter_mut() {
+            // SAFETY: the AVX2 kernels' level has AVX2 and F16C; 2 bytes a row.
+            unsafe { crate::x86_64::avx2::scale_by_f16(&mut y[..done], sc) };
+        }
+    }
+    if done < len {
+        for (y, t) in ys.iter_mut().zip(qts) {
+            matvec_rows(level, lay, idx, scales, t, r0 + done, &mut y[done..], form);
+        }
+    }
+}
+
 /// A table's plain codes (`out`, `table_len` of them) from its code bytes
 /// `q` in `form`.
 #[cfg(target_arch = "x86_64")]
@@ -542,12 +589,19 @@ static AVX2_FIXED: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::
 static AVX2_PROBED: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
 /// Calls of [`avx2_lookup`] that did not find a fixed form.
 static AVX2_CALLS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
-/// Every probe's times (seconds, per form in [`Avx2Lookup::ALL`]'s order,
-/// then two inputs' rows by the pair kernel).
-static AVX2_PROBES: std::sync::Mutex<Vec<[f64; 4]>> = std::sync::Mutex::new(Vec::new());
+/// One probe's times ([`probe_times`]): seconds per form in
+/// [`Avx2Lookup::ALL`]'s order, then two inputs' rows by the pair kernel,
+/// then four inputs' by the quad kernel.
+pub type ProbeTimes = [f64; 5];
+
+/// Every probe's times.
+static AVX2_PROBES: std::sync::Mutex<Vec<ProbeTimes>> = std::sync::Mutex::new(Vec::new());
 /// Whether two inputs pay to share the gathers, by the probes so far
 /// ([`pairs_pay`]): 0 no probe has finished, 1 no, 2 yes.
 static AVX2_PAIRS: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
+/// Whether four inputs pay to share the qword gathers, by the probes so far
+/// ([`quads_pay`]): as [`AVX2_PAIRS`].
+static AVX2_QUADS: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
 
 /// The calls of [`avx2_lookup`] (counted from 0) that probe: the first,
 /// then two later ones (a 48B token makes about 230 calls, a 3-layer slice's
@@ -571,8 +625,8 @@ fn decoded(code: u8) -> Option<Avx2Lookup> {
 
 /// Each probe column's best time over all the probes (a disturbed probe
 /// only raises times, so the least is the speed); infinite for none.
-fn best_of(probes: &[[f64; 4]]) -> [f64; 4] {
-    let mut best = [f64::INFINITY; 4];
+fn best_of(probes: &[ProbeTimes]) -> ProbeTimes {
+    let mut best = [f64::INFINITY; 5];
     for p in probes {
         for (b, t) in best.iter_mut().zip(p) {
             *b = b.min(*t);
@@ -583,8 +637,8 @@ fn best_of(probes: &[[f64; 4]]) -> [f64; 4] {
 
 /// The form fastest by every probe's times together: each form's best time
 /// over all the probes, the least of those (`Chains` for no probe; the
-/// fourth column, the pairs', takes no part).
-pub fn fastest_of(probes: &[[f64; 4]]) -> Avx2Lookup {
+/// pairs' and the quads' columns take no part).
+pub fn fastest_of(probes: &[ProbeTimes]) -> Avx2Lookup {
     let best = best_of(probes);
     (0..3)
         .filter(|&i| best[i].is_finite())
@@ -619,6 +673,7 @@ pub fn avx2_lookup() -> Avx2Lookup {
     // (it probes too: both sets of times count)
     let Some(times) = probe_times() else {
         AVX2_PAIRS.store(1, Relaxed);
+        AVX2_QUADS.store(1, Relaxed);
         AVX2_PROBED.store(1 + Avx2Lookup::Chains as u8, Relaxed);
         return Avx2Lookup::Chains;
     };
@@ -626,6 +681,7 @@ pub fn avx2_lookup() -> Avx2Lookup {
     all.push(times);
     let l = fastest_of(&all);
     AVX2_PAIRS.store(1 + u8::from(pairs_pay(&all)), Relaxed);
+    AVX2_QUADS.store(1 + u8::from(quads_pay(&all)), Relaxed);
     AVX2_PROBED.store(1 + l as u8, Relaxed);
     l
 }
@@ -637,10 +693,21 @@ pub fn avx2_lookup() -> Avx2Lookup {
 /// against 2; where gathers are slow, AMD Zen 2/3, the chains may win
 /// alone and the pair still pay). False for no probe or times that are not
 /// finite.
-pub fn pairs_pay(probes: &[[f64; 4]]) -> bool {
+pub fn pairs_pay(probes: &[ProbeTimes]) -> bool {
     let best = best_of(probes);
     let single = best[..3].iter().copied().fold(f64::INFINITY, f64::min);
     best[3].is_finite() && single.is_finite() && best[3] < 2.0 * single
+}
+
+/// Whether four inputs through the same rows pay to share the qword
+/// gathers ([`matvec_rows_quad`]) against two pairs, by every probe's times
+/// together: where pairs pay, the quad's best time for four inputs under
+/// twice the pair's best for two (on the Intel Xeon of docs/lab entry 76
+/// about 0.30 against 0.38 ms a 1024 × 2304 matrix). False where pairs do
+/// not pay, for no probe, or times that are not finite.
+pub fn quads_pay(probes: &[ProbeTimes]) -> bool {
+    let best = best_of(probes);
+    pairs_pay(probes) && best[4].is_finite() && best[4] < 2.0 * best[3]
 }
 
 /// Whether a caller with two inputs through the same rows at the AVX2
@@ -657,11 +724,23 @@ pub fn avx2_pairs() -> bool {
     AVX2_PAIRS.load(Relaxed) == 2
 }
 
-/// The times of every probe [`avx2_lookup`] took so far in this process,
-/// seconds per form in [`Avx2Lookup::ALL`]'s order, then two inputs' rows
-/// by the pair kernel (reports: which form won by how much, whether pairs
-/// pay).
-pub fn avx2_lookup_probes() -> Vec<[f64; 4]> {
+/// Whether a caller with three or four inputs through the same rows at the
+/// AVX2 kernels' level should run them together ([`matvec_rows_quad`]) on
+/// this CPU: by the probes (as [`avx2_pairs`]), or, where the form is
+/// fixed, when it is the gathers.
+pub fn avx2_quads() -> bool {
+    use core::sync::atomic::Ordering::Relaxed;
+    let l = avx2_lookup();
+    if decoded(AVX2_FIXED.load(Relaxed)).is_some() {
+        return l == Avx2Lookup::Gathers;
+    }
+    AVX2_QUADS.load(Relaxed) == 2
+}
+
+/// The times of every probe [`avx2_lookup`] took so far in this process
+/// ([`ProbeTimes`]; reports: which form won by how much, whether pairs and
+/// quads pay).
+pub fn avx2_lookup_probes() -> Vec<ProbeTimes> {
     AVX2_PROBES.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
@@ -675,12 +754,13 @@ pub fn probe_avx2_lookup() -> Avx2Lookup {
 /// stages: 72 KiB of codes, 144 KiB wide, a real table's place past L1),
 /// alternated, 9 runs each (about 1.8 ms in all): each form's best run, in
 /// [`Avx2Lookup::ALL`]'s order, then the pair kernel's for two inputs (two
-/// plain tables). `None` where the CPU has no AVX2. Each form reads the
+/// plain tables) and the quad kernel's for four ([`ProbeTimes`]). `None`
+/// where the CPU has no AVX2. Each form reads the
 /// table in the form its build keeps (chains a telescoped one — a 128-row
 /// probe that telescoped per call chose blends on the Intel Xeon, where
 /// whole matrices ran 14 % faster by chains: docs/lab entries 70, 71 —
 /// gathers a wide one).
-pub fn probe_times() -> Option<[f64; 4]> {
+pub fn probe_times() -> Option<ProbeTimes> {
     let lay = VqLayout { rows: 512, nvec: 96, stages: 3, block: 64, packed6: false };
     if !rows32(Level::Avx2, &lay) {
         return None;
@@ -693,7 +773,8 @@ pub fn probe_times() -> Option<[f64; 4]> {
         let q: Vec<u8> = (0..2 * lay.table_len() + 2).map(|_| (r.next_u64() % 255) as u8).collect();
         let d = vec![1.0f32; blocks(&lay)];
         let (mut y, mut y2) = (vec![0f32; lay.rows], vec![0f32; lay.rows]);
-        let mut best = [f64::INFINITY; 4];
+        let (mut y3, mut y4) = (vec![0f32; lay.rows], vec![0f32; lay.rows]);
+        let mut best = [f64::INFINITY; 5];
         // a second plain table, for the pair
         let q2: Vec<u8> = (0..lay.table_len()).map(|_| (r.next_u64() % 255) as u8).collect();
         for _ in 0..9 {
@@ -702,6 +783,11 @@ pub fn probe_times() -> Option<[f64; 4]> {
             // SAFETY: rows32 checked AVX2 and the layout (3 byte stages: the gathers serve it); the sizes are the layout's.
             unsafe { crate::x86_64::gathers::rows32_pair(&lay, &idx, [&d, &d], [q1, qs], 0, [&mut y, &mut y2]) };
             best[3] = best[3].min(t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
+            let (ds, qs4) = ([&d[..], &d, &d, &d], [q1, qs, q1, qs]);
+            // SAFETY: as above (the quads serve what the pairs do).
+            unsafe { crate::x86_64::gathers::rows32_quad(&lay, &idx, ds, qs4, 0, [&mut y, &mut y2, &mut y3, &mut y4]) };
+            best[4] = best[4].min(t.elapsed().as_secs_f64());
             for (l, b) in Avx2Lookup::ALL.into_iter().zip(best.iter_mut()) {
                 let t = std::time::Instant::now();
                 let q8 = bytemuck::cast_slice(&q[..lay.table_len()]);
@@ -914,6 +1000,16 @@ mod tests {
         let (d, q) = parts_mut(&lay, form, &mut buf2, 0, nb);
         build(level, &books, &lay, &x2, 127.0, (0, nb), d, q, form);
         let want2 = reference(&lay, &books, &x2, &idx, &scales, 127.0);
+        // two more inputs, for the rows of four at once
+        let more: Vec<(Vec<f32>, Vec<f32>)> = (0..2)
+            .map(|j| {
+                let xj: Vec<f32> = (0..lay.nvec * 8).map(|_| (r.unif() - 0.5) * (2.0 + j as f32)).collect();
+                let mut bj = vec![0f32; lay.table_len()];
+                let (d, q) = parts_mut(&lay, form, &mut bj, 0, nb);
+                build(level, &books, &lay, &xj, 127.0, (0, nb), d, q, form);
+                (reference(&lay, &books, &xj, &idx, &scales, 127.0), bj)
+            })
+            .collect();
         // every row range the kernels may be given
         for (a, b) in [(0, lay.rows), (1, lay.rows.min(13)), (lay.rows / 2, lay.rows), (64.min(lay.rows), lay.rows)] {
             let mut y = vec![0f32; b - a];
@@ -927,6 +1023,19 @@ mod tests {
                 assert_eq!(g1.to_bits(), w1.to_bits(), "pair, first: {lay:?} row {} level {level:?}", a + i);
                 assert_eq!(g2.to_bits(), w2.to_bits(), "pair, second: {lay:?} row {} level {level:?}", a + i);
             }
+            // four inputs, and three (the third's table twice)
+            let wants: [&[f32]; 4] = [&want, &want2, &more[0].0, &more[1].0];
+            for tables in [[&buf, &buf2, &more[0].1, &more[1].1], [&buf, &buf2, &more[0].1, &more[0].1]] {
+                let mut ys = [(); 4].map(|_| vec![0f32; b - a]);
+                let [y0, y1, y2, y3] = &mut ys;
+                matvec_rows_quad(level, &lay, &idx, &scales, tables.map(|t| &t[..]), a, [y0, y1, y2, y3], form);
+                for (j, y) in ys.iter().enumerate() {
+                    let w = if core::ptr::eq(tables[j], tables[2]) { wants[2] } else { wants[j] };
+                    for (i, (g, w)) in y.iter().zip(&w[a..b]).enumerate() {
+                        assert_eq!(g.to_bits(), w.to_bits(), "quad, input {j}: {lay:?} row {} level {level:?}", a + i);
+                    }
+                }
+            }
         }
     }
 
@@ -938,22 +1047,28 @@ mod tests {
     fn probes_weigh_together() {
         use Avx2Lookup::{Blends, Chains, Gathers};
         assert_eq!(fastest_of(&[]), Chains);
-        assert_eq!(fastest_of(&[[3.0, 2.0, 1.0, 9.0]]), Gathers);
-        assert_eq!(fastest_of(&[[3.0, 2.0, 5.0, 9.0]]), Chains);
-        assert_eq!(fastest_of(&[[3.0, 2.0, 5.0, 9.0], [3.1, 2.1, 1.0, 9.0]]), Gathers);
-        assert_eq!(fastest_of(&[[3.1, 2.1, 1.0, 9.0], [3.0, 2.0, 5.0, 9.0]]), Gathers, "in either order");
-        assert_eq!(fastest_of(&[[1.5, 9.0, 9.0, 0.1], [9.0, 9.0, 1.6, 0.1]]), Blends, "each form's best");
-        assert_eq!(fastest_of(&[[f64::NAN, f64::INFINITY, 2.0, 0.5]]), Gathers);
-        assert_eq!(fastest_of(&[[f64::NAN; 4]]), Chains);
+        assert_eq!(fastest_of(&[[3.0, 2.0, 1.0, 9.0, 9.0]]), Gathers);
+        assert_eq!(fastest_of(&[[3.0, 2.0, 5.0, 9.0, 9.0]]), Chains);
+        assert_eq!(fastest_of(&[[3.0, 2.0, 5.0, 9.0, 9.0], [3.1, 2.1, 1.0, 9.0, 9.0]]), Gathers);
+        assert_eq!(fastest_of(&[[3.1, 2.1, 1.0, 9.0, 9.0], [3.0, 2.0, 5.0, 9.0, 9.0]]), Gathers, "in either order");
+        assert_eq!(fastest_of(&[[1.5, 9.0, 9.0, 0.1, 9.0], [9.0, 9.0, 1.6, 0.1, 9.0]]), Blends, "each form's best");
+        assert_eq!(fastest_of(&[[f64::NAN, f64::INFINITY, 2.0, 0.5, 9.0]]), Gathers);
+        assert_eq!(fastest_of(&[[f64::NAN; 5]]), Chains);
         // pairs pay when two inputs' pair beats twice the best form alone
         // (the best of each column over the probes), never without times
         assert!(!pairs_pay(&[]));
-        assert!(pairs_pay(&[[3.0, 2.0, 1.0, 1.9]]));
-        assert!(!pairs_pay(&[[3.0, 2.0, 1.0, 2.1]]));
-        assert!(pairs_pay(&[[3.0, 2.0, 1.0, 2.1], [3.0, 2.0, 1.0, 1.5]]), "the pair's best");
-        assert!(!pairs_pay(&[[3.0, 0.9, 1.0, 2.1], [3.0, 2.0, 1.0, 1.9]]), "against the chains' best");
-        assert!(pairs_pay(&[[3.0, 1.5, 2.4, 2.9]]), "the chains win alone, the pair still pays");
-        assert!(!pairs_pay(&[[1.0, 1.0, 1.0, f64::NAN]]));
+        assert!(pairs_pay(&[[3.0, 2.0, 1.0, 1.9, 9.0]]));
+        assert!(!pairs_pay(&[[3.0, 2.0, 1.0, 2.1, 9.0]]));
+        assert!(pairs_pay(&[[3.0, 2.0, 1.0, 2.1, 9.0], [3.0, 2.0, 1.0, 1.5, 9.0]]), "the pair's best");
+        assert!(!pairs_pay(&[[3.0, 0.9, 1.0, 2.1, 9.0], [3.0, 2.0, 1.0, 1.9, 9.0]]), "against the chains' best");
+        assert!(pairs_pay(&[[3.0, 1.5, 2.4, 2.9, 9.0]]), "the chains win alone, the pair still pays");
+        assert!(!pairs_pay(&[[1.0, 1.0, 1.0, f64::NAN, 9.0]]));
+        // quads pay when four inputs' quad beats two pairs, and pairs pay
+        assert!(quads_pay(&[[3.0, 2.0, 1.0, 1.5, 2.9]]));
+        assert!(!quads_pay(&[[3.0, 2.0, 1.0, 1.5, 3.1]]));
+        assert!(quads_pay(&[[3.0, 2.0, 1.0, 1.5, 3.1], [3.0, 2.0, 1.0, 1.6, 2.5]]), "the quad's best");
+        assert!(!quads_pay(&[[3.0, 2.0, 1.0, 2.5, 1.0]]), "not where pairs do not pay");
+        assert!(!quads_pay(&[[3.0, 2.0, 1.0, 1.5, f64::NAN]]));
         // a real probe times every form
         if let Some(t) = probe_times() {
             assert!(t.iter().all(|x| x.is_finite() && *x > 0.0), "{t:?}");

@@ -173,8 +173,9 @@ impl Work {
         Ok(())
     }
 
-    /// Every token's tables, then each expert once for every two of its
-    /// tokens (an odd one alone), in ascending id, the jobs whose records
+    /// Every token's tables, then each expert once for every two (or four,
+    /// where the quad kernel pays) of its tokens, the rest in a smaller
+    /// job, in ascending id, the jobs whose records
     /// are resident first; then each token's sum of its experts in
     /// ascending id, as token by token, bit for bit. Returns the I/O wait
     /// other lanes' compute overlapped and the expert runs (jobs).
@@ -208,17 +209,19 @@ impl Work {
             .chain(&arriving)
             .map(|&e| (e, uses_of(routes, k, nt, e).map(|(t, i)| (t, t * k + i)).collect()))
             .collect();
+        // jobs of up to four tokens where the quad kernel pays, else two
+        let most = kernel.group_most();
         let mut owner = Vec::with_capacity(routes.len());
         for (e, u) in &uses {
-            owner.extend(std::iter::repeat_n(*e, u.len().div_ceil(2)));
+            owner.extend(std::iter::repeat_n(*e, u.len().div_ceil(most)));
         }
-        let jobs = waste_moe::pair_jobs(uses.iter().map(|(_, u)| &u[..]));
+        let jobs = waste_moe::group_jobs(uses.iter().map(|(_, u)| &u[..]), most);
         let fetch = |j: usize| experts.wait(owner[j]);
         let lanes = waste_moe::lanes_in_use(scr, &m.pool);
         let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
         let lat = m.config().expert_width();
         let outs = &mut outs[..nt * k * lat];
-        kernel.forward_pairs(&m.pool, &w.books, &jobs, &fetch, tables, scr, outs)?;
+        kernel.forward_groups(&m.pool, &w.books, &jobs, &fetch, tables, scr, outs)?;
         let (spent, waited) = (te.elapsed().as_secs_f64(), experts.traffic().io_seconds - io0);
         let io_wall = (waited / lanes as f64).min(spent);
         self.stats.expert_seconds += spent - io_wall;

@@ -181,15 +181,7 @@ const PAIR_TILE: usize = 8;
 /// # Safety
 /// As [`rows32`], for both tables (plain, not wide).
 pub unsafe fn rows32_pair(lay: &VqLayout, idx: &[u8], ds: [&[f32]; 2], qs: [&[u8]; 2], r0: usize, ys: [&mut [f32]; 2]) {
-    let n = ys[0].len();
-    assert!(ys[1].len() == n, "two outputs of the same rows");
-    for (d, q) in ds.iter().zip(&qs) {
-        assert!(q.len() >= lay.table_len(), "a plain table");
-        assert!(d.len() >= lay.nvec.div_ceil(QBLOCK));
-    }
-    assert!(n.is_multiple_of(32) && r0.is_multiple_of(32));
-    assert!(idx.len() >= lay.index_bytes() && r0 + n <= lay.rows);
-    debug_assert!(lay.stages == lay.bpv() && !lay.packed6 && lay.block.is_multiple_of(32));
+    check_plain(lay, idx, &ds, &qs, r0, &ys);
     // SAFETY: the caller's contract; sizes asserted.
     unsafe {
         match lay.bpv() {
@@ -198,6 +190,28 @@ pub unsafe fn rows32_pair(lay: &VqLayout, idx: &[u8], ds: [&[f32]; 2], qs: [&[u8
             b => unreachable!("the gathers serve 2 or 3 byte stages, not {b}"),
         }
     }
+}
+
+/// The bounds [`rows32_pair`] and [`rows32_quad`] rely on: `N` outputs of
+/// the same whole 32-row groups from `r0`, `N` plain tables and their block
+/// scales, the layout's index bytes.
+fn check_plain<const N: usize>(
+    lay: &VqLayout,
+    idx: &[u8],
+    ds: &[&[f32]; N],
+    qs: &[&[u8]; N],
+    r0: usize,
+    ys: &[&mut [f32]; N],
+) {
+    let n = ys[0].len();
+    assert!(ys.iter().all(|y| y.len() == n), "{N} outputs of the same rows");
+    for (d, q) in ds.iter().zip(qs) {
+        assert!(q.len() >= lay.table_len(), "a plain table");
+        assert!(d.len() >= lay.nvec.div_ceil(QBLOCK));
+    }
+    assert!(n.is_multiple_of(32) && r0.is_multiple_of(32));
+    assert!(idx.len() >= lay.index_bytes() && r0 + n <= lay.rows);
+    debug_assert!(lay.stages == lay.bpv() && !lay.packed6 && lay.block.is_multiple_of(32));
 }
 
 /// The tile's codes of two plain tables widened side by side: `w[e] =
@@ -289,6 +303,145 @@ unsafe fn pair_body<const BPV: usize>(
                 unsafe {
                     _mm256_storeu_ps(pa.add(8 * k), acc[0][k]);
                     _mm256_storeu_ps(pb.add(8 * k), acc[1][k]);
+                }
+            }
+        }
+        t0 = t1;
+    }
+}
+
+/// Vector positions per tile of [`rows32_quad`]: one block, its four
+/// tables' codes side by side (4 × 3 stages × 256 qwords = 24 KiB, in L1).
+const QUAD_TILE: usize = QBLOCK;
+
+/// [`rows32_pair`] for four inputs: each tile's codes of the four plain
+/// tables widened side by side, one qword an entry (input `j`'s code in
+/// its 16-bit quarter `j`), so one `vpgatherdq` does four rows' lookups for
+/// all four inputs (four lanes: on the Intel Xeon of docs/lab entry 75 a
+/// 4-lane qword gather takes 2.1 reference cycles against the 8-lane dword
+/// gather's 3.4, so a lookup costs 0.13 against a pair's 0.21). The
+/// quarters add as 16-bit lanes; a block's four sums per row come out by
+/// `vpmaddwd` against a one-hot pattern (exact: each code times 1). Every
+/// output is bit-identical to [`rows32`] on its table alone. Three inputs
+/// take the third's table twice (an output to discard).
+///
+/// # Safety
+/// As [`rows32`], for all four tables (plain, not wide).
+pub unsafe fn rows32_quad(lay: &VqLayout, idx: &[u8], ds: [&[f32]; 4], qs: [&[u8]; 4], r0: usize, ys: [&mut [f32]; 4]) {
+    check_plain(lay, idx, &ds, &qs, r0, &ys);
+    // SAFETY: the caller's contract; sizes asserted.
+    unsafe {
+        match lay.bpv() {
+            3 => quad_body::<3>(lay, idx, ds, qs, r0, ys),
+            2 => quad_body::<2>(lay, idx, ds, qs, r0, ys),
+            b => unreachable!("the gathers serve 2 or 3 byte stages, not {b}"),
+        }
+    }
+}
+
+/// The tile's codes of four plain tables widened side by side: qword `e`
+/// of `w` holds code `c0 + e` of table `j` in its 16-bit quarter `j`.
+///
+/// # Safety
+/// AVX2; `c0 + w.len()` codes inside every table, `w.len()` a multiple of 16.
+#[target_feature(enable = "avx2")]
+unsafe fn interleave4(qs: [&[u8]; 4], c0: usize, w: &mut [u64]) {
+    debug_assert!(w.len().is_multiple_of(16) && qs.iter().all(|q| c0 + w.len() <= q.len()));
+    let ps = qs.map(|q| q.as_ptr().wrapping_add(c0));
+    for (i, o) in w.chunks_exact_mut(16).enumerate() {
+        // SAFETY: 16 codes (16 bytes) at code c0 + 16i of each table (the caller's bound); 16 qwords out.
+        unsafe {
+            let [a, b, c, d] = ps.map(|p| _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(16 * i) as *const __m128i)));
+            // dwords (a, b) and (c, d) of entries 0–3 | 8–11 (lo) and 4–7 | 12–15 (hi)
+            let (ab_lo, ab_hi) = (_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b));
+            let (cd_lo, cd_hi) = (_mm256_unpacklo_epi16(c, d), _mm256_unpackhi_epi16(c, d));
+            // qwords (a, b, c, d): entries 0,1 | 8,9; 2,3 | 10,11; 4,5 | 12,13; 6,7 | 14,15
+            let x0 = _mm256_unpacklo_epi32(ab_lo, cd_lo);
+            let x1 = _mm256_unpackhi_epi32(ab_lo, cd_lo);
+            let x2 = _mm256_unpacklo_epi32(ab_hi, cd_hi);
+            let x3 = _mm256_unpackhi_epi32(ab_hi, cd_hi);
+            let op = o.as_mut_ptr() as *mut __m256i;
+            _mm256_storeu_si256(op, _mm256_permute2x128_si256::<0x20>(x0, x1));
+            _mm256_storeu_si256(op.add(1), _mm256_permute2x128_si256::<0x20>(x2, x3));
+            _mm256_storeu_si256(op.add(2), _mm256_permute2x128_si256::<0x31>(x0, x1));
+            _mm256_storeu_si256(op.add(3), _mm256_permute2x128_si256::<0x31>(x2, x3));
+        }
+    }
+}
+
+/// The four inputs' sums of eight rows as `i32` lanes (rows in order),
+/// from `lo` (rows 0–3) and `hi` (rows 4–7), each a qword a row of four
+/// 16-bit sums.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn quad_sums(lo: __m256i, hi: __m256i) -> [__m256i; 4] {
+    // per row, dwords (input 0, input 2) and (input 1, input 3): exact products by 1
+    let even = _mm256_set1_epi64x(0x0000_0001_0000_0001);
+    let odd = _mm256_set1_epi64x(0x0001_0000_0001_0000);
+    let (e_lo, e_hi) = (_mm256_madd_epi16(lo, even), _mm256_madd_epi16(hi, even));
+    let (o_lo, o_hi) = (_mm256_madd_epi16(lo, odd), _mm256_madd_epi16(hi, odd));
+    // lanes of rows 0 1 4 5 | 2 3 6 7, then qwords back in row order
+    let pick = |a: __m256i, b: __m256i, second: bool| {
+        let (a, b) = (_mm256_castsi256_ps(a), _mm256_castsi256_ps(b));
+        let s = if second { _mm256_shuffle_ps::<0xDD>(a, b) } else { _mm256_shuffle_ps::<0x88>(a, b) };
+        _mm256_permute4x64_epi64::<0xD8>(_mm256_castps_si256(s))
+    };
+    [pick(e_lo, e_hi, false), pick(o_lo, o_hi, false), pick(e_lo, e_hi, true), pick(o_lo, o_hi, true)]
+}
+
+/// [`rows32_quad`] for `BPV` byte stages.
+///
+/// # Safety
+/// As [`rows32_quad`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quad_body<const BPV: usize>(
+    lay: &VqLayout,
+    idx: &[u8],
+    ds: [&[f32]; 4],
+    qs: [&[u8]; 4],
+    r0: usize,
+    ys: [&mut [f32]; 4],
+) {
+    let ms = masks::<BPV>();
+    let vstride = lay.vstride();
+    let per_v = BPV * 256;
+    let groups = ys[0].len() / 32;
+    let ps = ys.map(|y| y.as_mut_ptr());
+    let mut w = vec![0u64; QUAD_TILE * per_v];
+    let mut t0 = 0;
+    while t0 < lay.nvec {
+        let t1 = (t0 + QUAD_TILE).min(lay.nvec);
+        // SAFETY: positions t0..t1's codes are inside every table (asserted by the caller); a multiple of 256.
+        unsafe { interleave4(qs, t0 * per_v, &mut w[..(t1 - t0) * per_v]) };
+        let dv = ds.map(|d| _mm256_set1_ps(d[t0 / QBLOCK]));
+        for g in 0..groups {
+            let base = lay.offset(r0 + 32 * g, 0);
+            let next =
+                if g + 1 < groups { lay.offset(r0 + 32 * (g + 1), 0) } else { lay.offset(r0, 0) + QUAD_TILE * vstride };
+            // rows 8k..8k+3 in n[2k], 8k+4..8k+7 in n[2k+1]
+            let mut n = [_mm256_setzero_si256(); 8];
+            for vi in t0..t1 {
+                // SAFETY: the group's index bytes at vi are inside `idx` (asserted by the caller).
+                unsafe {
+                    each_index(idx, &ms, base + vi * vstride, next + vi * vstride, |k, s, iv| {
+                        let tb = w.as_ptr().wrapping_add((vi - t0) * per_v + 256 * s) as *const i64;
+                        // SAFETY: (vi, s)'s 256 side-by-side codes are inside the tile.
+                        let lo = _mm256_i32gather_epi64::<8>(tb, _mm256_castsi256_si128(iv));
+                        let hi = _mm256_i32gather_epi64::<8>(tb, _mm256_extracti128_si256::<1>(iv));
+                        n[2 * k] = _mm256_add_epi16(n[2 * k], lo);
+                        n[2 * k + 1] = _mm256_add_epi16(n[2 * k + 1], hi);
+                    })
+                };
+            }
+            for k in 0..4 {
+                let sums = quad_sums(n[2 * k], n[2 * k + 1]);
+                for j in 0..4 {
+                    let yp = ps[j].wrapping_add(32 * g + 8 * k);
+                    // SAFETY: 32g + 8k + 8 <= the outputs' length.
+                    unsafe {
+                        let a = if t0 > 0 { _mm256_loadu_ps(yp) } else { _mm256_setzero_ps() };
+                        _mm256_storeu_ps(yp, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[j]), dv[j], a));
+                    }
                 }
             }
         }
