@@ -59,6 +59,8 @@ pub struct Plan {
     pub ctx: u64,
     /// Experts chosen per token and MoE layer.
     pub top_k: u64,
+    /// Experts a MoE layer has (0 without).
+    pub layer_experts: u64,
     /// Expert records in the container (MoE layers × experts).
     pub expert_records: u64,
     /// Vocabulary entries (what the grammar tables scale with).
@@ -365,6 +367,7 @@ impl Plan {
             record_bytes: rec,
             ctx: ctx as u64,
             top_k: k,
+            layer_experts: if moe > 0 { c.experts as u64 } else { 0 },
             expert_records: moe * c.experts as u64,
             vocab: c.vocab as u64,
             layers: c.layers as u64,
@@ -508,11 +511,12 @@ impl Plan {
     /// The largest prefill chunk ([`MAX_CHUNK`], 64, 32 or [`CHUNK`], at
     /// most `most`) whose buffers beyond the floor's take at most a
     /// thirty-second of an expert cache of `cache_bytes`, and which such a
-    /// cache can feed (every distinct expert of a chunk is held at once:
-    /// `top_k` slots a token); [`CHUNK`] at least.
+    /// cache can feed (every distinct expert of a chunk's layer is held at
+    /// once: `top_k` slots a token, or a whole layer's); [`CHUNK`] at least.
     pub fn chunk_for(&self, cache_bytes: u64, most: usize) -> usize {
         let fed = match self.record_bytes * self.top_k {
             0 => MAX_CHUNK as u64,
+            _ if cache_bytes / self.record_bytes >= self.layer_experts => MAX_CHUNK as u64,
             per_token => cache_bytes / per_token,
         };
         let base = self.with_chunk(CHUNK).floor_bytes;

@@ -522,16 +522,18 @@ impl<'m> Session<'m> {
     }
 
     /// Tokens evaluated together in a prefill chunk: as many as the cache can
-    /// hold every distinct expert of (each read once per chunk), at most
-    /// what the buffers hold ([`Model::chunk`]) and the options' `max_chunk`.
+    /// hold every distinct expert of (each read once per chunk; a layer's
+    /// are pinned at once, so a cache with room for a whole layer's beside
+    /// the lookahead feeds any chunk), at most what the buffers hold
+    /// ([`Model::chunk`]) and the options' `max_chunk`.
     pub fn chunk_len(&self) -> usize {
         let c = self.m.config();
         let most = self.m.opts.max_chunk.clamp(1, self.m.chunk());
-        if c.n_moe_layers() == 0 {
+        let free = self.m.cache_slots().saturating_sub(self.m.opts.lookahead);
+        if c.n_moe_layers() == 0 || free >= c.experts {
             return most;
         }
-        let slots = self.m.cache_slots();
-        ((slots.saturating_sub(self.m.opts.lookahead)) / c.top_k).clamp(1, most)
+        (free / c.top_k).clamp(1, most)
     }
 
     /// [`Error::Incomplete`] when a step failed part-way since the last

@@ -489,3 +489,34 @@ fn expert_runs_count_one_per_use_or_one_per_distinct_expert_of_a_chunk() {
         assert_eq!(d.expert_runs, d.experts_hit + d.experts_missed, "{name}: a decode step runs each use");
     }
 }
+
+/// A layer's distinct experts are pinned at once, so a cache with room for
+/// a whole MoE layer's feeds a chunk of any length; a smaller one takes
+/// `top_k` slots a chunk token — and the logits are the same either way.
+#[test]
+fn a_cache_holding_a_layer_feeds_any_chunk() {
+    let path = fixture("tiny.waste");
+    let plan = waste_model::plan(&path, CTX).unwrap();
+    let open = |records: u64| {
+        let budget = plan.floor_bytes + records * plan.record_bytes;
+        Model::open(&path, ModelOptions { ctx: CTX, budget, huge_pages: false, ..ModelOptions::exact() }).unwrap()
+    };
+    let prompt: Vec<u32> = (1..=12).collect();
+    let (mut logits, mut whole) = (Vec::new(), Vec::new());
+    for records in [0, 6] {
+        let m = open(records);
+        let (slots, c) = (m.cache_slots(), m.config());
+        whole.push(slots >= c.experts);
+        let s = m.session();
+        if slots >= c.experts {
+            assert_eq!(s.chunk_len(), m.chunk(), "{slots} slots for {} experts a layer", c.experts);
+            assert!(slots / c.top_k < s.chunk_len(), "{slots} slots: the old rule would cap the chunk");
+        } else {
+            assert_eq!(s.chunk_len(), slots / c.top_k, "{slots} slots");
+        }
+        let mut s = s;
+        logits.push(s.eval(&prompt).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    }
+    assert_eq!(whole, [false, true], "both regimes");
+    assert_eq!(logits[0], logits[1]);
+}
