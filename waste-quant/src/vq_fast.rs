@@ -436,29 +436,12 @@ pub fn matvec_rows_pair(
     ys: [&mut [f32]; 2],
     form: TableForm,
 ) {
-    let [ya, yb] = ys;
-    assert_eq!(ya.len(), yb.len(), "two outputs of the same rows");
-    #[allow(unused_mut)]
-    let mut done = 0;
+    // SAFETY (the kernel's call): `matvec_rows_together` checked the features and sizes.
     #[cfg(target_arch = "x86_64")]
-    if form == TableForm::Plain && rows32(level, lay) && gathers_serve(lay) && r0.is_multiple_of(32) && ya.len() >= 32 {
-        assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2);
-        assert!(r0.checked_add(ya.len()).is_some_and(|e| e <= lay.rows));
-        done = ya.len() / 32 * 32;
-        let ((da, qa), (db, qb)) = (parts(lay, form, qts[0]), parts(lay, form, qts[1]));
-        let (ha, hb) = (&mut ya[..done], &mut yb[..done]);
-        // SAFETY: features checked by rows32; sizes asserted above and by parts.
-        unsafe { crate::x86_64::gathers::rows32_pair(lay, idx, [da, db], [qa, qb], r0, [&mut *ha, &mut *hb]) };
-        let sc = &scales[2 * r0..2 * (r0 + done)];
-        for y in [ha, hb] {
-            // SAFETY: the AVX2 kernels' level has AVX2 and F16C; 2 bytes a row.
-            unsafe { crate::x86_64::avx2::scale_by_f16(y, sc) };
-        }
-    }
-    if done < ya.len() {
-        matvec_rows(level, lay, idx, scales, qts[0], r0 + done, &mut ya[done..], form);
-        matvec_rows(level, lay, idx, scales, qts[1], r0 + done, &mut yb[done..], form);
-    }
+    let gather = |d, q, h: [&mut [f32]; 2]| unsafe { crate::x86_64::gathers::rows32_pair(lay, idx, d, q, r0, h) };
+    #[cfg(not(target_arch = "x86_64"))]
+    let gather = |_: [&[f32]; 2], _: [&[u8]; 2], _: [&mut [f32]; 2]| unreachable!("the gathers are x86_64's");
+    matvec_rows_together(level, lay, idx, scales, qts, r0, ys, form, gather);
 }
 
 /// [`matvec_rows_pair`] for four inputs: where the AVX2 gathers serve the
@@ -480,9 +463,35 @@ pub fn matvec_rows_quad(
     ys: [&mut [f32]; 4],
     form: TableForm,
 ) {
+    // SAFETY (the kernel's call): `matvec_rows_together` checked the features and sizes.
+    #[cfg(target_arch = "x86_64")]
+    let gather = |d, q, h: [&mut [f32]; 4]| unsafe { crate::x86_64::gathers::rows32_quad(lay, idx, d, q, r0, h) };
+    #[cfg(not(target_arch = "x86_64"))]
+    let gather = |_: [&[f32]; 4], _: [&[u8]; 4], _: [&mut [f32]; 4]| unreachable!("the gathers are x86_64's");
+    matvec_rows_together(level, lay, idx, scales, qts, r0, ys, form, gather);
+}
+
+/// [`matvec_rows_pair`] and [`matvec_rows_quad`]: `N` inputs through the
+/// same rows, the whole 32-row groups by `gather(scales, codes, outputs)`
+/// (an AVX2 kernel sharing its gathers) where it serves the layout and the
+/// tables are plain, then the rows' scales; the rest table by table.
+///
+/// # Panics
+/// As [`matvec_rows`]; when the outputs differ in length.
+#[allow(clippy::too_many_arguments)]
+fn matvec_rows_together<'t, const N: usize>(
+    level: Level,
+    lay: &VqLayout,
+    idx: &[u8],
+    scales: &[u8],
+    qts: [&'t [f32]; N],
+    r0: usize,
+    mut ys: [&mut [f32]; N],
+    form: TableForm,
+    gather: impl FnOnce([&'t [f32]; N], [&'t [u8]; N], [&mut [f32]; N]),
+) {
     let len = ys[0].len();
-    assert!(ys.iter().all(|y| y.len() == len), "four outputs of the same rows");
-    let mut ys = ys;
+    assert!(ys.iter().all(|y| y.len() == len), "{N} outputs of the same rows");
     #[allow(unused_mut)]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
@@ -490,17 +499,17 @@ pub fn matvec_rows_quad(
         assert!(idx.len() >= lay.index_bytes() && scales.len() >= lay.rows * 2);
         assert!(r0.checked_add(len).is_some_and(|e| e <= lay.rows));
         done = len / 32 * 32;
-        let parts4 = qts.map(|t| parts(lay, form, t));
-        let [a, b, c, d] = &mut ys;
-        let heads = [&mut a[..done], &mut b[..done], &mut c[..done], &mut d[..done]];
-        // SAFETY: features checked by rows32; sizes asserted above and by parts.
-        unsafe { crate::x86_64::gathers::rows32_quad(lay, idx, parts4.map(|p| p.0), parts4.map(|p| p.1), r0, heads) };
+        let ps = qts.map(|t| parts(lay, form, t));
+        let mut it = ys.iter_mut();
+        gather(ps.map(|p| p.0), ps.map(|p| p.1), core::array::from_fn(|_| &mut it.next().expect("N outputs")[..done]));
         let sc = &scales[2 * r0..2 * (r0 + done)];
         for y in ys.iter_mut() {
             // SAFETY: the AVX2 kernels' level has AVX2 and F16C; 2 bytes a row.
             unsafe { crate::x86_64::avx2::scale_by_f16(&mut y[..done], sc) };
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = gather;
     if done < len {
         for (y, t) in ys.iter_mut().zip(qts) {
             matvec_rows(level, lay, idx, scales, t, r0 + done, &mut y[done..], form);
