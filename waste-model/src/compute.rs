@@ -220,10 +220,14 @@ impl Model {
                 // top_k uses a token and layer, `users` of them a run
                 d.top_k as f64 * t / (lo as f64 + frac)
             }
-            // VQ experts whose tokens pair share each pair's gathers: a use
-            // in a pair costs half a pair run's share, the others decode's
-            Some(_) if nt > 1 => match self.moe_pairs_ms()? {
-                Some(pair_ms) => paired_layer_ms(d.moe_layer_ms, pair_ms, p.users),
+            // VQ experts whose tokens go in groups share each group's
+            // gathers: a use in a pair costs half a pair run, in a quad a
+            // quarter of a quad run (three tokens run as four), alone decode's
+            Some(_) if nt > 1 => match self.moe_groups_ms(2)? {
+                Some(pair_ms) => {
+                    let quad_ms = if nt >= 4 { self.moe_groups_ms(4)? } else { None };
+                    grouped_layer_ms([d.moe_layer_ms, pair_ms, quad_ms.unwrap_or(f64::NAN)], p.users)
+                }
                 None => d.moe_layer_ms,
             },
             _ => d.moe_layer_ms,
@@ -313,30 +317,36 @@ impl Model {
         })
     }
 
-    /// ms of one MoE layer's routed experts for two tokens that share all
-    /// `top_k` of them, as a prefill chunk runs pairs (both tokens' tables,
-    /// then `top_k` pair jobs across the lanes), on expert 0 of the first
-    /// MoE layer; `None` where tokens do not pair now
-    /// (`ExpertKernel::pairs`).
-    fn moe_pairs_ms(&self) -> Result<Option<f64>> {
+    /// ms of one MoE layer's routed experts for `n` (2 or 4) tokens that
+    /// share all `top_k` of them, as a prefill chunk runs groups (the
+    /// tokens' tables, then `top_k` jobs of `n` across the lanes), on expert
+    /// 0 of the first MoE layer; `None` where tokens do not pair now
+    /// (`ExpertKernel::pairs`) or, for 4, where they go in pairs only
+    /// (`ExpertKernel::group_most`).
+    fn moe_groups_ms(&self, n: usize) -> Result<Option<f64>> {
         let c = self.config();
         let (k, lat) = (c.top_k, c.expert_width());
         let mut applies = false;
         let ms = self.with_probe_record(|kernel, books, rec| {
-            applies = kernel.batch >= 2 && kernel.pairs(&self.pool, books);
+            applies = kernel.batch >= n && kernel.pairs(&self.pool, books) && kernel.group_most() >= n;
             if !applies {
                 return (0.0, 1);
             }
             let mut sc = kernel.scratch(waste_moe::lanes_for(self.pool.threads(), k));
-            let xs: Vec<f32> = (0..2 * lat).map(|i| ((i % 13) as f32 - 6.0) * 0.02).collect();
-            let mut outs = vec![0f32; 2 * k * lat];
+            let xs: Vec<f32> = (0..n * lat).map(|i| ((i % 13) as f32 - 6.0) * 0.02).collect();
+            let mut outs = vec![0f32; n * k * lat];
+            // job i: expert i's n tokens, token t's output in slot t·k + i
             let jobs: Vec<waste_moe::GroupJob> = (0..k)
-                .map(|i| waste_moe::GroupJob { tokens: [0, 1, 1, 1], n: 2, slots: [i, k + i, k + i, k + i] })
+                .map(|i| waste_moe::GroupJob {
+                    tokens: core::array::from_fn(|t| t.min(n - 1)),
+                    n,
+                    slots: core::array::from_fn(|t| t.min(n - 1) * k + i),
+                })
                 .collect();
             let fetch = |_: usize| Ok::<_, std::convert::Infallible>(rec);
-            let mut tables = vec![0f32; kernel.token_tables_floats() / kernel.batch * 2];
+            let mut tables = vec![0f32; kernel.token_tables_floats() / kernel.batch * n];
             time_calls(|| {
-                kernel.prepare_tokens(&self.pool, books, &xs, 2, &mut tables);
+                kernel.prepare_tokens(&self.pool, books, &xs, n, &mut tables);
                 let Ok(()) = kernel.forward_groups(&self.pool, books, &jobs, &fetch, &tables, &mut sc, &mut outs);
             })
         })?;
@@ -383,14 +393,22 @@ impl Model {
 }
 
 /// A token's routed experts of one layer when its uses run `users` to a
-/// run, one or two (a pair) each: `single_ms` a token's layer run alone
-/// (decode's), `pair_ms` two tokens' layer all in pairs. Of `u` uses a run
-/// on average (clamped to 1..2), the share `2(u − 1)/u` of the uses is in
-/// pairs.
-fn paired_layer_ms(single_ms: f64, pair_ms: f64, users: f64) -> f64 {
-    let u = if users.is_finite() { users.clamp(1.0, 2.0) } else { 1.0 };
-    let in_pairs = 2.0 * (u - 1.0) / u;
-    single_ms * (1.0 - in_pairs) + pair_ms / 2.0 * in_pairs
+/// run in groups: `ms[0]` a token's layer run alone (decode's), `ms[1]`
+/// two tokens' layer all in pairs, `ms[2]` four tokens' all in quads (NaN
+/// where tokens go in pairs only: `users` is then at most 2). A run of `n`
+/// tokens costs the layer time of its group size `t(n)` (three run as a
+/// quad: `t(3) = t(4)`), so `R` runs of `U` uses cost about `R · t(U / R)`
+/// with `t` linear between whole group sizes: a use `t(u) / u`, `u`
+/// clamped to 1..2 or 1..4.
+fn grouped_layer_ms(ms: [f64; 3], users: f64) -> f64 {
+    let most = if ms[2].is_finite() { 4 } else { 2 };
+    let (lo, hi, frac) = users_around(users, most);
+    let t = |n: usize| match n {
+        0 | 1 => ms[0],
+        2 => ms[1],
+        _ => ms[2],
+    };
+    (t(lo) + frac * (t(hi) - t(lo))) / (lo as f64 + frac)
 }
 
 #[cfg(test)]
@@ -420,13 +438,21 @@ mod tests {
     }
 
     #[test]
-    fn paired_uses_cost_half_a_pair_run() {
-        assert_eq!(paired_layer_ms(10.0, 12.0, 1.0), 10.0);
-        assert_eq!(paired_layer_ms(10.0, 12.0, 2.0), 6.0);
-        // 3 uses in 2 runs: a pair and one alone, 2 of the 3 in the pair
-        assert!((paired_layer_ms(10.0, 12.0, 1.5) - (10.0 / 3.0 + 6.0 * 2.0 / 3.0)).abs() < 1e-12);
-        assert_eq!(paired_layer_ms(10.0, 12.0, 7.0), 6.0);
-        assert_eq!(paired_layer_ms(10.0, 12.0, f64::NAN), 10.0);
+    fn grouped_uses_cost_their_groups_share() {
+        let pairs_only = [10.0, 12.0, f64::NAN];
+        assert_eq!(grouped_layer_ms(pairs_only, 1.0), 10.0);
+        assert_eq!(grouped_layer_ms(pairs_only, 2.0), 6.0);
+        // 1.5 a run: half the runs pairs, the uses 1/3 alone, 2/3 in pairs
+        assert!((grouped_layer_ms(pairs_only, 1.5) - (10.0 / 3.0 + 6.0 * 2.0 / 3.0)).abs() < 1e-12);
+        assert_eq!(grouped_layer_ms(pairs_only, 7.0), 6.0, "no more than pairs");
+        assert_eq!(grouped_layer_ms(pairs_only, f64::NAN), 10.0);
+        let quads = [10.0, 12.0, 16.0];
+        assert_eq!(grouped_layer_ms(quads, 2.0), 6.0);
+        assert_eq!(grouped_layer_ms(quads, 4.0), 4.0, "a quarter of a quad run");
+        assert!((grouped_layer_ms(quads, 3.0) - 16.0 / 3.0).abs() < 1e-12, "three tokens run as four");
+        // 2.5 a run: half pairs, half three-token quads: (12 + 16) / 2 per run
+        assert!((grouped_layer_ms(quads, 2.5) - 14.0 / 2.5).abs() < 1e-12);
+        assert_eq!(grouped_layer_ms(quads, 9.0), 4.0);
     }
 
     #[test]

@@ -131,8 +131,9 @@ fn the_fast_mode_is_bit_identical_across_placements() {
 /// A prefill chunk whose VQ experts serve two tokens at once (the AVX2
 /// gathers' pairs: every token's tables, one gather for two tokens' rows)
 /// gives the logits of the prompt fed token by token, on one thread and
-/// two, and the pairs ran (fewer expert runs than uses). On a CPU without
-/// AVX2 there is nothing to pair.
+/// two, and the pairs ran (fewer expert runs than uses); `bench`'s cores'
+/// bound probes those groups. On a CPU without AVX2 there is nothing to
+/// pair.
 #[test]
 fn a_prefill_of_paired_tokens_is_token_by_token() {
     use waste_quant::vq_fast::{set_avx2_lookup, Avx2Lookup};
@@ -162,4 +163,14 @@ fn a_prefill_of_paired_tokens_is_token_by_token() {
         assert_eq!(got, want, "{threads} threads, chunks of {max_chunk}");
         assert!(st.expert_runs < st.experts_hit + st.experts_missed, "{threads} threads: no pair ran: {st:?}");
     }
+    // the cores' bound of such a prefill probes the groups (pairs, and
+    // quads at more than two tokens a run): finite, positive, and the
+    // probes leave the answer as it was
+    let m = Model::open(&dir, ModelOptions { threads: 2, ..base.clone() }).unwrap();
+    for users in [1.0, 1.5, 2.5, 3.5, 4.0] {
+        let (_, p) = m.compute_bounds(waste_model::PrefillShape { tokens: 40, chunk: 16, users }).unwrap();
+        assert!(p.moe_layer_ms.is_finite() && p.moe_layer_ms > 0.0, "{users} a run: {p:?}");
+    }
+    let bits: Vec<u32> = m.session().eval(&ids).unwrap().iter().map(|v| v.to_bits()).collect();
+    assert_eq!(bits, want, "after the probes");
 }
