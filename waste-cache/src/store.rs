@@ -813,6 +813,28 @@ mod tests {
     }
 
     #[test]
+    fn speculative_reads_settle_evict_and_return() {
+        // every round prefetches two experts and acquires a third: the
+        // speculative reads are reaped, evicted, settled to free a slot (2
+        // slots: both in flight, unclaimed) and their slots reserved again;
+        // the cache finds its reads and windows from its lists of them
+        for slots in [2, 3] {
+            let s = store(slots, true, &format!("lists{slots}"));
+            s.enter();
+            // the fake source's expert 3 is damaged: the other seven
+            let ok = [0u32, 1, 2, 4, 5, 6, 7];
+            for round in 0..40usize {
+                let (a, b, c) = (ok[round % 7], ok[(round + 3) % 7], ok[(round + 5) % 7]);
+                s.prefetch(1, &[a, b]).unwrap();
+                let p = s.acquire(1, &[c], &[]).unwrap();
+                assert!(p.wait(c).unwrap().iter().all(|&x| x == c as u8), "{slots} slots, round {round}");
+                p.release().unwrap();
+            }
+            s.leave();
+        }
+    }
+
+    #[test]
     fn prefetch_reads_ahead_and_preload_fills() {
         let s = store(4, true, "pre");
         s.enter();
