@@ -79,6 +79,9 @@ impl Sampler {
     /// Pick a token from logits; `allowed` masks tokens (constrained decoding).
     pub fn pick(&mut self, logits: &[f32], allowed: Option<&dyn Fn(u32) -> bool>) -> u32 {
         let ok = |i: usize| allowed.is_none_or(|f| f(i as u32)) && logits[i].is_finite();
+        if self.p.temperature == 0.0 && allowed.is_none() {
+            return greedy(logits);
+        }
         if self.p.temperature == 0.0 {
             let mut best: Option<usize> = None;
             for i in 0..logits.len() {
@@ -133,9 +136,43 @@ impl Sampler {
     }
 }
 
+/// The first index of the largest finite logit, 0 when none is finite —
+/// the one-by-one loop's answer, its maximum found first in a pass the
+/// compiler vectorizes (one by one a 163 840-token vocabulary took
+/// ~0.15 ms a decode step), then its first place.
+fn greedy(logits: &[f32]) -> u32 {
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(if x.is_finite() { x } else { f32::NEG_INFINITY }));
+    if m == f32::NEG_INFINITY {
+        return 0;
+    }
+    // −0 and +0 compare equal: the first zero, as the loop keeps it
+    logits.iter().position(|&x| x == m).unwrap_or(0) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Greedy without a filter is the plain loop's pick: the first of
+        /// the largest finite logits (±0 alike), 0 when none is finite.
+        #[test]
+        fn greedy_is_the_first_largest_finite(
+            l in prop::collection::vec(prop::sample::select(vec![
+                f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0, -1.5, 2.0, 7.25, f32::MAX, -f32::MAX,
+            ]), 0..70),
+        ) {
+            let mut best: Option<usize> = None;
+            for i in 0..l.len() {
+                if l[i].is_finite() && best.is_none_or(|b| l[i] > l[b]) {
+                    best = Some(i);
+                }
+            }
+            prop_assert_eq!(greedy(&l), best.unwrap_or(0) as u32);
+        }
+    }
 
     #[test]
     fn greedy_seeded_and_filters() {

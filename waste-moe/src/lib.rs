@@ -61,10 +61,17 @@ pub fn route(c: &RouterConfig, logits: &[f32], bias: &[f32], out: &mut Vec<(usiz
             }
         }
     }
+    // the top k by score, ties by id: a total order, so selecting the k
+    // first and sorting them gives the full sort's first k
     let mut idx: Vec<usize> = (0..e).collect();
-    idx.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+    let order = |a: &usize, b: &usize| choice[*b].total_cmp(&choice[*a]).then(a.cmp(b));
+    let k = c.top_k.min(e);
+    if k > 0 && k < e {
+        idx.select_nth_unstable_by(k - 1, order);
+    }
+    idx[..k].sort_by(order);
     out.clear();
-    let chosen = &idx[..c.top_k];
+    let chosen = &idx[..k];
     let sum: f32 = chosen.iter().map(|&i| scores[i]).sum::<f32>() + 1e-20;
     for &i in chosen {
         let w = if c.renormalize { scores[i] / sum } else { scores[i] };
@@ -1516,6 +1523,30 @@ mod tests {
             let fetch = |j: usize| if j == bad { Err(j) } else { Ok(&recs[j][..]) };
             let mut out = vec![0f32; 5 * 136];
             assert_eq!(kernel.forward_fetched(&pool, &books, &slots, &fetch, &h, &mut sc, &mut out), Err(bad));
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// The top k by selection and a sort of those k are the full sort's
+        /// first k, ties (equal scores, repeated logits) by the lower id.
+        #[test]
+        fn routing_selects_what_the_full_sort_does(
+            logits in prop::collection::vec(prop::sample::select(vec![-2.0f32, -0.5, 0.0, -0.0, 0.25, 1.5, 3.0]), 1..40),
+            top_k in 0usize..10,
+            seed in any::<u64>(),
+        ) {
+            let e = logits.len();
+            let mut r = seed;
+            let bias: Vec<f32> = (0..e).map(|_| { r = r.wrapping_mul(6364136223846793005).wrapping_add(1); [0.0, 0.0, 0.5][(r >> 62) as usize % 3] }).collect();
+            let c = RouterConfig { experts: e, top_k: top_k.min(e), n_group: 1, topk_group: 1, renormalize: true, scaling: 2.0 };
+            let mut got = Vec::new();
+            route(&c, &logits, &bias, &mut got);
+            let choice: Vec<f32> = logits.iter().zip(&bias).map(|(&l, b)| sigmoid(l) + b).collect();
+            let mut idx: Vec<usize> = (0..e).collect();
+            idx.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+            let want: Vec<usize> = idx[..c.top_k].to_vec();
+            prop_assert_eq!(got.iter().map(|x| x.0).collect::<Vec<_>>(), want);
         }
     }
 
