@@ -135,8 +135,6 @@ pub struct KdaScratch {
     tokens: usize,
     /// `[3][tokens][C]`: q, k, v projections of every token.
     proj: Vec<f32>,
-    /// The current token's `[q | k | v]` (the conv ring's unit).
-    cur: Vec<f32>,
     conv_out: Vec<f32>,
     /// `[tokens][D]`: the decay's low-rank intermediates.
     lo: Vec<f32>,
@@ -159,7 +157,6 @@ impl KdaScratch {
         KdaScratch {
             tokens: t,
             proj: vec![0.0; 3 * t * ch],
-            cur: vec![0.0; 3 * ch],
             conv_out: vec![0.0; 3 * ch],
             lo: vec![0.0; t * c.dim],
             lo_g: vec![0.0; t * c.dim],
@@ -172,11 +169,11 @@ impl KdaScratch {
     /// Bytes [`KdaScratch::new`] allocates (for memory plans).
     pub fn bytes(c: &KdaConfig, tokens: usize) -> usize {
         let (ch, t) = (c.channels(), tokens.max(1));
-        4 * (3 * t * ch + 6 * ch + 2 * t * c.dim + 3 * t * ch + t * c.heads)
+        4 * (3 * t * ch + 3 * ch + 2 * t * c.dim + 3 * t * ch + t * c.heads)
     }
     /// Bytes allocated.
     pub fn allocated_bytes(&self) -> usize {
-        4 * [&self.proj, &self.cur, &self.conv_out, &self.lo, &self.lo_g, &self.z, &self.beta, &self.gate, &self.o]
+        4 * [&self.proj, &self.conv_out, &self.lo, &self.lo_g, &self.z, &self.beta, &self.gate, &self.o]
             .iter()
             .map(|v| v.capacity())
             .sum::<usize>()
@@ -290,19 +287,18 @@ pub fn chunk_states(
     }
     for t in 0..nt {
         let st = &mut *sts[if sts.len() == 1 { 0 } else { t }];
-        for part in 0..3 {
-            let src = &sc.proj[(part * sc.tokens + t) * ch..(part * sc.tokens + t + 1) * ch];
-            sc.cur[part * ch..(part + 1) * ch].copy_from_slice(src);
-        }
         // per head, across the pool: 2. its channels' causal depthwise conv
-        // over the ring + current input, then SiLU; 3. its log-decays; 4. its
-        // beta; 5. the delta rule; 6. the gated norm of its output
+        // over the ring + current input, then SiLU, and its channels of the
+        // ring advanced by the input; 3. its log-decays; 4. its beta; 5. the
+        // delta rule; 6. the gated norm of its output
+        let slots = st.conv.len() / (3 * ch);
+        let ring_all = waste_quant::SyncSlice::new(&mut st.conv);
+        let (proj, tokens) = (&sc.proj, sc.tokens);
         let z_all = waste_quant::SyncSlice::new(&mut sc.z[t * ch..(t + 1) * ch]);
         let cv_all = waste_quant::SyncSlice::new(&mut sc.conv_out);
         let s_all = waste_quant::SyncSlice::new(&mut st.s);
         let o_all = waste_quant::SyncSlice::new(&mut sc.o[t * ch..(t + 1) * ch]);
         let (beta, gate) = (&sc.beta[t * h..(t + 1) * h], &sc.gate[t * ch..(t + 1) * ch]);
-        let (ring, cur) = (&st.conv, &sc.cur);
         let level = pool.level();
         pool.chunks(h, &|h0, h1| {
             for hh in h0..h1 {
@@ -320,9 +316,22 @@ pub fn chunk_states(
                     )
                 };
                 for (part, out) in [(0, &mut *qh), (1, &mut *kh), (2, &mut *vh)] {
+                    let cur = &proj[(part * tokens + t) * ch + c0..(part * tokens + t) * ch + c1];
+                    // SAFETY: head hh alone touches channels [c0, c1) of its part in
+                    // every ring slot: read here, then moved one slot down.
+                    let at = |slot: usize| unsafe {
+                        ring_all.range(slot * 3 * ch + part * ch + c0, slot * 3 * ch + part * ch + c1)
+                    };
                     for (j, y) in out.iter_mut().enumerate() {
-                        let (i, cidx) = (c0 + j, part * ch + c0 + j);
-                        *y = conv_silu(&w.conv[part][i * k..(i + 1) * k], |jj| ring[jj * 3 * ch + cidx], cur[cidx]);
+                        let i = c0 + j;
+                        *y = conv_silu(&w.conv[part][i * k..(i + 1) * k], |jj| at(jj)[j], cur[j]);
+                    }
+                    // the ring's unit is a token's [q | k | v], oldest first
+                    for slot in 1..slots {
+                        at(slot - 1).copy_from_slice(at(slot));
+                    }
+                    if slots > 0 {
+                        at(slots - 1).copy_from_slice(cur);
                     }
                 }
                 log_decays(c, w, hh, z);
@@ -330,7 +339,6 @@ pub fn chunk_states(
                 gated_norm(c, w, o, &gate[c0..c1]);
             }
         });
-        push_ring(&mut st.conv, 3 * ch, 1, |_, dst| dst.copy_from_slice(&sc.cur));
     }
     // 7. output projection of the tokens from `first`
     out_proj(pool, w, &sc.o[..nt * ch], first, outs);
