@@ -341,6 +341,7 @@ impl Model {
                     tokens: core::array::from_fn(|t| t.min(n - 1)),
                     n,
                     slots: core::array::from_fn(|t| t.min(n - 1) * k + i),
+                    of: i,
                 })
                 .collect();
             let fetch = |_: usize| Ok::<_, std::convert::Infallible>(rec);

@@ -65,7 +65,7 @@ pub fn route(c: &RouterConfig, logits: &[f32], bias: &[f32], out: &mut Vec<(usiz
     // first and sorting them gives the full sort's first k
     let mut idx: Vec<usize> = (0..e).collect();
     let order = |a: &usize, b: &usize| choice[*b].total_cmp(&choice[*a]).then(a.cmp(b));
-    let k = c.top_k.min(e);
+    let k = c.top_k;
     if k > 0 && k < e {
         idx.select_nth_unstable_by(k - 1, order);
     }
@@ -258,6 +258,8 @@ pub struct GroupJob {
     pub n: usize,
     /// Each token's output slot (the first `n`).
     pub slots: [usize; 4],
+    /// Which of [`group_jobs`]' use lists the job serves (its expert).
+    pub of: usize,
 }
 
 /// A chunk's expert uses as [`GroupJob`]s of at most `most` (2 or 4)
@@ -270,13 +272,14 @@ pub struct GroupJob {
 pub fn group_jobs<'a>(uses: impl IntoIterator<Item = &'a [(usize, usize)]>, most: usize) -> Vec<GroupJob> {
     assert!(most == 2 || most == 4, "jobs of {most} tokens: 2 or 4");
     let mut jobs = Vec::new();
-    for u in uses {
+    for (of, u) in uses.into_iter().enumerate() {
         for p in u.chunks(most) {
             let at = |i: usize| p[i.min(p.len() - 1)];
             jobs.push(GroupJob {
                 tokens: [0, 1, 2, 3].map(|i| at(i).0),
                 n: p.len(),
                 slots: [0, 1, 2, 3].map(|i| at(i).1),
+                of,
             });
         }
     }
@@ -1344,12 +1347,7 @@ mod tests {
                     let sizes: Vec<usize> = jobs.iter().map(|j| j.n).collect();
                     let want_sizes: &[usize] = if most == 4 { &[4, 1, 3, 1, 2] } else { &[2, 2, 1, 2, 1, 1, 2] };
                     assert_eq!(sizes, want_sizes);
-                    let expert: Vec<usize> = uses
-                        .iter()
-                        .enumerate()
-                        .flat_map(|(e, u)| std::iter::repeat_n(e, u.len().div_ceil(most)))
-                        .collect();
-                    let fetch = |j: usize| Ok::<_, ()>(&recs[expert[j]][..]);
+                    let fetch = |j: usize| Ok::<_, ()>(&recs[jobs[j].of][..]);
                     let mut got = vec![f32::NAN; 20 * hidden];
                     assert!(kernel.forward_groups(&pool, &books, &jobs, &fetch, &tables, &mut sc, &mut got).is_ok());
                     for (e, u) in users.iter().enumerate() {

@@ -725,12 +725,7 @@ pub fn quads_pay(probes: &[ProbeTimes]) -> bool {
 /// this call counts as one of its calls), or, where the form is fixed
 /// (`WASTE_VQ_LOOKUP`, [`set_avx2_lookup`]), when it is the gathers.
 pub fn avx2_pairs() -> bool {
-    use core::sync::atomic::Ordering::Relaxed;
-    let l = avx2_lookup();
-    if decoded(AVX2_FIXED.load(Relaxed)).is_some() {
-        return l == Avx2Lookup::Gathers;
-    }
-    AVX2_PAIRS.load(Relaxed) == 2
+    grouped(&AVX2_PAIRS)
 }
 
 /// Whether a caller with three or four inputs through the same rows at the
@@ -738,12 +733,18 @@ pub fn avx2_pairs() -> bool {
 /// this CPU: by the probes (as [`avx2_pairs`]), or, where the form is
 /// fixed, when it is the gathers.
 pub fn avx2_quads() -> bool {
+    grouped(&AVX2_QUADS)
+}
+
+/// [`avx2_pairs`] and [`avx2_quads`]: with the form fixed, whether it is
+/// the gathers; else the probes' verdict in `flag` (as [`AVX2_PAIRS`]).
+fn grouped(flag: &core::sync::atomic::AtomicU8) -> bool {
     use core::sync::atomic::Ordering::Relaxed;
     let l = avx2_lookup();
     if decoded(AVX2_FIXED.load(Relaxed)).is_some() {
         return l == Avx2Lookup::Gathers;
     }
-    AVX2_QUADS.load(Relaxed) == 2
+    flag.load(Relaxed) == 2
 }
 
 /// The times of every probe [`avx2_lookup`] took so far in this process

@@ -211,12 +211,8 @@ impl Work {
             .collect();
         // jobs of up to four tokens where the quad kernel pays, else two
         let most = kernel.group_most();
-        let mut owner = Vec::with_capacity(routes.len());
-        for (e, u) in &uses {
-            owner.extend(std::iter::repeat_n(*e, u.len().div_ceil(most)));
-        }
         let jobs = waste_moe::group_jobs(uses.iter().map(|(_, u)| &u[..]), most);
-        let fetch = |j: usize| experts.wait(owner[j]);
+        let fetch = |j: usize| experts.wait(uses[jobs[j].of].0);
         let lanes = waste_moe::lanes_in_use(scr, &m.pool);
         let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
         let lat = m.config().expert_width();

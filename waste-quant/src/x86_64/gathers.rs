@@ -108,6 +108,19 @@ unsafe fn each_index<const BPV: usize>(
     }
 }
 
+/// Where the indices read after 32-row group `g` (of `groups` from row
+/// `r0`) start, for the prefetch hint: the next group's in this tile of
+/// `tile` positions, or the first group's in the next tile (a hint: past
+/// the end it never faults).
+#[inline]
+fn next_indices(lay: &VqLayout, r0: usize, g: usize, groups: usize, tile: usize) -> usize {
+    if g + 1 < groups {
+        lay.offset(r0 + 32 * (g + 1), 0)
+    } else {
+        lay.offset(r0, 0) + tile * lay.vstride()
+    }
+}
+
 /// [`rows32`] for `BPV` byte stages.
 ///
 /// # Safety
@@ -122,10 +135,7 @@ unsafe fn body<const BPV: usize>(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[u8]
         let t1 = (t0 + TILE).min(lay.nvec);
         for g in 0..groups {
             let base = lay.offset(r0 + 32 * g, 0);
-            // the indices read next: the next group's in this tile, or the
-            // first group's in the next (a hint: never faults)
-            let next =
-                if g + 1 < groups { lay.offset(r0 + 32 * (g + 1), 0) } else { lay.offset(r0, 0) + TILE * vstride };
+            let next = next_indices(lay, r0, g, groups, TILE);
             let ys = y.as_mut_ptr().wrapping_add(32 * g);
             let mut acc = [_mm256_setzero_ps(); 4];
             if t0 > 0 {
@@ -264,8 +274,7 @@ unsafe fn pair_body<const BPV: usize>(
         unsafe { interleave(qs[0], qs[1], t0 * per_v, &mut w[..wl]) };
         for g in 0..groups {
             let base = lay.offset(r0 + 32 * g, 0);
-            let next =
-                if g + 1 < groups { lay.offset(r0 + 32 * (g + 1), 0) } else { lay.offset(r0, 0) + PAIR_TILE * vstride };
+            let next = next_indices(lay, r0, g, groups, PAIR_TILE);
             let (pa, pb) = (ya.as_mut_ptr().wrapping_add(32 * g), yb.as_mut_ptr().wrapping_add(32 * g));
             let mut acc = [[_mm256_setzero_ps(); 4]; 2];
             if t0 > 0 {
@@ -416,8 +425,7 @@ unsafe fn quad_body<const BPV: usize>(
         let dv = ds.map(|d| _mm256_set1_ps(d[t0 / QBLOCK]));
         for g in 0..groups {
             let base = lay.offset(r0 + 32 * g, 0);
-            let next =
-                if g + 1 < groups { lay.offset(r0 + 32 * (g + 1), 0) } else { lay.offset(r0, 0) + QUAD_TILE * vstride };
+            let next = next_indices(lay, r0, g, groups, QUAD_TILE);
             // rows 8k..8k+3 in n[2k], 8k+4..8k+7 in n[2k+1]
             let mut n = [_mm256_setzero_si256(); 8];
             for vi in t0..t1 {
