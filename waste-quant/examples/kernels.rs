@@ -109,6 +109,19 @@ fn main() {
     if std::env::args().nth(2).as_deref() == Some("rows") {
         return vq_row_forms(reps, &mut r);
     }
+    // `kernels REPS expert`: one lane's experts as decode runs them (gate and
+    // up rows over two shared tables, the down table, the down rows), each
+    // expert's indices a fresh record of a 450 MB arena
+    if std::env::args().nth(2).as_deref() == Some("expert") {
+        return expert_sequence(reps, &mut r);
+    }
+    // `kernels REPS seq`: a 15 MB matvec six times in a row, each place
+    // timed (KBIG matrices cycled, KTHREADS threads, KGAP µs of spinning
+    // between the rounds): the per-core streaming rate and the cost of a
+    // pass after the pool's worker slept
+    if std::env::args().nth(2).as_deref() == Some("seq") {
+        return matvec_sequence(reps, &mut r);
+    }
     // `kernels REPS projections`: a KDA layer's input projections from DRAM
     if std::env::args().nth(2).as_deref() == Some("projections") {
         return projections(reps, &mut r);
@@ -440,7 +453,13 @@ fn vq4p(reps: usize, r: &mut impl FnMut() -> u64) {
 fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
     let from_mem = std::env::args().nth(3).is_some_and(|a| a.starts_with("memory"));
     for (name, stages, packed6) in [("vq3r", 3, false), ("vq2r", 2, false), ("vq4p", 4, true)] {
-        let lay = VqLayout { rows: 1024, nvec: 2304 / 8, stages, block: 64, packed6 };
+        // KSHAPE=ROWSxCOLS: another matrix (2304x1024: an expert's down)
+        let shape = std::env::var("KSHAPE").ok();
+        let (rr, cc) = shape
+            .as_deref()
+            .and_then(|s| s.split_once('x'))
+            .map_or((1024, 2304), |(a, b)| (a.parse().expect("KSHAPE rows"), b.parse().expect("KSHAPE columns")));
+        let lay = VqLayout { rows: rr, nvec: cc / 8, stages, block: 64, packed6 };
         let books = vq_books(stages, lay.table_entries());
         let br: Vec<&VqBook> = books.iter().collect();
         let idx: Vec<u8> = (0..lay.index_bytes()).map(|_| r() as u8).collect();
@@ -452,7 +471,9 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
         // `memory-huge`: the 64 sets in one buffer of 2 MiB pages, as the expert cache's arena
         let huge = std::env::args().nth(3).as_deref() == Some("memory-huge");
         let n = lay.index_bytes();
-        let mut arena = waste_io::AlignedBuf::new(64 * n, huge);
+        // KSETS: more sets than 64 (an arena past the L3)
+        let nsets = env_num("KSETS", 64);
+        let mut arena = waste_io::AlignedBuf::new(nsets * n, huge);
         for b in arena.iter_mut() {
             *b = r() as u8;
         }
@@ -646,4 +667,102 @@ fn from_memory(what: &str, lay: &VqLayout, (med, lo, hi): (f64, f64, f64)) {
         hi * 1e3 / 64.0,
         (64 * lay.index_bytes()) as f64 / med / 1e9
     );
+}
+
+/// The `expert` mode: a lane's sequence of VQ3R 1024 × 2304 experts in the
+/// fast mode at the process's level, each phase timed.
+fn expert_sequence(reps: usize, r: &mut impl FnMut() -> u64) {
+    use waste_quant::vq_fast::{self as vf};
+    let lv = if std::env::var("WASTE_SIMD").is_ok() { waste_quant::level() } else { Level::Avx2 };
+    let lg = VqLayout { rows: 1024, nvec: 2304 / 8, stages: 3, block: 64, packed6: false };
+    let ld = VqLayout { rows: 2304, nvec: 1024 / 8, stages: 3, block: 64, packed6: false };
+    let books = vq_books(3, 256);
+    let br: Vec<&VqBook> = books.iter().collect();
+    let rec = 3 * lg.index_bytes();
+    let nrec = 170;
+    let mut arena = waste_io::AlignedBuf::new(nrec * rec, true);
+    for b in arena.iter_mut() {
+        *b = r() as u8;
+    }
+    let (gs, x) = vq_scales_input(lg.rows, lg.nvec);
+    let (ds, _) = vq_scales_input(ld.rows, ld.nvec);
+    let form = vf::table_form(lv, &lg);
+    let dform = vf::table_form(lv, &ld);
+    let mut tg = vec![0f32; lg.table_len()];
+    let mut tu = vec![0f32; lg.table_len()];
+    let mut td = vec![0f32; ld.table_len()];
+    let x2: Vec<f32> = x.iter().map(|v| 0.3 - v).collect();
+    for (buf, xi) in [(&mut tg, &x), (&mut tu, &x2)] {
+        let nb = vf::blocks(&lg);
+        let (d, q) = vf::parts_mut(&lg, form, buf, 0, nb);
+        vf::build(lv, &br, &lg, xi, 127.0, (0, nb), d, q, form);
+    }
+    let (mut g, mut u, mut y) = (vec![0f32; 1024], vec![0f32; 1024], vec![0f32; 2304]);
+    let mut ts = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    let mut k = 0;
+    for _ in 0..reps.max(1) * 8 {
+        k = (k + 37) % nrec;
+        let rb = &arena[k * rec..(k + 1) * rec];
+        let (gi, rest) = rb.split_at(lg.index_bytes());
+        let (ui, di) = rest.split_at(lg.index_bytes());
+        let t = Instant::now();
+        vf::matvec_rows(lv, &lg, gi, &gs, &tg, 0, &mut g, form);
+        ts[0].push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        vf::matvec_rows(lv, &lg, ui, &gs, &tu, 0, &mut u, form);
+        ts[1].push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for (a, b) in g.iter_mut().zip(&u) {
+            *a = *a / (1.0 + (-*a).exp()) * b * 1e-3;
+        }
+        let nb = vf::blocks(&ld);
+        let (d, q) = vf::parts_mut(&ld, dform, &mut td, 0, nb);
+        vf::build(lv, &br, &ld, &g, 127.0, (0, nb), d, q, dform);
+        ts[2].push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        vf::matvec_rows(lv, &ld, di, &ds, &td, 0, &mut y, dform);
+        ts[3].push(t.elapsed().as_secs_f64());
+    }
+    for (name, t) in ["gate rows", "up rows", "glu + down table", "down rows"].iter().zip(ts.iter_mut()) {
+        t.sort_by(f64::total_cmp);
+        let n = t.len();
+        println!("expert {name} {}: {:.3} ms ({:.3}–{:.3})", lv.name(), t[n / 2] * 1e3, t[0] * 1e3, t[n - 1] * 1e3);
+    }
+}
+
+/// A number from the environment, else `default`.
+fn env_num(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// The `seq` mode: six 12 576 × 2304 Q4G matvecs in a row in the fast mode,
+/// the median time of each place in the row.
+fn matvec_sequence(reps: usize, r: &mut impl FnMut() -> u64) {
+    let nbig = env_num("KBIG", 20).max(1);
+    let big: Vec<Matrix> = (0..nbig).map(|_| random_trunk(Fmt::Q4G, 12_576, 2304, r).0).collect();
+    let x: Vec<f32> = (0..2304).map(|i| (i % 7) as f32 * 0.1).collect();
+    let mut y = vec![0f32; 12_576];
+    let mut pool = waste_quant::Pool::with_level(env_num("KTHREADS", 2), waste_quant::level());
+    pool.set_numeric(waste_quant::fast::Numeric::Fast);
+    let gap = std::time::Duration::from_micros(env_num("KGAP", 0) as u64);
+    let mut t = vec![Vec::new(); 6];
+    let mut k = 0;
+    for _ in 0..reps * 10 {
+        for tp in t.iter_mut() {
+            k = (k + 7) % nbig;
+            let t0 = Instant::now();
+            pool.matvec(&big[k].view(), &x, &mut y);
+            tp.push(t0.elapsed().as_secs_f64());
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < gap {
+            std::hint::spin_loop();
+        }
+    }
+    let bytes = big[0].heap_bytes() as f64;
+    for (i, v) in t.iter_mut().enumerate() {
+        v.sort_by(f64::total_cmp);
+        let med = v[v.len() / 2];
+        println!("matvec {} in a row: {:.3} ms {:.1} GB/s", i + 1, med * 1e3, bytes / med / 1e9);
+    }
 }

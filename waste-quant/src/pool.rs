@@ -15,9 +15,12 @@ use std::time::{Duration, Instant};
 /// last tasks) poll before sleeping on the condition variable. A decode
 /// token makes hundreds of short pool calls; waking a sleeping thread cost
 /// ~9 µs a call on a 2-vCPU VM, more than a 5 µs task (docs/lab/2026-12-01-30-matvec-streams-the-pool-s-per-call-cost-byte.md,
-/// "The pool's per-call cost"). Polling stops after this, so an idle
-/// process sleeps.
-const SPIN: Duration = Duration::from_micros(100);
+/// "The pool's per-call cost"), and on the Intel Xeon VM of docs/lab entry
+/// 78 a pass after the worker slept streamed 0.12 ms slower (a vCPU that
+/// halted wakes late). At 100 µs a 48B AVX2 token still slept about 11
+/// times (the experts' lanes end up to ~0.2 ms apart); at 3 ms, none.
+/// Polling stops after this, so an idle process sleeps.
+const SPIN: Duration = Duration::from_micros(3000);
 
 /// Poll `ready` for up to [`SPIN`]; whether it became true.
 fn spin_until(ready: impl Fn() -> bool) -> bool {
