@@ -631,7 +631,7 @@ impl Model {
     /// cache's prefault, if still running, is held during the probe (its
     /// page zeroing measured as a third of the bandwidth gone on a VM).
     pub fn memory_bandwidth(&self, threads: usize, passes: usize) -> (f64, f64) {
-        let slices: Vec<&[u8]> = self.trunk_matrices().iter().map(|m| m.data.as_slice()).collect();
+        let slices: Vec<&[u8]> = self.trunk_matrices().iter().map(|m| &m.data[..]).collect();
         let total: usize = slices.iter().map(|s| s.len()).sum();
         // the cache's prefault (page zeroing) would take a third to two
         // thirds of the bandwidth away from the probe on a VM: held meanwhile

@@ -73,7 +73,7 @@ mod x86_64;
 
 pub use group::quantize_groups;
 pub use level::{level, Level};
-pub use matrix::{MatRef, Matrix, ShapeError};
+pub use matrix::{MatRef, Matrix, Payload, ShapeError};
 pub use vq::{VqBook, VqLayout};
 pub use waste_format::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 pub use waste_rng::SplitMix64;

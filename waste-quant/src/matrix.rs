@@ -277,9 +277,66 @@ pub struct Matrix {
     /// Group size.
     pub group: usize,
     /// Payload.
-    pub data: Vec<u8>,
+    pub data: Payload,
     /// Scales as f16 bits (converted in the kernels; half the memory of f32).
     pub scales: Vec<u16>,
+}
+
+/// A matrix's payload bytes: from the allocator, or a buffer of its own
+/// that starts on a 2 MiB boundary with huge pages behind its whole 2 MiB
+/// blocks ([`waste_io::AlignedBuf::try_huge_blocks`]: the trunk's matrices,
+/// streamed once a token, whole in huge pages but their tails).
+pub enum Payload {
+    /// From the allocator.
+    Vec(Vec<u8>),
+    /// A buffer of its own.
+    Aligned(waste_io::AlignedBuf),
+}
+
+impl Payload {
+    /// Bytes allocated for it.
+    pub fn capacity(&self) -> usize {
+        match self {
+            Payload::Vec(v) => v.capacity(),
+            Payload::Aligned(b) => b.capacity(),
+        }
+    }
+}
+
+impl core::ops::Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Payload::Vec(v) => v,
+            Payload::Aligned(b) => b,
+        }
+    }
+}
+
+impl core::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let kind = if matches!(self, Payload::Vec(_)) { "Vec" } else { "Aligned" };
+        write!(f, "Payload::{kind}({} bytes)", self.len())
+    }
+}
+
+impl Clone for Payload {
+    /// A copy from the allocator (a clone is no trunk matrix).
+    fn clone(&self) -> Self {
+        Payload::Vec(self.to_vec())
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(v: Vec<u8>) -> Self {
+        Payload::Vec(v)
+    }
+}
+
+impl From<waste_io::AlignedBuf> for Payload {
+    fn from(b: waste_io::AlignedBuf) -> Self {
+        Payload::Aligned(b)
+    }
 }
 
 impl Matrix {
@@ -297,6 +354,20 @@ impl Matrix {
         cols: usize,
         group: usize,
         data: Vec<u8>,
+        scale_bytes: &[u8],
+    ) -> Result<Matrix, ShapeError> {
+        Self::from_payload(fmt, rows, cols, group, Payload::Vec(data), scale_bytes)
+    }
+    /// [`Matrix::from_stored`] for a payload in either of its homes.
+    ///
+    /// # Errors
+    /// As [`Matrix::from_stored`].
+    pub fn from_payload(
+        fmt: Fmt,
+        rows: usize,
+        cols: usize,
+        group: usize,
+        data: Payload,
         scale_bytes: &[u8],
     ) -> Result<Matrix, ShapeError> {
         let scales: Vec<u16> = scale_bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();

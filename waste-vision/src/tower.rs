@@ -66,12 +66,12 @@ fn patch_matrix(load: &mut Loader<'_>, name: &str, d: usize) -> Result<Matrix> {
             m.rows, m.cols
         )));
     }
-    let (fmt, data) = if m.fmt.is_grouped() {
-        (waste_format::Fmt::F32, m.to_f32().iter().flat_map(|v| v.to_le_bytes()).collect())
+    let (fmt, data): (_, waste_quant::Payload) = if m.fmt.is_grouped() {
+        (waste_format::Fmt::F32, m.to_f32().iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into())
     } else {
         (m.fmt, m.data)
     };
-    Matrix::from_stored(fmt, d, PATCH_VALUES, 0, data, &[]).map_err(|e| Error::Weights(format!("{name}: {e}")))
+    Matrix::from_payload(fmt, d, PATCH_VALUES, 0, data, &[]).map_err(|e| Error::Weights(format!("{name}: {e}")))
 }
 
 /// Bytes the patch embedding takes once loaded when it is stored as the
