@@ -61,10 +61,7 @@ impl AlignedBuf {
         let want_huge = huge && len >= crate::HUGE_PAGE;
         let align = if want_huge { crate::HUGE_PAGE } else { crate::ALIGN };
         let err = || crate::Error::Alloc { len };
-        let cap = len.max(1).div_ceil(align).checked_mul(align).ok_or_else(err)?;
-        if cap > isize::MAX as usize / 2 {
-            return Err(err());
-        }
+        let cap = capacity(len, align)?;
         #[cfg(unix)]
         if cap >= LAZY_MIN {
             let (base, size, ptr) = map_aligned(cap, align).ok_or_else(err)?;
@@ -93,12 +90,8 @@ impl AlignedBuf {
         let whole = len / crate::HUGE_PAGE * crate::HUGE_PAGE;
         #[cfg(unix)]
         if whole > 0 {
-            let err = || crate::Error::Alloc { len };
-            let cap = len.div_ceil(crate::ALIGN).checked_mul(crate::ALIGN).ok_or_else(err)?;
-            if cap > isize::MAX as usize / 2 {
-                return Err(err());
-            }
-            let (base, size, ptr) = map_aligned(cap, crate::HUGE_PAGE).ok_or_else(err)?;
+            let cap = capacity(len, crate::ALIGN)?;
+            let (base, size, ptr) = map_aligned(cap, crate::HUGE_PAGE).ok_or(crate::Error::Alloc { len })?;
             let huge = advise_huge(ptr, whole);
             return Ok(AlignedBuf { ptr, len, cap, backing: Backing::Map { base, size }, huge });
         }
@@ -118,6 +111,17 @@ impl AlignedBuf {
         // SAFETY: the allocation is `cap` bytes from ptr, exclusively ours.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) }
     }
+}
+
+/// `len` rounded up to `align` (at least one unit), refused when that
+/// overflows or passes half the address space.
+fn capacity(len: usize, align: usize) -> crate::Result<usize> {
+    let err = || crate::Error::Alloc { len };
+    let cap = len.max(1).div_ceil(align).checked_mul(align).ok_or_else(err)?;
+    if cap > isize::MAX as usize / 2 {
+        return Err(err());
+    }
+    Ok(cap)
 }
 
 /// An anonymous private mapping of `cap` bytes aligned to `align`: maps

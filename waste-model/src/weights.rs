@@ -111,11 +111,18 @@ impl<'c> TrunkReader<'c> {
         } else {
             vec![0u8; len]
         };
-        self.file.read_exact_at(&mut v, off)?;
-        if self.drop_behind {
-            self.file.dont_need(off, len as u64);
-        }
+        self.fill(&mut v, off)?;
         Ok(v)
+    }
+
+    /// `buf` from `off` of trunk.bin, its pages then dropped from the page
+    /// cache where this reader drops behind.
+    fn fill(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        self.file.read_exact_at(buf, off)?;
+        if self.drop_behind {
+            self.file.dont_need(off, buf.len() as u64);
+        }
+        Ok(())
     }
 
     /// [`TrunkReader::read`] for a matrix's payload: with huge pages asked
@@ -130,10 +137,7 @@ impl<'c> TrunkReader<'c> {
             return Ok(self.read(off, len)?.into());
         }
         let mut b = waste_io::AlignedBuf::try_huge_blocks(n)?;
-        self.file.read_exact_at(&mut b, off)?;
-        if self.drop_behind {
-            self.file.dont_need(off, len);
-        }
+        self.fill(&mut b, off)?;
         Ok(b.into())
     }
 
