@@ -84,6 +84,9 @@ impl Work {
         let (distinct, repeats) = union_of(&routes, batched || paired);
         let experts = m.store.acquire(l as u32, &distinct, &repeats)?;
         self.stats.experts_acquired += distinct.len() as u64;
+        // the shared experts while the reads are in flight (and while the
+        // router's input still streams: not after the experts' compute)
+        self.shared_experts(m, w, first, nt);
         // the chunk's expert inputs (the latent down-projection for all tokens at once)
         if let Some(lt) = &w.latent {
             m.pool.matmat(&lt.down.view(), self.chunk_ffn_in.rows(xs), nt, self.moe.lat_in.rows_mut(0..nt));
@@ -297,10 +300,18 @@ impl Work {
             }
             None => self.chunk_ffn_out.rows_mut(xs.clone()).copy_from_slice(self.moe.lat_sum.rows(0..nt)),
         }
+        if w.shared.is_some() {
+            add(self.chunk_ffn_out.rows_mut(xs), self.moe.chunk_shared.rows(0..nt));
+        }
+    }
+
+    /// The shared experts of chunk tokens `first..first + nt` into
+    /// `moe.chunk_shared` ([`Work::combine`] adds them to the routed sum).
+    fn shared_experts(&mut self, m: &Model, w: &MoeWeights, first: usize, nt: usize) {
         if let Some(sh) = &w.shared {
             let out = self.moe.chunk_shared.rows_mut(0..nt);
-            sh.forward_chunk(&m.pool, c.activation, self.chunk_ffn_in.rows(xs.clone()), nt, &mut self.ffn_tmp, out);
-            add(self.chunk_ffn_out.rows_mut(xs), out);
+            let xs = self.chunk_ffn_in.rows(first..first + nt);
+            sh.forward_chunk(&m.pool, m.config().activation, xs, nt, &mut self.ffn_tmp, out);
         }
     }
 
