@@ -123,6 +123,41 @@ pub fn update_read_rows(level: Level, k: &[f32], d: &[f32], s: &mut [f32], q: &[
     }
 }
 
+/// One head's delta-rule step over its state `s` (`e.len()` rows of
+/// `v.len()` columns): [`decay_project_rows`] into `u` (from zeros), `d[j]
+/// = beta·(v[j] − u[j])`, then [`update_read_rows`] into `o` (from zeros).
+/// At AVX2 (and above) for widths that are a multiple of 32, by blocks of
+/// 32 columns (each column's sums depend on its own column alone), each
+/// block's state read from memory once and its second pass from L1;
+/// bit-identical to the two passes either way.
+///
+/// # Panics
+/// When the lengths disagree.
+#[allow(clippy::too_many_arguments)]
+pub fn head_step(level: Level, e: &[f32], k: &[f32], v: &[f32], beta: f32, q: &[f32], s: &mut [f32], o: &mut [f32]) {
+    let w = v.len();
+    assert!(k.len() == e.len() && q.len() == e.len() && o.len() == w && s.len() == e.len() * w);
+    #[cfg(target_arch = "x86_64")]
+    if level.avx2_kernels() && w.is_multiple_of(32) {
+        // SAFETY: AVX2/FMA verified by the level; lengths asserted above.
+        return unsafe { x86_64::head_step_blocks(e, k, v, beta, q, s, o) };
+    }
+    let mut on_stack = [0f32; 512];
+    let mut on_heap = Vec::new();
+    let u = if w <= on_stack.len() {
+        &mut on_stack[..w]
+    } else {
+        on_heap.resize(w, 0f32);
+        &mut on_heap[..]
+    };
+    decay_project_rows(level, e, k, s, u);
+    for (uj, &vj) in u.iter_mut().zip(v) {
+        *uj = beta * (vj - *uj);
+    }
+    o.fill(0.0);
+    update_read_rows(level, k, u, s, q, o);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +194,33 @@ mod tests {
                 decay_project_rows(lv, &e, &k, &mut s2, &mut u2);
                 assert_eq!(bits(&u2), bits(&u1), "u, {rows}×{w}, level {lv:?}");
                 update_read_rows(lv, &k, &d, &mut s2, &q, &mut o2);
+                assert_eq!(bits(&s2), bits(&s1), "state, {rows}×{w}, level {lv:?}");
+                assert_eq!(bits(&o2), bits(&o1), "read-out, {rows}×{w}, level {lv:?}");
+            }
+        }
+    }
+    /// The fused head step (blocks of 32 columns at AVX2 and above) is the
+    /// two whole-state passes with `d = beta·(v − u)` between them, bit for
+    /// bit at every level: widths of whole blocks (one, several, with rows
+    /// fewer or more than the columns) and others (the passes themselves).
+    #[test]
+    fn head_step_is_the_two_passes() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (rows, w) in [(128, 128), (64, 64), (32, 32), (5, 96), (130, 64), (7, 48), (3, 37)] {
+            let f = |i: usize, m: usize, a: f32| ((i * m) % 113) as f32 / 57.0 - a;
+            let s0: Vec<f32> = (0..rows * w).map(|i| f(i, 7919, 1.0)).collect();
+            let e: Vec<f32> = (0..rows).map(|i| 0.5 + f(i, 31, 0.0) / 4.0).collect();
+            let k: Vec<f32> = (0..rows).map(|i| f(i, 104729, 0.9)).collect();
+            let q: Vec<f32> = (0..rows).map(|i| f(i, 7, 1.1)).collect();
+            let v: Vec<f32> = (0..w).map(|i| f(i, 97, 0.8)).collect();
+            let beta = 0.37;
+            let (mut s1, mut u, mut o1) = (s0.clone(), vec![0f32; w], vec![0f32; w]);
+            decay_project_rows(Level::Scalar, &e, &k, &mut s1, &mut u);
+            let d: Vec<f32> = u.iter().zip(&v).map(|(&uj, &vj)| beta * (vj - uj)).collect();
+            update_read_rows(Level::Scalar, &k, &d, &mut s1, &q, &mut o1);
+            for lv in Level::available() {
+                let (mut s2, mut o2) = (s0.clone(), vec![f32::NAN; w]);
+                head_step(lv, &e, &k, &v, beta, &q, &mut s2, &mut o2);
                 assert_eq!(bits(&s2), bits(&s1), "state, {rows}×{w}, level {lv:?}");
                 assert_eq!(bits(&o2), bits(&o1), "read-out, {rows}×{w}, level {lv:?}");
             }

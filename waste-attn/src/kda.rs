@@ -606,19 +606,13 @@ pub fn head_update(
     let (khat, qhat) = if d <= 512 { (&mut khat[..d], &mut qhat[..d]) } else { unreachable_big(d) };
     unit_norm(level, k, 1.0, khat);
     unit_norm(level, q, qscale, qhat);
-    // decay rows, u = Sᵀ k̂
-    let (mut u, mut e) = ([0f32; 512], [0f32; 512]);
-    let (u, e) = (&mut u[..d], &mut e[..d]);
+    // decay rows, u = Sᵀ k̂; S += k̂ dᵀ with d = beta (v - u); o = Sᵀ q̂
+    let mut e = [0f32; 512];
+    let e = &mut e[..d];
     for (ei, gi) in e.iter_mut().zip(g) {
         *ei = gi.exp();
     }
-    crate::delta::decay_project_rows(level, e, khat, &mut s[..d * d], u);
-    // S += k̂ dᵀ with d = beta (v - u); o = Sᵀ q̂
-    o.fill(0.0);
-    for j in 0..d {
-        u[j] = beta * (v[j] - u[j]);
-    }
-    crate::delta::update_read_rows(level, khat, u, &mut s[..d * d], qhat, o);
+    crate::delta::head_step(level, e, khat, v, beta, qhat, &mut s[..d * d], o);
 }
 
 /// `out = x / √(x·x + 1e-6) · scale` (the key and query L2 norm).
