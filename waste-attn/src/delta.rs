@@ -78,46 +78,26 @@ pub fn update_read(level: Level, k: f32, d: &[f32], row: &mut [f32], q: f32, o: 
 
 /// [`decay_project`] over a whole state: `s` holds `e.len()` rows of
 /// `u.len()` columns, row `i` decayed by `e[i]` and projected with `k[i]`,
-/// rows in order. At AVX-512 for 64 or 128 columns `u` stays in registers
-/// for the whole pass; bit-identical to the per-row calls either way.
+/// rows in order ([`head_step`] fuses both passes at AVX2 and above).
 ///
 /// # Panics
 /// When the lengths disagree.
 pub fn decay_project_rows(level: Level, e: &[f32], k: &[f32], s: &mut [f32], u: &mut [f32]) {
     let w = u.len();
     assert!(k.len() == e.len() && s.len() == e.len() * w);
-    #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 && Level::Avx512.supported() {
-        // SAFETY: AVX-512 verified; lengths asserted above.
-        match w {
-            64 => return unsafe { x86_64::decay_project_rows::<4>(e, k, s, u) },
-            128 => return unsafe { x86_64::decay_project_rows::<8>(e, k, s, u) },
-            _ => {}
-        }
-    }
     for (i, (&ei, &ki)) in e.iter().zip(k).enumerate() {
         decay_project(level, ei, ki, &mut s[i * w..(i + 1) * w], u);
     }
 }
 
 /// [`update_read`] over a whole state: `s` holds `k.len()` rows of
-/// `d.len()` columns, rows in order. At AVX-512 for 64 or 128 columns `d`
-/// and `o` stay in registers; bit-identical to the per-row calls either way.
+/// `d.len()` columns, rows in order.
 ///
 /// # Panics
 /// When the lengths disagree.
 pub fn update_read_rows(level: Level, k: &[f32], d: &[f32], s: &mut [f32], q: &[f32], o: &mut [f32]) {
     let w = d.len();
     assert!(q.len() == k.len() && o.len() == w && s.len() == k.len() * w);
-    #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 && Level::Avx512.supported() {
-        // SAFETY: AVX-512 verified; lengths asserted above.
-        match w {
-            64 => return unsafe { x86_64::update_read_rows::<4>(k, d, s, q, o) },
-            128 => return unsafe { x86_64::update_read_rows::<8>(k, d, s, q, o) },
-            _ => {}
-        }
-    }
     for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
         update_read(level, ki, d, &mut s[i * w..(i + 1) * w], qi, o);
     }
@@ -162,18 +142,33 @@ pub fn head_step(level: Level, e: &[f32], k: &[f32], v: &[f32], beta: f32, q: &[
 mod tests {
     use super::*;
 
+    /// A state of `rows × w`, its decays, keys and queries (`rows`), and a
+    /// `w`-long vector (values, or the update's `d`): deterministic, mixed signs.
+    struct State {
+        s0: Vec<f32>,
+        e: Vec<f32>,
+        k: Vec<f32>,
+        q: Vec<f32>,
+        v: Vec<f32>,
+    }
+    fn state(rows: usize, w: usize) -> State {
+        let f = |i: usize, m: usize, a: f32| ((i * m) % 113) as f32 / 57.0 - a;
+        State {
+            s0: (0..rows * w).map(|i| f(i, 7919, 1.0)).collect(),
+            e: (0..rows).map(|i| 0.5 + f(i, 31, 0.0) / 4.0).collect(),
+            k: (0..rows).map(|i| f(i, 104729, 0.9)).collect(),
+            q: (0..rows).map(|i| f(i, 7, 1.1)).collect(),
+            v: (0..w).map(|i| f(i, 97, 0.8)).collect(),
+        }
+    }
+
     /// The whole-state passes equal the scalar per-row definition bit for
-    /// bit at every level, for the register-held widths and others.
+    /// bit at every level, for the blocks' widths and others.
     #[test]
     fn state_passes_are_the_per_row_ops() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for (rows, w) in [(128, 128), (64, 64), (5, 128), (7, 48), (3, 37)] {
-            let f = |i: usize, m: usize, a: f32| ((i * m) % 113) as f32 / 57.0 - a;
-            let s0: Vec<f32> = (0..rows * w).map(|i| f(i, 7919, 1.0)).collect();
-            let e: Vec<f32> = (0..rows).map(|i| 0.5 + f(i, 31, 0.0) / 4.0).collect();
-            let k: Vec<f32> = (0..rows).map(|i| f(i, 104729, 0.9)).collect();
-            let q: Vec<f32> = (0..rows).map(|i| f(i, 7, 1.1)).collect();
-            let d: Vec<f32> = (0..w).map(|i| f(i, 97, 0.8)).collect();
+            let State { s0, e, k, q, v: d } = state(rows, w);
             let (mut s1, mut u1, mut o1) = (s0.clone(), d.clone(), d.clone());
             for i in 0..rows {
                 let row = &mut s1[i * w..(i + 1) * w];
@@ -207,12 +202,7 @@ mod tests {
     fn head_step_is_the_two_passes() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for (rows, w) in [(128, 128), (64, 64), (32, 32), (5, 96), (130, 64), (7, 48), (3, 37)] {
-            let f = |i: usize, m: usize, a: f32| ((i * m) % 113) as f32 / 57.0 - a;
-            let s0: Vec<f32> = (0..rows * w).map(|i| f(i, 7919, 1.0)).collect();
-            let e: Vec<f32> = (0..rows).map(|i| 0.5 + f(i, 31, 0.0) / 4.0).collect();
-            let k: Vec<f32> = (0..rows).map(|i| f(i, 104729, 0.9)).collect();
-            let q: Vec<f32> = (0..rows).map(|i| f(i, 7, 1.1)).collect();
-            let v: Vec<f32> = (0..w).map(|i| f(i, 97, 0.8)).collect();
+            let State { s0, e, k, q, v } = state(rows, w);
             let beta = 0.37;
             let (mut s1, mut u, mut o1) = (s0.clone(), vec![0f32; w], vec![0f32; w]);
             decay_project_rows(Level::Scalar, &e, &k, &mut s1, &mut u);

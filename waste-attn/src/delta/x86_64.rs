@@ -1,5 +1,5 @@
 //! The x86_64 forms of the delta-rule row operations: AVX2+FMA per row,
-//! AVX-512 over a whole state with its vector in registers.
+//! and a head's whole step by blocks of 32 columns (at AVX2 and AVX-512).
 
 use core::arch::x86_64::*;
 
@@ -45,67 +45,6 @@ pub unsafe fn update_read(k: f32, d: &[f32], row: &mut [f32], q: f32, o: &mut [f
         j += 8;
     }
     n8
-}
-
-/// The decay-and-project pass over a whole delta-rule state (`rows =
-/// e.len()` rows of `16·NV` columns): `s[i][j] *= e[i]; u[j] = fma(k[i],
-/// s[i][j], u[j])` row after row, with `u` held in registers for the whole
-/// pass (each state element is loaded and stored once; `decay_project`
-/// per row reloads `u` every row). Per element the same operations in the
-/// same order: bit-identical.
-///
-/// # Safety
-/// AVX-512 F; `s.len() == e.len() · 16·NV`, `k.len() == e.len()`, `u.len() == 16·NV`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-pub unsafe fn decay_project_rows<const NV: usize>(e: &[f32], k: &[f32], s: &mut [f32], u: &mut [f32]) {
-    let w = 16 * NV;
-    assert!(u.len() == w && s.len() == e.len() * w && k.len() == e.len());
-    // SAFETY (all loads/stores): offsets below 16·NV in `u`, below rows·16·NV in `s`.
-    let mut acc: [__m512; NV] = core::array::from_fn(|c| unsafe { _mm512_loadu_ps(u.as_ptr().add(16 * c)) });
-    for (i, (&ei, &ki)) in e.iter().zip(k).enumerate() {
-        let (ev, kv) = (_mm512_set1_ps(ei), _mm512_set1_ps(ki));
-        let row = unsafe { s.as_mut_ptr().add(i * w) };
-        for (c, a) in acc.iter_mut().enumerate() {
-            unsafe {
-                let sv = _mm512_mul_ps(_mm512_loadu_ps(row.add(16 * c)), ev);
-                _mm512_storeu_ps(row.add(16 * c), sv);
-                *a = _mm512_fmadd_ps(kv, sv, *a);
-            }
-        }
-    }
-    for (c, a) in acc.iter().enumerate() {
-        unsafe { _mm512_storeu_ps(u.as_mut_ptr().add(16 * c), *a) };
-    }
-}
-
-/// The rank-one update and read-out pass over a whole delta-rule state:
-/// `s[i][j] = fma(k[i], d[j], s[i][j]); o[j] = fma(q[i], s[i][j], o[j])`
-/// row after row, `d` and `o` held in registers (each state element loaded
-/// and stored once). Bit-identical to `update_read` per row.
-///
-/// # Safety
-/// AVX-512 F; `s.len() == k.len() · 16·NV`, `q.len() == k.len()`, `d.len() == o.len() == 16·NV`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-pub unsafe fn update_read_rows<const NV: usize>(k: &[f32], d: &[f32], s: &mut [f32], q: &[f32], o: &mut [f32]) {
-    let w = 16 * NV;
-    assert!(d.len() == w && o.len() == w && s.len() == k.len() * w && q.len() == k.len());
-    // SAFETY (all loads/stores): offsets below 16·NV in `d`/`o`, below rows·16·NV in `s`.
-    let dv: [__m512; NV] = core::array::from_fn(|c| unsafe { _mm512_loadu_ps(d.as_ptr().add(16 * c)) });
-    let mut acc: [__m512; NV] = core::array::from_fn(|c| unsafe { _mm512_loadu_ps(o.as_ptr().add(16 * c)) });
-    for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
-        let (kv, qv) = (_mm512_set1_ps(ki), _mm512_set1_ps(qi));
-        let row = unsafe { s.as_mut_ptr().add(i * w) };
-        for (c, (a, dc)) in acc.iter_mut().zip(&dv).enumerate() {
-            unsafe {
-                let sv = _mm512_fmadd_ps(kv, *dc, _mm512_loadu_ps(row.add(16 * c)));
-                _mm512_storeu_ps(row.add(16 * c), sv);
-                *a = _mm512_fmadd_ps(qv, sv, *a);
-            }
-        }
-    }
-    for (c, a) in acc.iter().enumerate() {
-        unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * c), *a) };
-    }
 }
 
 /// One head's whole recurrence step by blocks of 32 value columns (see
