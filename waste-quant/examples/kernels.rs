@@ -122,6 +122,10 @@ fn main() {
     if std::env::args().nth(2).as_deref() == Some("seq") {
         return matvec_sequence(reps, &mut r);
     }
+    // `kernels REPS mla`: MLA's absorbed query and value product per head
+    if std::env::args().nth(2).as_deref() == Some("mla") {
+        return mla_absorbed(reps, &mut r);
+    }
     // `kernels REPS projections`: a KDA layer's input projections from DRAM
     if std::env::args().nth(2).as_deref() == Some("projections") {
         return projections(reps, &mut r);
@@ -371,6 +375,24 @@ fn mla_absorbed(reps: usize, r: &mut impl FnMut() -> u64) {
                 m.view().rows_axpy(lv, h * (nope + vd), &q, &mut acc);
             }
         });
+        // the value product: each head's 128 value rows times its mixed latent
+        let cb: Vec<f32> = (0..kvl).map(|i| (i % 9) as f32 * 0.05 - 0.2).collect();
+        let mut oh = vec![0f32; vd];
+        for numeric in [waste_quant::fast::Numeric::Exact, waste_quant::fast::Numeric::Fast] {
+            let (v, vlo, vhi) = time(reps, || {
+                for h in 0..heads {
+                    m.view().matvec_rows_in(lv, numeric, &cb, h * (nope + vd) + nope, &mut oh);
+                }
+            });
+            println!(
+                "mla value product 32x128x512 q4g {:>7} {}: {:.3} ms ({:.3}–{:.3})",
+                lv.name(),
+                numeric.name(),
+                v * 1e3,
+                vlo * 1e3,
+                vhi * 1e3
+            );
+        }
         println!(
             "mla absorbed query 32x128x512 q4g {:>7}: row buffer + axpy {:.3} ms ({:.3}–{:.3}), rows_axpy {:.3} ms ({:.3}–{:.3})",
             lv.name(),
@@ -736,7 +758,11 @@ fn env_num(name: &str, default: usize) -> usize {
 }
 
 /// The `seq` mode: six 12 576 × 2304 Q4G matvecs in a row in the fast mode,
-/// the median time of each place in the row.
+/// the median time of each place in the row, for each way of splitting the
+/// rows (`KPARTS=a,b,…`: that many tasks claimed in turn by the threads; 0
+/// is `Pool::matvec`'s one part a thread; every split runs each round, on
+/// the same matrices). Between the rounds `KGAP` µs of what `KGMODE` names
+/// ([`Gap`]): the cost of a pass after the memory or a worker went quiet.
 fn matvec_sequence(reps: usize, r: &mut impl FnMut() -> u64) {
     let nbig = env_num("KBIG", 20).max(1);
     let big: Vec<Matrix> = (0..nbig).map(|_| random_trunk(Fmt::Q4G, 12_576, 2304, r).0).collect();
@@ -744,25 +770,143 @@ fn matvec_sequence(reps: usize, r: &mut impl FnMut() -> u64) {
     let mut y = vec![0f32; 12_576];
     let mut pool = waste_quant::Pool::with_level(env_num("KTHREADS", 2), waste_quant::level());
     pool.set_numeric(waste_quant::fast::Numeric::Fast);
-    let gap = std::time::Duration::from_micros(env_num("KGAP", 0) as u64);
-    let mut t = vec![Vec::new(); 6];
+    let kps: Vec<usize> =
+        std::env::var("KPARTS").unwrap_or("0".into()).split(',').map(|v| v.parse().expect("KPARTS")).collect();
+    let mut gap = Gap::new(env_num("KGMODE", 0), env_num("KGAP", 0) as u64, r);
+    let mut ts = vec![vec![Vec::new(); 6]; kps.len()];
     let mut k = 0;
     for _ in 0..reps * 10 {
-        for tp in t.iter_mut() {
-            k = (k + 7) % nbig;
-            let t0 = Instant::now();
-            pool.matvec(&big[k].view(), &x, &mut y);
-            tp.push(t0.elapsed().as_secs_f64());
-        }
-        let t0 = Instant::now();
-        while t0.elapsed() < gap {
-            std::hint::spin_loop();
+        for (&parts, t) in kps.iter().zip(ts.iter_mut()) {
+            for tp in t.iter_mut() {
+                k = (k + 7) % nbig;
+                let m = big[k].view();
+                let t0 = Instant::now();
+                if parts == 0 {
+                    pool.matvec(&m, &x, &mut y);
+                } else {
+                    let (n, q) = (m.rows, waste_quant::fast::quantize(&x, m.cols_padded()));
+                    let ys = waste_quant::SyncSlice::new(&mut y);
+                    pool.run(parts, &|p| {
+                        let (a, b) = (n * p / parts, n * (p + 1) / parts);
+                        // SAFETY: task p alone writes rows [a, b) of y.
+                        m.matvec_rows_fast(waste_quant::level(), &q, a, unsafe { ys.range(a, b) });
+                    });
+                }
+                tp.push(t0.elapsed().as_secs_f64());
+            }
+            gap.fill(&pool);
         }
     }
     let bytes = big[0].heap_bytes() as f64;
-    for (i, v) in t.iter_mut().enumerate() {
-        v.sort_by(f64::total_cmp);
-        let med = v[v.len() / 2];
-        println!("matvec {} in a row: {:.3} ms {:.1} GB/s", i + 1, med * 1e3, bytes / med / 1e9);
+    for (parts, t) in kps.iter().zip(ts.iter_mut()) {
+        for (i, v) in t.iter_mut().enumerate() {
+            v.sort_by(f64::total_cmp);
+            let med = v[v.len() / 2];
+            println!("parts {parts} matvec {} in a row: {:.3} ms {:.1} GB/s", i + 1, med * 1e3, bytes / med / 1e9);
+        }
+    }
+}
+
+/// What fills the `seq` mode's gap between rounds (`KGMODE`): 0 the caller
+/// spins (`pause`), 1 the caller reads a 256 MB buffer at full speed, 2 it
+/// reads a line every `KTRICKLE` pauses, 3 it spins without `pause`, 4 both
+/// threads read their half of the buffer (a line every `KTRICKLE` pauses,
+/// 0: full speed), 5 both threads run gate rows of the fast VQ kernel
+/// (indices from a 450 MB arena), as a decode's experts' pass.
+struct Gap {
+    mode: usize,
+    len: std::time::Duration,
+    trickle: usize,
+    side: Vec<u64>,
+    at: usize,
+    /// Mode 5's rows.
+    vq: Option<GapRows>,
+}
+
+/// Mode 5's gate rows: layout, index arena, block scales, table and its form.
+type GapRows = (VqLayout, waste_io::AlignedBuf, Vec<u8>, Vec<f32>, waste_quant::vq_fast::TableForm);
+
+impl Gap {
+    fn new(mode: usize, micros: u64, r: &mut impl FnMut() -> u64) -> Gap {
+        use waste_quant::vq_fast as vf;
+        let side = if matches!(mode, 1 | 2 | 4) { (0..(256u64 << 20) / 8).collect() } else { Vec::new() };
+        let vq = (mode == 5).then(|| {
+            let lv = waste_quant::level();
+            let lg = VqLayout { rows: 1024, nvec: 2304 / 8, stages: 3, block: 64, packed6: false };
+            let books = vq_books(3, 256);
+            let br: Vec<&VqBook> = books.iter().collect();
+            let mut arena = waste_io::AlignedBuf::new(510 * lg.index_bytes(), true);
+            for b in arena.iter_mut() {
+                *b = r() as u8;
+            }
+            let (gs, xg) = vq_scales_input(lg.rows, lg.nvec);
+            let form = vf::table_form(lv, &lg);
+            let mut tg = vec![0f32; lg.table_len()];
+            let nb = vf::blocks(&lg);
+            let (d, q) = vf::parts_mut(&lg, form, &mut tg, 0, nb);
+            vf::build(lv, &br, &lg, &xg, 127.0, (0, nb), d, q, form);
+            (lg, arena, gs, tg, form)
+        });
+        let len = std::time::Duration::from_micros(micros);
+        Gap { mode, len, trickle: env_num("KTRICKLE", 100), side, at: 0, vq }
+    }
+
+    /// One gap.
+    fn fill(&mut self, pool: &waste_quant::Pool) {
+        let (t0, len, trickle, side) = (Instant::now(), self.len, self.trickle, &self.side);
+        let mut acc = 0u64;
+        match self.mode {
+            1 | 2 => {
+                while t0.elapsed() < len {
+                    for _ in 0..if self.mode == 1 { 64 } else { 1 } {
+                        acc = acc.wrapping_add(side[self.at]);
+                        self.at = (self.at + 8) % side.len();
+                    }
+                    for _ in 0..if self.mode == 2 { trickle } else { 0 } {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+            3 => while t0.elapsed() < len {},
+            4 => {
+                let (h, at) = (side.len() / 2, self.at % (side.len() / 2));
+                pool.run(2, &|i| {
+                    let mut o = i * h + at;
+                    let mut a = 0u64;
+                    while t0.elapsed() < len {
+                        for _ in 0..16 {
+                            a = a.wrapping_add(side[o]);
+                            o = if o + 8 >= (i + 1) * h { i * h } else { o + 8 };
+                            for _ in 0..trickle {
+                                std::hint::spin_loop();
+                            }
+                        }
+                    }
+                    std::hint::black_box(a);
+                });
+                self.at += 4096 * 64;
+            }
+            5 => {
+                let (lg, arena, gs, tg, form) = self.vq.as_ref().expect("mode 5's arena");
+                let next = std::sync::atomic::AtomicUsize::new(self.at);
+                let nrec = arena.len() / lg.index_bytes();
+                pool.run(2, &|_| {
+                    let mut g = vec![0f32; lg.rows];
+                    while t0.elapsed() < len {
+                        let k = next.fetch_add(37, std::sync::atomic::Ordering::Relaxed) % nrec;
+                        let gi = &arena[k * lg.index_bytes()..(k + 1) * lg.index_bytes()];
+                        waste_quant::vq_fast::matvec_rows(waste_quant::level(), lg, gi, gs, tg, 0, &mut g, *form);
+                    }
+                    std::hint::black_box(&g);
+                });
+                self.at = next.into_inner();
+            }
+            _ => {
+                while t0.elapsed() < len {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        std::hint::black_box(acc);
     }
 }
