@@ -26,9 +26,11 @@ pub struct EngineArgs {
     /// Expert cache policy: eta (expected next use; default), lfru or lru.
     #[arg(long, default_value = "eta")]
     pub cache: String,
-    /// Experts of the next layer to prefetch from a router lookahead (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub lookahead: usize,
+    /// Experts of the next layer to prefetch from a router lookahead (0 =
+    /// off; default: 4 where the expert cache cannot hold every expert,
+    /// else off).
+    #[arg(long)]
+    pub lookahead: Option<usize>,
     /// Read a layer's missing experts one at a time instead of all at once.
     #[arg(long)]
     pub no_readahead: bool,

@@ -530,7 +530,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "budget_bytes": model.budget(), "cache_slots": model.cache_slots(), "huge_pages": model.huge_pages(),
         "huge_page_bytes": huge_bytes, "prefaulted_bytes": model.prefaulted_bytes(),
         "threads": model.threads(), "io_threads": model.options().io_threads, "simd": model.simd().name(),
-        "lookahead": model.options().lookahead, "readahead": model.options().readahead, "preloaded": model.preloaded(),
+        "lookahead": if a.routing.is_some() { 0 } else { model.lookahead() }, "readahead": model.options().readahead, "preloaded": model.preloaded(),
         "policy": model.options().policy.name(), "temperature": a.temp, "kda_chunked": model.options().kda_chunked,
     });
     v["numeric_mode"] = json!(model.numeric().name());

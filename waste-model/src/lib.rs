@@ -72,7 +72,9 @@ pub use generate::{
     Control, Finish, GenerateParams, Generation, Generator, Pick, TokenConstraint, TokenEvent, MARK_CLOSE, MARK_OPEN,
     NO_TOKEN,
 };
-pub use model::{default_numeric, Model, ModelOptions, MAX_IO_THREADS, MAX_THREADS_PER_CORE};
+pub use model::{
+    default_numeric, lookahead_for, Model, ModelOptions, AUTO_LOOKAHEAD, MAX_IO_THREADS, MAX_THREADS_PER_CORE,
+};
 pub use plan::{
     head_bytes, head_piece_bytes, layer_bytes, layer_read_bytes, plan, split, Plan, Split, GRAMMAR_BYTES_PER_TOKEN,
     HEAD_PIECE_BYTES, MAX_CTX, MAX_PARALLEL,

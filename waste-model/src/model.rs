@@ -34,8 +34,16 @@ pub struct ModelOptions {
     pub policy: Policy,
     /// Issue all of a layer's misses at once and compute resident experts while they arrive.
     pub readahead: bool,
-    /// Experts of the next layer to prefetch from a router lookahead (0 = off).
-    pub lookahead: usize,
+    /// Experts of the next layer to prefetch from a router lookahead:
+    /// layer L+1's router on layer L's MoE input, its best guesses read
+    /// while layer L+1's attention runs. `Some(0)` is off; `None` (the
+    /// default) lets the open decide ([`Model::lookahead`]):
+    /// [`AUTO_LOOKAHEAD`] (at most `top_k`) where the expert cache cannot
+    /// hold every routed expert but holds two layers' worth, else none.
+    /// Never changes an answer, only when reads start. A session replaying
+    /// a recorded routing ([`crate::Session::replay_routing`]) reads nothing
+    /// ahead: the router's guesses are not the trace's choices.
+    pub lookahead: Option<usize>,
     /// Ask for 2 MiB huge pages for the cache arena and the trunk's
     /// matrices (each streamed once a token: 4 KiB pages cost a TLB walk
     /// every 4 KiB).
@@ -129,6 +137,36 @@ pub fn default_numeric(level: Level) -> Result<Numeric> {
     }
 }
 
+/// Experts of the next layer the router lookahead reads ahead when the
+/// options leave it to the open ([`ModelOptions::lookahead`] `None`) and
+/// the cache cannot hold every expert: on the 48B shape with a disk as the
+/// bound (1.1 GB/s, 6 and 12 GB budgets, AVX2) decode 6.8 % and 11.5 %
+/// faster than without (five alternated pairs each, each pair faster; 85–98 %
+/// of the guesses read were used) — docs/lab entry 80.
+pub const AUTO_LOOKAHEAD: usize = 4;
+
+/// The router lookahead in use: the number `asked` for, else
+/// [`AUTO_LOOKAHEAD`] (at most `top_k`) where a cache of `slots` records
+/// cannot hold every routed expert of `c` but holds two layers' worth (a
+/// layer's own experts beside the next one's guesses), else none (a cache
+/// that holds everything misses only once; one too small for two layers
+/// would evict what the layer still needs).
+pub fn lookahead_for(asked: Option<usize>, c: &waste_format::ModelConfig, slots: usize) -> usize {
+    match asked {
+        Some(n) => n,
+        None => {
+            let all = c.n_moe_layers().saturating_mul(c.experts);
+            let fits_all = slots >= all;
+            let two_layers = slots >= c.top_k.saturating_mul(2).saturating_add(AUTO_LOOKAHEAD);
+            if all == 0 || fits_all || !two_layers {
+                0
+            } else {
+                AUTO_LOOKAHEAD.min(c.top_k)
+            }
+        }
+    }
+}
+
 /// Compute threads at most this many per core (more only adds switching).
 pub const MAX_THREADS_PER_CORE: usize = 4;
 /// Reader threads at most (each holds one read in flight).
@@ -146,7 +184,7 @@ impl Default for ModelOptions {
             simd: None,
             policy: Policy::Eta,
             readahead: true,
-            lookahead: 0,
+            lookahead: None,
             huge_pages: true,
             prefault: true,
             max_chunk: crate::plan::MAX_CHUNK,
@@ -188,6 +226,8 @@ pub struct Model {
     /// The expert store: cache, readers, record checks.
     pub(crate) store: ExpertStore<Records>,
     pub(crate) opts: ModelOptions,
+    /// The router lookahead in use ([`lookahead_for`]).
+    pub(crate) lookahead: usize,
     plan: Plan,
     tokenizer: Option<waste_tokenizer::Tokenizer>,
     template: Option<waste_tokenizer::ChatTemplate>,
@@ -245,6 +285,7 @@ impl Model {
             warnings.push(format!("images are off: the vision tower could not load ({e}); text works"));
         }
         let store = expert_store(&container, &opts, &plan, resolved.cache_bytes)?;
+        let lookahead = lookahead_for(opts.lookahead, &container.config, store.slots());
         let kernel = container.experts.as_ref().map(|(_, lay)| ExpertKernel {
             lay: *lay,
             act: container.config.activation,
@@ -275,6 +316,7 @@ impl Model {
             pair_scratch: std::sync::Mutex::new(pair_scratch),
             pool,
             opts,
+            lookahead,
             plan,
             tokenizer,
             template,
@@ -513,6 +555,12 @@ impl Model {
     pub fn cache_slots(&self) -> usize {
         self.store.slots()
     }
+    /// Experts of the next layer the router lookahead reads ahead (0 =
+    /// off): the options' number, or the open's choice where they left it
+    /// open ([`lookahead_for`]).
+    pub fn lookahead(&self) -> usize {
+        self.lookahead
+    }
     /// Whether the cache arena got huge pages.
     pub fn huge_pages(&self) -> bool {
         self.store.huge_pages()
@@ -733,8 +781,8 @@ fn check_options(opts: &ModelOptions, container: &Container) -> Result<()> {
             crate::plan::MAX_PARALLEL
         )));
     }
-    if opts.lookahead > container.config.top_k {
-        return Err(Error::Arg(format!("lookahead {} exceeds top_k {}", opts.lookahead, container.config.top_k)));
+    if let Some(n) = opts.lookahead.filter(|&n| n > container.config.top_k) {
+        return Err(Error::Arg(format!("lookahead {n} exceeds top_k {}", container.config.top_k)));
     }
     Ok(())
 }

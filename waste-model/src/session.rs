@@ -486,7 +486,9 @@ impl<'m> Session<'m> {
     /// `p mod len`. The gates are still the router's weights for those
     /// experts, so compute is unchanged — the point is to reproduce a real
     /// model's expert traffic on a synthetic container (`waste bench
-    /// --routing`). Logits are then not the model's.
+    /// --routing`). Logits are then not the model's, and the router
+    /// lookahead reads nothing ahead for this session (its guesses would be
+    /// the router's, not the trace's).
     ///
     /// # Errors
     /// [`Error::Arg`] naming the token and layer when the trace is empty, has
@@ -529,7 +531,7 @@ impl<'m> Session<'m> {
     pub fn chunk_len(&self) -> usize {
         let c = self.m.config();
         let most = self.m.opts.max_chunk.clamp(1, self.m.chunk());
-        let free = self.m.cache_slots().saturating_sub(self.m.opts.lookahead);
+        let free = self.m.cache_slots().saturating_sub(self.m.lookahead);
         if c.n_moe_layers() == 0 || free >= c.experts {
             return most;
         }
@@ -550,7 +552,7 @@ impl<'m> Session<'m> {
 
 /// Sequences a batched step can advance together ([`crate::Plan::max_batch`]).
 pub(crate) fn max_batch(m: &Model) -> usize {
-    m.plan().max_batch(m.cache_slots(), m.opts.lookahead)
+    m.plan().max_batch(m.cache_slots(), m.lookahead)
 }
 
 /// [`crate::Model::step_many`].

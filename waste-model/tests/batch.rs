@@ -142,7 +142,8 @@ fn batched_steps_equal_each_sequence_alone() {
 #[test]
 fn a_batched_step_reads_the_union_of_its_experts() {
     let open = || {
-        Model::open(fixture("tiny.waste"), ModelOptions { ctx: CTX, lookahead: 0, ..ModelOptions::exact() }).unwrap()
+        Model::open(fixture("tiny.waste"), ModelOptions { ctx: CTX, lookahead: Some(0), ..ModelOptions::exact() })
+            .unwrap()
     };
     let (m, m1) = (open(), open());
     let (moe, k) = (m.config().n_moe_layers() as u64, m.config().top_k as u64);

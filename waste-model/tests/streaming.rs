@@ -53,7 +53,7 @@ fn every_placement_gives_bit_identical_logits() {
         let base = ModelOptions {
             budget: plan.floor_bytes,
             max_chunk: 1,
-            lookahead: 0,
+            lookahead: Some(0),
             io_threads: 1,
             threads: 1,
             ..ModelOptions::exact()
@@ -69,8 +69,12 @@ fn every_placement_gives_bit_identical_logits() {
                 ModelOptions { prefault: false, budget: plan.floor_bytes + 200 * rec, ..base.clone() },
             ),
             ("read-ahead off", ModelOptions { readahead: false, budget: plan.floor_bytes + 6 * rec, ..base.clone() }),
-            ("lookahead 2", ModelOptions { lookahead: 2, budget: plan.floor_bytes + 6 * rec, ..base.clone() }),
-            ("lookahead top-k, tiny cache", ModelOptions { lookahead: 2, ..base.clone() }),
+            ("lookahead 2", ModelOptions { lookahead: Some(2), budget: plan.floor_bytes + 6 * rec, ..base.clone() }),
+            ("lookahead top-k, tiny cache", ModelOptions { lookahead: Some(2), ..base.clone() }),
+            (
+                "the open's lookahead",
+                ModelOptions { lookahead: None, budget: plan.floor_bytes + 12 * rec, ..base.clone() },
+            ),
             ("4 I/O threads", ModelOptions { io_threads: 4, budget: plan.floor_bytes + 3 * rec, ..base.clone() }),
             ("chunked prefill", ModelOptions { max_chunk: 16, budget: plan.floor_bytes + 64 * rec, ..base.clone() }),
             (
@@ -92,6 +96,39 @@ fn every_placement_gives_bit_identical_logits() {
             );
         }
     }
+}
+
+/// Left to the open, the router lookahead reads ahead
+/// [`waste_model::AUTO_LOOKAHEAD`] experts (at most top-k) where the cache
+/// cannot hold every expert but holds two layers' worth, and nothing where
+/// it holds every expert or too few; a number asked for is kept.
+#[test]
+fn the_open_chooses_the_lookahead_by_what_the_cache_holds() {
+    let path = fixture("tiny.waste");
+    let plan = waste_model::plan(&path, CTX).unwrap();
+    let rec = plan.record_bytes;
+    let open = |budget: u64, lookahead: Option<usize>| {
+        Model::open(&path, ModelOptions { ctx: CTX, budget, lookahead, ..ModelOptions::exact() }).unwrap()
+    };
+    let m = open(plan.floor_bytes + 12 * rec, None);
+    let c = m.config();
+    let (k, all) = (c.top_k, c.n_moe_layers() * c.experts);
+    assert!(
+        m.cache_slots() >= 2 * k + waste_model::AUTO_LOOKAHEAD && m.cache_slots() < all,
+        "{} slots",
+        m.cache_slots()
+    );
+    assert_eq!(m.lookahead(), waste_model::AUTO_LOOKAHEAD.min(k));
+    let (_, st) = common::greedy_bits(&m, &common::prompt(37), 12);
+    assert!(st.prefetch_issued > 0, "the lookahead read nothing ahead");
+    let whole = open(plan.floor_bytes + 200 * rec, None);
+    assert!(whole.cache_slots() >= all);
+    assert_eq!(whole.lookahead(), 0, "every expert fits: nothing to read ahead");
+    let floor = open(plan.floor_bytes, None);
+    assert!(floor.cache_slots() < 2 * k + waste_model::AUTO_LOOKAHEAD, "{} slots at the floor", floor.cache_slots());
+    assert_eq!(floor.lookahead(), 0, "a cache of one layer's experts");
+    assert_eq!(open(plan.floor_bytes + 200 * rec, Some(1)).lookahead(), 1);
+    assert_eq!(open(plan.floor_bytes + 12 * rec, Some(0)).lookahead(), 0);
 }
 
 /// The one exception to bit-identity: KDA's chunked (WY) prefill form

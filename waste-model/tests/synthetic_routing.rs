@@ -27,8 +27,8 @@ fn a_synthetic_48b_slice_routes_differently_token_to_token() {
     };
     synth(&dir, &o, &|_, _| {}).unwrap();
     // every expert fits: a miss is an expert no earlier token used
-    let m =
-        Model::open(&dir, ModelOptions { ctx: 256, budget: 1 << 30, lookahead: 0, ..ModelOptions::exact() }).unwrap();
+    let m = Model::open(&dir, ModelOptions { ctx: 256, budget: 1 << 30, lookahead: Some(0), ..ModelOptions::exact() })
+        .unwrap();
     assert_eq!((m.config().n_moe_layers(), m.config().top_k), (1, 8));
     let mut s = m.session();
     let (mut new_at, mut last) = (0, 0);

@@ -106,6 +106,11 @@ impl Work {
         self.stats.experts_missed += traffic.misses;
         self.stats.bytes_read += traffic.bytes_read;
         self.stats.io_seconds += traffic.io_seconds - overlapped;
+        // a replayed routing's lane: the router's guess is not what the
+        // trace will choose, so nothing is read ahead for it
+        if lanes[owner(span.shape, first + nt - 1)].replay.is_some() {
+            return Ok(());
+        }
         self.lookahead(m, l, first + nt - 1)
     }
 
@@ -316,10 +321,10 @@ impl Work {
     }
 
     /// Router lookahead from token `t`'s FFN input: prefetch the next MoE
-    /// layer's likely experts (`ModelOptions::lookahead` of them).
+    /// layer's likely experts ([`Model::lookahead`] of them).
     fn lookahead(&mut self, m: &Model, l: usize, t: usize) -> Result<()> {
         let c = m.config();
-        if m.opts.lookahead == 0 {
+        if m.lookahead == 0 {
             return Ok(());
         }
         // a streamed next layer is not in memory yet: no lookahead into it
@@ -329,7 +334,7 @@ impl Work {
         m.pool.matvec(&next.gate.view(), xn, scores);
         let mut guess = Vec::with_capacity(c.top_k);
         route(&router_config(c), scores, &next.bias, &mut guess);
-        let want: Vec<u32> = guess.iter().take(m.opts.lookahead).map(|&(e, _)| e as u32).collect();
+        let want: Vec<u32> = guess.iter().take(m.lookahead).map(|&(e, _)| e as u32).collect();
         self.stats.prefetch_issued += m.store.prefetch((l + 1) as u32, &want)?;
         Ok(())
     }
