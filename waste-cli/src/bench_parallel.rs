@@ -92,7 +92,7 @@ pub fn bench_parallel(a: &BenchArgs, np: usize) -> Result<ExitCode> {
     let ms_per_token = 1e3 * dec_s / tokens;
     let (bound, attainable_ms) = bound_of(disk_ms, mem_ms, compute_ms);
     let share = |ms: f64| if ms_per_token > 0.0 { ms / ms_per_token } else { 0.0 };
-    let v = json!({
+    let mut v = json!({
         "parallel": np, "decode_steps": a.n, "decode_tokens": d.tokens,
         "tok_per_s": tokens / dec_s, "tok_per_s_per_stream": steps / dec_s,
         "ms_per_step": 1e3 * dec_s / steps, "ms_per_token": ms_per_token,
@@ -113,6 +113,10 @@ pub fn bench_parallel(a: &BenchArgs, np: usize) -> Result<ExitCode> {
         "expert_kernel": model.expert_kernel(), "vq_lookup_probes_us": crate::cmd_plan::lookup_probes_json(&model),
         "temperature": a.temp, "routing": a.routing.is_some(),
     });
+    // the router lookahead in use (none for a replayed routing) and what its guesses read and served
+    v["lookahead"] = json!(if a.routing.is_some() { 0 } else { model.lookahead() });
+    v["prefetch_issued"] = json!(cs.prefetch_issued - cs0.prefetch_issued);
+    v["prefetch_used"] = json!(cs.prefetch_used - cs0.prefetch_used);
     if a.json {
         print_json(&v)?;
     } else {

@@ -256,6 +256,8 @@ fn bench_parallel_reports_the_batch() {
         f(k);
     }
     assert!(["disk", "memory", "compute"].contains(&v["roofline_bound"].as_str().unwrap_or("")), "{out}");
+    // the router lookahead in use and what its guesses read and served
+    assert!(v["lookahead"].is_u64() && f("prefetch_used") <= f("prefetch_issued"), "{out}");
     for n in ["0", "17", "18446744073709551615"] {
         let (code, _, err) = waste(&["bench", a, "--parallel", n]);
         assert!(code != 0 && err.contains(&format!("--parallel {n}: 1 to 16")), "{err}");
