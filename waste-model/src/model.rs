@@ -35,7 +35,8 @@ pub struct ModelOptions {
     /// Issue all of a layer's misses at once and compute resident experts while they arrive.
     pub readahead: bool,
     /// Experts of the next layer to prefetch from a router lookahead:
-    /// layer L+1's router on layer L's MoE input, its best guesses read
+    /// layer L+1's router on layer L's output under layer L+1's FFN norm
+    /// (K3: on layer L's FFN input), its best guesses read
     /// while layer L+1's attention runs. `Some(0)` is off; `None` (the
     /// default) lets the open decide ([`Model::lookahead`]):
     /// [`AUTO_LOOKAHEAD`] (at most `top_k`) where the expert cache cannot
