@@ -82,7 +82,9 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     // budget when the slots hold every record of the container)
     let arena = p.cache_arena_bytes(slots, true);
     let every = slots as u64 >= p.expert_records && p.expert_records > 0;
-    let max_parallel = p.max_batch(slots, 0);
+    // the router lookahead the open would choose keeps its slots out of a step's
+    let lookahead = waste_model::lookahead_for(None, p.expert_records, p.top_k as usize, slots);
+    let max_parallel = p.max_batch(slots, lookahead);
     let resolved = match resolved {
         Ok(_) if a.parallel > max_parallel => Err(format!(
             "--parallel {}: a cache of {slots} expert slots takes {max_parallel} sequences a step at most (each token's {} experts pinned at once); raise --budget",
@@ -109,7 +111,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             "parallel": p.parallel, "parallel_bytes": p.parallel_bytes, "max_parallel": max_parallel,
             "snapshot_bytes_when_serving": p.with_snapshots(a.parallel).snapshot_bytes,
             "resident_floor_bytes": resident.floor_bytes, "streamed_layers": p.streamed_layers,
-            "chunk": p.chunk,
+            "chunk": p.chunk, "lookahead": lookahead,
         });
         if let (Some(o), Some(st)) = (v.as_object_mut(), &stream) {
             o.extend(st.json().as_object().into_iter().flatten().map(|(k, x)| (k.clone(), x.clone())));
@@ -178,6 +180,14 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         }
         if resolved.is_ok() && p.expert_records > 0 {
             outln!("  sequences a step can decode together: {max_parallel} (--parallel; each token's experts pinned at once)");
+            outln!(
+                "  router lookahead: {lookahead} experts of the next layer read ahead{}",
+                if lookahead == 0 {
+                    " (none: the cache holds every expert, or too few for two layers)"
+                } else {
+                    " (--lookahead)"
+                }
+            );
         }
         if let (Ok(_), Some(n)) = (&resolved, &note) {
             outln!("  warning: {n}");

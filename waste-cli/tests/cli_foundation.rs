@@ -258,6 +258,28 @@ fn bench_parallel_reports_the_batch() {
     assert!(["disk", "memory", "compute"].contains(&v["roofline_bound"].as_str().unwrap_or("")), "{out}");
     // the router lookahead in use and what its guesses read and served
     assert!(v["lookahead"].is_u64() && f("prefetch_used") <= f("prefetch_issued"), "{out}");
+    // `plan` at the same budget names the same batch and lookahead as the
+    // open: the anchor's 24 experts all cached (no lookahead), and 16 of
+    // them (the floor at the smallest chunk and 12 records: a lookahead of
+    // top-k = 2)
+    let plan = |budget: &str| {
+        let (code, out, err) = waste(&["plan", a, "--parallel", "3", "--budget", budget, "--ctx", "256", "--json"]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<Value>(&out).unwrap()
+    };
+    let floor = plan("64M")["resident_floor_bytes"].as_u64().unwrap();
+    let partial = (floor + 12 * plan("64M")["expert_record_bytes"].as_u64().unwrap()).to_string();
+    for (budget, lookahead) in [("64M", 0), (partial.as_str(), 2)] {
+        let p = plan(budget);
+        let args = ["bench", a, "-n", "1", "--parallel", "3", "--budget", budget, "--ctx", "256", "--json"];
+        let (code, out, err) = waste(&args);
+        assert_eq!(code, 0, "{err}");
+        let run: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(p["lookahead"], lookahead, "{budget}: plan {p}");
+        assert_eq!(p["max_parallel"], run["max_batch"], "{budget}: plan {p}\nbench {run}");
+        assert_eq!(p["lookahead"], run["lookahead"], "{budget}");
+        assert_eq!(p["cache_slots"], run["cache_slots"], "{budget}");
+    }
     for n in ["0", "17", "18446744073709551615"] {
         let (code, _, err) = waste(&["bench", a, "--parallel", n]);
         assert!(code != 0 && err.contains(&format!("--parallel {n}: 1 to 16")), "{err}");

@@ -148,21 +148,21 @@ pub const AUTO_LOOKAHEAD: usize = 4;
 
 /// The router lookahead in use: the number `asked` for, else
 /// [`AUTO_LOOKAHEAD`] (at most `top_k`) where a cache of `slots` records
-/// cannot hold every routed expert of `c` but holds two layers' worth (a
-/// layer's own experts beside the next one's guesses), else none (a cache
-/// that holds everything misses only once; one too small for two layers
-/// would evict what the layer still needs).
-pub fn lookahead_for(asked: Option<usize>, c: &waste_format::ModelConfig, slots: usize) -> usize {
+/// cannot hold a model's `experts` routed experts (every MoE layer's) but
+/// holds two layers' worth (a layer's own experts beside the next one's
+/// guesses), else none (a cache that holds everything misses only once; one
+/// too small for two layers would evict what the layer still needs).
+/// `waste plan` applies the same rule to the slots a budget buys.
+pub fn lookahead_for(asked: Option<usize>, experts: u64, top_k: usize, slots: usize) -> usize {
     match asked {
         Some(n) => n,
         None => {
-            let all = c.n_moe_layers().saturating_mul(c.experts);
-            let fits_all = slots >= all;
-            let two_layers = slots >= c.top_k.saturating_mul(2).saturating_add(AUTO_LOOKAHEAD);
-            if all == 0 || fits_all || !two_layers {
+            let fits_all = slots as u64 >= experts;
+            let two_layers = slots >= top_k.saturating_mul(2).saturating_add(AUTO_LOOKAHEAD);
+            if experts == 0 || fits_all || !two_layers {
                 0
             } else {
-                AUTO_LOOKAHEAD.min(c.top_k)
+                AUTO_LOOKAHEAD.min(top_k)
             }
         }
     }
@@ -286,7 +286,7 @@ impl Model {
             warnings.push(format!("images are off: the vision tower could not load ({e}); text works"));
         }
         let store = expert_store(&container, &opts, &plan, resolved.cache_bytes)?;
-        let lookahead = lookahead_for(opts.lookahead, &container.config, store.slots());
+        let lookahead = lookahead_for(opts.lookahead, plan.expert_records, container.config.top_k, store.slots());
         let kernel = container.experts.as_ref().map(|(_, lay)| ExpertKernel {
             lay: *lay,
             act: container.config.activation,
