@@ -4,7 +4,9 @@ use std::time::Instant;
 use waste_cache::{ExpertCache, Policy};
 
 fn main() {
-    let sizes: Vec<usize> = std::env::args().skip(1).filter_map(|s| s.parse().ok()).collect();
+    // at most a million slots (64 B each here): a size past it is skipped
+    let sizes: Vec<usize> =
+        std::env::args().skip(1).filter_map(|s| s.parse().ok()).filter(|&n| (1..=1 << 20).contains(&n)).collect();
     let sizes = if sizes.is_empty() { vec![500, 2000, 4000, 16000] } else { sizes };
     let (layers, experts, k) = (26u32, 256u32, 8usize);
     let moe: Vec<u32> = (1..=layers).collect();

@@ -113,8 +113,8 @@ pub fn bench_parallel(a: &BenchArgs, np: usize) -> Result<ExitCode> {
         "expert_kernel": model.expert_kernel(), "vq_lookup_probes_us": crate::cmd_plan::lookup_probes_json(&model),
         "temperature": a.temp, "routing": a.routing.is_some(),
     });
-    // the router lookahead in use (none for a replayed routing) and what its guesses read and served
-    v["lookahead"] = json!(if a.routing.is_some() { 0 } else { model.lookahead() });
+    // the router lookahead in use and what its guesses read and served
+    v["lookahead"] = json!(crate::cmd_plan::lookahead_in_use(a, &model));
     v["prefetch_issued"] = json!(cs.prefetch_issued - cs0.prefetch_issued);
     v["prefetch_used"] = json!(cs.prefetch_used - cs0.prefetch_used);
     if a.json {

@@ -370,6 +370,16 @@ pub(crate) fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) ->
 /// fast VQ lookup form, its best time per form in µs, two inputs' by the
 /// pair kernel (`pairs`: whether tokens share the gathers) and four inputs'
 /// by the quad kernel (`quads`: whether four tokens share them).
+/// The router lookahead a bench runs with: the model's, none for a
+/// replayed routing (whose sessions read nothing ahead).
+pub(crate) fn lookahead_in_use(a: &BenchArgs, model: &waste_model::Model) -> usize {
+    if a.routing.is_some() {
+        0
+    } else {
+        model.lookahead()
+    }
+}
+
 pub(crate) fn lookup_probes_json(model: &waste_model::Model) -> serde_json::Value {
     let us = |t: f64| (t * 1e7).round() / 10.0;
     model
@@ -540,7 +550,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "budget_bytes": model.budget(), "cache_slots": model.cache_slots(), "huge_pages": model.huge_pages(),
         "huge_page_bytes": huge_bytes, "prefaulted_bytes": model.prefaulted_bytes(),
         "threads": model.threads(), "io_threads": model.options().io_threads, "simd": model.simd().name(),
-        "lookahead": if a.routing.is_some() { 0 } else { model.lookahead() }, "readahead": model.options().readahead, "preloaded": model.preloaded(),
+        "lookahead": lookahead_in_use(&a, &model), "readahead": model.options().readahead, "preloaded": model.preloaded(),
         "policy": model.options().policy.name(), "temperature": a.temp, "kda_chunked": model.options().kda_chunked,
     });
     v["numeric_mode"] = json!(model.numeric().name());
