@@ -115,6 +115,13 @@ pub fn bench_parallel(a: &BenchArgs, np: usize) -> Result<ExitCode> {
     });
     // the router lookahead in use and what its guesses read and served
     v["lookahead"] = json!(crate::cmd_plan::lookahead_in_use(a, &model));
+    // fixed on or off, or "measured": then the share of steps it chose halves
+    v["halves"] = match model.halves() {
+        _ if np < 2 => json!(false),
+        Some(h) => json!(h),
+        None => json!("measured"),
+    };
+    v["halves_steps"] = json!(d.halves_steps);
     v["prefetch_issued"] = json!(cs.prefetch_issued - cs0.prefetch_issued);
     v["prefetch_used"] = json!(cs.prefetch_used - cs0.prefetch_used);
     if a.json {

@@ -31,6 +31,12 @@ pub struct EngineArgs {
     /// else off).
     #[arg(long)]
     pub lookahead: Option<usize>,
+    /// Run a batched step of several sequences (`serve --parallel`,
+    /// `bench --parallel`) as two halves in turn, so one half's expert
+    /// reads are in flight while the other computes: on or off (default:
+    /// on where the expert cache cannot hold every expert).
+    #[arg(long, value_parser = parse_on_off)]
+    pub halves: Option<bool>,
     /// Read a layer's missing experts one at a time instead of all at once.
     #[arg(long)]
     pub no_readahead: bool,
@@ -221,6 +227,7 @@ impl EngineArgs {
             policy,
             readahead: !self.no_readahead,
             lookahead: self.lookahead,
+            halves: self.halves,
             huge_pages: !self.no_huge_pages,
             prefault: !self.no_prefault,
             max_chunk: self.chunk,
@@ -640,4 +647,13 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `on` or `off` (a switch whose absence means "the engine decides").
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, got {s:?}")),
+    }
 }

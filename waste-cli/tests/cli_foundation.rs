@@ -3,7 +3,7 @@
 #[path = "../../waste-quant/tests/support/skip.rs"]
 mod skip;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -279,7 +279,20 @@ fn bench_parallel_reports_the_batch() {
         assert_eq!(p["max_parallel"], run["max_batch"], "{budget}: plan {p}\nbench {run}");
         assert_eq!(p["lookahead"], run["lookahead"], "{budget}");
         assert_eq!(p["cache_slots"], run["cache_slots"], "{budget}");
+        // the halves in turn: off with every expert cached, else measured
+        // (one batch first, then each form in turn); --halves forces either
+        let (halves, steps) = if lookahead == 0 { (json!(false), 0) } else { (json!("measured"), 0) };
+        assert_eq!((&run["halves"], run["halves_steps"].as_u64()), (&halves, Some(steps)), "{budget}: {run}");
     }
+    let args = ["bench", a, "-n", "3", "--parallel", "2", "--budget", &partial, "--ctx", "256", "--json"];
+    for (force, steps) in [("on", 3), ("off", 0)] {
+        let (code, out, err) = waste(&[&args[..], &["--halves", force]].concat());
+        assert_eq!(code, 0, "{err}");
+        let run: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!((&run["halves"], run["halves_steps"].as_u64()), (&json!(force == "on"), Some(steps)), "{run}");
+    }
+    let (code, _, err) = waste(&[&args[..], &["--halves", "maybe"]].concat());
+    assert!(code != 0 && err.contains("expected on or off"), "{err}");
     for n in ["0", "17", "18446744073709551615"] {
         let (code, _, err) = waste(&["bench", a, "--parallel", n]);
         assert!(code != 0 && err.contains(&format!("--parallel {n}: 1 to 16")), "{err}");

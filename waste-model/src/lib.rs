@@ -58,6 +58,7 @@ pub fn build_info() -> BuildInfo {
 
 mod compute;
 mod generate;
+pub mod halves;
 mod model;
 mod plan;
 pub mod quality;
@@ -73,7 +74,8 @@ pub use generate::{
     NO_TOKEN,
 };
 pub use model::{
-    default_numeric, lookahead_for, Model, ModelOptions, AUTO_LOOKAHEAD, MAX_IO_THREADS, MAX_THREADS_PER_CORE,
+    default_numeric, halves_for, lookahead_for, Model, ModelOptions, AUTO_LOOKAHEAD, MAX_IO_THREADS,
+    MAX_THREADS_PER_CORE,
 };
 pub use plan::{
     head_bytes, head_piece_bytes, layer_bytes, layer_read_bytes, plan, split, Plan, Split, GRAMMAR_BYTES_PER_TOKEN,

@@ -45,6 +45,16 @@ pub struct ModelOptions {
     /// a recorded routing ([`crate::Session::replay_routing`]) reads nothing
     /// ahead: the router's guesses are not the trace's choices.
     pub lookahead: Option<usize>,
+    /// Run a batched step ([`Model::step_many`]) of two or more sequences
+    /// as two halves in turn, layer by layer, so one half's expert reads
+    /// are in flight while the other half computes (the disk is otherwise
+    /// idle while attention runs; the trunk's weights are then streamed
+    /// once per half). `None` (the default): off where the expert cache
+    /// holds every routed expert, else chosen step by step by the measured
+    /// step times of both forms ([`halves_for`], [`crate::halves`]). Only
+    /// where every layer is resident. Never changes an answer, only the
+    /// order of the work.
+    pub halves: Option<bool>,
     /// Ask for 2 MiB huge pages for the cache arena and the trunk's
     /// matrices (each streamed once a token: 4 KiB pages cost a TLB walk
     /// every 4 KiB).
@@ -146,6 +156,15 @@ pub fn default_numeric(level: Level) -> Result<Numeric> {
 /// of the guesses read were used) — docs/lab entry 80.
 pub const AUTO_LOOKAHEAD: usize = 4;
 
+/// Whether a batched step runs as two halves in turn
+/// ([`ModelOptions::halves`]): `Some` as `asked`, else off (`Some(false)`)
+/// where the expert cache's `slots` hold all `experts` (no reads to hide),
+/// else `None`: chosen step by step by the measured step times
+/// ([`crate::halves`]).
+pub fn halves_for(asked: Option<bool>, experts: u64, slots: usize) -> Option<bool> {
+    asked.or((experts == 0 || slots as u64 >= experts).then_some(false))
+}
+
 /// The router lookahead in use: the number `asked` for, else
 /// [`AUTO_LOOKAHEAD`] (at most `top_k`) where a cache of `slots` records
 /// cannot hold a model's `experts` routed experts (every MoE layer's) but
@@ -186,6 +205,7 @@ impl Default for ModelOptions {
             policy: Policy::Eta,
             readahead: true,
             lookahead: None,
+            halves: None,
             huge_pages: true,
             prefault: true,
             max_chunk: crate::plan::MAX_CHUNK,
@@ -229,6 +249,11 @@ pub struct Model {
     pub(crate) opts: ModelOptions,
     /// The router lookahead in use ([`lookahead_for`]).
     pub(crate) lookahead: usize,
+    /// Batched steps as two halves in turn: fixed, or `None` measured
+    /// ([`halves_for`]).
+    pub(crate) halves: Option<bool>,
+    /// The measured choice between one batch and halves (where `halves` is `None`).
+    pub(crate) halves_choice: std::sync::Mutex<crate::halves::Choice>,
     plan: Plan,
     tokenizer: Option<waste_tokenizer::Tokenizer>,
     template: Option<waste_tokenizer::ChatTemplate>,
@@ -287,6 +312,7 @@ impl Model {
         }
         let store = expert_store(&container, &opts, &plan, resolved.cache_bytes)?;
         let lookahead = lookahead_for(opts.lookahead, plan.expert_records, container.config.top_k, store.slots());
+        let halves = halves_for(opts.halves, plan.expert_records, store.slots());
         let kernel = container.experts.as_ref().map(|(_, lay)| ExpertKernel {
             lay: *lay,
             act: container.config.activation,
@@ -318,6 +344,8 @@ impl Model {
             pool,
             opts,
             lookahead,
+            halves,
+            halves_choice: Default::default(),
             plan,
             tokenizer,
             template,
@@ -561,6 +589,17 @@ impl Model {
     /// open ([`lookahead_for`]).
     pub fn lookahead(&self) -> usize {
         self.lookahead
+    }
+    /// Whether a batched step of two or more sequences runs as two halves
+    /// in turn ([`ModelOptions::halves`], [`halves_for`]): `Some` fixed
+    /// (never while layers stream from disk), `None` chosen step by step by
+    /// the measured step times ([`crate::halves`]).
+    pub fn halves(&self) -> Option<bool> {
+        if self.split.streamed.is_empty() {
+            self.halves
+        } else {
+            Some(false)
+        }
     }
     /// Whether the cache arena got huge pages.
     pub fn huge_pages(&self) -> bool {

@@ -52,6 +52,9 @@ pub struct Stats {
     pub trunk_bytes_read: u64,
     /// Seconds waiting for a streamed layer to arrive (not in `trunk_seconds`).
     pub trunk_io_seconds: f64,
+    /// Batched steps run as two halves in turn (counted in the step's
+    /// first session; [`crate::ModelOptions::halves`]).
+    pub halves_steps: u64,
 }
 
 /// `impl $tr for Stats`: `$op` field by field (one list of the fields for
@@ -64,7 +67,7 @@ macro_rules! stats_op {
             fn $f(self, b: Stats) -> Stats {
                 stats_op!(@fields self b $op; tokens experts_hit experts_missed bytes_read prefetch_issued
                     io_seconds trunk_seconds attn_seconds expert_seconds expert_runs experts_acquired
-                    trunk_bytes_read trunk_io_seconds)
+                    trunk_bytes_read trunk_io_seconds halves_steps)
             }
         }
     };
@@ -587,12 +590,32 @@ pub(crate) fn step_many(m: &Model, sessions: &mut [&mut Session<'_>], tokens: &[
     for s in sessions.iter_mut() {
         s.incomplete = Some(std::borrow::Cow::Borrowed("a batched step was interrupted before it finished"));
     }
-    let (lead, rest) = sessions.split_first_mut().expect("at least one session");
+    // two halves in turn where reads are to hide and every layer is
+    // resident: as asked, else whichever form has measured faster
+    let measured = n >= 2 && m.halves().is_none();
+    let choice = || m.halves_choice.lock().unwrap_or_else(|p| p.into_inner());
+    let halves = n >= 2 && m.halves().unwrap_or_else(|| choice().choose(n));
+    let a_tokens = if halves { n.div_ceil(2) } else { n };
+    let t0 = Instant::now();
     let mut lanes: Vec<&mut Lane> = Vec::with_capacity(n);
-    lanes.push(&mut lead.lane);
-    lanes.extend(rest.iter_mut().map(|s| &mut s.lane));
-    let r = lead.work.forward(m, &mut lanes, &inputs, Shape::Batch);
-    drop(lanes);
+    let mut works: Vec<&mut Work> = Vec::with_capacity(2);
+    for (i, s) in sessions.iter_mut().enumerate() {
+        let Session { lane, work, .. } = &mut **s;
+        lanes.push(lane);
+        if i == 0 || i == a_tokens {
+            works.push(work);
+        }
+    }
+    let r = match works.as_mut_slice() {
+        [a, b] => forward_halves(a, b, m, &mut lanes, &inputs, a_tokens),
+        [a] => a.forward(m, &mut lanes, &inputs, Shape::Batch),
+        _ => unreachable!("one work, or two halves"),
+    };
+    drop((lanes, works));
+    if measured && r.is_ok() {
+        choice().record(n, halves, t0.elapsed().as_secs_f64());
+    }
+    sessions[0].work.stats.halves_steps += u64::from(halves);
     for s in sessions.iter_mut() {
         s.incomplete = r.as_ref().err().map(|e| e.to_string().into());
         s.work.stats.tokens += 1;
@@ -653,17 +676,8 @@ impl Work {
         debug_assert_eq!(lanes.len(), if shape == Shape::Batch { nt } else { 1 });
         let pos: Vec<usize> =
             (0..nt).map(|t| lanes[owner(shape, t)].pos + if shape == Shape::Batch { 0 } else { t }).collect();
-        let t0 = Instant::now();
-        let (io0, ex0, at0, tio0) =
-            (self.stats.io_seconds, self.stats.expert_seconds, self.stats.attn_seconds, self.stats.trunk_io_seconds);
-        for (t, inp) in toks.iter().enumerate() {
-            let dst = self.chunk_hidden.row_mut(t);
-            match *inp {
-                Input::Token(tok) => m.embed.row(tok, dst)?,
-                Input::Row(r) => dst.copy_from_slice(r),
-            }
-        }
-        self.res.done = 0;
+        let (t0, timed0) = (Instant::now(), self.timed());
+        self.embed(m, toks)?;
         self.layers(m, lanes, shape, &pos)?;
         let wanted = match shape {
             Shape::One { logits: true } => nt - 1..nt,
@@ -675,12 +689,7 @@ impl Work {
             Shape::One { .. } => lanes[0].pos += nt,
             Shape::Batch => lanes.iter_mut().for_each(|ln| ln.pos += 1),
         }
-        let spent = t0.elapsed().as_secs_f64()
-            - (self.stats.io_seconds - io0)
-            - (self.stats.expert_seconds - ex0)
-            - (self.stats.attn_seconds - at0)
-            - (self.stats.trunk_io_seconds - tio0);
-        self.stats.trunk_seconds += spent;
+        self.stats.trunk_seconds += t0.elapsed().as_secs_f64() - (self.timed() - timed0);
         check_logits(lanes, shape, wanted, &pos)
     }
 
@@ -740,8 +749,24 @@ impl Work {
         shape: Shape,
         pos: &[usize],
     ) -> Result<()> {
+        let front = self.layer_front(m, l, layer, lanes, shape, pos)?;
+        self.layer_back(m, l, layer, lanes, shape, pos, front)
+    }
+
+    /// A layer's first half: attention with its residual, the FFN's inputs,
+    /// and a dense FFN whole or a MoE block's first half (its reads
+    /// started: [`Work::moe_front`]).
+    fn layer_front<'m>(
+        &mut self,
+        m: &'m Model,
+        l: usize,
+        layer: &crate::weights::Layer,
+        lanes: &mut [&mut Lane],
+        shape: Shape,
+        pos: &[usize],
+    ) -> Result<LayerFront<'m>> {
         let c = m.config();
-        let (h, nt) = (c.hidden, pos.len());
+        let nt = pos.len();
         #[cfg(test)]
         assert!(self.panic_at_layer != Some(l), "injected panic at layer {l}");
         let restarted = c.attn_res_block.is_some_and(|b| l.is_multiple_of(b));
@@ -759,28 +784,153 @@ impl Work {
         let ta = Instant::now();
         self.attention(m, l, layer, lanes, nt, first)?;
         self.stats.attn_seconds += ta.elapsed().as_secs_f64();
-        check_finite(self.chunk_ffn_out.rows(first..nt), h, &pos[first..], NonFiniteAt::Attention { layer: l })?;
+        check_finite(self.chunk_ffn_out.rows(first..nt), c.hidden, &pos[first..], NonFiniteAt::Attention { layer: l })?;
         self.ffn_inputs(m, layer, first, nt, restarted);
         if restarted {
             self.res.done += 1;
         }
         let n = nt - first;
-        match &layer.ffn {
-            _ if n == 0 => {}
-            Ffn::Dense(d) => d.forward_chunk(
-                &m.pool,
-                c.activation,
-                self.chunk_ffn_in.rows(first..nt),
-                n,
-                &mut self.ffn_tmp,
-                self.chunk_ffn_out.rows_mut(first..nt),
-            ),
-            Ffn::Moe(w) => self.moe(m, l, w, lanes, Span { shape, pos, first, nt: n })?,
+        let moe = match &layer.ffn {
+            _ if n == 0 => None,
+            Ffn::Dense(d) => {
+                d.forward_chunk(
+                    &m.pool,
+                    c.activation,
+                    self.chunk_ffn_in.rows(first..nt),
+                    n,
+                    &mut self.ffn_tmp,
+                    self.chunk_ffn_out.rows_mut(first..nt),
+                );
+                None
+            }
+            Ffn::Moe(w) => Some(self.moe_front(m, l, w, lanes, Span { shape, pos, first, nt: n })?),
+        };
+        Ok(LayerFront { moe, first })
+    }
+
+    /// A layer's second half: a MoE block's experts and combination
+    /// ([`Work::moe_back`]), then the FFN residual.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_back(
+        &mut self,
+        m: &Model,
+        l: usize,
+        layer: &crate::weights::Layer,
+        lanes: &mut [&mut Lane],
+        shape: Shape,
+        pos: &[usize],
+        front: LayerFront<'_>,
+    ) -> Result<()> {
+        let c = m.config();
+        let (first, nt) = (front.first, pos.len());
+        if let (Some(f), Ffn::Moe(w)) = (front.moe, &layer.ffn) {
+            self.moe_back(m, l, w, lanes, Span { shape, pos, first, nt: nt - first }, f)?;
         }
-        check_finite(self.chunk_ffn_out.rows(first..nt), h, &pos[first..], NonFiniteAt::Ffn { layer: l })?;
+        check_finite(self.chunk_ffn_out.rows(first..nt), c.hidden, &pos[first..], NonFiniteAt::Ffn { layer: l })?;
         self.ffn_residual(c, first, nt);
         Ok(())
     }
+
+    /// The step's inputs into `chunk_hidden`: token embeddings or given rows.
+    fn embed(&mut self, m: &Model, toks: &[Input<'_>]) -> Result<()> {
+        for (t, inp) in toks.iter().enumerate() {
+            let dst = self.chunk_hidden.row_mut(t);
+            match *inp {
+                Input::Token(tok) => m.embed.row(tok, dst)?,
+                Input::Row(r) => dst.copy_from_slice(r),
+            }
+        }
+        self.res.done = 0;
+        Ok(())
+    }
+
+    /// The stats' times so far that are not the trunk's: I/O waits,
+    /// experts, attention, streamed-layer waits.
+    fn timed(&self) -> f64 {
+        self.stats.io_seconds + self.stats.expert_seconds + self.stats.attn_seconds + self.stats.trunk_io_seconds
+    }
+}
+
+/// What a layer's first half ([`Work::layer_front`]) leaves for its second.
+struct LayerFront<'m> {
+    /// A MoE block's pinned experts and routes.
+    moe: Option<moe::MoeFront<'m>>,
+    /// The first token the FFN runs for.
+    first: usize,
+}
+
+/// A batched step of every resident layer as two halves in turn ([`crate::ModelOptions::halves`]):
+/// `a` computes the first `a_tokens` sequences, `b` the rest, and each half's
+/// MoE reads are in flight while the other half computes — half B finishes
+/// layer `l - 1` and starts layer `l` while A's experts of `l` arrive, A
+/// finishes `l` and starts `l + 1` while B's arrive — so the disk is not
+/// idle while attention runs. One pass over the head for every sequence
+/// (B's final states beside A's). Each sequence's arithmetic is its own
+/// (a batch's widths never change a bit), so the logits are those of the
+/// whole batch in one.
+fn forward_halves(
+    a: &mut Work,
+    b: &mut Work,
+    m: &Model,
+    lanes: &mut [&mut Lane],
+    toks: &[Input<'_>],
+    a_tokens: usize,
+) -> Result<()> {
+    let (n, na) = (toks.len(), a_tokens);
+    let pos: Vec<usize> = lanes.iter().map(|ln| ln.pos).collect();
+    let (ta0, tb0) = (a.timed(), b.timed());
+    let mut busy = [0f64; 2];
+    let t = Instant::now();
+    a.embed(m, &toks[..na])?;
+    b.embed(m, &toks[na..])?;
+    busy[0] += t.elapsed().as_secs_f64();
+    {
+        let layer =
+            |l: usize| m.layers[l].as_ref().ok_or_else(|| Error::Unsupported(format!("layer {l} streams: no halves")));
+        let (la, lb) = lanes.split_at_mut(na);
+        let (pa, pb) = pos.split_at(na);
+        let last = m.layers.len() - 1;
+        let t = Instant::now();
+        let mut fa = Some(a.layer_front(m, 0, layer(0)?, la, Shape::Batch, pa)?);
+        let mut fb: Option<LayerFront<'_>> = None;
+        busy[0] += t.elapsed().as_secs_f64();
+        for l in 0..=last {
+            // B: the rest of layer l - 1, then layer l's first half (A's reads of l in flight)
+            let t = Instant::now();
+            if let Some(f) = fb.take() {
+                b.layer_back(m, l - 1, layer(l - 1)?, lb, Shape::Batch, pb, f)?;
+            }
+            fb = Some(b.layer_front(m, l, layer(l)?, lb, Shape::Batch, pb)?);
+            busy[1] += t.elapsed().as_secs_f64();
+            // A: the rest of layer l, then layer l + 1's first half (B's reads of l in flight)
+            let t = Instant::now();
+            let f = fa.take().expect("A's layer started");
+            a.layer_back(m, l, layer(l)?, la, Shape::Batch, pa, f)?;
+            if l < last {
+                fa = Some(a.layer_front(m, l + 1, layer(l + 1)?, la, Shape::Batch, pa)?);
+            }
+            busy[0] += t.elapsed().as_secs_f64();
+        }
+        let t = Instant::now();
+        if let Some(f) = fb.take() {
+            b.layer_back(m, last, layer(last)?, lb, Shape::Batch, pb, f)?;
+        }
+        busy[1] += t.elapsed().as_secs_f64();
+    }
+    // B's final states (and AttnRes blocks) beside A's: one pass over the head
+    let t = Instant::now();
+    for i in 0..n - na {
+        a.chunk_hidden.row_mut(na + i).copy_from_slice(b.chunk_hidden.row(i));
+        if m.out_res.is_some() {
+            a.res.blocks.row_mut(na + i).copy_from_slice(b.res.blocks.row(i));
+        }
+    }
+    a.head(m, lanes, Shape::Batch, 0..n)?;
+    lanes.iter_mut().for_each(|ln| ln.pos += 1);
+    busy[0] += t.elapsed().as_secs_f64();
+    a.stats.trunk_seconds += busy[0] - (a.timed() - ta0);
+    b.stats.trunk_seconds += busy[1] - (b.timed() - tb0);
+    check_logits(lanes, Shape::Batch, 0..n, &pos)
 }
 
 /// [`Error::NonFinite`] at `at` for the first non-finite value of a step's

@@ -4,7 +4,8 @@
 //! MLA, VQ3R / VQ4P / Q4G experts; the anchor's shared expert and Q8
 //! head) and K3 (MLA with attention residuals)
 //! fixtures, with the cache holding everything or a few records, on one or
-//! two threads, in both numeric modes.
+//! two threads, in both numeric modes, as one batch or as two halves in
+//! turn ([`ModelOptions::halves`]).
 
 use std::path::{Path, PathBuf};
 use waste_model::{Error, Model, ModelOptions, Numeric};
@@ -89,9 +90,27 @@ fn batched_steps_equal_each_sequence_alone() {
                 "everything cached, 1 thread",
                 ModelOptions { budget: plan.floor_bytes + 400 * rec, threads: 1, ..ModelOptions::exact() },
             ),
+            // the open's choice: measured, so both forms run (reads to hide)
             (
                 "12 records, 2 threads",
                 ModelOptions { budget: plan.floor_bytes + 12 * rec, threads: 2, ..ModelOptions::exact() },
+            ),
+            (
+                "12 records, one batch",
+                ModelOptions { budget: plan.floor_bytes + 12 * rec, halves: Some(false), ..ModelOptions::exact() },
+            ),
+            (
+                "12 records, halves in turn, 2 threads",
+                ModelOptions {
+                    budget: plan.floor_bytes + 12 * rec,
+                    threads: 2,
+                    halves: Some(true),
+                    ..ModelOptions::exact()
+                },
+            ),
+            (
+                "everything cached, halves in turn",
+                ModelOptions { budget: plan.floor_bytes + 400 * rec, halves: Some(true), ..ModelOptions::exact() },
             ),
         ];
         if name == "tiny-q4g.waste" {
@@ -120,7 +139,10 @@ fn batched_steps_equal_each_sequence_alone() {
             ));
         }
         for (what, o) in variants {
-            let m = Model::open(&path, ModelOptions { ctx: CTX, ..o }).unwrap();
+            let m = Model::open(&path, ModelOptions { ctx: CTX, ..o.clone() }).unwrap();
+            // the halves: as asked, else off where the cache holds every expert, else measured
+            let halves = o.halves.or(((m.cache_slots() as u64) >= plan.expert_records).then_some(false));
+            assert_eq!(m.halves(), halves, "{name}, {what}: the halves in turn");
             let n = m.max_batch().min(6);
             assert!(n >= 3, "{name}, {what}: only {n} sequences fit a step");
             let got = together(&m, n);
@@ -138,33 +160,41 @@ fn batched_steps_equal_each_sequence_alone() {
 /// A batched step reads each distinct expert once: sequences fed the same
 /// token from a cold cache miss one sequence's experts (the union of
 /// identical routes), while every token counts its uses (the repeats as
-/// hits) and its position.
+/// hits) and its position. As two halves in turn, each half acquires its
+/// union and the second finds the first's reads (hits): still one read.
 #[test]
 fn a_batched_step_reads_the_union_of_its_experts() {
-    let open = || {
-        Model::open(fixture("tiny.waste"), ModelOptions { ctx: CTX, lookahead: Some(0), ..ModelOptions::exact() })
-            .unwrap()
-    };
-    let (m, m1) = (open(), open());
-    let (moe, k) = (m.config().n_moe_layers() as u64, m.config().top_k as u64);
-    let n = m.max_batch().min(4);
-    assert!(n >= 2);
-    let mut one = m1.session();
-    one.eval(&[11]).unwrap();
-    assert_eq!(one.stats().experts_missed, moe * k);
-    let mut ss: Vec<_> = (0..n).map(|_| m.session()).collect();
-    let mut refs: Vec<_> = ss.iter_mut().collect();
-    m.step_many(&mut refs, &vec![11; n]).unwrap();
-    let st = ss[0].stats();
-    assert_eq!(st.experts_missed, moe * k, "each distinct expert read once");
-    assert_eq!(st.bytes_read, one.stats().bytes_read);
-    assert_eq!(st.experts_hit + st.experts_missed, n as u64 * moe * k, "every token's uses");
-    assert_eq!(st.experts_acquired, moe * k, "the union acquired");
-    assert_eq!(one.stats().experts_acquired, moe * k);
-    assert!(ss.iter().all(|s| s.position() == 1 && s.stats().tokens == 1));
-    for s in &ss[1..] {
-        assert_eq!(s.stats().experts_hit + s.stats().experts_missed, 0, "shared work is counted in the first session");
-        assert!(bits(s.logits()) == bits(one.logits()));
+    for halves in [false, true] {
+        let open = || {
+            let o = ModelOptions { ctx: CTX, lookahead: Some(0), halves: Some(halves), ..ModelOptions::exact() };
+            Model::open(fixture("tiny.waste"), o).unwrap()
+        };
+        let (m, m1) = (open(), open());
+        let (moe, k) = (m.config().n_moe_layers() as u64, m.config().top_k as u64);
+        let n = m.max_batch().min(4);
+        assert!(n >= 2);
+        let mut one = m1.session();
+        one.eval(&[11]).unwrap();
+        assert_eq!(one.stats().experts_missed, moe * k);
+        let mut ss: Vec<_> = (0..n).map(|_| m.session()).collect();
+        let mut refs: Vec<_> = ss.iter_mut().collect();
+        m.step_many(&mut refs, &vec![11; n]).unwrap();
+        // the work is counted in each half's first session
+        let counted = if halves { vec![0, n.div_ceil(2)] } else { vec![0] };
+        let st = counted.iter().fold(waste_model::Stats::default(), |a, &i| a + ss[i].stats());
+        assert_eq!(st.experts_missed, moe * k, "halves {halves}: each distinct expert read once");
+        assert_eq!(st.bytes_read, one.stats().bytes_read);
+        assert_eq!(st.experts_hit + st.experts_missed, n as u64 * moe * k, "halves {halves}: every token's uses");
+        assert_eq!(st.experts_acquired, counted.len() as u64 * moe * k, "halves {halves}: the union acquired");
+        assert_eq!(one.stats().experts_acquired, moe * k);
+        assert!(ss.iter().all(|s| s.position() == 1 && s.stats().tokens == 1));
+        for (i, s) in ss.iter().enumerate().skip(1) {
+            if !counted.contains(&i) {
+                let uses = s.stats().experts_hit + s.stats().experts_missed;
+                assert_eq!(uses, 0, "halves {halves}: shared work is counted in a half's first session");
+            }
+            assert!(bits(s.logits()) == bits(one.logits()));
+        }
     }
 }
 

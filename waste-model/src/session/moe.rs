@@ -58,19 +58,33 @@ impl MoeScratch {
     }
 }
 
+/// What a MoE layer's first half ([`Work::moe_front`]) leaves for its
+/// second ([`Work::moe_back`]): the pinned experts, some still arriving,
+/// and the step's routes.
+pub(super) struct MoeFront<'m> {
+    experts: Pinned<'m, crate::model::Records>,
+    routes: Vec<(usize, f32)>,
+    distinct: Vec<u32>,
+    batched: bool,
+    paired: bool,
+}
+
 impl Work {
-    /// A MoE layer for the step's tokens `first..first + nt`: route every
-    /// token, acquire the union of their experts once, run the experts
-    /// (each once for all its tokens where the format batches, else token
-    /// by token, resident ones first), combine, add the shared experts.
-    pub(super) fn moe(
+    /// A MoE layer for the step's tokens `first..first + nt`, first half:
+    /// route every token, acquire the union of their experts once (the
+    /// missing experts' reads start), the shared experts and the latent
+    /// down-projection while they are in flight. [`Work::moe_back`] runs the
+    /// experts (each once for all its tokens where the format batches, else
+    /// token by token, resident ones first), combines them with the shared
+    /// experts — at once, or after another half-batch's work.
+    pub(super) fn moe_front<'m>(
         &mut self,
-        m: &Model,
+        m: &'m Model,
         l: usize,
         w: &MoeWeights,
         lanes: &[&mut Lane],
         span: Span<'_>,
-    ) -> Result<()> {
+    ) -> Result<MoeFront<'m>> {
         let (first, nt) = (span.first, span.nt);
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
         let xs = first..first + nt;
@@ -91,6 +105,23 @@ impl Work {
         if let Some(lt) = &w.latent {
             m.pool.matmat(&lt.down.view(), self.chunk_ffn_in.rows(xs), nt, self.moe.lat_in.rows_mut(0..nt));
         }
+        Ok(MoeFront { experts, routes, distinct, batched, paired })
+    }
+
+    /// The MoE layer's second half: the routed experts (waiting for the
+    /// reads still in flight), the combination into `chunk_ffn_out`, the
+    /// release of the pins and the router lookahead into the next layer.
+    pub(super) fn moe_back(
+        &mut self,
+        m: &Model,
+        l: usize,
+        w: &MoeWeights,
+        lanes: &[&mut Lane],
+        span: Span<'_>,
+        front: MoeFront<'_>,
+    ) -> Result<()> {
+        let (first, nt) = (span.first, span.nt);
+        let MoeFront { experts, routes, distinct, batched, paired } = front;
         let (overlapped, runs) = if batched {
             self.experts_batched(m, w, &experts, &routes, &distinct, first, nt)?;
             (0.0, distinct.len())
