@@ -85,6 +85,13 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     // the router lookahead the open would choose keeps its slots out of a step's
     let lookahead = waste_model::lookahead_for(None, p.expert_records, p.top_k as usize, slots);
     let max_parallel = p.max_batch(slots, lookahead);
+    // a batched step as two halves in turn: off where the cache holds every
+    // expert or layers stream, else chosen by measured step times
+    let halves = match waste_model::halves_for(None, p.expert_records, slots) {
+        Some(h) => json!(h && p.streamed_layers == 0),
+        None if p.streamed_layers > 0 => json!(false),
+        None => json!("measured"),
+    };
     let resolved = match resolved {
         Ok(_) if a.parallel > max_parallel => Err(format!(
             "--parallel {}: a cache of {slots} expert slots takes {max_parallel} sequences a step at most (each token's {} experts pinned at once); raise --budget",
@@ -111,7 +118,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             "parallel": p.parallel, "parallel_bytes": p.parallel_bytes, "max_parallel": max_parallel,
             "snapshot_bytes_when_serving": p.with_snapshots(a.parallel).snapshot_bytes,
             "resident_floor_bytes": resident.floor_bytes, "streamed_layers": p.streamed_layers,
-            "chunk": p.chunk, "lookahead": lookahead,
+            "chunk": p.chunk, "lookahead": lookahead, "halves": halves,
         });
         if let (Some(o), Some(st)) = (v.as_object_mut(), &stream) {
             o.extend(st.json().as_object().into_iter().flatten().map(|(k, x)| (k.clone(), x.clone())));
@@ -188,6 +195,16 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
                     " (--lookahead)"
                 }
             );
+            if a.parallel >= 2 || max_parallel >= 2 {
+                outln!(
+                    "  batched steps as two halves in turn: {}",
+                    if halves == "measured" {
+                        "whichever form the step times measure faster (--halves)"
+                    } else {
+                        "off (every expert cached, or layers stream from disk)"
+                    }
+                );
+            }
         }
         if let (Ok(_), Some(n)) = (&resolved, &note) {
             outln!("  warning: {n}");

@@ -283,6 +283,7 @@ fn bench_parallel_reports_the_batch() {
         // (one batch first, then each form in turn); --halves forces either
         let (halves, steps) = if lookahead == 0 { (json!(false), 0) } else { (json!("measured"), 0) };
         assert_eq!((&run["halves"], run["halves_steps"].as_u64()), (&halves, Some(steps)), "{budget}: {run}");
+        assert_eq!(p["halves"], halves, "{budget}: plan {p}");
     }
     let args = ["bench", a, "-n", "3", "--parallel", "2", "--budget", &partial, "--ctx", "256", "--json"];
     for (force, steps) in [("on", 3), ("off", 0)] {
