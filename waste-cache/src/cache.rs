@@ -82,6 +82,9 @@ struct Slot {
     ticket: Option<Ticket>,
     /// A session is completing the read (holding the ticket, or reading).
     claimed: bool,
+    /// Why the read failed (kept while a `Failed` slot stays pinned, for
+    /// the other sessions waiting on it).
+    failure: Option<std::sync::Arc<str>>,
 }
 
 /// Result of a lookup.
@@ -134,14 +137,17 @@ pub enum CacheError {
         /// Window slots.
         window: usize,
     },
-    /// Another session's read of this record failed (that session got the
-    /// reason); this one stops too rather than compute with a bad record.
-    #[error("expert {expert} of layer {layer}: its read failed in another session")]
+    /// A read of this record failed where another party completed it (a
+    /// session, or a settling of finished reads); this one stops too rather
+    /// than compute with a bad record.
+    #[error("expert {expert} of layer {layer}: its read failed: {cause}")]
     ReadFailed {
         /// Layer.
         layer: u32,
         /// Expert.
         expert: u32,
+        /// The failure as it was met (the record check's or the read's error).
+        cause: String,
     },
     /// An expert of a layer whose records are not in the container.
     #[error("expert {expert} of layer {layer}: the container has no record for it")]
@@ -240,6 +246,7 @@ impl ExpertCache {
                     next_use: u64::MAX,
                     ticket: None,
                     claimed: false,
+                    failure: None,
                 })
                 .collect(),
             map: HashMap::with_capacity(slots * 2),
@@ -491,6 +498,7 @@ impl ExpertCache {
             next_use: u64::MAX,
             ticket: None,
             claimed: false,
+            failure: None,
         };
         self.map.insert(key, slot);
         self.inflight.push(slot);
@@ -506,12 +514,13 @@ impl ExpertCache {
         s.state = SlotState::Ready;
         s.claimed = false;
     }
-    /// The read into `slot` failed: lookups no longer find it (a later use
-    /// reads the record again, into another slot). Unpinned, the slot is free
-    /// at once; pinned by other sessions, it stays `Failed` — so none of them
-    /// can mistake it for a good record or see it reused — until the last
-    /// pin goes.
-    pub fn mark_failed(&mut self, slot: usize) {
+    /// The read into `slot` failed (`cause`): lookups no longer find it (a
+    /// later use reads the record again, into another slot). Unpinned, the
+    /// slot is free at once; pinned by other sessions, it stays `Failed` —
+    /// so none of them can mistake it for a good record or see it reused —
+    /// until the last pin goes, and keeps the cause for them
+    /// ([`ExpertCache::failure`]).
+    pub fn mark_failed(&mut self, slot: usize, cause: &str) {
         let s = &mut self.slots[slot];
         if let Some(k) = s.key {
             if self.map.get(&k) == Some(&slot) {
@@ -523,7 +532,13 @@ impl ExpertCache {
         s.ticket = None;
         if s.pins == 0 {
             self.free_slot(slot);
+        } else {
+            s.failure = Some(cause.into());
         }
+    }
+    /// Why the read into a `Failed` slot failed (`None` for any other slot).
+    pub fn failure(&self, slot: usize) -> Option<std::sync::Arc<str>> {
+        self.slots.get(slot).filter(|s| s.state == SlotState::Failed).and_then(|s| s.failure.clone())
     }
     fn free_slot(&mut self, slot: usize) {
         let s = &mut self.slots[slot];
@@ -535,6 +550,7 @@ impl ExpertCache {
         s.window = false;
         s.ticket = None;
         s.claimed = false;
+        s.failure = None;
         self.free.push(slot);
     }
     /// Decide who completes the in-flight read of `slot`: the first caller
@@ -679,7 +695,7 @@ mod tests {
         // no ticket: nothing finished; one made ready, one failed and reserved again
         assert!(c.finished_reads().is_empty());
         c.mark_ready(s[0]);
-        c.mark_failed(s[1]);
+        c.mark_failed(s[1], "test");
         let again = c.reserve((1, 7), true).unwrap();
         assert_eq!(c.state(again), SlotState::InFlight);
         assert!(c.finished_reads().is_empty() && c.unclaimed_inflight().is_none());
@@ -699,7 +715,7 @@ mod tests {
         assert!(c.is_claimed(s));
         // the read fails: lookups miss at once (a new use reads again), but
         // the slot is not reused while the other session still pins it
-        c.mark_failed(s);
+        c.mark_failed(s, "test");
         assert_eq!(c.state(s), SlotState::Failed);
         assert_eq!(c.lookup((1, 2)), Lookup::Miss);
         let others: Vec<usize> = (0..2).map(|e| c.reserve((2, e), false).unwrap()).collect();
@@ -823,7 +839,8 @@ mod tests {
         c.pin(a); // a second session on the same slot
         let b = c.reserve((0, 1), true).unwrap();
         assert_eq!((c.pins_held, sum(&c)), (3, 3));
-        c.mark_failed(b); // still pinned: not freed yet
+        c.mark_failed(b, "bad header"); // still pinned: not freed yet
+        assert_eq!(c.failure(b).as_deref(), Some("bad header"), "the cause kept for the pinning sessions");
         assert_eq!((c.pins_held, sum(&c)), (3, 3));
         c.unpin(b).unwrap(); // the last pin of a failed slot frees it
         c.mark_ready(a);

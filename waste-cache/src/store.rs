@@ -26,7 +26,7 @@ pub trait RecordSource: Send + Sync {
     /// The caller's error type: cache and I/O failures convert into it, and
     /// a record check returns it (so a damaged record keeps its precise
     /// message).
-    type Error: From<CacheError> + From<waste_io::Error>;
+    type Error: From<CacheError> + From<waste_io::Error> + std::fmt::Display;
     /// The bank file and byte offset of `key`'s record (`None`: the layer
     /// has no experts on disk).
     fn locate(&self, key: Key) -> Option<(Arc<DirectFile>, u64)>;
@@ -193,7 +193,7 @@ impl<S: RecordSource> ExpertStore<S> {
                 cache.unpin(slot)?;
                 loaded += 1;
             } else {
-                cache.mark_failed(slot);
+                cache.mark_failed(slot, "its preload failed");
                 cache.unpin(slot)?;
             }
         }
@@ -381,12 +381,13 @@ impl<S: RecordSource> ExpertStore<S> {
     /// Validate a finished read into `slot`; mark it ready or failed.
     fn finish_read(&self, cache: &mut ExpertCache, slot: usize, res: waste_io::Result<()>) -> Result<(), S::Error> {
         let Some(key) = cache.key(slot) else {
-            return Err(CacheError::ReadFailed { layer: 0, expert: 0 }.into());
+            let cause = "the slot holds no record".into();
+            return Err(CacheError::ReadFailed { layer: 0, expert: 0, cause }.into());
         };
         let r = res.map_err(S::Error::from).and_then(|()| self.source.check(key, cache.slot_data(slot)));
-        match r {
+        match &r {
             Ok(()) => cache.mark_ready(slot),
-            Err(_) => cache.mark_failed(slot),
+            Err(e) => cache.mark_failed(slot, &e.to_string()),
         }
         r
     }
@@ -427,9 +428,11 @@ impl<S: RecordSource> ExpertStore<S> {
                     }
                     Claim::ReadYourself => {
                         let Some((file, off)) = cache.key(slot).and_then(|k| self.source.locate(k)) else {
-                            cache.mark_failed(slot);
+                            let (layer, expert) = cache.key(slot).unwrap_or((0, 0));
+                            let cause = "the container has no record for it";
+                            cache.mark_failed(slot, cause);
                             self.settled.notify_all();
-                            break Err(CacheError::ReadFailed { layer: 0, expert: 0 }.into());
+                            break Err(CacheError::ReadFailed { layer, expert, cause: cause.into() }.into());
                         };
                         let dst = cache.slot_ptr(slot);
                         drop(cache);
@@ -447,7 +450,8 @@ impl<S: RecordSource> ExpertStore<S> {
                 },
                 SlotState::Failed | SlotState::Empty => {
                     let (layer, expert) = cache.key(slot).unwrap_or((0, 0));
-                    break Err(CacheError::ReadFailed { layer, expert }.into());
+                    let cause = cache.failure(slot).map_or_else(|| "in another session".into(), |c| c.to_string());
+                    break Err(CacheError::ReadFailed { layer, expert, cause }.into());
                 }
             }
         };
@@ -588,6 +592,11 @@ mod tests {
         Cache(CacheError),
         Io(String),
         Bad(u32),
+    }
+    impl std::fmt::Display for E {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{self:?}")
+        }
     }
     impl From<CacheError> for E {
         fn from(e: CacheError) -> E {

@@ -1193,7 +1193,14 @@ mod tests {
             (engine::Error::Vision(engine::VisionError::Config("x".into())), WASTE_E_FORMAT),
             (engine::Error::Tokenizer(engine::tokenizer::Error::Vocabulary("x".into())), WASTE_E_FORMAT),
             (engine::Error::FloorAboveRam { floor: 9, ctx: 1, usable: 1, max_ctx: None }, WASTE_E_BUDGET),
-            (engine::Error::Cache(engine::CacheError::ReadFailed { layer: 1, expert: 2 }), WASTE_E_IO),
+            (
+                engine::Error::Cache(engine::CacheError::ReadFailed {
+                    layer: 1,
+                    expert: 2,
+                    cause: "checksum mismatch".into(),
+                }),
+                WASTE_E_IO,
+            ),
         ];
         for (e, want) in cases {
             let msg = e.to_string();

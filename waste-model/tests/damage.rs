@@ -442,6 +442,20 @@ fn a_sealed_infinite_record_scale_is_refused_when_read() {
     std::fs::remove_dir_all(&d).ok();
 }
 
+/// A copy of the anchor with a payload byte of each of layer 2's 8 records
+/// flipped: its directory, the bank's path and the bank's good bytes.
+fn layer_2_damaged(tag: &str) -> (PathBuf, PathBuf, Vec<u8>) {
+    let d = copy(tag);
+    let bank = d.join("experts-L2.bin");
+    let good = std::fs::read(&bank).unwrap();
+    let mut bad = good.clone();
+    for e in 0..8 {
+        bad[e * REC + 500] ^= 0x10;
+    }
+    std::fs::write(&bank, &bad).unwrap();
+    (d, bank, good)
+}
+
 /// A step that fails part-way (here every record of layer 2 damaged, so
 /// the first token stops at that layer's experts after the layers before it
 /// updated their state) leaves the session refusing to go on — even once
@@ -451,14 +465,7 @@ fn a_sealed_infinite_record_scale_is_refused_when_read() {
 /// computes exactly what a fresh session does.
 #[test]
 fn a_step_failed_part_way_refuses_until_reset() {
-    let d = copy("partway");
-    let bank = d.join("experts-L2.bin");
-    let good = std::fs::read(&bank).unwrap();
-    let mut bad = good.clone();
-    for e in 0..8 {
-        bad[e * REC + 500] ^= 0x10;
-    }
-    std::fs::write(&bank, &bad).unwrap();
+    let (d, bank, good) = layer_2_damaged("partway");
     let opts =
         waste_model::ModelOptions { ctx: 64, threads: 1, verify_records: true, ..waste_model::ModelOptions::exact() };
     let m = waste_model::Model::open(&d, opts.clone()).expect("damage inside records opens");
@@ -485,6 +492,52 @@ fn a_step_failed_part_way_refuses_until_reset() {
     let want = fresh.session().eval(&[1, 2, 3, 4]).unwrap().to_vec();
     assert!(after.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "reset session differs from a fresh one");
     drop(s);
+    drop(m);
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// A damaged record met in a batched step run as two halves in turn: the
+/// error names it, every session of the step refuses to go on, and the
+/// halves' pinned experts are let go — with the bank mended, the reset
+/// sessions step again in the same small cache and give a fresh model's
+/// logits.
+#[test]
+fn a_damaged_record_in_a_step_of_two_halves_fails_every_session_and_leaks_no_pin() {
+    let (d, bank, good) = layer_2_damaged("halves");
+    let plan = waste_model::plan(&d, 64).unwrap();
+    let opts = waste_model::ModelOptions {
+        ctx: 64,
+        threads: 1,
+        verify_records: true,
+        halves: Some(true),
+        budget: plan.floor_bytes + 8 * plan.record_bytes,
+        ..waste_model::ModelOptions::exact()
+    };
+    let m = waste_model::Model::open(&d, opts.clone()).expect("damage inside records opens");
+    assert_eq!(m.halves(), Some(true));
+    let n = m.max_batch().min(3);
+    assert!(n >= 2, "{n} sequences fit a step");
+    let tokens: Vec<u32> = (1..=n as u32).collect();
+    let mut ss: Vec<_> = (0..n).map(|_| m.session()).collect();
+    let mut refs: Vec<_> = ss.iter_mut().collect();
+    let e = m.step_many(&mut refs, &tokens).expect_err("a damaged layer fails the step").to_string();
+    assert!(e.contains("layer 2") && e.contains("checksum mismatch"), "{e}");
+    std::fs::write(&bank, &good).unwrap();
+    for s in ss.iter_mut() {
+        match s.eval(&[4]) {
+            Err(waste_model::Error::Incomplete(cause)) => assert!(cause.contains("checksum mismatch"), "{cause}"),
+            other => panic!("a session of the failed step went on: {:?}", other.map(|l| l.len())),
+        }
+        s.reset();
+    }
+    let mut refs: Vec<_> = ss.iter_mut().collect();
+    m.step_many(&mut refs, &tokens).expect("the mended batch steps: no pin was left behind");
+    let fresh = waste_model::Model::open(&d, opts).unwrap();
+    for (s, &t) in ss.iter().zip(&tokens) {
+        let want = fresh.session().eval(&[t]).unwrap().to_vec();
+        assert!(s.logits().iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "token {t} differs from fresh");
+    }
+    drop(ss);
     drop(m);
     std::fs::remove_dir_all(&d).ok();
 }
