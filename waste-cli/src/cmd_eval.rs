@@ -34,7 +34,8 @@ pub struct EngineArgs {
     /// Run a batched step of several sequences (`serve --parallel`,
     /// `bench --parallel`) as two halves in turn, so one half's expert
     /// reads are in flight while the other computes: on or off (default:
-    /// on where the expert cache cannot hold every expert).
+    /// off where the expert cache holds every expert, else whichever form
+    /// the step times measure faster). Never changes an answer.
     #[arg(long, value_parser = parse_on_off)]
     pub halves: Option<bool>,
     /// Read a layer's missing experts one at a time instead of all at once.

@@ -120,6 +120,14 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
         );
     }
     eprintln!("waste serve: up to {parallel} requests decoded together (--parallel)");
+    if parallel >= 2 {
+        let halves = match model.halves() {
+            Some(true) => "always",
+            Some(false) => "never",
+            None => "where the step times measure it faster",
+        };
+        eprintln!("waste serve: a step of several requests as two halves in turn: {halves} (--halves)");
+    }
     let api_key = a.api_key.clone().or_else(|| std::env::var("WASTE_API_KEY").ok()).filter(|k| !k.is_empty());
     let loopback = a.host == "127.0.0.1" || a.host == "::1" || a.host == "localhost";
     if !loopback && api_key.is_none() {
