@@ -469,7 +469,11 @@ fn each_request_is_logged_once_with_its_tokens() {
     assert!(text.lines().any(|l| l.starts_with("waste serve: up to ") && l.ends_with("decoded together (--parallel)")));
     // the SIMD level and numeric mode it computes in
     assert!(text.lines().any(|l| l.starts_with("waste serve: simd ") && l.contains(", numeric mode ")), "{text}");
-    let start = |l: &str| ["budget ", "up to ", "simd "].iter().any(|p| l.starts_with(&format!("waste serve: {p}")));
+    // whether a step of several requests runs as two halves
+    assert!(text.lines().any(|l| l.starts_with("waste serve: a step of several requests as two halves")), "{text}");
+    let start = |l: &str| {
+        ["budget ", "up to ", "simd ", "a step of several "].iter().any(|p| l.starts_with(&format!("waste serve: {p}")))
+    };
     let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("waste serve: ") && !start(l)).collect();
     assert_eq!(lines.len(), 3, "{text}");
     for l in &lines[..2] {
