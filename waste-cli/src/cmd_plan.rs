@@ -88,9 +88,8 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     // a batched step as two halves in turn: off where the cache holds every
     // expert or layers stream, else chosen by measured step times
     let halves = match waste_model::halves_for(None, p.expert_records, slots) {
-        Some(h) => json!(h && p.streamed_layers == 0),
-        None if p.streamed_layers > 0 => json!(false),
-        None => json!("measured"),
+        None if p.streamed_layers == 0 => json!("measured"),
+        _ => json!(false),
     };
     let resolved = match resolved {
         Ok(_) if a.parallel > max_parallel => Err(format!(
@@ -383,10 +382,6 @@ pub(crate) fn disk_bandwidth(path: &std::path::Path, qd: usize, direct: bool) ->
     Some(r.gbps)
 }
 
-/// `bench --json`'s `vq_lookup_probes_us`: each probe that chose the AVX2
-/// fast VQ lookup form, its best time per form in µs, two inputs' by the
-/// pair kernel (`pairs`: whether tokens share the gathers) and four inputs'
-/// by the quad kernel (`quads`: whether four tokens share them).
 /// The router lookahead a bench runs with: the model's, none for a
 /// replayed routing (whose sessions read nothing ahead).
 pub(crate) fn lookahead_in_use(a: &BenchArgs, model: &waste_model::Model) -> usize {
@@ -397,6 +392,10 @@ pub(crate) fn lookahead_in_use(a: &BenchArgs, model: &waste_model::Model) -> usi
     }
 }
 
+/// `bench --json`'s `vq_lookup_probes_us`: each probe that chose the AVX2
+/// fast VQ lookup form, its best time per form in µs, two inputs' by the
+/// pair kernel (`pairs`: whether tokens share the gathers) and four inputs'
+/// by the quad kernel (`quads`: whether four tokens share them).
 pub(crate) fn lookup_probes_json(model: &waste_model::Model) -> serde_json::Value {
     let us = |t: f64| (t * 1e7).round() / 10.0;
     model
