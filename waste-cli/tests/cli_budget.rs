@@ -2,9 +2,9 @@
 //! a container whose experts are several times the budget, with the cache
 //! filled to its last slot at open (a usage hotlist naming every expert), at
 //! two budgets. Each run's peak RSS (the OS's, `wait4` of that child) stays at
-//! or under its budget plus a stated slack, and the two peaks differ by the
-//! budgets' difference within a stated margin — a cache over its budget, or
-//! one never filled, fails.
+//! or under its budget plus a stated slack, and the two budgets' peaks (each
+//! the lower of two runs) differ by the budgets' difference within a stated
+//! margin — a cache over its budget, or one never filled, fails.
 
 #![cfg(target_os = "linux")] // peak RSS by wait4 / ru_maxrss in kilobytes: Linux
 
@@ -78,14 +78,22 @@ fn bench_peak_rss_stays_under_the_budget_and_tracks_it() {
         let budget = floor + records * rec;
         assert!(experts_bytes > budget, "experts {experts_bytes} should exceed the budget {budget}");
         let b = budget.to_string();
-        let (out, rss) =
-            run_measured(&["bench", d, "--budget", &b, "--ctx", "512", "-n", "8", "--prompt-len", "20", "--json"]);
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        let slots = v["cache_slots"].as_u64().unwrap();
-        assert!(v["preloaded"].as_u64().unwrap() >= slots, "the cache was not filled: {v}");
-        eprintln!("budget {budget} bytes ({slots} slots), peak RSS {rss} bytes");
-        assert!(rss <= budget + RSS_SLACK_BYTES, "peak RSS {rss} > budget {budget} + slack {RSS_SLACK_BYTES}");
-        peaks.push((budget, rss));
+        // every run keeps the ceiling; the tracking compares each budget's
+        // lower peak of two runs (one CI run under load read a peak ~13 MB
+        // off its usual value, once in dozens: a transient the ceiling's
+        // slack absorbs but the 6 MB tracking margin does not)
+        let mut low = u64::MAX;
+        for _ in 0..2 {
+            let (out, rss) =
+                run_measured(&["bench", d, "--budget", &b, "--ctx", "512", "-n", "8", "--prompt-len", "20", "--json"]);
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let slots = v["cache_slots"].as_u64().unwrap();
+            assert!(v["preloaded"].as_u64().unwrap() >= slots, "the cache was not filled: {v}");
+            eprintln!("budget {budget} bytes ({slots} slots), peak RSS {rss} bytes");
+            assert!(rss <= budget + RSS_SLACK_BYTES, "peak RSS {rss} > budget {budget} + slack {RSS_SLACK_BYTES}");
+            low = low.min(rss);
+        }
+        peaks.push((budget, low));
     }
     let (db, dr) = (peaks[1].0 - peaks[0].0, peaks[1].1 as i64 - peaks[0].1 as i64);
     assert!(
