@@ -389,6 +389,11 @@ pub fn matvec_rows(
             }
         };
     }
+    #[cfg(target_arch = "aarch64")]
+    if rows16(level, lay) && form == TableForm::Plain && r0.is_multiple_of(16) {
+        done = y.len() / 16 * 16;
+        crate::aarch64::vq_fast::rows16(lay, idx, d, bytemuck::cast_slice(q), r0, &mut y[..done]);
+    }
     if done < y.len() {
         if form == TableForm::Plain {
             rows(lay, idx, d, bytemuck::cast_slice(q), r0 + done, &mut y[done..]);
@@ -559,6 +564,21 @@ pub fn rows32(level: Level, lay: &VqLayout) -> bool {
         && (1..=3).contains(&lay.stages)
         && lay.block > 0
         && lay.block.is_multiple_of(32)
+}
+
+/// Whether `level` on this CPU sums this layout's fast rows 16 at a time by
+/// NEON `tbl`/`tbx` lookups (`aarch64::vq_fast`: 1 to 3 byte stages or
+/// VQ4P, index blocks of a multiple of 16 rows; plain tables).
+pub fn rows16(level: Level, lay: &VqLayout) -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        level.neon_kernels() && crate::aarch64::vq_fast::serves(lay)
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        let _ = (level, lay);
+        false
+    }
 }
 
 /// How the AVX2 kernel ([`rows32`]) looks a 256-entry table up: all give
@@ -822,11 +842,13 @@ pub fn probe_times() -> Option<ProbeTimes> {
 
 /// The kernel that sums this layout's fast rows at `level` on this CPU, as
 /// reports name it: `avx512-int8-permutes`, `avx2-int8-pshufb-chains` (or
-/// `avx2-int8-pshufb-blends`, `avx2-int16-gathers`: [`avx2_lookup`]) or
-/// `int8-loads`.
+/// `avx2-int8-pshufb-blends`, `avx2-int16-gathers`: [`avx2_lookup`]),
+/// `neon-int8-tbl` or `int8-loads`.
 pub fn rows_kernel_name(level: Level, lay: &VqLayout) -> &'static str {
     if rows64(level, lay) {
         "avx512-int8-permutes"
+    } else if rows16(level, lay) {
+        "neon-int8-tbl"
     } else if rows32(level, lay) {
         match table_form(level, lay) {
             TableForm::Plain => "avx2-int8-pshufb-blends",

@@ -1,0 +1,186 @@
+//! NEON kernel of the fast mode's VQ row sums ([`crate::vq_fast`]): the
+//! int8 table looked up by `tbl`/`tbx` over four registers (64 entries an
+//! instruction: a 256-entry stage in one `tbl` and three `tbx`, a VQ4P
+//! stage of 64 in one `tbl`), sixteen rows a lookup. The index bytes of
+//! sixteen rows at a position are one `ld2`/`ld3` (the stages
+//! de-interleaved as they load; VQ4P's 6-bit fields unpacked from the three
+//! byte planes), each stage's table is loaded once for 32 rows, and a
+//! block's codes add in 16-bit lanes (a block's sum is at most
+//! `4 · 4 · 127` in magnitude) — the exact integer of the definition, whose
+//! float steps follow in its order: one `fmla` a block (the same fused
+//! multiply-add), blocks in order, positions in tiles of whole blocks.
+//! Bit-identical to `vq_fast::rows` (tested under qemu at `-cpu cortex-a53`
+//! and `max`); never timed on an ARM core, so `exact` stays NEON's default.
+
+use crate::vq::VqLayout;
+use crate::vq_fast::QBLOCK;
+use core::arch::aarch64::*;
+
+/// Vector positions per tile (whole blocks): 16 × 3 stages × 256 entries
+/// = 12 KiB of table, in L1 while every row group of the call reads it.
+const TILE: usize = 16;
+
+/// Rows a lookup.
+const LANES: usize = 16;
+
+/// Whether the kernel serves this layout: byte indices of 1 to 3 stages of
+/// 256 entries, or VQ4P's four 6-bit stages of 64, in index blocks of a
+/// multiple of 16 rows (sixteen rows' index bytes at a position are then
+/// contiguous).
+pub fn serves(lay: &VqLayout) -> bool {
+    let stages = if lay.packed6 { lay.stages == 4 } else { (1..=3).contains(&lay.stages) };
+    stages && lay.block > 0 && lay.block.is_multiple_of(LANES)
+}
+
+/// `y[i] = Σ_b fma(n_b(r0 + i), d_b, ·)` (unscaled, as `vq_fast::rows`)
+/// for rows `r0..r0 + y.len()`, both multiples of 16, over the plain table
+/// `q` (one `i8` code an entry, `[v][stage][entry]`) with block scales `d`.
+///
+/// # Panics
+/// When the layout is not one [`serves`] takes, or a size is short.
+pub fn rows16(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r0: usize, y: &mut [f32]) {
+    assert!(serves(lay), "{lay:?} is not a layout of the NEON fast rows");
+    assert!(r0.is_multiple_of(LANES) && y.len().is_multiple_of(LANES) && r0 + y.len() <= lay.rows);
+    assert!(q.len() >= lay.table_len() && d.len() >= lay.nvec.div_ceil(QBLOCK) && idx.len() >= lay.index_bytes());
+    match (lay.packed6, lay.stages) {
+        (false, 1) => body::<1, 256, false>(lay, idx, d, q, r0, y),
+        (false, 2) => body::<2, 256, false>(lay, idx, d, q, r0, y),
+        (false, 3) => body::<3, 256, false>(lay, idx, d, q, r0, y),
+        (true, 4) => body::<4, 64, true>(lay, idx, d, q, r0, y),
+        (p, s) => unreachable!("the NEON fast rows serve 1 to 3 byte stages or VQ4P, not packed {p} stages {s}"),
+    }
+}
+
+/// The `NS` stage indices of sixteen rows at byte offset `o` (in bounds:
+/// the caller's check), one lane a row.
+#[inline(always)]
+fn indices<const NS: usize, const P6: bool>(idx: &[u8], o: usize) -> [uint8x16_t; NS] {
+    let bpv = if P6 { NS * 6 / 8 } else { NS };
+    let g = &idx[o..o + LANES * bpv];
+    // SAFETY: NEON is baseline on aarch64; each load reads the 16 · bpv bytes of `g`.
+    unsafe {
+        let mut out = [vdupq_n_u8(0); NS];
+        match (P6, bpv) {
+            (false, 1) => out[0] = vld1q_u8(g.as_ptr()),
+            (false, 2) => {
+                let v = vld2q_u8(g.as_ptr());
+                (out[0], out[1]) = (v.0, v.1);
+            }
+            (false, 3) => {
+                let v = vld3q_u8(g.as_ptr());
+                (out[0], out[1], out[2]) = (v.0, v.1, v.2);
+            }
+            (true, 3) => {
+                // four 6-bit fields in three bytes, stage 0 at bit 0
+                let v = vld3q_u8(g.as_ptr());
+                let (b0, b1, b2) = (v.0, v.1, v.2);
+                out[0] = vandq_u8(b0, vdupq_n_u8(63));
+                out[1] = vorrq_u8(vshrq_n_u8::<6>(b0), vshlq_n_u8::<2>(vandq_u8(b1, vdupq_n_u8(15))));
+                out[2] = vorrq_u8(vshrq_n_u8::<4>(b1), vshlq_n_u8::<4>(vandq_u8(b2, vdupq_n_u8(3))));
+                out[3] = vshrq_n_u8::<2>(b2);
+            }
+            _ => unreachable!("stage bytes {bpv}"),
+        }
+        out
+    }
+}
+
+/// Sixteen rows' codes of one stage: entry `i` of the `TE`-entry table at
+/// `t` (256: one `tbl` and three `tbx` over 64-entry quarters; an index
+/// outside a quarter leaves the lane as it was).
+#[inline(always)]
+fn lookup<const TE: usize>(t: &[int8x16x4_t; 4], i: uint8x16_t) -> int8x16_t {
+    // SAFETY: NEON is baseline on aarch64; registers only.
+    unsafe {
+        let mut r = vqtbl4q_s8(t[0], i);
+        if TE == 256 {
+            r = vqtbx4q_s8(r, t[1], vsubq_u8(i, vdupq_n_u8(64)));
+            r = vqtbx4q_s8(r, t[2], vsubq_u8(i, vdupq_n_u8(128)));
+            r = vqtbx4q_s8(r, t[3], vsubq_u8(i, vdupq_n_u8(192)));
+        }
+        r
+    }
+}
+
+/// Stage `s`'s table at position `v` in registers (`TE / 64` quarters).
+#[inline(always)]
+fn table<const NS: usize, const TE: usize>(q: &[i8], v: usize, s: usize) -> [int8x16x4_t; 4] {
+    let t = &q[(v * NS + s) * TE..(v * NS + s + 1) * TE];
+    // SAFETY: NEON is baseline; each load reads 64 bytes of `t` (TE a multiple of 64).
+    unsafe {
+        let mut out = [vld1q_s8_x4(t.as_ptr()); 4];
+        for (k, o) in out.iter_mut().enumerate().take(TE / 64).skip(1) {
+            *o = vld1q_s8_x4(t[64 * k..].as_ptr());
+        }
+        out
+    }
+}
+
+/// `y` += one block's sums `n` (16-bit lanes, rows in order) times `db`,
+/// fused: `fma(n as f32, db, y)` per row, the definition's float step.
+#[inline(always)]
+fn add_block(n: [int16x8_t; 2], db: f32, y: &mut [f32]) {
+    let y: &mut [f32; LANES] = (&mut y[..LANES]).try_into().expect("sixteen rows");
+    // SAFETY: NEON is baseline; the loads and stores read and write the 16 floats of `y`.
+    unsafe {
+        for (h, nh) in n.iter().enumerate() {
+            let q4 = [vmovl_s16(vget_low_s16(*nh)), vmovl_high_s16(*nh)];
+            for (k, qk) in q4.iter().enumerate() {
+                let p = y.as_mut_ptr().add(8 * h + 4 * k);
+                vst1q_f32(p, vfmaq_n_f32(vld1q_f32(p), vcvtq_f32_s32(*qk), db));
+            }
+        }
+    }
+}
+
+/// [`rows16`] for `NS` stages of `TE` entries (`P6`: VQ4P's packing): row
+/// groups of 32 (each table loaded once for both halves), a last of 16.
+fn body<const NS: usize, const TE: usize, const P6: bool>(
+    lay: &VqLayout,
+    idx: &[u8],
+    d: &[f32],
+    q: &[i8],
+    r0: usize,
+    y: &mut [f32],
+) {
+    y.fill(0.0);
+    let vstride = lay.vstride();
+    let mut t0 = 0;
+    while t0 < lay.nvec {
+        let t1 = (t0 + TILE).min(lay.nvec);
+        let mut r = 0;
+        while r < y.len() {
+            let two = r + 2 * LANES <= y.len();
+            let bases = [lay.offset(r0 + r, t0), lay.offset(r0 + r + if two { LANES } else { 0 }, t0)];
+            let mut vb = t0;
+            while vb < t1 {
+                let ve = (vb + QBLOCK).min(t1);
+                // SAFETY: NEON is baseline; registers only.
+                let mut n = [[unsafe { vdupq_n_s16(0) }; 2]; 2];
+                for v in vb..ve {
+                    let o = (v - t0) * vstride;
+                    let ix = [indices::<NS, P6>(idx, bases[0] + o), indices::<NS, P6>(idx, bases[1] + o)];
+                    for s in 0..NS {
+                        let t = table::<NS, TE>(q, v, s);
+                        for (g, ng) in n.iter_mut().enumerate().take(1 + two as usize) {
+                            let c = lookup::<TE>(&t, ix[g][s]);
+                            // SAFETY: registers only.
+                            unsafe {
+                                ng[0] = vaddw_s8(ng[0], vget_low_s8(c));
+                                ng[1] = vaddw_high_s8(ng[1], c);
+                            }
+                        }
+                    }
+                }
+                let db = d[vb / QBLOCK];
+                add_block(n[0], db, &mut y[r..]);
+                if two {
+                    add_block(n[1], db, &mut y[r + LANES..]);
+                }
+                vb = ve;
+            }
+            r += if two { 2 * LANES } else { LANES };
+        }
+        t0 = t1;
+    }
+}
