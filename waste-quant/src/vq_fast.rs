@@ -1110,7 +1110,9 @@ mod tests {
     /// Every level and kernel (the AVX-512 one in both plane lookups, the
     /// AVX2 one in every table lookup, from row 0 and from row 64) gives
     /// the definition's bits — the gathers over several of their tiles of
-    /// positions and a short last one (37, 40 positions).
+    /// positions and a short last one (37, 40 positions); the NEON one (under
+    /// qemu) in pairs of 16-row groups and a last group alone (80 rows in
+    /// index blocks of 16; 96 from row 48).
     #[test]
     fn rows_are_the_definition_at_every_level() {
         let planes = crate::vq::PlaneLookup::ALL;
@@ -1128,6 +1130,7 @@ mod tests {
                     (70, 1, false, 5, 0),
                     (70, 4, true, 11, 64),
                     (70, 3, false, 1, 16),
+                    (80, 3, false, 9, 16),
                 ] {
                     let lay = VqLayout { rows, nvec, stages, block, packed6 };
                     case(lay, 7 + nvec as u64, level);

@@ -106,13 +106,15 @@ fn lookup<const TE: usize>(t: &[int8x16x4_t; 4], i: uint8x16_t) -> int8x16_t {
 #[inline(always)]
 fn table<const NS: usize, const TE: usize>(q: &[i8], v: usize, s: usize) -> [int8x16x4_t; 4] {
     let t = &q[(v * NS + s) * TE..(v * NS + s + 1) * TE];
-    // SAFETY: NEON is baseline; each load reads 64 bytes of `t` (TE a multiple of 64).
+    let p = t.as_ptr();
+    // SAFETY: NEON is baseline; each load reads 64 bytes of `t` (TE is 64 or 256).
     unsafe {
-        let mut out = [vld1q_s8_x4(t.as_ptr()); 4];
-        for (k, o) in out.iter_mut().enumerate().take(TE / 64).skip(1) {
-            *o = vld1q_s8_x4(t[64 * k..].as_ptr());
+        let first = vld1q_s8_x4(p);
+        if TE == 256 {
+            [first, vld1q_s8_x4(p.add(64)), vld1q_s8_x4(p.add(128)), vld1q_s8_x4(p.add(192))]
+        } else {
+            [first; 4]
         }
-        out
     }
 }
 
@@ -144,43 +146,60 @@ fn body<const NS: usize, const TE: usize, const P6: bool>(
     y: &mut [f32],
 ) {
     y.fill(0.0);
-    let vstride = lay.vstride();
     let mut t0 = 0;
     while t0 < lay.nvec {
         let t1 = (t0 + TILE).min(lay.nvec);
         let mut r = 0;
-        while r < y.len() {
-            let two = r + 2 * LANES <= y.len();
-            let bases = [lay.offset(r0 + r, t0), lay.offset(r0 + r + if two { LANES } else { 0 }, t0)];
-            let mut vb = t0;
-            while vb < t1 {
-                let ve = (vb + QBLOCK).min(t1);
-                // SAFETY: NEON is baseline; registers only.
-                let mut n = [[unsafe { vdupq_n_s16(0) }; 2]; 2];
-                for v in vb..ve {
-                    let o = (v - t0) * vstride;
-                    let ix = [indices::<NS, P6>(idx, bases[0] + o), indices::<NS, P6>(idx, bases[1] + o)];
-                    for s in 0..NS {
-                        let t = table::<NS, TE>(q, v, s);
-                        for (g, ng) in n.iter_mut().enumerate().take(1 + two as usize) {
-                            let c = lookup::<TE>(&t, ix[g][s]);
-                            // SAFETY: registers only.
-                            unsafe {
-                                ng[0] = vaddw_s8(ng[0], vget_low_s8(c));
-                                ng[1] = vaddw_high_s8(ng[1], c);
-                            }
-                        }
-                    }
-                }
-                let db = d[vb / QBLOCK];
-                add_block(n[0], db, &mut y[r..]);
-                if two {
-                    add_block(n[1], db, &mut y[r + LANES..]);
-                }
-                vb = ve;
-            }
-            r += if two { 2 * LANES } else { LANES };
+        while r + 2 * LANES <= y.len() {
+            groups::<NS, TE, P6, 2>(lay, idx, d, q, r0 + r, (t0, t1), &mut y[r..r + 2 * LANES]);
+            r += 2 * LANES;
+        }
+        if r < y.len() {
+            groups::<NS, TE, P6, 1>(lay, idx, d, q, r0 + r, (t0, t1), &mut y[r..r + LANES]);
         }
         t0 = t1;
+    }
+}
+
+/// `G` groups of sixteen rows from `r` (`y` their `16 · G` sums so far)
+/// over the tile of positions `t0..t1`: each stage's table in registers
+/// once for all `G` groups.
+#[inline(always)]
+fn groups<const NS: usize, const TE: usize, const P6: bool, const G: usize>(
+    lay: &VqLayout,
+    idx: &[u8],
+    d: &[f32],
+    q: &[i8],
+    r: usize,
+    (t0, t1): (usize, usize),
+    y: &mut [f32],
+) {
+    let vstride = lay.vstride();
+    let bases: [usize; G] = core::array::from_fn(|g| lay.offset(r + g * LANES, t0));
+    let mut vb = t0;
+    while vb < t1 {
+        let ve = (vb + QBLOCK).min(t1);
+        // SAFETY: NEON is baseline on aarch64; registers only.
+        let mut n = [[unsafe { vdupq_n_s16(0) }; 2]; G];
+        for v in vb..ve {
+            let o = (v - t0) * vstride;
+            let ix: [[uint8x16_t; NS]; G] = core::array::from_fn(|g| indices::<NS, P6>(idx, bases[g] + o));
+            for s in 0..NS {
+                let t = table::<NS, TE>(q, v, s);
+                for (ng, ixg) in n.iter_mut().zip(&ix) {
+                    let c = lookup::<TE>(&t, ixg[s]);
+                    // SAFETY: registers only.
+                    unsafe {
+                        ng[0] = vaddw_s8(ng[0], vget_low_s8(c));
+                        ng[1] = vaddw_high_s8(ng[1], c);
+                    }
+                }
+            }
+        }
+        let db = d[vb / QBLOCK];
+        for (g, ng) in n.iter().enumerate() {
+            add_block(*ng, db, &mut y[g * LANES..]);
+        }
+        vb = ve;
     }
 }
