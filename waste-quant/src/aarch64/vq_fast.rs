@@ -203,3 +203,65 @@ fn groups<const NS: usize, const TE: usize, const P6: bool, const G: usize>(
         vb = ve;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SplitMix64;
+
+    /// The definition read straight off the format: per row, each block's
+    /// integer sum of its positions' stage codes, then `fma(sum, d_b, acc)`
+    /// block by block (VQ4P's fields from the 24 bits little-endian).
+    fn reference(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r: usize) -> f32 {
+        let (te, ns) = (lay.table_entries(), lay.stages);
+        let mut acc = 0f32;
+        for b in 0..lay.nvec.div_ceil(QBLOCK) {
+            let mut sum = 0i32;
+            for v in b * QBLOCK..((b + 1) * QBLOCK).min(lay.nvec) {
+                let g = &idx[lay.offset(r, v)..][..lay.bpv()];
+                for s in 0..ns {
+                    let e = if lay.packed6 {
+                        let w = g[0] as usize | (g[1] as usize) << 8 | (g[2] as usize) << 16;
+                        (w >> (6 * s)) & 63
+                    } else {
+                        g[s] as usize
+                    };
+                    sum += q[(v * ns + s) * te + e] as i32;
+                }
+            }
+            acc = (sum as f32).mul_add(d[b], acc);
+        }
+        acc
+    }
+
+    /// Every layout the kernel serves, 16 and 32 rows at a time and a
+    /// start inside the rows, against [`reference`] bit for bit; codes at
+    /// ±127 and every index value, so each `tbx` quarter is exercised.
+    #[test]
+    fn rows16_is_the_definition() {
+        let mut rng = SplitMix64::new(11);
+        for (rows, stages, packed6, nvec, block) in [
+            (96, 3, false, 37, 32),
+            (64, 2, false, 18, 64),
+            (48, 1, false, 5, 16),
+            (80, 4, true, 21, 16),
+            (128, 3, false, 4, 128),
+        ] {
+            let lay = VqLayout { rows, nvec, stages, block, packed6 };
+            assert!(serves(&lay), "{lay:?}");
+            let q: Vec<i8> = (0..lay.table_len()).map(|_| ((rng.next_u64() % 255) as i32 - 127) as i8).collect();
+            let d: Vec<f32> = (0..nvec.div_ceil(QBLOCK)).map(|_| rng.unif() * 0.01 + 1e-4).collect();
+            let idx: Vec<u8> = (0..lay.index_bytes()).map(|_| rng.next_u64() as u8).collect();
+            for (r0, n) in [(0, rows), (16, 16), (16, rows - 16), (rows - 32, 32)] {
+                let mut y = vec![f32::NAN; n];
+                rows16(&lay, &idx, &d, &q, r0, &mut y);
+                for (i, g) in y.iter().enumerate() {
+                    let want = reference(&lay, &idx, &d, &q, r0 + i);
+                    assert_eq!(g.to_bits(), want.to_bits(), "{lay:?} rows {r0}+{i}");
+                }
+            }
+        }
+        assert!(!serves(&VqLayout { rows: 64, nvec: 4, stages: 3, block: 8, packed6: false }), "blocks under 16 rows");
+        assert!(!serves(&VqLayout { rows: 64, nvec: 4, stages: 3, block: 0, packed6: false }), "row-major indices");
+    }
+}
