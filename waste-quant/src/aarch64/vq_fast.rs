@@ -210,22 +210,17 @@ mod tests {
     use crate::SplitMix64;
 
     /// The definition read straight off the format: per row, each block's
-    /// integer sum of its positions' stage codes, then `fma(sum, d_b, acc)`
-    /// block by block (VQ4P's fields from the 24 bits little-endian).
+    /// integer sum of its positions' stage codes (the layout's own index
+    /// reader), then `fma(sum, d_b, acc)` block by block.
     fn reference(lay: &VqLayout, idx: &[u8], d: &[f32], q: &[i8], r: usize) -> f32 {
         let (te, ns) = (lay.table_entries(), lay.stages);
         let mut acc = 0f32;
+        let mut ix = [0usize; 8];
         for b in 0..lay.nvec.div_ceil(QBLOCK) {
             let mut sum = 0i32;
             for v in b * QBLOCK..((b + 1) * QBLOCK).min(lay.nvec) {
-                let g = &idx[lay.offset(r, v)..][..lay.bpv()];
-                for s in 0..ns {
-                    let e = if lay.packed6 {
-                        let w = g[0] as usize | (g[1] as usize) << 8 | (g[2] as usize) << 16;
-                        (w >> (6 * s)) & 63
-                    } else {
-                        g[s] as usize
-                    };
+                lay.indices(idx, r, v, &mut ix);
+                for (s, &e) in ix.iter().enumerate().take(ns) {
                     sum += q[(v * ns + s) * te + e] as i32;
                 }
             }
