@@ -333,7 +333,7 @@ impl MatRef<'_> {
     /// `outs[t][i] = W[row0 + i] · xs[t]` in the fast mode for several
     /// inputs (a prefill chunk): each weight block decoded once for up to
     /// eight of them at AVX2 and at AVX-512 with VNNI (two per
-    /// instruction there), every dot the definition's — the
+    /// instruction there), four at NEON, every dot the definition's — the
     /// same bits as a [`MatRef::matvec_rows_fast`] per input.
     ///
     /// # Panics
@@ -366,6 +366,15 @@ impl MatRef<'_> {
             for (xc, oc) in xs.chunks(t).zip(outs.chunks_mut(t)) {
                 // SAFETY: AVX2/FMA/F16C (and AVX-VNNI where taken) verified; shapes asserted above.
                 unsafe { crate::x86_64::fast::matmat_rows(self, xc, row0, oc, matmat_uses_avx_vnni(level)) };
+            }
+            return;
+        }
+        #[cfg(target_arch = "aarch64")]
+        if level.neon_kernels() && applies(self) && n > 0 {
+            assert!(xs.iter().all(|x| x.q.len() == self.cols_padded()), "quantized input length");
+            let t = crate::aarch64::fast::TOKENS;
+            for (xc, oc) in xs.chunks(t).zip(outs.chunks_mut(t)) {
+                crate::aarch64::fast::matmat_rows(self, xc, row0, oc);
             }
             return;
         }

@@ -5,6 +5,10 @@
 //! fused multiply-add, the halving reduction the same pairs). The
 //! `dotprod` extension's `sdot` would give the same integers; it is not
 //! used so that every aarch64 CPU runs this one kernel.
+//!
+//! Several inputs (a prefill chunk) take [`matmat_rows`]: each weight
+//! block decoded once for [`TOKENS`] of them, each input's dots and float
+//! steps exactly one input's.
 
 use crate::fast::{QInput, BLOCK};
 use crate::matrix::MatRef;
@@ -66,6 +70,92 @@ pub fn matvec_rows(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
     }
 }
 
+/// Inputs a pass of [`matmat_rows`] (each weight block decoded once for
+/// them; their accumulators fill 8 of the 32 vector registers — at 8 the
+/// compiled loop spilled three a block).
+pub const TOKENS: usize = 4;
+
+/// `outs[t][i] = W[row0 + i] · xs[t]` in the fast mode for up to
+/// [`TOKENS`] inputs: each row's weight block decoded once for all of
+/// them, every `(row, input)` pair's integer lanes, `fmla`s and reduction
+/// those of [`matvec_rows`] on that input alone (the same bits). A missing
+/// input repeats the last one, computed and not stored, so the
+/// accumulators stay in registers.
+///
+/// # Panics
+/// When there are no inputs or more than [`TOKENS`], the outputs differ
+/// from the inputs in number or from each other in length, or the rows are
+/// out of range (the caller checks the rest).
+pub fn matmat_rows(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
+    assert!(!xs.is_empty() && xs.len() <= TOKENS && xs.len() == outs.len(), "1 to {TOKENS} inputs, one output each");
+    let n = outs[0].len();
+    assert!(outs.iter().all(|o| o.len() == n) && row0 + n <= m.rows, "matmat rows out of range");
+    if m.fmt == Fmt::Q4G {
+        multi::<true>(m, xs, row0, outs)
+    } else {
+        multi::<false>(m, xs, row0, outs)
+    }
+}
+
+fn multi<const Q4: bool>(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut [&mut [f32]]) {
+    let (rbs, gpr) = (m.row_bytes(), m.groups());
+    let (nt, n) = (xs.len(), outs[0].len());
+    let x: [&QInput; TOKENS] = core::array::from_fn(|t| &xs[t.min(nt - 1)]);
+    let nb = x[0].d.len();
+    // the loop below reads every input's block b by pointer: all as long
+    assert!(x.iter().all(|xt| xt.d.len() == nb && xt.q.len() >= nb * BLOCK), "quantized inputs of one width");
+    assert!(
+        m.group.is_multiple_of(BLOCK) && nb * BLOCK <= m.row_bytes() * if Q4 { 2 } else { 1 },
+        "whole blocks a group"
+    );
+    let bpg = m.group / BLOCK;
+    let qp: [*const i8; TOKENS] = core::array::from_fn(|t| x[t].q.as_ptr());
+    for r in 0..n {
+        let row = row0 + r;
+        let rb = &m.data[row * rbs..(row + 1) * rbs];
+        let sc = &m.scales[row * gpr..(row + 1) * gpr];
+        // SAFETY (every intrinsic below): NEON is baseline on aarch64; registers only.
+        let mut acc = [[unsafe { vdupq_n_f32(0.0) }; 2]; TOKENS];
+        let (mut ws, mut left, mut gi) = (0f32, 0, 0);
+        for b in 0..nb {
+            if left == 0 {
+                ws = f16_to_f32(sc[gi]);
+                (left, gi) = (bpg, gi + 1);
+            }
+            left -= 1;
+            let w = weights::<Q4>(rb, b);
+            for (t, a) in acc.iter_mut().enumerate() {
+                // SAFETY: block b's 32 codes of input t (lengths asserted above).
+                let q = unsafe {
+                    let p = qp[t].add(b * BLOCK);
+                    [vld1q_s8(p), vld1q_s8(p.add(16))]
+                };
+                let p = block_lanes(w, q);
+                let d = ws * x[t].d[b];
+                for (ak, pk) in a.iter_mut().zip(p) {
+                    // as `rows`: fma(d, p, lane)
+                    *ak = unsafe { vfmaq_n_f32(*ak, vcvtq_f32_s32(pk), d) };
+                }
+            }
+        }
+        for (o, a) in outs.iter_mut().zip(&acc) {
+            o[r] = reduce(a);
+        }
+    }
+}
+
+/// The definition's halving reduction of a row's eight lanes: (i + 4),
+/// (+ 2), (+ 1).
+#[inline(always)]
+fn reduce(a: &[float32x4_t; 2]) -> f32 {
+    // SAFETY: registers only.
+    unsafe {
+        let b = vaddq_f32(a[0], a[1]);
+        let c = vadd_f32(vget_low_f32(b), vget_high_f32(b));
+        vget_lane_f32::<0>(c) + vget_lane_f32::<1>(c)
+    }
+}
+
 fn rows<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) {
     let (rbs, g, gpr) = (m.row_bytes(), m.group, m.groups());
     for (c, yc) in y.chunks_mut(ROWS).enumerate() {
@@ -101,13 +191,7 @@ fn rows<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) 
             }
         }
         for (o, a) in yc.iter_mut().zip(&acc) {
-            // the definition's halving reduction: (i + 4), (+ 2), (+ 1)
-            // SAFETY: registers only.
-            *o = unsafe {
-                let b = vaddq_f32(a[0], a[1]);
-                let c = vadd_f32(vget_low_f32(b), vget_high_f32(b));
-                vget_lane_f32::<0>(c) + vget_lane_f32::<1>(c)
-            };
+            *o = reduce(a);
         }
     }
 }
