@@ -10,7 +10,7 @@
 //! block decoded once for [`TOKENS`] of them, each input's dots and float
 //! steps exactly one input's.
 
-use crate::fast::{QInput, BLOCK};
+use crate::fast::{GroupStarts, QInput, BLOCK};
 use crate::matrix::MatRef;
 use core::arch::aarch64::*;
 use waste_format::half::f16_to_f32;
@@ -108,7 +108,6 @@ fn multi<const Q4: bool>(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut 
         m.group.is_multiple_of(BLOCK) && nb * BLOCK <= m.row_bytes() * if Q4 { 2 } else { 1 },
         "whole blocks a group"
     );
-    let bpg = m.group / BLOCK;
     let qp: [*const i8; TOKENS] = core::array::from_fn(|t| x[t].q.as_ptr());
     for r in 0..n {
         let row = row0 + r;
@@ -116,13 +115,11 @@ fn multi<const Q4: bool>(m: &MatRef<'_>, xs: &[QInput], row0: usize, outs: &mut 
         let sc = &m.scales[row * gpr..(row + 1) * gpr];
         // SAFETY (every intrinsic below): NEON is baseline on aarch64; registers only.
         let mut acc = [[unsafe { vdupq_n_f32(0.0) }; 2]; TOKENS];
-        let (mut ws, mut left, mut gi) = (0f32, 0, 0);
+        let (mut ws, mut starts) = (0f32, GroupStarts::new(m.group));
         for b in 0..nb {
-            if left == 0 {
-                ws = f16_to_f32(sc[gi]);
-                (left, gi) = (bpg, gi + 1);
+            if starts.next() {
+                ws = f16_to_f32(sc[b * BLOCK / m.group]);
             }
-            left -= 1;
             let w = weights::<Q4>(rb, b);
             for (t, a) in acc.iter_mut().enumerate() {
                 // SAFETY: block b's 32 codes of input t (lengths asserted above).
@@ -172,8 +169,9 @@ fn rows<const Q4: bool>(m: &MatRef<'_>, x: &QInput, row0: usize, y: &mut [f32]) 
         // SAFETY (every intrinsic below): NEON is baseline on aarch64; registers only.
         let mut acc = [[unsafe { vdupq_n_f32(0.0) }; 2]; ROWS];
         let mut ws = [0f32; ROWS];
+        let mut starts = GroupStarts::new(g);
         for (b, &db) in x.d.iter().enumerate() {
-            if (b * BLOCK).is_multiple_of(g) {
+            if starts.next() {
                 for (w, s) in ws.iter_mut().zip(&sc) {
                     *w = f16_to_f32(s[b * BLOCK / g]);
                 }

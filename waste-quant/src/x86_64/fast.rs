@@ -4,7 +4,7 @@
 //! reduction are the definition's operations in its order). Run at the
 //! AVX-512 level too.
 
-use crate::fast::{QInput, BLOCK};
+use crate::fast::{GroupStarts, QInput, BLOCK};
 use crate::matrix::MatRef;
 use core::arch::x86_64::*;
 use waste_format::Fmt;
@@ -73,32 +73,6 @@ unsafe fn q4_nibbles(p: *const u8) -> __m256i {
 fn dot_nibbles(nib: __m256i, q: __m256i) -> __m256i {
     // unsigned nibble × signed code: pairs ≤ 2 · 15 · 127, no saturation
     _mm256_madd_epi16(_mm256_maddubs_epi16(nib, q), _mm256_set1_epi16(1))
-}
-
-/// Which blocks start a weight group (`g / BLOCK` blocks each), counted
-/// down rather than tested by `(b · BLOCK) % g` — a division per block,
-/// a quarter of the AVX2 matmat's time per row block.
-struct GroupStarts {
-    per: usize,
-    left: usize,
-}
-
-impl GroupStarts {
-    /// For groups of `g` columns (a multiple of [`BLOCK`]), from block 0.
-    #[inline(always)]
-    fn new(g: usize) -> Self {
-        GroupStarts { per: (g / BLOCK).max(1), left: 0 }
-    }
-    /// Whether the next block starts a group (call once a block, in order).
-    #[inline(always)]
-    fn next(&mut self) -> bool {
-        let start = self.left == 0;
-        if start {
-            self.left = self.per;
-        }
-        self.left -= 1;
-        start
-    }
 }
 
 /// Row `r`'s weight scale for block `b` of a matrix with `gpr` groups of
