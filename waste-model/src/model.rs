@@ -165,6 +165,23 @@ pub fn halves_for(asked: Option<bool>, experts: u64, slots: usize) -> Option<boo
     asked.or((experts == 0 || slots as u64 >= experts).then_some(false))
 }
 
+/// Tokens a prefill chunk evaluates together ([`crate::Session::chunk_len`]):
+/// `buffers` (what the chunk's buffers hold, at least 1), unless the expert
+/// cache cannot hold a whole layer's `layer_experts` beside the router
+/// lookahead — a chunk pins every distinct expert of a layer at once — then
+/// as many tokens as their `top_k` experts fit in the `slots` less the
+/// `lookahead`, at least 1. A small cache so gives short chunks, each
+/// reading nearly every route (docs/FINDINGS.md, "not measured yet").
+/// `waste plan` applies the same rule to the slots a budget buys.
+pub fn prefill_chunk(buffers: usize, slots: usize, lookahead: usize, layer_experts: usize, top_k: usize) -> usize {
+    let most = buffers.max(1);
+    let free = slots.saturating_sub(lookahead);
+    if layer_experts == 0 || free >= layer_experts {
+        return most;
+    }
+    (free / top_k.max(1)).clamp(1, most)
+}
+
 /// The router lookahead in use: the number `asked` for, else
 /// [`AUTO_LOOKAHEAD`] (at most `top_k`) where a cache of `slots` records
 /// cannot hold a model's `experts` routed experts (every MoE layer's) but
@@ -1087,5 +1104,36 @@ impl RecordSource for Records {
         };
         check_record(record, layer as usize, expert as usize, lay, bank.codebook_base, self.codebooks, self.verify)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefill_chunk;
+
+    /// The buffers' chunk where the slots pin a layer's experts beside the
+    /// lookahead (or the model has none), else the tokens whose `top_k`
+    /// experts fit the free slots, at least one and at most the buffers'.
+    #[test]
+    fn a_prefill_chunk_is_what_the_slots_can_pin() {
+        // (buffers, slots, lookahead, layer experts, top-k) -> chunk
+        let cases = [
+            ((16, 22, 4, 256, 8), 2),   // the 48B at 1G
+            ((32, 337, 4, 256, 8), 32), // at 2G: a layer's experts fit
+            ((16, 260, 4, 256, 8), 16), // exactly a layer's beside the lookahead
+            ((16, 259, 4, 256, 8), 16), // 255 free: 31 tokens' worth, the buffers' 16
+            ((64, 100, 4, 256, 8), 12), // 96 free: 12 tokens
+            ((16, 5, 8, 256, 8), 1),    // fewer slots than the lookahead
+            ((16, 9, 0, 256, 8), 1),    // one token's
+            ((16, 0, 0, 0, 8), 16),     // no MoE layers
+            ((0, 300, 0, 256, 8), 1),   // no buffers still one token
+        ];
+        for ((b, s, l, e, k), want) in cases {
+            assert_eq!(
+                prefill_chunk(b, s, l, e, k),
+                want,
+                "buffers {b}, slots {s}, lookahead {l}, experts {e}, top-k {k}"
+            );
+        }
     }
 }

@@ -530,15 +530,13 @@ impl<'m> Session<'m> {
     /// hold every distinct expert of (each read once per chunk; a layer's
     /// are pinned at once, so a cache with room for a whole layer's beside
     /// the lookahead feeds any chunk), at most what the buffers hold
-    /// ([`Model::chunk`]) and the options' `max_chunk`.
+    /// ([`Model::chunk`]) and the options' `max_chunk`
+    /// ([`crate::prefill_chunk`]).
     pub fn chunk_len(&self) -> usize {
         let c = self.m.config();
         let most = self.m.opts.max_chunk.clamp(1, self.m.chunk());
-        let free = self.m.cache_slots().saturating_sub(self.m.lookahead);
-        if c.n_moe_layers() == 0 || free >= c.experts {
-            return most;
-        }
-        (free / c.top_k).clamp(1, most)
+        let layer_experts = if c.n_moe_layers() == 0 { 0 } else { c.experts };
+        crate::prefill_chunk(most, self.m.cache_slots(), self.m.lookahead, layer_experts, c.top_k)
     }
 
     /// [`Error::Incomplete`] when a step failed part-way since the last
