@@ -313,6 +313,32 @@ fn run_names_its_budget_and_what_a_bigger_one_buys() {
     assert!(!err.contains("[budget "), "{err}");
 }
 
+/// Where the cache cannot pin a layer's experts at once, `run` says its
+/// prefill chunks are short (as `plan` does), and not where it can.
+#[test]
+fn run_says_when_its_prefill_chunks_are_short() {
+    let a = anchor();
+    let m = a.to_str().unwrap();
+    let plan = |budget: &str| {
+        let (code, out, err) = waste(&["plan", m, "--budget", budget, "--json"], "");
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let floor = plan("0")["floor_bytes"].as_u64().unwrap().to_string();
+    let at_floor = plan(&floor);
+    let (n, most) = (at_floor["prefill_chunk"].as_u64().unwrap(), at_floor["chunk"].as_u64().unwrap());
+    assert!(n > 1 && n < most, "the floor's cache caps the chunk: {at_floor}");
+    let budget_line = |budget: &str| {
+        let (code, _, err) = waste(&["run", m, "hi", "-n", "1", "--budget", budget], "");
+        assert_eq!(code, 0, "{err}");
+        err.lines().find(|l| l.starts_with("[budget ")).unwrap_or_else(|| panic!("{err}")).to_string()
+    };
+    let short = budget_line(&floor);
+    assert!(short.contains(&format!("; prefill chunks of {n} tokens, not {most}: the cache cannot pin")), "{short}");
+    let whole = budget_line("0");
+    assert!(!whole.contains("prefill chunks"), "{whole}");
+}
+
 /// The chat REPL in a terminal (a pty made by util-linux `script`): the up
 /// arrow recalls the last line (history), Ctrl-C stops a running answer
 /// and the conversation goes on, `/save` writes the state, Ctrl-D leaves,

@@ -762,6 +762,16 @@ impl Model {
     pub fn chunk(&self) -> usize {
         self.plan.chunk as usize
     }
+    /// Tokens a session's prefill chunk evaluates together
+    /// ([`crate::prefill_chunk`]): the buffers' chunk (at most the options'
+    /// `max_chunk`) unless the expert cache cannot pin a layer's experts at
+    /// once beside the lookahead.
+    pub fn prefill_chunk(&self) -> usize {
+        let c = self.config();
+        let most = self.opts.max_chunk.clamp(1, self.chunk());
+        let layer_experts = if c.n_moe_layers() == 0 { 0 } else { c.experts };
+        crate::prefill_chunk(most, self.cache_slots(), self.lookahead, layer_experts, c.top_k)
+    }
     /// SIMD level of the kernels.
     pub fn simd(&self) -> Level {
         self.pool.level()

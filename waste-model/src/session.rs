@@ -533,10 +533,7 @@ impl<'m> Session<'m> {
     /// ([`Model::chunk`]) and the options' `max_chunk`
     /// ([`crate::prefill_chunk`]).
     pub fn chunk_len(&self) -> usize {
-        let c = self.m.config();
-        let most = self.m.opts.max_chunk.clamp(1, self.m.chunk());
-        let layer_experts = if c.n_moe_layers() == 0 { 0 } else { c.experts };
-        crate::prefill_chunk(most, self.m.cache_slots(), self.m.lookahead, layer_experts, c.top_k)
+        self.m.prefill_chunk()
     }
 
     /// [`Error::Incomplete`] when a step failed part-way since the last
