@@ -36,6 +36,8 @@ ap.add_argument("--rounds", type=int, default=5)
 ap.add_argument("-n", type=int, default=32, help="decode steps a run")
 ap.add_argument("--budget", default="20G")
 a = ap.parse_args()
+if a.rounds < 1 or a.n < 1:
+    ap.error("--rounds and -n: at least 1")
 
 
 def info(binary):

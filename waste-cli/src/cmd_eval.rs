@@ -190,7 +190,7 @@ pub fn budget_line(model: &Model) -> String {
     }
     // a cache too small to pin a layer's experts at once shortens the
     // prefill chunks, each then reading nearly every route
-    let (n, most) = (model.prefill_chunk(), model.options().max_chunk.clamp(1, model.chunk()));
+    let (n, most) = (model.prefill_chunk(), model.chunk_limit());
     if n < most {
         let s = if n == 1 { "" } else { "s" };
         line += &format!("; prefill chunks of {n} token{s}, not {most}: the cache cannot pin a layer's experts at once (a larger --budget reads less a prompt)");

@@ -768,9 +768,13 @@ impl Model {
     /// once beside the lookahead.
     pub fn prefill_chunk(&self) -> usize {
         let c = self.config();
-        let most = self.opts.max_chunk.clamp(1, self.chunk());
         let layer_experts = if c.n_moe_layers() == 0 { 0 } else { c.experts };
-        crate::prefill_chunk(most, self.cache_slots(), self.lookahead, layer_experts, c.top_k)
+        crate::prefill_chunk(self.chunk_limit(), self.cache_slots(), self.lookahead, layer_experts, c.top_k)
+    }
+    /// The most tokens a prefill chunk may take: what the buffers hold
+    /// ([`Model::chunk`]), at most the options' `max_chunk`, at least 1.
+    pub fn chunk_limit(&self) -> usize {
+        self.opts.max_chunk.clamp(1, self.chunk())
     }
     /// SIMD level of the kernels.
     pub fn simd(&self) -> Level {
