@@ -208,8 +208,12 @@ impl<S: RecordSource> ExpertStore<S> {
     ///
     /// When other sessions hold so many pins that no slot is free, this one
     /// lets go of what it pinned so far, waits for a release and tries again
-    /// (at most [`PIN_WAIT`]); alone on the store, a step that needs more
-    /// slots than exist is an error at once.
+    /// (at most [`PIN_WAIT`]); where no other session held a slot when the
+    /// attempt failed (alone on the store), a step that needs more slots
+    /// than exist is an error at once. Whether others held slots is read
+    /// in the same critical section as the failure, after this attempt's
+    /// own pins are let go: a session that releases (or leaves) between
+    /// the attempt and the check cannot turn a wait into an error.
     ///
     /// # Errors
     /// A cache error when no slot can be had for a missing expert.
@@ -223,18 +227,20 @@ impl<S: RecordSource> ExpertStore<S> {
                     p.acquired = true;
                     return Ok(p);
                 }
-                Err((Full(e), t)) => {
-                    if self.users.load(Ordering::Relaxed) <= 1 || Instant::now() >= deadline {
+                Err((Full(e, others), t)) => {
+                    // with this step's pins let go, a cache no other session
+                    // held anything of cannot hold the step at all: waiting
+                    // cannot help
+                    if others == 0 || Instant::now() >= deadline {
                         return Err(e.into());
                     }
                     // the reads started stay in flight (found again on retry);
                     // their cost is real, the attempt's hits are not
                     carried += Traffic { hits: 0, ..t };
                     let mut cache = self.cache.lock();
-                    // with this step's pins let go, a cache no session holds
-                    // anything of cannot hold the step at all: waiting cannot help
-                    if cache.held_slots() == 0 {
-                        return Err(e.into());
+                    // released since the attempt: try again at once
+                    if cache.held_slots() < others {
+                        continue;
                     }
                     self.pin_waits.fetch_add(1, Ordering::Relaxed);
                     self.settled.wait_for(&mut cache, std::time::Duration::from_millis(50));
@@ -268,7 +274,17 @@ impl<S: RecordSource> ExpertStore<S> {
                     pinned.slots.push((e, s, AtomicBool::new(ready)));
                 }
                 Err(err) => {
-                    drop(cache); // the guard's drop unpins what it holds
+                    // let go of this attempt's pins under the same lock, so
+                    // what stays held is what others hold at the failure
+                    for (_, s, _) in pinned.slots.drain(..) {
+                        cache.unpin(s).map_err(|e| (Fail(e.into()), Traffic::default()))?;
+                    }
+                    let err = match err {
+                        Full(e, _) => Full(e, cache.held_slots()),
+                        f => f,
+                    };
+                    self.settled.notify_all();
+                    drop(cache);
                     let t = *pinned.traffic.get_mut();
                     return Err((err, t));
                 }
@@ -343,14 +359,14 @@ impl<S: RecordSource> ExpertStore<S> {
                         // every slot busy: settle a speculative read nobody claimed, then retry
                         Err(e) => match cache.unclaimed_inflight() {
                             Some(spec) => {
-                                let Some(t) = cache.take_ticket(spec) else { return Err(Full(e)) };
+                                let Some(t) = cache.take_ticket(spec) else { return Err(Full(e, 0)) };
                                 let ti = Instant::now();
                                 let r = t.wait_raw();
                                 traffic.io_seconds += ti.elapsed().as_secs_f64();
                                 let _ = self.finish_read(cache, spec, r);
                                 self.settled.notify_all();
                             }
-                            None => return Err(Full(e)),
+                            None => return Err(Full(e, 0)),
                         },
                     }
                 };
@@ -565,8 +581,10 @@ pub const PIN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why an acquire attempt stopped.
 enum Stop<E> {
-    /// Every slot pinned or in flight: worth waiting when others hold them.
-    Full(CacheError),
+    /// Every slot pinned or in flight: worth waiting when others hold them
+    /// (the slots others held at the failure, once [`ExpertStore::try_acquire`]
+    /// has let go of its own; 0 where it is raised).
+    Full(CacheError, usize),
     /// Anything else.
     Fail(E),
 }

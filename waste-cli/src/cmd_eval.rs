@@ -188,12 +188,10 @@ pub fn budget_line(model: &Model) -> String {
             );
         }
     }
-    // a cache too small to pin a layer's experts at once shortens the
-    // prefill chunks, each then reading nearly every route
-    let (n, most) = (model.prefill_chunk(), model.chunk_limit());
-    if n < most {
-        let s = if n == 1 { "" } else { "s" };
-        line += &format!("; prefill chunks of {n} token{s}, not {most}: the cache cannot pin a layer's experts at once (a larger --budget reads less a prompt)");
+    // a cache too small to pin a layer's experts at once takes a prefill
+    // chunk's in waves, each read once a chunk
+    if let Some(n) = model.expert_wave() {
+        line += &format!("; a prefill chunk's experts in waves of {n}: the cache cannot pin a layer's at once (a larger --budget reads fewer a prompt)");
     }
     line
 }

@@ -85,10 +85,9 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     // the router lookahead the open would choose keeps its slots out of a step's
     let lookahead = waste_model::lookahead_for(None, p.expert_records, p.top_k as usize, slots);
     let max_parallel = p.max_batch(slots, lookahead);
-    // what a prefill chunk evaluates together: the buffers' chunk unless the
-    // slots cannot pin a layer's experts beside the lookahead (as a session)
-    let prefill_chunk =
-        waste_model::prefill_chunk(p.chunk as usize, slots, lookahead, p.layer_experts as usize, p.top_k as usize);
+    // a layer's experts a step pins at once where the slots cannot pin
+    // them all beside the lookahead (as a session): a chunk's in waves
+    let wave = waste_model::expert_wave(slots, lookahead, p.layer_experts as usize);
     // a batched step as two halves in turn: off where the cache holds every
     // expert or layers stream, else chosen by measured step times
     let halves = match waste_model::halves_for(None, p.expert_records, slots) {
@@ -121,7 +120,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             "parallel": p.parallel, "parallel_bytes": p.parallel_bytes, "max_parallel": max_parallel,
             "snapshot_bytes_when_serving": p.with_snapshots(a.parallel).snapshot_bytes,
             "resident_floor_bytes": resident.floor_bytes, "streamed_layers": p.streamed_layers,
-            "chunk": p.chunk, "prefill_chunk": prefill_chunk, "lookahead": lookahead, "halves": halves,
+            "chunk": p.chunk, "prefill_chunk": p.chunk, "expert_wave": wave, "lookahead": lookahead, "halves": halves,
         });
         if let (Some(o), Some(st)) = (v.as_object_mut(), &stream) {
             o.extend(st.json().as_object().into_iter().flatten().map(|(k, x)| (k.clone(), x.clone())));
@@ -137,11 +136,10 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             gib(p.scratch_bytes),
             p.chunk
         );
-        if prefill_chunk < p.chunk as usize && resolved.is_ok() {
+        if let Some(n) = wave.filter(|_| resolved.is_ok()) {
             outln!(
-                "  (a prefill chunk pins a layer's experts at once: {} free expert slots take chunks of {prefill_chunk} token{}, each reading nearly every route — more --budget, longer chunks, fewer reads)",
-                slots.saturating_sub(lookahead),
-                if prefill_chunk == 1 { "" } else { "s" }
+                "  (the cache cannot pin a layer's {} experts at once: a prefill chunk runs them in waves of {n}, each read once a chunk — a larger --budget reads fewer a prompt)",
+                p.layer_experts
             );
         }
         if p.shared_scratch_bytes > 0 {
@@ -557,6 +555,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "prefill_roofline_compute_ms_per_token": p_compute_ms,
         "prefill_roofline_compute_expert_ms_per_token": pcb.expert_ms_per_token(p_uses / p_len),
         "prefill_roofline_bound": p_bound, "prefill_tokens_per_expert_run": users, "prefill_chunk": s.chunk_len(),
+        "expert_wave": model.expert_wave(), "prefill_expert_waves": st0.expert_waves,
         "prefill_attainable_ms_per_token": p_attain_ms, "prefill_attainable_share": p_attain_share,
     });
     // what the OS gave of the huge pages asked for (the trunk, the cache), after the runs

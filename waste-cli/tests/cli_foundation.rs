@@ -118,7 +118,7 @@ fn plan_and_the_engine_agree_on_cache_slots() {
     let floor = p["floor_bytes"].as_u64().expect("floor_bytes");
     let rec = p["expert_record_bytes"].as_u64().unwrap();
     let mut seen = vec![];
-    let (mut capped, mut whole) = (false, false);
+    let (mut waves, mut whole) = (false, false);
     // at the floor, a few records above it, and past the whole model (capped)
     for budget in [floor, floor + 3 * rec + 100, floor + 7 * rec, floor + (64 << 20)] {
         let b = budget.to_string();
@@ -131,22 +131,29 @@ fn plan_and_the_engine_agree_on_cache_slots() {
         let opened = run["cache_slots"].as_u64().expect("bench slots");
         assert_eq!(planned, opened, "budget {budget}: plan says {planned} slots, the engine allocates {opened}");
         seen.push(opened);
-        // the prefill chunk the plan states is the one a session runs: the
-        // buffers' unless the slots cannot pin a layer's experts at once
-        let (chunk, prefill) = (plan["chunk"].as_u64().unwrap(), plan["prefill_chunk"].as_u64().expect("plan"));
-        assert_eq!(Some(prefill), run["prefill_chunk"].as_u64(), "budget {budget}: plan {plan}");
-        assert!(prefill >= 1 && prefill <= chunk, "budget {budget}: {prefill} of {chunk}");
-        capped |= prefill < chunk;
-        whole |= prefill == chunk;
+        // the chunk and the experts' waves the plan states are the ones a
+        // session runs: the buffers' chunk, and waves where the slots
+        // cannot pin a layer's experts at once
+        let (chunk, wave) = (plan["chunk"].as_u64().unwrap(), &plan["expert_wave"]);
+        assert_eq!(plan["prefill_chunk"].as_u64(), Some(chunk), "budget {budget}: {plan}");
+        assert_eq!(run["prefill_chunk"].as_u64(), Some(chunk), "budget {budget}: {run}");
+        assert_eq!(wave, &run["expert_wave"], "budget {budget}: plan {plan}");
+        match wave.as_u64() {
+            Some(n) => {
+                assert!(n >= 1 && n <= plan["cache_slots"].as_u64().unwrap(), "budget {budget}: {wave}");
+                waves = true;
+            }
+            None => whole |= wave.is_null(),
+        }
     }
     // the budgets above buy different caches and chunks (not vacuous)
     seen.dedup();
     assert!(seen.len() >= 3, "{seen:?}");
-    assert!(capped && whole, "a slot-capped and a whole chunk among the budgets");
-    // the text says why a chunk is short
+    assert!(waves && whole, "a cache in waves and one that pins a layer among the budgets");
+    // the text says when a chunk's experts come in waves
     let (code, out, err) = waste(&["plan", a, "--budget", &floor.to_string()]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("a prefill chunk pins a layer's experts at once"), "{out}");
+    assert!(out.contains("a prefill chunk runs them in waves of"), "{out}");
 }
 
 /// The figure `v[key]` names: disk, memory or compute of `[disk, memory, compute]`.

@@ -313,10 +313,11 @@ fn run_names_its_budget_and_what_a_bigger_one_buys() {
     assert!(!err.contains("[budget "), "{err}");
 }
 
-/// Where the cache cannot pin a layer's experts at once, `run` says its
-/// prefill chunks are short (as `plan` does), and not where it can.
+/// Where the cache cannot pin a layer's experts at once, `run` says a
+/// prefill chunk's come in waves (of the size `plan` states), and not
+/// where it can.
 #[test]
-fn run_says_when_its_prefill_chunks_are_short() {
+fn run_says_when_a_prefill_chunk_s_experts_come_in_waves() {
     let a = anchor();
     let m = a.to_str().unwrap();
     let plan = |budget: &str| {
@@ -326,17 +327,17 @@ fn run_says_when_its_prefill_chunks_are_short() {
     };
     let floor = plan("0")["floor_bytes"].as_u64().unwrap().to_string();
     let at_floor = plan(&floor);
-    let (n, most) = (at_floor["prefill_chunk"].as_u64().unwrap(), at_floor["chunk"].as_u64().unwrap());
-    assert!(n > 1 && n < most, "the floor's cache caps the chunk: {at_floor}");
+    let n = at_floor["expert_wave"].as_u64().unwrap_or_else(|| panic!("the floor's cache pins a layer: {at_floor}"));
+    assert!(plan("0")["expert_wave"].is_null());
     let budget_line = |budget: &str| {
         let (code, _, err) = waste(&["run", m, "hi", "-n", "1", "--budget", budget], "");
         assert_eq!(code, 0, "{err}");
         err.lines().find(|l| l.starts_with("[budget ")).unwrap_or_else(|| panic!("{err}")).to_string()
     };
     let short = budget_line(&floor);
-    assert!(short.contains(&format!("; prefill chunks of {n} tokens, not {most}: the cache cannot pin")), "{short}");
+    assert!(short.contains(&format!("; a prefill chunk's experts in waves of {n}: the cache cannot pin")), "{short}");
     let whole = budget_line("0");
-    assert!(!whole.contains("prefill chunks"), "{whole}");
+    assert!(!whole.contains("waves"), "{whole}");
 }
 
 /// The chat REPL in a terminal (a pty made by util-linux `script`): the up

@@ -74,7 +74,7 @@ pub use generate::{
     NO_TOKEN,
 };
 pub use model::{
-    default_numeric, halves_for, lookahead_for, prefill_chunk, Model, ModelOptions, AUTO_LOOKAHEAD, MAX_IO_THREADS,
+    default_numeric, expert_wave, halves_for, lookahead_for, Model, ModelOptions, AUTO_LOOKAHEAD, MAX_IO_THREADS,
     MAX_THREADS_PER_CORE,
 };
 pub use plan::{

@@ -165,21 +165,31 @@ pub fn halves_for(asked: Option<bool>, experts: u64, slots: usize) -> Option<boo
     asked.or((experts == 0 || slots as u64 >= experts).then_some(false))
 }
 
-/// Tokens a prefill chunk evaluates together ([`crate::Session::chunk_len`]):
-/// `buffers` (what the chunk's buffers hold, at least 1), unless the expert
-/// cache cannot hold a whole layer's `layer_experts` beside the router
-/// lookahead — a chunk pins every distinct expert of a layer at once — then
-/// as many tokens as their `top_k` experts fit in the `slots` less the
-/// `lookahead`, at least 1. A small cache so gives short chunks, each
-/// reading nearly every route (docs/FINDINGS.md, "not measured yet").
+/// The model's scratch for a chunk's tokens in pairs ([`Model`]'s
+/// `pair_scratch`): their tables and the experts' outputs, and which
+/// layer-step's tables it holds (a step whose experts come in waves lets
+/// go of it between waves, so another session's step may take it: the
+/// step builds its tables again only then).
+pub(crate) struct PairScratch {
+    /// Tables, then outputs.
+    pub(crate) floats: Vec<f32>,
+    /// The layer-step ([`crate::session`]'s stamps, never 0) whose tables
+    /// `floats` holds; 0 for none.
+    pub(crate) tables_of: u64,
+}
+
+/// Experts of a layer a step computes at once ([`Model::expert_wave`]):
+/// `None` where the expert cache's `slots` less the router `lookahead`
+/// hold a layer's `layer_experts` (a prefill chunk pins every distinct
+/// expert of its layer at once) or the model has none; else half those
+/// free slots, at least one: a chunk whose layer routes to more runs them
+/// in waves, each pinned and computed in ascending id while the next
+/// one's reads are in flight in the other half, so a small cache no
+/// longer shortens the chunk (each expert is still read once a chunk).
 /// `waste plan` applies the same rule to the slots a budget buys.
-pub fn prefill_chunk(buffers: usize, slots: usize, lookahead: usize, layer_experts: usize, top_k: usize) -> usize {
-    let most = buffers.max(1);
+pub fn expert_wave(slots: usize, lookahead: usize, layer_experts: usize) -> Option<usize> {
     let free = slots.saturating_sub(lookahead);
-    if layer_experts == 0 || free >= layer_experts {
-        return most;
-    }
-    (free / top_k.max(1)).clamp(1, most)
+    (layer_experts > 0 && free < layer_experts).then_some(free.max(1).div_ceil(2))
 }
 
 /// The router lookahead in use: the number `asked` for, else
@@ -259,7 +269,7 @@ pub struct Model {
     /// The shared scratch ([`crate::Plan::shared_scratch_bytes`]): a paired
     /// chunk's tokens' tables and outputs, taken by one session's step at a
     /// time, sized at its first use.
-    pub(crate) pair_scratch: std::sync::Mutex<Vec<f32>>,
+    pub(crate) pair_scratch: std::sync::Mutex<PairScratch>,
     pub(crate) pool: Pool,
     /// The expert store: cache, readers, record checks.
     pub(crate) store: ExpertStore<Records>,
@@ -357,7 +367,7 @@ impl Model {
             out_res: trunk.out_res,
             store,
             kernel,
-            pair_scratch: std::sync::Mutex::new(pair_scratch),
+            pair_scratch: std::sync::Mutex::new(PairScratch { floats: pair_scratch, tables_of: 0 }),
             pool,
             opts,
             lookahead,
@@ -762,14 +772,13 @@ impl Model {
     pub fn chunk(&self) -> usize {
         self.plan.chunk as usize
     }
-    /// Tokens a session's prefill chunk evaluates together
-    /// ([`crate::prefill_chunk`]): the buffers' chunk (at most the options'
-    /// `max_chunk`) unless the expert cache cannot pin a layer's experts at
-    /// once beside the lookahead.
-    pub fn prefill_chunk(&self) -> usize {
+    /// Experts of a layer a step computes at once where the expert cache
+    /// cannot pin a whole layer's beside the lookahead (half the free
+    /// slots: [`crate::expert_wave`]); `None` where it can.
+    pub fn expert_wave(&self) -> Option<usize> {
         let c = self.config();
         let layer_experts = if c.n_moe_layers() == 0 { 0 } else { c.experts };
-        crate::prefill_chunk(self.chunk_limit(), self.cache_slots(), self.lookahead, layer_experts, c.top_k)
+        crate::expert_wave(self.cache_slots(), self.lookahead, layer_experts)
     }
     /// The most tokens a prefill chunk may take: what the buffers hold
     /// ([`Model::chunk`]), at most the options' `max_chunk`, at least 1.
@@ -1123,31 +1132,25 @@ impl RecordSource for Records {
 
 #[cfg(test)]
 mod tests {
-    use super::prefill_chunk;
+    use super::expert_wave;
 
-    /// The buffers' chunk where the slots pin a layer's experts beside the
-    /// lookahead (or the model has none), else the tokens whose `top_k`
-    /// experts fit the free slots, at least one and at most the buffers'.
+    /// No waves where the free slots (less the lookahead) hold a layer's
+    /// experts or the model has none; else waves of half the free slots
+    /// (the other half reads the next wave), at least one expert.
     #[test]
-    fn a_prefill_chunk_is_what_the_slots_can_pin() {
-        // (buffers, slots, lookahead, layer experts, top-k) -> chunk
+    fn a_layer_s_experts_come_in_waves_of_the_free_slots() {
+        // (slots, lookahead, layer experts) -> wave
         let cases = [
-            ((16, 22, 4, 256, 8), 2),   // the 48B at 1G
-            ((32, 337, 4, 256, 8), 32), // at 2G: a layer's experts fit
-            ((16, 260, 4, 256, 8), 16), // exactly a layer's beside the lookahead
-            ((16, 259, 4, 256, 8), 16), // 255 free: 31 tokens' worth, the buffers' 16
-            ((64, 100, 4, 256, 8), 12), // 96 free: 12 tokens
-            ((16, 5, 8, 256, 8), 1),    // fewer slots than the lookahead
-            ((16, 9, 0, 256, 8), 1),    // one token's
-            ((16, 0, 0, 0, 8), 16),     // no MoE layers
-            ((0, 300, 0, 256, 8), 1),   // no buffers still one token
+            ((22, 4, 256), Some(9)),    // the 48B at 1G: 18 free
+            ((337, 4, 256), None),      // at 2G: a layer's experts fit
+            ((260, 4, 256), None),      // exactly a layer's beside the lookahead
+            ((259, 4, 256), Some(128)), // one short: 255 free
+            ((5, 8, 256), Some(1)),     // fewer slots than the lookahead
+            ((9, 0, 256), Some(5)),
+            ((0, 0, 0), None), // no MoE layers
         ];
-        for ((b, s, l, e, k), want) in cases {
-            assert_eq!(
-                prefill_chunk(b, s, l, e, k),
-                want,
-                "buffers {b}, slots {s}, lookahead {l}, experts {e}, top-k {k}"
-            );
+        for ((s, l, e), want) in cases {
+            assert_eq!(expert_wave(s, l, e), want, "slots {s}, lookahead {l}, experts {e}");
         }
     }
 }

@@ -55,6 +55,11 @@ pub struct Stats {
     /// Batched steps run as two halves in turn (counted in the step's
     /// first session; [`crate::ModelOptions::halves`]).
     pub halves_steps: u64,
+    /// Acquires of a layer-step's experts after its first: a chunk whose
+    /// layer routes to more experts than the cache can pin at once runs
+    /// them in waves ([`crate::Model::expert_wave`]); 0 where the cache
+    /// pins a layer's.
+    pub expert_waves: u64,
 }
 
 /// `impl $tr for Stats`: `$op` field by field (one list of the fields for
@@ -67,7 +72,7 @@ macro_rules! stats_op {
             fn $f(self, b: Stats) -> Stats {
                 stats_op!(@fields self b $op; tokens experts_hit experts_missed bytes_read prefetch_issued
                     io_seconds trunk_seconds attn_seconds expert_seconds expert_runs experts_acquired
-                    trunk_bytes_read trunk_io_seconds halves_steps)
+                    trunk_bytes_read trunk_io_seconds halves_steps expert_waves)
             }
         }
     };
@@ -526,14 +531,12 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
-    /// Tokens evaluated together in a prefill chunk: as many as the cache can
-    /// hold every distinct expert of (each read once per chunk; a layer's
-    /// are pinned at once, so a cache with room for a whole layer's beside
-    /// the lookahead feeds any chunk), at most what the buffers hold
-    /// ([`Model::chunk`]) and the options' `max_chunk`
-    /// ([`crate::prefill_chunk`]).
+    /// Tokens evaluated together in a prefill chunk: what the buffers hold
+    /// ([`Model::chunk`]), at most the options' `max_chunk`
+    /// ([`Model::chunk_limit`]). A cache too small to pin a chunk's layer's
+    /// experts at once takes them in waves ([`Model::expert_wave`]).
     pub fn chunk_len(&self) -> usize {
-        self.m.prefill_chunk()
+        self.m.chunk_limit()
     }
 
     /// [`Error::Incomplete`] when a step failed part-way since the last

@@ -528,8 +528,9 @@ fn expert_runs_count_one_per_use_or_one_per_distinct_expert_of_a_chunk() {
 }
 
 /// A layer's distinct experts are pinned at once, so a cache with room for
-/// a whole MoE layer's feeds a chunk of any length; a smaller one takes
-/// `top_k` slots a chunk token — and the logits are the same either way.
+/// a whole MoE layer's feeds a chunk of any length; a smaller one feeds it
+/// too, its experts in waves of half its free slots — and the logits are
+/// the same either way.
 #[test]
 fn a_cache_holding_a_layer_feeds_any_chunk() {
     let path = fixture("tiny.waste");
@@ -545,14 +546,15 @@ fn a_cache_holding_a_layer_feeds_any_chunk() {
         let (slots, c) = (m.cache_slots(), m.config());
         whole.push(slots >= c.experts);
         let s = m.session();
+        assert_eq!(s.chunk_len(), m.chunk(), "{slots} slots for {} experts a layer", c.experts);
         if slots >= c.experts {
-            assert_eq!(s.chunk_len(), m.chunk(), "{slots} slots for {} experts a layer", c.experts);
-            assert!(slots / c.top_k < s.chunk_len(), "{slots} slots: the old rule would cap the chunk");
+            assert_eq!(m.expert_wave(), None, "{slots} slots");
         } else {
-            assert_eq!(s.chunk_len(), slots / c.top_k, "{slots} slots");
+            assert_eq!(m.expert_wave(), Some(slots.div_ceil(2)), "{slots} slots");
         }
         let mut s = s;
         logits.push(s.eval(&prompt).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert_eq!(s.stats().expert_waves > 0, slots < c.experts, "{slots} slots: {:?}", s.stats());
     }
     assert_eq!(whole, [false, true], "both regimes");
     assert_eq!(logits[0], logits[1]);

@@ -59,14 +59,31 @@ impl MoeScratch {
 }
 
 /// What a MoE layer's first half ([`Work::moe_front`]) leaves for its
-/// second ([`Work::moe_back`]): the pinned experts, some still arriving,
-/// and the step's routes.
+/// second ([`Work::moe_back`]): the pinned experts (the first wave's where
+/// they come in waves), some still arriving, and the step's routes.
 pub(super) struct MoeFront<'m> {
     experts: Pinned<'m, crate::model::Records>,
     routes: Vec<(usize, f32)>,
     distinct: Vec<u32>,
+    repeats: Vec<u32>,
     batched: bool,
     paired: bool,
+    /// Experts pinned at once where `distinct` (then in ascending id) is
+    /// more than the cache can pin ([`crate::Model::expert_wave`]).
+    wave: Option<usize>,
+}
+
+/// A fresh layer-step's stamp for the shared pair tables
+/// ([`crate::model::PairScratch`]), never 0.
+fn next_stamp() -> u64 {
+    static STAMPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    STAMPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The uses of `repeats` (experts used again in a step) that fall in
+/// `wave`: what its acquire counts as further hits.
+fn repeats_in(repeats: &[u32], wave: &[u32]) -> Vec<u32> {
+    repeats.iter().copied().filter(|e| wave.contains(e)).collect()
 }
 
 impl Work {
@@ -95,8 +112,20 @@ impl Work {
         // VQ experts in the fast mode, looked up by gathers: two tokens of
         // an expert share its gathers (also in ascending id)
         let paired = !batched && nt > 1 && kernel.pairs(&m.pool, &w.books);
-        let (distinct, repeats) = union_of(&routes, batched || paired);
-        let experts = m.store.acquire(l as u32, &distinct, &repeats)?;
+        let (mut distinct, repeats) = union_of(&routes, batched || paired);
+        // more than the cache can pin at once: waves in ascending id, so
+        // every token's sum still adds its experts in ascending id; half
+        // the free slots each, the next wave's reads in flight while one
+        // computes
+        let wave = m.expert_wave().filter(|&n| distinct.len() > n);
+        if wave.is_some() {
+            distinct.sort_unstable();
+        }
+        let now = &distinct[..wave.unwrap_or(distinct.len())];
+        let experts = m.store.acquire(l as u32, now, &repeats_in(&repeats, now))?;
+        if let Some(n) = wave {
+            self.stats.prefetch_issued += m.store.prefetch(l as u32, next_wave(&distinct, n, 0))?;
+        }
         self.stats.experts_acquired += distinct.len() as u64;
         // the shared experts while the reads are in flight (and while the
         // router's input still streams: not after the experts' compute)
@@ -105,7 +134,7 @@ impl Work {
         if let Some(lt) = &w.latent {
             m.pool.matmat(&lt.down.view(), self.chunk_ffn_in.rows(xs), nt, self.moe.lat_in.rows_mut(0..nt));
         }
-        Ok(MoeFront { experts, routes, distinct, batched, paired })
+        Ok(MoeFront { experts, routes, distinct, repeats, batched, paired, wave })
     }
 
     /// The MoE layer's second half: the routed experts (waiting for the
@@ -121,22 +150,40 @@ impl Work {
         front: MoeFront<'_>,
     ) -> Result<()> {
         let (first, nt) = (span.first, span.nt);
-        let MoeFront { experts, routes, distinct, batched, paired } = front;
-        let (overlapped, runs) = if batched {
-            self.experts_batched(m, w, &experts, &routes, &distinct, first, nt)?;
-            (0.0, distinct.len())
-        } else if paired {
-            self.experts_paired(m, w, &experts, &routes, &distinct, first, nt)?
-        } else {
-            (self.experts_per_token(m, w, &experts, &routes, first, nt)?, routes.len())
-        };
-        self.stats.expert_runs += runs as u64;
+        let MoeFront { experts, routes, distinct, repeats, batched, paired, wave } = front;
+        // every token's sum from zero, its experts added in ascending id
+        // (wave by wave where they come in waves: the same bits)
+        self.moe.lat_sum.rows_mut(0..nt).fill(0.0);
+        let stamp = next_stamp();
+        let mut pinned = Some(experts);
+        for (i, ids) in distinct.chunks(wave.unwrap_or(distinct.len()).max(1)).enumerate() {
+            let experts = match pinned.take() {
+                Some(p) => p,
+                None => {
+                    self.stats.expert_waves += 1;
+                    let p = m.store.acquire(l as u32, ids, &repeats_in(&repeats, ids))?;
+                    let n = wave.unwrap_or(distinct.len());
+                    self.stats.prefetch_issued += m.store.prefetch(l as u32, next_wave(&distinct, n, i))?;
+                    p
+                }
+            };
+            let only = wave.map(|_| ids);
+            let (overlapped, runs) = if batched {
+                self.experts_batched(m, w, &experts, &routes, ids, first, nt)?;
+                (0.0, ids.len())
+            } else if paired {
+                self.experts_paired(m, w, &experts, &routes, ids, only, stamp, first, nt)?
+            } else {
+                self.experts_per_token(m, w, &experts, &routes, only, first, nt)?
+            };
+            self.stats.expert_runs += runs as u64;
+            let traffic = experts.release()?;
+            self.stats.experts_hit += traffic.hits;
+            self.stats.experts_missed += traffic.misses;
+            self.stats.bytes_read += traffic.bytes_read;
+            self.stats.io_seconds += traffic.io_seconds - overlapped;
+        }
         self.combine(m, w, first, nt);
-        let traffic = experts.release()?;
-        self.stats.experts_hit += traffic.hits;
-        self.stats.experts_missed += traffic.misses;
-        self.stats.bytes_read += traffic.bytes_read;
-        self.stats.io_seconds += traffic.io_seconds - overlapped;
         // a replayed routing's lane: the router's guess is not what the
         // trace will choose, so nothing is read ahead for it
         if lanes[owner(span.shape, first + nt - 1)].replay.is_some() {
@@ -170,9 +217,10 @@ impl Work {
         routes
     }
 
-    /// Each expert once for all the chunk's tokens routed to it, in
-    /// ascending id, so every token's sum still adds its experts in
-    /// ascending id (the token-by-token order, bit for bit).
+    /// Each expert of `distinct` (a wave's, or all) once for all the
+    /// chunk's tokens routed to it, in ascending id, added to their sums,
+    /// so every token's sum still adds its experts in ascending id (the
+    /// token-by-token order, bit for bit).
     #[allow(clippy::too_many_arguments)]
     fn experts_batched(
         &mut self,
@@ -188,7 +236,6 @@ impl Work {
         let (lat, k) = (c.expert_width(), c.top_k);
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
         let scr = self.ex_sc.as_mut().expect("expert scratch");
-        self.moe.lat_sum.rows_mut(0..nt).fill(0.0);
         let mut users: Vec<(usize, f32)> = Vec::with_capacity(nt);
         for &e in distinct {
             users.clear();
@@ -212,12 +259,14 @@ impl Work {
         Ok(())
     }
 
-    /// Every token's tables, then each expert once for every two (or four,
-    /// where the quad kernel pays) of its tokens, the rest in a smaller
-    /// job, in ascending id, the jobs whose records
-    /// are resident first; then each token's sum of its experts in
-    /// ascending id, as token by token, bit for bit. Returns the I/O wait
-    /// other lanes' compute overlapped and the expert runs (jobs).
+    /// Every token's tables (unless the shared scratch still holds this
+    /// layer-step's, `stamp`), then each expert of `distinct` (a wave's,
+    /// or all) once for every two (or four, where the quad kernel pays) of
+    /// its tokens, the rest in a smaller job, in ascending id, the jobs
+    /// whose records are resident first; then each token's experts of
+    /// `only` (of the wave; `None`: all) added to its sum in ascending id,
+    /// as token by token, bit for bit. Returns the I/O wait other lanes'
+    /// compute overlapped and the expert runs (jobs).
     #[allow(clippy::too_many_arguments)]
     fn experts_paired(
         &mut self,
@@ -226,6 +275,8 @@ impl Work {
         experts: &Pinned<'_, crate::model::Records>,
         routes: &[(usize, f32)],
         distinct: &[u32],
+        only: Option<&[u32]>,
+        stamp: u64,
         first: usize,
         nt: usize,
     ) -> Result<(f64, usize)> {
@@ -236,11 +287,16 @@ impl Work {
         // the model's shared tables and outputs, one step at a time
         let mut shared = m.pair_scratch.lock().unwrap_or_else(|p| p.into_inner());
         let tf = kernel.token_tables_floats();
-        shared.resize(crate::plan::shared_scratch_floats(kernel, k), 0.0);
-        let (tables, outs) = shared.split_at_mut(tf);
-        let te = Instant::now();
-        kernel.prepare_tokens(&m.pool, &w.books, xs, nt, tables);
-        self.stats.expert_seconds += te.elapsed().as_secs_f64();
+        let shared = &mut *shared;
+        shared.floats.resize(crate::plan::shared_scratch_floats(kernel, k), 0.0);
+        let (tables, outs) = shared.floats.split_at_mut(tf);
+        if shared.tables_of != stamp {
+            shared.tables_of = 0;
+            let te = Instant::now();
+            kernel.prepare_tokens(&m.pool, &w.books, xs, nt, tables);
+            self.stats.expert_seconds += te.elapsed().as_secs_f64();
+            shared.tables_of = stamp;
+        }
         // each expert's (token, slot) uses, slot t·k + i for token t's i-th route
         let (ready, arriving): (Vec<u32>, Vec<u32>) = distinct.iter().partition(|&&e| experts.is_ready(e));
         let uses: Vec<(u32, Vec<(usize, usize)>)> = ready
@@ -262,8 +318,10 @@ impl Work {
         self.stats.expert_seconds += spent - io_wall;
         for t in 0..nt {
             let sum = self.moe.lat_sum.row_mut(t);
-            sum.fill(0.0);
-            for (i, &(_, wgt)) in routes[t * k..(t + 1) * k].iter().enumerate() {
+            for (i, &(e, wgt)) in routes[t * k..(t + 1) * k].iter().enumerate() {
+                if !in_wave(only, e) {
+                    continue;
+                }
                 for (s, &v) in sum.iter_mut().zip(&outs[(t * k + i) * lat..(t * k + i + 1) * lat]) {
                     *s += v * wgt;
                 }
@@ -272,10 +330,11 @@ impl Work {
         Ok((waited - io_wall, jobs.len()))
     }
 
-    /// Token by token: its tables, then its experts (the resident ones
-    /// first, the others as their reads arrive, one lane each), summed in
-    /// ascending id. Returns the I/O wait that other lanes' compute
-    /// overlapped (not wall time).
+    /// Token by token: its tables, then its experts of `only` (a wave's;
+    /// `None`: all; the resident ones first, the others as their reads
+    /// arrive, one lane each), added to its sum in ascending id. Returns
+    /// the I/O wait that other lanes' compute overlapped (not wall time)
+    /// and the expert runs.
     #[allow(clippy::too_many_arguments)]
     fn experts_per_token(
         &mut self,
@@ -283,24 +342,29 @@ impl Work {
         w: &MoeWeights,
         experts: &Pinned<'_, crate::model::Records>,
         routes: &[(usize, f32)],
+        only: Option<&[u32]>,
         first: usize,
         nt: usize,
-    ) -> Result<f64> {
+    ) -> Result<(f64, usize)> {
         let c = m.config();
         let k = c.top_k;
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
         let scr = self.ex_sc.as_mut().expect("expert scratch");
         let kernel_lanes = waste_moe::lanes_in_use(scr, &m.pool);
-        let mut overlapped = 0.0;
+        let (mut overlapped, mut runs) = (0.0, 0);
         for t in 0..nt {
+            let mine = &routes[t * k..(t + 1) * k];
+            let (mut order, arriving): (Vec<usize>, Vec<usize>) =
+                (0..k).filter(|&i| in_wave(only, mine[i].0)).partition(|&i| experts.is_ready(mine[i].0 as u32));
+            if order.is_empty() && arriving.is_empty() {
+                continue;
+            }
+            order.extend(arriving);
+            runs += order.len();
             let x = expert_inputs(&self.moe.lat_in, &self.chunk_ffn_in, w, first, t..t + 1);
             let te = Instant::now();
             kernel.prepare(&m.pool, &w.books, x, scr);
             self.stats.expert_seconds += te.elapsed().as_secs_f64();
-            let mine = &routes[t * k..(t + 1) * k];
-            let (mut order, arriving): (Vec<usize>, Vec<usize>) =
-                (0..k).partition(|&i| experts.is_ready(mine[i].0 as u32));
-            order.extend(arriving);
             let fetch = |j: usize| experts.wait(mine[order[j]].0 as u32);
             let (te, io0) = (Instant::now(), experts.traffic().io_seconds);
             kernel.forward_fetched(&m.pool, &w.books, &order, &fetch, x, scr, self.moe.eouts.rows_mut(0..k))?;
@@ -310,14 +374,16 @@ impl Work {
             overlapped += waited - io_wall;
             self.stats.expert_seconds += spent - io_wall;
             let sum = self.moe.lat_sum.row_mut(t);
-            sum.fill(0.0);
-            for (i, &(_, wgt)) in mine.iter().enumerate() {
+            for (i, &(e, wgt)) in mine.iter().enumerate() {
+                if !in_wave(only, e) {
+                    continue;
+                }
                 for (s, &v) in sum.iter_mut().zip(self.moe.eouts.row(i)) {
                     *s += v * wgt;
                 }
             }
         }
-        Ok(overlapped)
+        Ok((overlapped, runs))
     }
 
     /// Back to the hidden width (one pass over the latent up-projection),
@@ -386,6 +452,18 @@ impl Work {
         self.stats.prefetch_issued += m.store.prefetch((l + 1) as u32, &want)?;
         Ok(())
     }
+}
+
+/// The wave after wave `i` of `distinct` in waves of `n` (empty after the
+/// last): read ahead while wave `i` computes.
+fn next_wave(distinct: &[u32], n: usize, i: usize) -> &[u32] {
+    distinct.chunks(n.max(1)).nth(i + 1).unwrap_or(&[])
+}
+
+/// Whether expert `e` runs in the wave `only` (its experts in ascending
+/// id; `None`: every expert of the step).
+fn in_wave(only: Option<&[u32]>, e: usize) -> bool {
+    only.is_none_or(|ids| ids.binary_search(&(e as u32)).is_ok())
 }
 
 /// Expert `e`'s uses among a chunk's routes (`nt` tokens of `k` each, a

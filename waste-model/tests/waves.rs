@@ -1,0 +1,108 @@
+//! A prefill chunk whose layer routes to more experts than the cache can
+//! pin at once runs them in waves (`Model::expert_wave`): each wave pinned,
+//! read and computed in ascending id before the next, every token's sum
+//! still adding its experts in ascending id — so the chunk keeps its length
+//! (it used to shrink to the tokens whose experts fit, each chunk then
+//! reading nearly every route) and the logits are those of a cache that
+//! pins them all, bit for bit, for every expert path: token by token
+//! (exact VQ), once a chunk for all its tokens (Q4G), and the fast mode's
+//! tokens in pairs and quads (AVX2 gathers) — alone and with two sessions
+//! prefilling at once on the same small cache.
+
+use std::path::{Path, PathBuf};
+use waste_model::{Model, ModelOptions, Numeric, Stats};
+
+mod common;
+
+const CTX: usize = 96;
+
+/// A prompt of `n` ids under 250.
+fn ids(n: u32, seed: u32) -> Vec<u32> {
+    (0..n).map(|i| (i * 53 + seed * 17 + 7) % 250).collect()
+}
+
+/// The prompt's logits and 4 greedy steps' as bits, and the stats.
+fn run(m: &Model, prompt: &[u32]) -> (Vec<u32>, Stats) {
+    let mut s = m.session();
+    let mut bits: Vec<u32> = s.eval(prompt).unwrap().iter().map(|v| v.to_bits()).collect();
+    for _ in 0..4 {
+        let next = waste_model::argmax(s.logits()) as u32;
+        bits.extend(s.eval(&[next]).unwrap().iter().map(|v| v.to_bits()));
+    }
+    (bits, s.stats())
+}
+
+/// The model at the floor budget (waves) and with the whole model's
+/// cache (no waves), each with chunks of 16.
+fn both(path: &Path, o: &ModelOptions) -> (Model, Model) {
+    let whole = Model::open(path, ModelOptions { max_chunk: 16, ..o.clone() }).unwrap();
+    let floor = whole.plan().floor_bytes;
+    let small = Model::open(path, ModelOptions { budget: floor, max_chunk: 16, ..o.clone() }).unwrap();
+    assert_eq!(whole.expert_wave(), None, "{}: the whole cache pins a layer", path.display());
+    let n = small.expert_wave().unwrap_or_else(|| panic!("{}: the floor's cache pins a layer", path.display()));
+    assert!(n < small.config().experts, "{}: waves of {n}", path.display());
+    assert_eq!(small.session().chunk_len(), 16, "{}: waves keep the chunk", path.display());
+    (whole, small)
+}
+
+fn fixture(name: &str) -> PathBuf {
+    common::fixtures().join(name)
+}
+
+#[test]
+fn waves_give_the_logits_of_a_cache_that_pins_a_layer_in_exact_mode() {
+    let prompt = ids(40, 1);
+    // VQ experts token by token, Q4G once a chunk, K3's latent MoE
+    for name in ["tiny.waste", "tiny-q4g.waste", "tiny-k3.waste"] {
+        for threads in [1, 2] {
+            let o = ModelOptions { ctx: CTX, threads, ..ModelOptions::exact() };
+            let (whole, small) = both(&fixture(name), &o);
+            let (want, st) = run(&whole, &prompt);
+            assert_eq!(st.expert_waves, 0, "{name}: {st:?}");
+            let (got, st) = run(&small, &prompt);
+            assert!(st.expert_waves > 0, "{name}, {threads} threads: no wave ran: {st:?}");
+            assert!(got == want, "{name}, {threads} threads: the waves' logits differ from the whole cache's");
+            // each expert of a chunk's layer is read at most once a chunk:
+            // the misses never exceed what the chunks acquired
+            assert!(st.experts_missed <= st.experts_acquired, "{name}: {st:?}");
+        }
+    }
+}
+
+/// The fast mode's tokens in pairs and quads (the AVX2 gathers, which
+/// share the model's pair tables between sessions): the waves give the
+/// whole cache's logits, and so do two sessions prefilling at once on the
+/// floor's cache (each wave lets go of the tables and its pins before the
+/// next is pinned, so neither waits on the other for good).
+#[test]
+fn waves_of_paired_tokens_give_the_whole_cache_s_logits_with_two_sessions_at_once() {
+    use waste_quant::vq_fast::{set_avx2_lookup, Avx2Lookup};
+    if !waste_quant::Level::Avx2.supported() {
+        return;
+    }
+    set_avx2_lookup(Avx2Lookup::Gathers);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures/fast-quality/model.waste");
+    let o = ModelOptions {
+        ctx: CTX,
+        threads: 2,
+        numeric: Some(Numeric::Fast),
+        simd: Some(waste_quant::Level::Avx2),
+        ..ModelOptions::exact()
+    };
+    let (whole, small) = both(&path, &o);
+    let (a, b) = (ids(48, 2), ids(37, 3));
+    let (want_a, st) = run(&whole, &a);
+    assert!(st.expert_runs < st.experts_hit + st.experts_missed, "no pair ran: {st:?}");
+    let (want_b, _) = run(&whole, &b);
+    let (got, st) = run(&small, &a);
+    assert!(st.expert_waves > 0 && st.expert_runs < st.experts_hit + st.experts_missed, "{st:?}");
+    assert!(got == want_a, "the waves' logits differ from the whole cache's");
+    for round in 0..3 {
+        let (ga, gb) = std::thread::scope(|s| {
+            let ha = s.spawn(|| run(&small, &a).0);
+            let hb = s.spawn(|| run(&small, &b).0);
+            (ha.join().unwrap(), hb.join().unwrap())
+        });
+        assert!(ga == want_a && gb == want_b, "round {round}: two sessions at once differ from each alone");
+    }
+}
