@@ -62,6 +62,12 @@ pub struct EngineArgs {
     /// buffers (`waste plan` shows the chunk a budget gets).
     #[arg(long, default_value_t = waste_model::MAX_CHUNK)]
     pub chunk: usize,
+    /// Prefill chunk by chunk through every layer, not a span of chunks
+    /// (up to 256 tokens) layer by layer: the span reads each expert once
+    /// a span where the cache cannot hold every expert (the same logits;
+    /// this is for comparisons).
+    #[arg(long)]
+    pub no_span: bool,
     /// KDA over a prefill chunk in the chunked (WY) form: fewer passes over
     /// the state, within 1e-5 of the token form but not bit-identical (the
     /// logits then depend on the chunking).
@@ -237,6 +243,7 @@ impl EngineArgs {
             huge_pages: !self.no_huge_pages,
             prefault: !self.no_prefault,
             max_chunk: self.chunk,
+            span: !self.no_span,
             kda_chunked: self.kda_chunked,
             numeric: match (self.fast, self.exact) {
                 (true, _) => Some(waste_model::Numeric::Fast),

@@ -88,6 +88,10 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
     // a layer's experts a step pins at once where the slots cannot pin
     // them all beside the lookahead (as a session): a chunk's in waves
     let wave = waste_model::expert_wave(slots, lookahead, p.layer_experts as usize);
+    // a prompt of several chunks a span at a time, layer by layer, where
+    // that saves reads (as a session)
+    let reads = p.layer_experts > 0 && (!every || p.streamed_layers > 0);
+    let span = waste_model::prefill_span(p.chunk as usize, p.chunk as usize, reads);
     // a batched step as two halves in turn: off where the cache holds every
     // expert or layers stream, else chosen by measured step times
     let halves = match waste_model::halves_for(None, p.expert_records, slots) {
@@ -120,7 +124,7 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             "parallel": p.parallel, "parallel_bytes": p.parallel_bytes, "max_parallel": max_parallel,
             "snapshot_bytes_when_serving": p.with_snapshots(a.parallel).snapshot_bytes,
             "resident_floor_bytes": resident.floor_bytes, "streamed_layers": p.streamed_layers,
-            "chunk": p.chunk, "prefill_chunk": p.chunk, "expert_wave": wave, "lookahead": lookahead, "halves": halves,
+            "chunk": p.chunk, "prefill_chunk": p.chunk, "expert_wave": wave, "prefill_span": span, "lookahead": lookahead, "halves": halves,
         });
         if let (Some(o), Some(st)) = (v.as_object_mut(), &stream) {
             o.extend(st.json().as_object().into_iter().flatten().map(|(k, x)| (k.clone(), x.clone())));
@@ -136,6 +140,11 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
             gib(p.scratch_bytes),
             p.chunk
         );
+        if let Some(n) = span.filter(|_| resolved.is_ok()) {
+            outln!(
+                "  (a prompt prefills {n} tokens at a time layer by layer: each expert read once a span, not once a chunk)"
+            );
+        }
         if let Some(n) = wave.filter(|_| resolved.is_ok()) {
             outln!(
                 "  (the cache cannot pin a layer's {} experts at once: a prefill chunk runs them in waves of {n}, each read once a chunk — a larger --budget reads fewer a prompt)",
@@ -556,6 +565,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         "prefill_roofline_compute_expert_ms_per_token": pcb.expert_ms_per_token(p_uses / p_len),
         "prefill_roofline_bound": p_bound, "prefill_tokens_per_expert_run": users, "prefill_chunk": s.chunk_len(),
         "expert_wave": model.expert_wave(), "prefill_expert_waves": st0.expert_waves,
+        "prefill_span": model.prefill_span(),
         "prefill_attainable_ms_per_token": p_attain_ms, "prefill_attainable_share": p_attain_share,
     });
     // what the OS gave of the huge pages asked for (the trunk, the cache), after the runs

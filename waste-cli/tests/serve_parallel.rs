@@ -116,7 +116,7 @@ fn requests_decoded_together_equal_each_alone() {
 #[test]
 fn a_parallel_the_cache_cannot_take_is_refused_or_reduced() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_waste"))
-        .args(["plan", anchor().to_str().unwrap(), "--parallel", "16", "--ctx", "128", "--budget", "20M", "--json"])
+        .args(["plan", anchor().to_str().unwrap(), "--parallel", "16", "--ctx", "128", "--budget", "22M", "--json"])
         .output()
         .unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -136,7 +136,7 @@ fn a_parallel_the_cache_cannot_take_is_refused_or_reduced() {
             "--ctx",
             "128",
             "--budget",
-            "20M",
+            "22M",
         ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -74,8 +74,8 @@ pub use generate::{
     NO_TOKEN,
 };
 pub use model::{
-    default_numeric, expert_wave, halves_for, lookahead_for, Model, ModelOptions, AUTO_LOOKAHEAD, MAX_IO_THREADS,
-    MAX_THREADS_PER_CORE,
+    default_numeric, expert_wave, halves_for, lookahead_for, prefill_span, Model, ModelOptions, AUTO_LOOKAHEAD,
+    MAX_IO_THREADS, MAX_THREADS_PER_CORE, MIN_SPAN_CHUNKS,
 };
 pub use plan::{
     head_bytes, head_piece_bytes, layer_bytes, layer_read_bytes, plan, split, Plan, Split, GRAMMAR_BYTES_PER_TOKEN,
@@ -83,6 +83,7 @@ pub use plan::{
 };
 pub use plan::{CHUNK, MAX_CHUNK};
 pub use sample::{argmax, log_softmax, Sampler, SamplingParams};
+pub use session::span::SPAN_TOKENS;
 pub use session::{Session, Stats};
 pub use state::{Snapshot, STATE_MAGIC, STATE_VERSION};
 pub use vision::{digest, Grid, Image, ImageInfo, PreparedImage, VisionConfig};

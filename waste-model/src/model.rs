@@ -70,6 +70,13 @@ pub struct ModelOptions {
     /// capped by the buffers the budget leaves room for — [`Plan::chunk_for`],
     /// [`crate::MAX_CHUNK`] at most — and by what the cache holds).
     pub max_chunk: usize,
+    /// Prefill a prompt of several chunks a span of chunks at a time,
+    /// layer by layer, where the expert cache cannot hold every routed
+    /// expert or layers stream ([`Model::spans`]): each routed expert is
+    /// read once a span (up to [`crate::SPAN_TOKENS`] tokens) and layer
+    /// rather than once a chunk, each streamed layer once a span. Never
+    /// changes an answer. On by default.
+    pub span: bool,
     /// Run KDA over a prefill chunk in its chunked (WY) form: the state read
     /// twice per chunk instead of twice per token, within
     /// `waste_attn::kda::CHUNKED_REL_TOL` of the token-by-token form but not
@@ -192,6 +199,26 @@ pub fn expert_wave(slots: usize, lookahead: usize, layer_experts: usize) -> Opti
     (layer_experts > 0 && free < layer_experts).then_some(free.max(1).div_ceil(2))
 }
 
+/// Tokens a prefill span takes ([`Model::prefill_span`]) with buffers for
+/// chunks of `buffers` tokens and chunks of `chunk` (at most `buffers`),
+/// where a span can save `reads` (MoE layers whose experts the cache
+/// cannot all hold, or streamed layers): whole chunks of `chunk`, as many
+/// as the span stash's [`crate::SPAN_TOKENS`] hold of `buffers`' — where
+/// that is at least [`MIN_SPAN_CHUNKS`]; `None` (chunk by chunk) elsewhere.
+pub fn prefill_span(buffers: usize, chunk: usize, reads: bool) -> Option<usize> {
+    let n = crate::session::span::span_chunks(buffers);
+    (reads && n >= MIN_SPAN_CHUNKS).then_some(chunk.max(1) * n)
+}
+
+/// The fewest chunks a prefill span takes: a span of two (the 48B at a
+/// 4G budget: chunks of 128) reads 29 % fewer experts than chunk by chunk
+/// (16.7 against 23.5 GB for 280 tokens of the real trace) but measured
+/// 0.8× as fast on the first prefill after the open (its early reads fault
+/// fresh cache pages in while attention runs) and level on a repeat;
+/// spans of four chunks and more measured 1.3–1.7× faster (docs/lab entry
+/// 84).
+pub const MIN_SPAN_CHUNKS: usize = 4;
+
 /// The router lookahead in use: the number `asked` for, else
 /// [`AUTO_LOOKAHEAD`] (at most `top_k`) where a cache of `slots` records
 /// cannot hold a model's `experts` routed experts (every MoE layer's) but
@@ -236,6 +263,7 @@ impl Default for ModelOptions {
             huge_pages: true,
             prefault: true,
             max_chunk: crate::plan::MAX_CHUNK,
+            span: true,
             kda_chunked: false,
             numeric: None,
             usage: None,
@@ -270,6 +298,11 @@ pub struct Model {
     /// chunk's tokens' tables and outputs, taken by one session's step at a
     /// time, sized at its first use.
     pub(crate) pair_scratch: std::sync::Mutex<PairScratch>,
+    /// The span stash ([`crate::Plan::shared_scratch_bytes`] counts it): the
+    /// rows a span's chunks carry between layers, taken by one session's
+    /// prefill at a time (another prefills chunk by chunk meanwhile),
+    /// allocated at its first use.
+    pub(crate) span_stash: std::sync::Mutex<Vec<crate::session::span::Carried>>,
     pub(crate) pool: Pool,
     /// The expert store: cache, readers, record checks.
     pub(crate) store: ExpertStore<Records>,
@@ -368,6 +401,7 @@ impl Model {
             store,
             kernel,
             pair_scratch: std::sync::Mutex::new(PairScratch { floats: pair_scratch, tables_of: 0 }),
+            span_stash: std::sync::Mutex::new(Vec::new()),
             pool,
             opts,
             lookahead,
@@ -779,6 +813,24 @@ impl Model {
         let c = self.config();
         let layer_experts = if c.n_moe_layers() == 0 { 0 } else { c.experts };
         crate::expert_wave(self.cache_slots(), self.lookahead, layer_experts)
+    }
+    /// Whether a prompt of several chunks prefills a span of chunks at a
+    /// time, layer by layer (each routed expert read once a span and
+    /// layer, each streamed layer once a span; the same logits): where the
+    /// options allow it ([`ModelOptions::span`]), the model has MoE layers
+    /// and the expert cache cannot hold every routed expert or layers
+    /// stream.
+    pub fn spans(&self) -> bool {
+        self.prefill_span().is_some()
+    }
+    /// Tokens a prefill span takes where prompts prefill a span of chunks
+    /// at a time ([`Model::spans`]): whole chunks of
+    /// [`Model::chunk_limit`], up to [`crate::SPAN_TOKENS`] of the buffers'
+    /// chunk; `None` where they prefill chunk by chunk.
+    pub fn prefill_span(&self) -> Option<usize> {
+        let short = (self.cache_slots() as u64) < self.plan.expert_records;
+        let reads = self.config().n_moe_layers() > 0 && (short || !self.split.streamed.is_empty());
+        prefill_span(self.chunk(), self.chunk_limit(), reads).filter(|_| self.opts.span)
     }
     /// The most tokens a prefill chunk may take: what the buffers hold
     /// ([`Model::chunk`]), at most the options' `max_chunk`, at least 1.

@@ -16,7 +16,9 @@ pub struct Plan {
     pub scratch_bytes: u64,
     /// Buffers one per model that its sessions take in turn: where VQ
     /// experts' tokens can pair (`waste_moe::ExpertKernel::pairable`), a
-    /// chunk's tokens' gate and up tables and every use's output; 0
+    /// chunk's tokens' gate and up tables and every use's output; with
+    /// routed experts, the span stash (the rows a prefill span's chunks
+    /// carry between layers: [`crate::SPAN_TOKENS`] tokens' worth); 0
     /// elsewhere. Counted once, whatever the sessions.
     pub shared_scratch_bytes: u64,
     /// Tokens a prefill chunk's buffers hold: [`CHUNK`] until
@@ -302,7 +304,9 @@ fn chunk_bytes(ct: &Container, ctx: usize, chunk: usize) -> (u64, u64, u64) {
         Some((_, lay)) => {
             let kernel = waste_moe::ExpertKernel { lay: *lay, act: c.activation, batch: chunk };
             let one = kernel.scratch_bytes(1) as u64;
-            let shared = 4 * shared_scratch_floats(&kernel, c.top_k) as u64;
+            // the pair tables and the span stash, once for all sessions
+            let stash = crate::session::span::stash_floats(c, chunk);
+            let shared = 4 * (shared_scratch_floats(&kernel, c.top_k) + stash) as u64;
             (one, kernel.scratch_bytes(2) as u64 - one, shared)
         }
         None => (0, 0, 0),

@@ -14,6 +14,7 @@ mod rows;
 use rows::Rows;
 mod head;
 mod moe;
+pub(crate) mod span;
 
 /// Counters of expert traffic and time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -431,11 +432,35 @@ impl<'m> Session<'m> {
         // returns (a panic caught by the caller, as the C ABI does) leaves
         // the mark too.
         self.incomplete = Some(std::borrow::Cow::Borrowed("a step was interrupted before it finished"));
+        // several chunks a span at a time, layer by layer, where that
+        // reads less and the model's span stash is free (else chunk by
+        // chunk: the same bits)
+        let m = self.m;
+        let mut stash = match n > chunk && m.spans() {
+            true => match m.span_stash.try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            },
+            false => None,
+        };
+        if let Some(g) = stash.as_mut().filter(|g| g.is_empty()) {
+            let c = m.config();
+            g.extend((0..span::span_chunks(m.chunk())).map(|_| span::Carried::new(c, m.chunk())));
+        }
         let mut i = 0;
         while i < n {
-            let t = chunk.min(n - i);
-            let shape = Shape::One { logits: i + t == n };
-            let r = self.work.forward(self.m, &mut [&mut self.lane], &inputs[i..i + t], shape);
+            let (t, r) = match stash.as_mut() {
+                Some(g) if n - i > chunk => {
+                    let t = (chunk * g.len()).min(n - i);
+                    (t, self.work.forward_span(m, &mut self.lane, &inputs[i..i + t], chunk, i + t == n, g))
+                }
+                _ => {
+                    let t = chunk.min(n - i);
+                    let shape = Shape::One { logits: i + t == n };
+                    (t, self.work.forward(m, &mut [&mut self.lane], &inputs[i..i + t], shape))
+                }
+            };
             self.work.stats.tokens += t as u64;
             if let Err(e) = r {
                 self.incomplete = Some(e.to_string().into());
@@ -696,6 +721,16 @@ impl Work {
     /// at most two streamed layers in memory, the one computed and the
     /// one read ahead).
     fn layers(&mut self, m: &Model, lanes: &mut [&mut Lane], shape: Shape, pos: &[usize]) -> Result<()> {
+        self.each_layer(m, |w, l, layer| w.layer(m, l, layer, lanes, shape, pos))
+    }
+
+    /// `f` for every decoder layer in order, a streamed one read from disk
+    /// on a loader thread while the layer before it computes.
+    fn each_layer(
+        &mut self,
+        m: &Model,
+        mut f: impl FnMut(&mut Work, usize, &crate::weights::Layer) -> Result<()>,
+    ) -> Result<()> {
         let streamed = &m.split.streamed;
         std::thread::scope(|s| -> Result<()> {
             let load =
@@ -721,7 +756,7 @@ impl Work {
                         &owned
                     }
                 };
-                self.layer(m, l, layer, lanes, shape, pos)?;
+                f(self, l, layer)?;
             }
             Ok(())
         })
@@ -747,13 +782,14 @@ impl Work {
         shape: Shape,
         pos: &[usize],
     ) -> Result<()> {
-        let front = self.layer_front(m, l, layer, lanes, shape, pos)?;
+        let front = self.layer_front(m, l, layer, lanes, shape, pos, true)?;
         self.layer_back(m, l, layer, lanes, shape, pos, front)
     }
 
     /// A layer's first half: attention with its residual, the FFN's inputs,
     /// and a dense FFN whole or a MoE block's first half (its reads
-    /// started: [`Work::moe_front`]).
+    /// started where `pin`, else left to a span: [`Work::moe_front`]).
+    #[allow(clippy::too_many_arguments)]
     fn layer_front<'m>(
         &mut self,
         m: &'m Model,
@@ -762,6 +798,7 @@ impl Work {
         lanes: &mut [&mut Lane],
         shape: Shape,
         pos: &[usize],
+        pin: bool,
     ) -> Result<LayerFront<'m>> {
         let c = m.config();
         let nt = pos.len();
@@ -801,7 +838,7 @@ impl Work {
                 );
                 None
             }
-            Ffn::Moe(w) => Some(self.moe_front(m, l, w, lanes, Span { shape, pos, first, nt: n })?),
+            Ffn::Moe(w) => Some(self.moe_front(m, l, w, lanes, Span { shape, pos, first, nt: n }, pin)?),
         };
         Ok(LayerFront { moe, first })
     }
@@ -889,7 +926,7 @@ fn forward_halves(
         let (pa, pb) = pos.split_at(na);
         let last = m.layers.len() - 1;
         let t = Instant::now();
-        let mut fa = Some(a.layer_front(m, 0, layer(0)?, la, Shape::Batch, pa)?);
+        let mut fa = Some(a.layer_front(m, 0, layer(0)?, la, Shape::Batch, pa, true)?);
         let mut fb: Option<LayerFront<'_>> = None;
         busy[0] += t.elapsed().as_secs_f64();
         for l in 0..=last {
@@ -898,14 +935,14 @@ fn forward_halves(
             if let Some(f) = fb.take() {
                 b.layer_back(m, l - 1, layer(l - 1)?, lb, Shape::Batch, pb, f)?;
             }
-            fb = Some(b.layer_front(m, l, layer(l)?, lb, Shape::Batch, pb)?);
+            fb = Some(b.layer_front(m, l, layer(l)?, lb, Shape::Batch, pb, true)?);
             busy[1] += t.elapsed().as_secs_f64();
             // A: the rest of layer l, then layer l + 1's first half (B's reads of l in flight)
             let t = Instant::now();
             let f = fa.take().expect("A's layer started");
             a.layer_back(m, l, layer(l)?, la, Shape::Batch, pa, f)?;
             if l < last {
-                fa = Some(a.layer_front(m, l + 1, layer(l + 1)?, la, Shape::Batch, pa)?);
+                fa = Some(a.layer_front(m, l + 1, layer(l + 1)?, la, Shape::Batch, pa, true)?);
             }
             busy[0] += t.elapsed().as_secs_f64();
         }

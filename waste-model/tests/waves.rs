@@ -106,3 +106,37 @@ fn waves_of_paired_tokens_give_the_whole_cache_s_logits_with_two_sessions_at_onc
         assert!(ga == want_a && gb == want_b, "round {round}: two sessions at once differ from each alone");
     }
 }
+
+/// A prompt of several chunks prefills a span of chunks at a time, layer
+/// by layer (`Model::spans`: the cache cannot hold every expert): the
+/// logits are those of the prompt chunk by chunk (`span: false`), bit for
+/// bit — VQ token by token, Q4G once a chunk, K3's latent MoE and
+/// attention residuals, with and without waves — and each expert of a
+/// layer is read at most once a span, not once a chunk.
+#[test]
+fn a_span_of_chunks_layer_by_layer_gives_the_chunk_by_chunk_logits() {
+    let prompt = ids(60, 4);
+    for name in ["tiny.waste", "tiny-q4g.waste", "tiny-k3.waste", "tiny-k3-4.waste"] {
+        let path = fixture(name);
+        let plan = waste_model::plan(&path, CTX).unwrap();
+        // the floor (waves), and a cache that pins a layer but not the model
+        let experts = plan.layer_experts as u64;
+        for (what, budget) in
+            [("floor", plan.floor_bytes), ("a layer", plan.floor_bytes + (experts + 2) * plan.record_bytes)]
+        {
+            let o =
+                |span: bool| ModelOptions { ctx: CTX, budget, max_chunk: 8, span, threads: 2, ..ModelOptions::exact() };
+            let (on, off) = (Model::open(&path, o(true)).unwrap(), Model::open(&path, o(false)).unwrap());
+            assert!(on.spans() && !off.spans(), "{name} at {what}");
+            assert!((on.cache_slots() as u64) < plan.expert_records, "{name} at {what}: the cache holds every expert");
+            let (want, by_chunk) = run(&off, &prompt);
+            let (got, by_span) = run(&on, &prompt);
+            assert!(got == want, "{name} at {what}: a span's logits differ from chunk by chunk");
+            assert!(
+                by_span.experts_acquired < by_chunk.experts_acquired,
+                "{name} at {what}: the span acquires no fewer experts: {by_span:?} against {by_chunk:?}"
+            );
+            assert!(by_span.experts_missed <= by_span.experts_acquired, "{name} at {what}: {by_span:?}");
+        }
+    }
+}

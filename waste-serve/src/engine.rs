@@ -98,7 +98,8 @@ pub enum Event {
 
 /// Prompt tokens a slot evaluates between two decode steps: a long prompt
 /// is taken in pieces so the requests already decoding go on meanwhile —
-/// four chunks, at most [`PREFILL_PIECE_TOKENS`] or one chunk.
+/// four chunks, at most [`PREFILL_PIECE_TOKENS`] or one chunk; a whole
+/// prefill span (`Model::prefill_span`) while no request is decoding.
 const PREFILL_PIECE_CHUNKS: usize = 4;
 
 /// The most tokens a prompt piece takes when a chunk is smaller (so the
@@ -172,8 +173,10 @@ pub fn run(model: &Model, rx: std::sync::mpsc::Receiver<Job>, counters: &Counter
             slots[i].used = clock;
             start(model, &mut slots[i], job, keys);
         }
+        // with no request decoding, nobody waits on a prompt: whole spans
+        let decoding = slots.iter().any(|s| s.active.as_ref().is_some_and(|a| a.gen.is_some()));
         for slot in &mut slots {
-            prefill_piece(model, slot);
+            prefill_piece(model, slot, decoding);
         }
         decode_step(model, &mut slots, counters);
     }
@@ -265,13 +268,18 @@ fn check_fits(model: &Model, slot: &Slot<'_>) -> waste_model::Result<()> {
 
 /// Evaluate the next piece of a slot's prompt (to its snapshot boundary
 /// first, snapshotting there); when the prompt is done, start its generation.
-fn prefill_piece<'m>(model: &'m Model, slot: &mut Slot<'m>) {
+fn prefill_piece<'m>(model: &'m Model, slot: &mut Slot<'m>, decoding: bool) {
     let Some(a) = slot.active.as_mut() else { return };
     if a.gen.is_some() {
         return;
     }
     let s = &mut slot.s;
-    let piece = (s.chunk_len() * PREFILL_PIECE_CHUNKS).min(PREFILL_PIECE_TOKENS.max(s.chunk_len()));
+    let mut piece = (s.chunk_len() * PREFILL_PIECE_CHUNKS).min(PREFILL_PIECE_TOKENS.max(s.chunk_len()));
+    // where prompts prefill a span at a time (each expert read once a span)
+    // and no other request is decoding, a whole span
+    if !decoding {
+        piece = piece.max(model.prefill_span().unwrap_or(0));
+    }
     let len = a.job.prompt.len();
     let end = if a.next < a.boundary { a.boundary } else { len };
     let to = end.min(a.next + piece);

@@ -60,29 +60,41 @@ impl MoeScratch {
 
 /// What a MoE layer's first half ([`Work::moe_front`]) leaves for its
 /// second ([`Work::moe_back`]): the pinned experts (the first wave's where
-/// they come in waves), some still arriving, and the step's routes.
+/// they come in waves; none where a span of chunks pins them), some still
+/// arriving, and the step's routes.
 pub(super) struct MoeFront<'m> {
-    experts: Pinned<'m, crate::model::Records>,
-    routes: Vec<(usize, f32)>,
-    distinct: Vec<u32>,
-    repeats: Vec<u32>,
-    batched: bool,
-    paired: bool,
+    experts: Option<Pinned<'m, crate::model::Records>>,
+    pub(super) routed: Routed,
     /// Experts pinned at once where `distinct` (then in ascending id) is
     /// more than the cache can pin ([`crate::Model::expert_wave`]).
     wave: Option<usize>,
 }
 
+/// A step's routes and how its experts run.
+pub(super) struct Routed {
+    /// `nt × top_k` (expert, weight) pairs, each token's in ascending id.
+    pub(super) routes: Vec<(usize, f32)>,
+    /// Each expert once, in consumption order (ascending id where batched,
+    /// paired or in waves).
+    pub(super) distinct: Vec<u32>,
+    /// Further uses of `distinct`'s experts.
+    pub(super) repeats: Vec<u32>,
+    /// Each expert once for all its tokens (formats a token reads directly).
+    batched: bool,
+    /// VQ experts with tokens in pairs (the fast mode's AVX2 gathers).
+    paired: bool,
+}
+
 /// A fresh layer-step's stamp for the shared pair tables
 /// ([`crate::model::PairScratch`]), never 0.
-fn next_stamp() -> u64 {
+pub(super) fn next_stamp() -> u64 {
     static STAMPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     STAMPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The uses of `repeats` (experts used again in a step) that fall in
 /// `wave`: what its acquire counts as further hits.
-fn repeats_in(repeats: &[u32], wave: &[u32]) -> Vec<u32> {
+pub(super) fn repeats_in(repeats: &[u32], wave: &[u32]) -> Vec<u32> {
     repeats.iter().copied().filter(|e| wave.contains(e)).collect()
 }
 
@@ -94,6 +106,8 @@ impl Work {
     /// experts (each once for all its tokens where the format batches, else
     /// token by token, resident ones first), combines them with the shared
     /// experts — at once, or after another half-batch's work.
+    /// Where `pin` is false (a chunk of a span, [`Work::forward_span`]),
+    /// nothing is acquired: the span pins its chunks' experts together.
     pub(super) fn moe_front<'m>(
         &mut self,
         m: &'m Model,
@@ -101,6 +115,7 @@ impl Work {
         w: &MoeWeights,
         lanes: &[&mut Lane],
         span: Span<'_>,
+        pin: bool,
     ) -> Result<MoeFront<'m>> {
         let (first, nt) = (span.first, span.nt);
         let kernel = m.kernel.as_ref().expect("MoE layer has an expert kernel");
@@ -117,16 +132,19 @@ impl Work {
         // every token's sum still adds its experts in ascending id; half
         // the free slots each, the next wave's reads in flight while one
         // computes
-        let wave = m.expert_wave().filter(|&n| distinct.len() > n);
+        let wave = m.expert_wave().filter(|&n| pin && distinct.len() > n);
         if wave.is_some() {
             distinct.sort_unstable();
         }
-        let now = &distinct[..wave.unwrap_or(distinct.len())];
-        let experts = m.store.acquire(l as u32, now, &repeats_in(&repeats, now))?;
-        if let Some(n) = wave {
-            self.stats.prefetch_issued += m.store.prefetch(l as u32, next_wave(&distinct, n, 0))?;
+        let mut experts = None;
+        if pin {
+            let now = &distinct[..wave.unwrap_or(distinct.len())];
+            experts = Some(m.store.acquire(l as u32, now, &repeats_in(&repeats, now))?);
+            if let Some(n) = wave {
+                self.stats.prefetch_issued += m.store.prefetch(l as u32, next_wave(&distinct, n, 0))?;
+            }
+            self.stats.experts_acquired += distinct.len() as u64;
         }
-        self.stats.experts_acquired += distinct.len() as u64;
         // the shared experts while the reads are in flight (and while the
         // router's input still streams: not after the experts' compute)
         self.shared_experts(m, w, first, nt);
@@ -134,7 +152,7 @@ impl Work {
         if let Some(lt) = &w.latent {
             m.pool.matmat(&lt.down.view(), self.chunk_ffn_in.rows(xs), nt, self.moe.lat_in.rows_mut(0..nt));
         }
-        Ok(MoeFront { experts, routes, distinct, repeats, batched, paired, wave })
+        Ok(MoeFront { experts, routed: Routed { routes, distinct, repeats, batched, paired }, wave })
     }
 
     /// The MoE layer's second half: the routed experts (waiting for the
@@ -150,38 +168,24 @@ impl Work {
         front: MoeFront<'_>,
     ) -> Result<()> {
         let (first, nt) = (span.first, span.nt);
-        let MoeFront { experts, routes, distinct, repeats, batched, paired, wave } = front;
+        let MoeFront { experts, routed, wave } = front;
+        let distinct = &routed.distinct;
         // every token's sum from zero, its experts added in ascending id
         // (wave by wave where they come in waves: the same bits)
         self.moe.lat_sum.rows_mut(0..nt).fill(0.0);
         let stamp = next_stamp();
-        let mut pinned = Some(experts);
-        for (i, ids) in distinct.chunks(wave.unwrap_or(distinct.len()).max(1)).enumerate() {
+        let mut pinned = experts;
+        let n = wave.unwrap_or(distinct.len()).max(1);
+        for (i, ids) in distinct.chunks(n).enumerate() {
             let experts = match pinned.take() {
                 Some(p) => p,
                 None => {
-                    self.stats.expert_waves += 1;
-                    let p = m.store.acquire(l as u32, ids, &repeats_in(&repeats, ids))?;
-                    let n = wave.unwrap_or(distinct.len());
-                    self.stats.prefetch_issued += m.store.prefetch(l as u32, next_wave(&distinct, n, i))?;
-                    p
+                    self.stats.expert_waves += u64::from(i > 0);
+                    self.pin_wave(m, l, distinct, &routed.repeats, n, i)?
                 }
             };
-            let only = wave.map(|_| ids);
-            let (overlapped, runs) = if batched {
-                self.experts_batched(m, w, &experts, &routes, ids, first, nt)?;
-                (0.0, ids.len())
-            } else if paired {
-                self.experts_paired(m, w, &experts, &routes, ids, only, stamp, first, nt)?
-            } else {
-                self.experts_per_token(m, w, &experts, &routes, only, first, nt)?
-            };
-            self.stats.expert_runs += runs as u64;
-            let traffic = experts.release()?;
-            self.stats.experts_hit += traffic.hits;
-            self.stats.experts_missed += traffic.misses;
-            self.stats.bytes_read += traffic.bytes_read;
-            self.stats.io_seconds += traffic.io_seconds - overlapped;
+            let overlapped = self.run_wave(m, w, &experts, &routed, ids, wave.map(|_| ids), stamp, first, nt)?;
+            self.settle(experts, overlapped)?;
         }
         self.combine(m, w, first, nt);
         // a replayed routing's lane: the router's guess is not what the
@@ -190,6 +194,65 @@ impl Work {
             return Ok(());
         }
         self.lookahead(m, l, first + nt - 1)
+    }
+
+    /// Pin wave `i` of `distinct` in waves of `n` (its repeats among
+    /// `repeats` counted as hits) and start the next wave's reads.
+    pub(super) fn pin_wave<'m>(
+        &mut self,
+        m: &'m Model,
+        l: usize,
+        distinct: &[u32],
+        repeats: &[u32],
+        n: usize,
+        i: usize,
+    ) -> Result<Pinned<'m, crate::model::Records>> {
+        let ids = distinct.chunks(n.max(1)).nth(i).unwrap_or(&[]);
+        let p = m.store.acquire(l as u32, ids, &repeats_in(repeats, ids))?;
+        self.stats.prefetch_issued += m.store.prefetch(l as u32, next_wave(distinct, n, i))?;
+        Ok(p)
+    }
+
+    /// The experts `ids` (ascending where batched or paired) of a step's
+    /// `routed` tokens `first..first + nt`, added to their sums — of the
+    /// routes in `only` (a wave's experts, ascending; `None`: all); the
+    /// paired tables are this layer-step's `stamp`. Returns the I/O wait
+    /// other lanes' compute overlapped.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_wave(
+        &mut self,
+        m: &Model,
+        w: &MoeWeights,
+        experts: &Pinned<'_, crate::model::Records>,
+        routed: &Routed,
+        ids: &[u32],
+        only: Option<&[u32]>,
+        stamp: u64,
+        first: usize,
+        nt: usize,
+    ) -> Result<f64> {
+        let routes = &routed.routes;
+        let (overlapped, runs) = if routed.batched {
+            self.experts_batched(m, w, experts, routes, ids, first, nt)?;
+            (0.0, ids.len())
+        } else if routed.paired {
+            self.experts_paired(m, w, experts, routes, ids, only, stamp, first, nt)?
+        } else {
+            self.experts_per_token(m, w, experts, routes, only, first, nt)?
+        };
+        self.stats.expert_runs += runs as u64;
+        Ok(overlapped)
+    }
+
+    /// Release a wave's pins and count its traffic (less the I/O wait other
+    /// lanes' compute `overlapped`).
+    pub(super) fn settle(&mut self, experts: Pinned<'_, crate::model::Records>, overlapped: f64) -> Result<()> {
+        let traffic = experts.release()?;
+        self.stats.experts_hit += traffic.hits;
+        self.stats.experts_missed += traffic.misses;
+        self.stats.bytes_read += traffic.bytes_read;
+        self.stats.io_seconds += traffic.io_seconds - overlapped;
+        Ok(())
     }
 
     /// Every token's top-k (one pass over the router for all; a replayed
@@ -388,7 +451,7 @@ impl Work {
 
     /// Back to the hidden width (one pass over the latent up-projection),
     /// plus the shared experts, into `chunk_ffn_out`.
-    fn combine(&mut self, m: &Model, w: &MoeWeights, first: usize, nt: usize) {
+    pub(super) fn combine(&mut self, m: &Model, w: &MoeWeights, first: usize, nt: usize) {
         let c = m.config();
         let (lat, xs) = (c.expert_width(), first..first + nt);
         match &w.latent {
