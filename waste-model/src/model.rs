@@ -183,6 +183,8 @@ pub(crate) struct PairScratch {
     /// The layer-step ([`crate::session`]'s stamps, never 0) whose tables
     /// `floats` holds; 0 for none.
     pub(crate) tables_of: u64,
+    /// Which of that step's tokens have their tables built.
+    pub(crate) built: Vec<bool>,
 }
 
 /// Experts of a layer a step computes at once ([`Model::expert_wave`]):
@@ -400,7 +402,7 @@ impl Model {
             out_res: trunk.out_res,
             store,
             kernel,
-            pair_scratch: std::sync::Mutex::new(PairScratch { floats: pair_scratch, tables_of: 0 }),
+            pair_scratch: std::sync::Mutex::new(PairScratch { floats: pair_scratch, tables_of: 0, built: Vec::new() }),
             span_stash: std::sync::Mutex::new(Vec::new()),
             pool,
             opts,

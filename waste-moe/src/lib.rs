@@ -644,6 +644,27 @@ impl ExpertKernel {
     /// When `nt` exceeds the kernel's `batch`, `xs` is shorter than `nt`
     /// inputs, `tables` is too short, or the tokens cannot pair.
     pub fn prepare_tokens(&self, pool: &Pool, books: &LayerBooks, xs: &[f32], nt: usize, tables: &mut [f32]) {
+        let all: Vec<usize> = (0..nt).collect();
+        self.prepare_some_tokens(pool, books, xs, nt, &all, tables);
+    }
+
+    /// [`ExpertKernel::prepare_tokens`] for the tokens `which` of `nt` only
+    /// (distinct, each below `nt`): their tables are built, the others'
+    /// left as they were (a step whose experts come in waves builds a
+    /// token's tables when a wave first needs them).
+    ///
+    /// # Panics
+    /// As [`ExpertKernel::prepare_tokens`], or when a token of `which` is
+    /// not below `nt` or repeats.
+    pub fn prepare_some_tokens(
+        &self,
+        pool: &Pool,
+        books: &LayerBooks,
+        xs: &[f32],
+        nt: usize,
+        which: &[usize],
+        tables: &mut [f32],
+    ) {
         let lat = self.lay.lat;
         assert!(
             nt <= self.batch && xs.len() >= nt * lat,
@@ -658,11 +679,16 @@ impl ExpertKernel {
         assert!(vq_fast::rows32(lv, &lay), "prepare_tokens: the level's rows do not read wide tables");
         let nb = vq_fast::blocks(&lay);
         let by_kind: [Vec<&VqBook>; 2] = [books.books[0].iter().collect(), books.books[1].iter().collect()];
+        let mut seen = vec![false; nt];
+        for &t in which {
+            assert!(t < nt && !std::mem::replace(&mut seen[t], true), "prepare_some_tokens: token {t} of {nt}");
+        }
         let tabs = SyncSlice::new(&mut tables[..2 * nt * pq]);
-        pool.run(2 * nt, &|i| {
-            let (t, kind) = (i / 2, i % 2);
-            // SAFETY: task i alone writes table i.
-            let buf = unsafe { tabs.range(i * pq, (i + 1) * pq) };
+        pool.run(2 * which.len(), &|i| {
+            let (t, kind) = (which[i / 2], i % 2);
+            let at = 2 * t + kind;
+            // SAFETY: the tokens are distinct (asserted above): task i alone writes table `at`.
+            let buf = unsafe { tabs.range(at * pq, (at + 1) * pq) };
             let (d, q) = vq_fast::parts_mut(&lay, TableForm::Plain, buf, 0, nb);
             let x = &xs[t * lat..(t + 1) * lat];
             vq_fast::build(lv, &by_kind[kind], &lay, x, qmax, (0, nb), d, q, TableForm::Plain);

@@ -353,12 +353,24 @@ impl Work {
         let shared = &mut *shared;
         shared.floats.resize(crate::plan::shared_scratch_floats(kernel, k), 0.0);
         let (tables, outs) = shared.floats.split_at_mut(tf);
+        // the tables of the tokens these experts serve, unless built for
+        // this layer-step already (by an earlier wave)
         if shared.tables_of != stamp {
-            shared.tables_of = 0;
-            let te = Instant::now();
-            kernel.prepare_tokens(&m.pool, &w.books, xs, nt, tables);
-            self.stats.expert_seconds += te.elapsed().as_secs_f64();
             shared.tables_of = stamp;
+            shared.built.clear();
+            shared.built.resize(nt, false);
+        }
+        let mut want = vec![false; nt];
+        for &e in distinct {
+            uses_of(routes, k, nt, e).for_each(|(t, _)| want[t] = true);
+        }
+        let which: Vec<usize> = (0..nt).filter(|&t| want[t] && !shared.built[t]).collect();
+        if !which.is_empty() {
+            // marked unbuilt until built (a panic inside leaves them so)
+            let te = Instant::now();
+            kernel.prepare_some_tokens(&m.pool, &w.books, xs, nt, &which, tables);
+            self.stats.expert_seconds += te.elapsed().as_secs_f64();
+            which.iter().for_each(|&t| shared.built[t] = true);
         }
         // each expert's (token, slot) uses, slot t·k + i for token t's i-th route
         let (ready, arriving): (Vec<u32>, Vec<u32>) = distinct.iter().partition(|&&e| experts.is_ready(e));
