@@ -158,7 +158,16 @@ fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
     let o = ModelOptions { budget: plan.floor_bytes + 60 * plan.record_bytes, io_threads: 2, ..ModelOptions::exact() };
     let m = Model::open(
         &path,
-        ModelOptions { ctx: CTX, max_chunk: 1, policy: Policy::Lru, budget: plan.floor_bytes, ..o.clone() },
+        // token by token through every layer (no span of chunks, which
+        // would share reads across its tokens as a chunk does)
+        ModelOptions {
+            ctx: CTX,
+            max_chunk: 1,
+            policy: Policy::Lru,
+            budget: plan.floor_bytes,
+            span: false,
+            ..o.clone()
+        },
     )
     .unwrap();
     let prompt: Vec<u32> = (0..32).map(|i| (i * 31 + 3) % 250).collect();
