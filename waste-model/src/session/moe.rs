@@ -138,11 +138,7 @@ impl Work {
         }
         let mut experts = None;
         if pin {
-            let now = &distinct[..wave.unwrap_or(distinct.len())];
-            experts = Some(m.store.acquire(l as u32, now, &repeats_in(&repeats, now))?);
-            if let Some(n) = wave {
-                self.stats.prefetch_issued += m.store.prefetch(l as u32, next_wave(&distinct, n, 0))?;
-            }
+            experts = Some(self.pin_wave(m, l, &distinct, &repeats, wave.unwrap_or(distinct.len()), 0)?);
             self.stats.experts_acquired += distinct.len() as u64;
         }
         // the shared experts while the reads are in flight (and while the
@@ -197,7 +193,8 @@ impl Work {
     }
 
     /// Pin wave `i` of `distinct` in waves of `n` (its repeats among
-    /// `repeats` counted as hits) and start the next wave's reads.
+    /// `repeats` counted as hits) and start the next wave's reads (waves
+    /// of all `distinct`: one acquire, as a step that fits the cache).
     pub(super) fn pin_wave<'m>(
         &mut self,
         m: &'m Model,
@@ -208,8 +205,15 @@ impl Work {
         i: usize,
     ) -> Result<Pinned<'m, crate::model::Records>> {
         let ids = distinct.chunks(n.max(1)).nth(i).unwrap_or(&[]);
-        let p = m.store.acquire(l as u32, ids, &repeats_in(repeats, ids))?;
-        self.stats.prefetch_issued += m.store.prefetch(l as u32, next_wave(distinct, n, i))?;
+        // one wave of all: every repeat is its own
+        let p = match ids.len() == distinct.len() {
+            true => m.store.acquire(l as u32, ids, repeats)?,
+            false => m.store.acquire(l as u32, ids, &repeats_in(repeats, ids))?,
+        };
+        let next = next_wave(distinct, n, i);
+        if !next.is_empty() {
+            self.stats.prefetch_issued += m.store.prefetch(l as u32, next)?;
+        }
         Ok(p)
     }
 
@@ -360,10 +364,16 @@ impl Work {
             shared.built.clear();
             shared.built.resize(nt, false);
         }
+        // each expert's (token, slot) uses, slot t·k + i for token t's i-th
+        // route, the resident experts first
+        let (ready, arriving): (Vec<u32>, Vec<u32>) = distinct.iter().partition(|&&e| experts.is_ready(e));
+        let uses: Vec<(u32, Vec<(usize, usize)>)> = ready
+            .iter()
+            .chain(&arriving)
+            .map(|&e| (e, uses_of(routes, k, nt, e).map(|(t, i)| (t, t * k + i)).collect()))
+            .collect();
         let mut want = vec![false; nt];
-        for &e in distinct {
-            uses_of(routes, k, nt, e).for_each(|(t, _)| want[t] = true);
-        }
+        uses.iter().flat_map(|(_, u)| u).for_each(|&(t, _)| want[t] = true);
         let which: Vec<usize> = (0..nt).filter(|&t| want[t] && !shared.built[t]).collect();
         if !which.is_empty() {
             // marked unbuilt until built (a panic inside leaves them so)
@@ -372,13 +382,6 @@ impl Work {
             self.stats.expert_seconds += te.elapsed().as_secs_f64();
             which.iter().for_each(|&t| shared.built[t] = true);
         }
-        // each expert's (token, slot) uses, slot t·k + i for token t's i-th route
-        let (ready, arriving): (Vec<u32>, Vec<u32>) = distinct.iter().partition(|&&e| experts.is_ready(e));
-        let uses: Vec<(u32, Vec<(usize, usize)>)> = ready
-            .iter()
-            .chain(&arriving)
-            .map(|&e| (e, uses_of(routes, k, nt, e).map(|(t, i)| (t, t * k + i)).collect()))
-            .collect();
         // jobs of up to four tokens where the quad kernel pays, else two
         let most = kernel.group_most();
         let jobs = waste_moe::group_jobs(uses.iter().map(|(_, u)| &u[..]), most);
