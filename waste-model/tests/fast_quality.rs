@@ -18,6 +18,8 @@ use std::path::Path;
 use waste_model::quality::{agreement, kl, meets, read_reference, Agreement};
 use waste_model::{Model, ModelOptions, Numeric};
 
+mod common;
+
 struct Quality {
     /// Agreement with the reference.
     at: Agreement,
@@ -136,18 +138,7 @@ fn the_fast_mode_is_bit_identical_across_placements() {
 /// pair.
 #[test]
 fn a_prefill_of_paired_tokens_is_token_by_token() {
-    use waste_quant::vq_fast::{set_avx2_lookup, Avx2Lookup};
-    if !waste_quant::Level::Avx2.supported() {
-        return;
-    }
-    set_avx2_lookup(Avx2Lookup::Gathers);
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures/fast-quality/model.waste");
-    let base = ModelOptions {
-        ctx: 128,
-        numeric: Some(Numeric::Fast),
-        simd: Some(waste_quant::Level::Avx2),
-        ..ModelOptions::exact()
-    };
+    let Some((dir, base)) = common::paired_gathers(128) else { return };
     let ids: Vec<u32> = (0..40).map(|i| (i * 53 + 11) % 250).collect();
     let run = |o: ModelOptions| {
         let m = Model::open(&dir, o).unwrap();

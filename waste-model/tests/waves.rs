@@ -10,7 +10,7 @@
 //! prefilling at once on the same small cache.
 
 use std::path::{Path, PathBuf};
-use waste_model::{Model, ModelOptions, Numeric, Stats};
+use waste_model::{Model, ModelOptions, Stats};
 
 mod common;
 
@@ -76,19 +76,8 @@ fn waves_give_the_logits_of_a_cache_that_pins_a_layer_in_exact_mode() {
 /// next is pinned, so neither waits on the other for good).
 #[test]
 fn waves_of_paired_tokens_give_the_whole_cache_s_logits_with_two_sessions_at_once() {
-    use waste_quant::vq_fast::{set_avx2_lookup, Avx2Lookup};
-    if !waste_quant::Level::Avx2.supported() {
-        return;
-    }
-    set_avx2_lookup(Avx2Lookup::Gathers);
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/oracle/fixtures/fast-quality/model.waste");
-    let o = ModelOptions {
-        ctx: CTX,
-        threads: 2,
-        numeric: Some(Numeric::Fast),
-        simd: Some(waste_quant::Level::Avx2),
-        ..ModelOptions::exact()
-    };
+    let Some((path, o)) = common::paired_gathers(CTX) else { return };
+    let o = ModelOptions { threads: 2, ..o };
     let (whole, small) = both(&path, &o);
     let (a, b) = (ids(48, 2), ids(37, 3));
     let (want_a, st) = run(&whole, &a);

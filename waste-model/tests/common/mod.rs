@@ -202,3 +202,22 @@ pub fn greedy_bits(m: &Model, prompt: &[u32], steps: usize) -> (Vec<u32>, waste_
     }
     (bits, s.stats())
 }
+
+/// Where the CPU has AVX2: the fast-quality fixture's path, with the AVX2
+/// VQ lookup fixed to the gathers (so a chunk's tokens pair), and options
+/// for the fast mode at the AVX2 level; `None` elsewhere (nothing pairs).
+pub fn paired_gathers(ctx: usize) -> Option<(PathBuf, ModelOptions)> {
+    use waste_quant::vq_fast::{set_avx2_lookup, Avx2Lookup};
+    if !waste_quant::Level::Avx2.supported() {
+        return None;
+    }
+    set_avx2_lookup(Avx2Lookup::Gathers);
+    let path = fixtures().join("fast-quality/model.waste");
+    let o = ModelOptions {
+        ctx,
+        numeric: Some(waste_model::Numeric::Fast),
+        simd: Some(waste_quant::Level::Avx2),
+        ..ModelOptions::exact()
+    };
+    Some((path, o))
+}
