@@ -122,6 +122,10 @@ fn main() {
     if std::env::args().nth(2).as_deref() == Some("seq") {
         return matvec_sequence(reps, &mut r);
     }
+    // `kernels REPS tables`: VQ tables alone (f32 and the fast mode's) per level
+    if std::env::args().nth(2).as_deref() == Some("tables") {
+        return tables(reps);
+    }
     // `kernels REPS mla`: MLA's absorbed query and value product per head
     if std::env::args().nth(2).as_deref() == Some("mla") {
         return mla_absorbed(reps, &mut r);
@@ -648,6 +652,41 @@ fn vq_row_forms(reps: usize, r: &mut impl FnMut() -> u64) {
 fn vq_books(stages: usize, entries: usize) -> Vec<VqBook> {
     let bits: Vec<u16> = (0..entries * 8).map(|i| f32_to_f16((i % 13) as f32 * 0.01)).collect();
     (0..stages).map(|_| VqBook::from_f16(&bits, entries, 8)).collect()
+}
+
+/// The VQ3R tables of an expert's gate/up input (2304 wide) and down input
+/// (1024 wide) alone at each level: the exact mode's f32 table and the fast
+/// mode's plain int8 one (with its quantization), alternated a round.
+fn tables(reps: usize) {
+    use waste_quant::vq_fast::{self as vf, TableForm};
+    for cols in [2304, 1024] {
+        let lay = VqLayout { rows: 64, nvec: cols / 8, stages: 3, block: 64, packed6: false };
+        let books = vq_books(3, lay.table_entries());
+        let br: Vec<&VqBook> = books.iter().collect();
+        let (_, x) = vq_scales_input(lay.rows, lay.nvec);
+        let mut t = vec![0f32; lay.table_len()];
+        let nb = vf::blocks(&lay);
+        let levels: Vec<Level> = [Level::Avx2, Level::Avx512].into_iter().filter(|l| l.supported()).collect();
+        let mut ts = vec![(Vec::new(), Vec::new()); levels.len()];
+        for _ in 0..reps.max(1) {
+            for (lv, (tf, tq)) in levels.iter().zip(ts.iter_mut()) {
+                let t0 = Instant::now();
+                build_table(*lv, &br, &lay, &x, &mut t);
+                tf.push(t0.elapsed().as_secs_f64());
+                let (d, q) = vf::parts_mut(&lay, TableForm::Plain, &mut t, 0, nb);
+                let t0 = Instant::now();
+                vf::build(*lv, &br, &lay, &x, 127.0, (0, nb), d, q, TableForm::Plain);
+                tq.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2] * 1e3
+        };
+        for (lv, (tf, tq)) in levels.iter().zip(ts.iter_mut()) {
+            println!("vq3r table of {cols}: {:>6} f32 {:.4} ms, fast {:.4} ms", lv.name(), med(tf), med(tq));
+        }
+    }
 }
 
 /// Unit row scales (f16 bytes) and an input for `nvec` 8-wide positions.

@@ -246,10 +246,10 @@ pub fn build(
         build_table(level, books, &part, &x[v0 * dim..v1 * dim], t);
         let qb = &mut q[w * (b - b0) * be..][..w * t.len()];
         d[b - b0] = match form {
-            TableForm::Plain => quantize_block(t, qmax, bytemuck::cast_slice_mut(qb)),
+            TableForm::Plain => quantize_block(level, t, qmax, bytemuck::cast_slice_mut(qb)),
             TableForm::Wide => quantize_block_wide(t, qmax, qb),
             TableForm::Telescoped => {
-                let s = quantize_block(t, qmax, c);
+                let s = quantize_block(level, t, qmax, c);
                 telescope_into(c, qb);
                 s
             }
@@ -299,8 +299,15 @@ pub(crate) fn quantize_body_into(t: &[f32], qmax: f32, q: &mut [u8]) -> f32 {
     d
 }
 
-/// One block's codes into `q`; returns its scale `amax / qmax`.
-fn quantize_block(t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
+/// One block's codes into `q`; returns its scale `amax / qmax` (the same
+/// codes at every level).
+fn quantize_block(level: Level, t: &[f32], qmax: f32, q: &mut [i8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 && Level::Avx512.supported() {
+        // SAFETY: the CPU has AVX-512 F; `q` as long as `t` (asserted there).
+        return unsafe { crate::x86_64::avx512::quantize_codes(t, qmax, q) };
+    }
+    let _ = level;
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2; `q` as long as `t` (asserted there).
@@ -1139,8 +1146,9 @@ mod tests {
         }
     }
 
-    /// The AVX2 codes (`x86_64::avx2::quantize_codes`) are the scalar
-    /// steps' bytes and scale: every length (tails of 1..31 values), ties,
+    /// The AVX2 and AVX-512 codes (`x86_64::avx2::quantize_codes`,
+    /// `x86_64::avx512::quantize_codes`) are the scalar steps' bytes and
+    /// scale: every length (tails of 1..63 values), ties,
     /// ±amax, zero blocks and a NaN (on a CPU with AVX2, as the other
     /// levels' tests here run on the levels the CPU has).
     #[cfg(target_arch = "x86_64")]
@@ -1150,7 +1158,7 @@ mod tests {
             return;
         }
         let mut r = crate::SplitMix64::new(7);
-        for len in (0..100).chain([768, 1024, 3072, 3071]) {
+        for len in (0..140).chain([768, 1024, 3072, 3071, 3120]) {
             for case in 0..4 {
                 let mut t: Vec<f32> = (0..len).map(|_| (r.unif() * 2.0 - 1.0) * 3.0).collect();
                 match case {
@@ -1172,6 +1180,13 @@ mod tests {
                     let db = unsafe { crate::x86_64::avx2::quantize_codes(&t, qmax, &mut b) };
                     assert_eq!(a, b, "len {len} case {case} qmax {qmax}");
                     assert_eq!(da.to_bits(), db.to_bits(), "len {len} case {case}");
+                    if Level::Avx512.supported() {
+                        let mut c = vec![0x55u8 as i8; len];
+                        // SAFETY: AVX-512 F checked; equal lengths.
+                        let dc = unsafe { crate::x86_64::avx512::quantize_codes(&t, qmax, &mut c) };
+                        assert_eq!(a, c, "AVX-512 len {len} case {case} qmax {qmax}");
+                        assert_eq!(da.to_bits(), dc.to_bits(), "AVX-512 len {len} case {case}");
+                    }
                     // the wide form: the same codes as i16, by AVX2 and by the scalar steps
                     let want: Vec<u8> = a.iter().flat_map(|&c| i16::from(c).to_le_bytes()).collect();
                     for wide in [true, false] {
