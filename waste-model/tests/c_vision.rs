@@ -104,3 +104,30 @@ fn a_tower_that_cannot_load_takes_only_the_images_down() {
     assert!(e.contains("could not load") && e.contains("text only"), "{e}");
     std::fs::remove_dir_all(&path).ok();
 }
+
+/// Images through a small cache's prefill: at the floor budget, in chunks
+/// of 4 (the two images' 36 positions cut mid-image), the prompt goes a
+/// span of chunks at a time layer by layer with its experts in waves
+/// (`Model::spans`); its logits are the whole cache's chunk by chunk, bit
+/// for bit, so the C engine's too.
+#[test]
+fn images_in_a_span_of_chunks_give_the_whole_cache_s_logits() {
+    let path = dir().join("k3-vision-tiny.waste");
+    let ctx = 256;
+    let o = ModelOptions { ctx, vision: true, max_chunk: 4, threads: 2, ..ModelOptions::exact() };
+    let whole = Model::open(&path, ModelOptions { span: false, ..o.clone() }).unwrap();
+    assert!(!whole.spans());
+    // the floor with the tower's memory (the open's own plan counts it)
+    let floor = whole.plan().floor_bytes;
+    let small = Model::open(&path, ModelOptions { budget: floor, ..o }).unwrap();
+    assert!(small.spans(), "the floor's cache cannot hold every expert: {} slots", small.cache_slots());
+    assert!(small.expert_wave().is_some(), "the floor's cache cannot pin a layer's experts: waves");
+    let images = ["img_w84_h56.png", "img_w50_h33.png"];
+    let (want, pos) = ours(&whole, &images);
+    let (got, pos_small) = ours(&small, &images);
+    assert_eq!((pos, pos_small), (40, 40), "the prompt's positions (images expanded)");
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "a span's logits differ");
+    let (c, _) = c_eval("both");
+    let worst = got.iter().zip(&c).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst <= BOUND, "max abs {worst:.2e} from the C engine");
+}
