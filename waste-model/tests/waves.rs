@@ -129,3 +129,31 @@ fn a_span_of_chunks_layer_by_layer_gives_the_chunk_by_chunk_logits() {
         }
     }
 }
+
+/// KDA's chunked (WY) prefill form takes the step's chunks as they come: a
+/// span's are the chunk-by-chunk order's, so its logits are too, bit for
+/// bit (the form itself is within 1e-5 of the token-by-token one, not
+/// equal to it).
+#[test]
+fn a_span_with_kda_s_chunked_form_gives_the_chunk_by_chunk_logits() {
+    let path = fixture("tiny.waste");
+    let floor = waste_model::plan(&path, CTX).unwrap().floor_bytes;
+    let prompt = ids(60, 5);
+    let o = |span: bool, kda_chunked: bool| ModelOptions {
+        ctx: CTX,
+        budget: floor,
+        max_chunk: 8,
+        span,
+        kda_chunked,
+        threads: 2,
+        ..ModelOptions::exact()
+    };
+    let (on, off) = (Model::open(&path, o(true, true)).unwrap(), Model::open(&path, o(false, true)).unwrap());
+    assert!(on.spans());
+    let (want, _) = run(&off, &prompt);
+    let (got, _) = run(&on, &prompt);
+    assert!(got == want, "a span's logits differ from chunk by chunk in the chunked KDA form");
+    // and the chunked form is another form: not the token-by-token bits
+    let (plain, _) = run(&Model::open(&path, o(false, false)).unwrap(), &prompt);
+    assert!(plain != want, "the chunked form gave the token-by-token form's bits: the option did nothing");
+}
