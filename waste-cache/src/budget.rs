@@ -243,6 +243,9 @@ pub fn resolve(f: &Floor, requested: u64, usable: u64) -> Result<Budget, BelowFl
 }
 
 /// Parse a size like `8G`, `1.5G`, `512M`, `4096` (binary units: K = 1024).
+/// A plain number is whole bytes, read exactly; `None` for anything that is
+/// not a size, a fraction of a byte, or more bytes than a `u64` holds
+/// (`99999999999999999999` used to become `u64::MAX` unannounced).
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
@@ -260,13 +263,22 @@ pub fn parse_size(s: &str) -> Option<u64> {
         }
         None => (s, 1),
     };
-    let v: f64 = num.trim().parse().ok()?;
+    let num = num.trim();
+    if mult == 1 {
+        if let Ok(b) = num.parse::<u64>() {
+            return Some(b);
+        }
+    }
+    let v: f64 = num.parse().ok()?;
     // a fraction of a byte is a forgotten unit ("0.5" meant 0.5G, and
     // became 0 bytes: the automatic budget)
     if mult == 1 && v.fract() != 0.0 {
         return None;
     }
-    (v.is_finite() && v >= 0.0).then_some((v * mult as f64) as u64)
+    let b = v * mult as f64;
+    // 2^64 (u64::MAX + 1, exact as f64) and past it do not fit: refused,
+    // not saturated
+    (v.is_finite() && v >= 0.0 && b < 18_446_744_073_709_551_616.0).then_some(b as u64)
 }
 
 #[cfg(test)]
@@ -364,5 +376,15 @@ mod tests {
         assert_eq!(parse_size("-1G"), None);
         assert_eq!(parse_size("0.5"), None, "a fraction of a byte: a forgotten unit");
         assert_eq!(parse_size("0.5K"), Some(512));
+        // whole bytes exactly, to the last one a u64 holds; past it refused
+        assert_eq!(parse_size("18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_size("9007199254740993"), Some((1 << 53) + 1), "above 2^53: not rounded as a float");
+        assert_eq!(parse_size("18446744073709551616"), None);
+        assert_eq!(parse_size("99999999999999999999"), None);
+        assert_eq!(parse_size("16777216T"), None, "2^64 bytes");
+        assert_eq!(parse_size("16777215T"), Some(16_777_215 << 40));
+        assert_eq!(parse_size("1e30"), None);
+        assert_eq!(parse_size("inf"), None);
+        assert_eq!(parse_size("2.0"), Some(2), "a whole number written with a point");
     }
 }

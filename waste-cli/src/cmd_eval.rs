@@ -57,10 +57,11 @@ pub struct EngineArgs {
     /// Usage hotlist to preload (default: the container's usage.waste).
     #[arg(long)]
     pub usage: Option<PathBuf>,
-    /// Most tokens a prefill chunk evaluates together (1 = token by token);
-    /// above 16 only where the expert cache leaves room for the larger
-    /// buffers (`waste plan` shows the chunk a budget gets).
-    #[arg(long, default_value_t = waste_model::MAX_CHUNK)]
+    /// Most tokens a prefill chunk evaluates together (1 = token by token;
+    /// 0 is refused, not taken as 1); above 16 only where the expert cache
+    /// leaves room for the larger buffers (`waste plan` shows the chunk a
+    /// budget gets).
+    #[arg(long, default_value_t = waste_model::MAX_CHUNK, value_parser = parse_chunk)]
     pub chunk: usize,
     /// Prefill chunk by chunk through every layer, not a span of chunks
     /// (up to 256 tokens) layer by layer: the span reads each expert once
@@ -151,6 +152,15 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 pub fn parse_bytes_usize(s: &str) -> Result<usize, String> {
     let b = parse_bytes(s)?;
     usize::try_from(b).map_err(|_| format!("{s:?}: more bytes than this machine can address"))
+}
+
+/// `--chunk`: a whole number of tokens, at least 1.
+fn parse_chunk(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("0 tokens: a chunk takes at least 1 (1 = token by token)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a number of tokens")),
+    }
 }
 
 pub fn parse_budget(s: &str) -> Result<u64, String> {
@@ -432,6 +442,17 @@ impl SampleArgs {
         })
     }
 
+    /// The sampling flags' ranges and the stop strings, checked before a
+    /// model is opened (they were checked when generation began: after the
+    /// open and the prompt's whole prefill).
+    pub fn check(&self) -> Result<()> {
+        self.params().sampling.validate().map_err(|e| anyhow::anyhow!("invalid argument: {e}"))?;
+        if self.stop.iter().any(String::is_empty) {
+            bail!("--stop \"\": a stop string is empty (it would match before any text)");
+        }
+        Ok(())
+    }
+
     pub fn params(&self) -> waste_model::GenerateParams {
         waste_model::GenerateParams {
             sampling: waste_model::SamplingParams {
@@ -575,6 +596,7 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     if a.ids.is_some() && (a.prompt.is_some() || a.file.is_some()) {
         bail!("give either --ids or a prompt, not both");
     }
+    a.sample.check()?;
     let text = if a.ids.is_none() { read_prompt(&a.prompt, &a.file)? } else { None };
     let schema = match &a.json_schema {
         Some(f) => Some(

@@ -452,6 +452,9 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     if a.prefill_repeats > MAX_PREFILL_REPEATS {
         anyhow::bail!("--prefill-repeats {}: at most {MAX_PREFILL_REPEATS}", a.prefill_repeats);
     }
+    // before the open (a 48B's takes seconds)
+    let params = waste_model::SamplingParams { temperature: a.temp, seed: a.seed, ..Default::default() };
+    params.validate().map_err(|e| anyhow::anyhow!("--temp: {e}"))?;
     if let Some(n) = a.parallel {
         check_parallel(n)?;
         return crate::bench_parallel::bench_parallel(&a, n);
@@ -473,8 +476,6 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
         let trace = crate::cmd_cache::load_trace(p)?;
         s.replay_routing(std::sync::Arc::new(trace))?;
     }
-    let params = waste_model::SamplingParams { temperature: a.temp, seed: a.seed, ..Default::default() };
-    params.validate().map_err(|e| anyhow::anyhow!("--temp: {e}"))?;
     let mut sampler = waste_model::Sampler::new(params);
     let t0 = std::time::Instant::now();
     let mut next = sampler.pick(s.eval(&prompt)?, None);

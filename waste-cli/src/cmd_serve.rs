@@ -94,6 +94,12 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
     ] {
         anyhow::ensure!(v >= least, "{flag} {v}: at least {least} (the server could answer nothing)");
     }
+    // the timeouts too, before a model that may take minutes to open
+    let (header_timeout, body_timeout, idle_timeout) = (
+        seconds(a.header_timeout, "--header-timeout")?,
+        seconds(a.body_timeout, "--body-timeout")?,
+        seconds(a.idle_timeout, "--idle-timeout")?,
+    );
     // images: the tower is loaded when the container has one, unless --no-images
     a.engine.vision = !a.no_images && a.model.join("vision.json").is_file();
     // a tower that cannot load takes only the images down, not the text model
@@ -144,9 +150,9 @@ pub fn serve(mut a: ServeArgs) -> Result<ExitCode> {
         max_tokens: a.max_tokens,
         body_limit: a.body_limit,
         request_memory: usize::try_from(a.request_memory).unwrap_or(usize::MAX),
-        header_timeout: seconds(a.header_timeout, "--header-timeout")?,
-        body_timeout: seconds(a.body_timeout, "--body-timeout")?,
-        idle_timeout: seconds(a.idle_timeout, "--idle-timeout")?,
+        header_timeout,
+        body_timeout,
+        idle_timeout,
         max_connections: a.max_connections,
         max_queue: a.max_queue,
         allowed_hosts: a.allow_host.clone(),

@@ -42,6 +42,7 @@ pub fn chat(mut a: ChatArgs) -> Result<ExitCode> {
     if a.no_images && !a.images.is_empty() {
         bail!("--image and --no-images contradict each other");
     }
+    a.sample.check()?;
     // the tower is loaded when the container has one (for /image), unless --no-images
     a.engine.vision = !a.images.is_empty() || (!a.no_images && a.model.join("vision.json").is_file());
     // with no image given, a tower that cannot load leaves the chat text-only

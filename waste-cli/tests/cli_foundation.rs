@@ -415,6 +415,14 @@ fn size_flags_take_units_and_a_budget_past_ram_warns() {
     let (code, out, err) = waste(&["plan", a.to_str().unwrap(), "--budget", "10T"]);
     assert_eq!(code, 0, "{err}");
     assert!(format!("{out}{err}").contains("exceeds usable RAM"), "{out}{err}");
+    // more bytes than a u64 holds: refused, not taken as u64::MAX
+    let (code, _, err) = waste(&["plan", a.to_str().unwrap(), "--budget", "99999999999999999999"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("is not a size"), "{err}");
+    // a chunk of 0 tokens: refused, not run token by token unannounced
+    let (code, _, err) = waste(&["eval", a.to_str().unwrap(), "--ids", "1,2,3", "--chunk", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--chunk") && err.contains("at least 1"), "{err}");
 }
 
 /// `waste plan` below the floor (issue 48) on a manifest with Kimi K3's

@@ -132,6 +132,36 @@ fn an_empty_api_key_and_useless_limits_are_refused() {
         assert_eq!(code, 1, "{flag}: {err}");
         assert!(err.contains(&format!("{flag} {v}: at least")), "{flag}: {err}");
     }
+    // a timeout of 0 is refused before the model is opened (a large model
+    // took its whole open first): a path that does not exist is never read
+    let missing = std::env::temp_dir().join("waste-no-such-model.waste");
+    for flag in ["--idle-timeout", "--header-timeout", "--body-timeout"] {
+        let (code, _, err) = waste(&["serve", missing.to_str().unwrap(), "--port", "0", flag, "0"], "");
+        assert_eq!(code, 1, "{flag}: {err}");
+        assert!(err.contains(&format!("{flag} 0: expected seconds")), "{flag}: {err}");
+    }
+}
+
+/// Sampling flags out of range and an empty stop string are refused before
+/// the model is opened (they were refused when generation began: after the
+/// open and the whole prompt's prefill): a path that does not exist is
+/// never read.
+#[test]
+fn bad_sampling_flags_are_refused_before_the_open() {
+    let missing = std::env::temp_dir().join("waste-no-such-model.waste");
+    let m = missing.to_str().unwrap();
+    for (args, says) in [
+        (&["run", m, "hi", "--top-p", "2"][..], "top_p 2 must be in (0, 1]"),
+        (&["run", m, "hi", "--min-p", "1.5"][..], "min_p 1.5 must be in [0, 1]"),
+        (&["run", m, "hi", "--temp", "inf"][..], "temperature inf must be finite"),
+        (&["run", m, "hi", "--stop", ""][..], "a stop string is empty"),
+        (&["chat", m, "--top-p", "0"][..], "top_p 0 must be in (0, 1]"),
+        (&["bench", m, "--temp", "nan"][..], "--temp: temperature NaN"),
+    ] {
+        let (code, _, err) = waste(args, "");
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains(says) && !err.contains("no-such-model"), "{args:?}: {err}");
+    }
 }
 
 /// `chat` reads a line at most as long as any text input: an endless line
