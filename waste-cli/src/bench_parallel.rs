@@ -19,7 +19,8 @@ fn rotated(trace: &waste_cache::Trace, i: usize, n: usize) -> waste_cache::Trace
     trace[off..].iter().chain(&trace[..off]).cloned().collect()
 }
 
-pub fn bench_parallel(a: &BenchArgs, np: usize) -> Result<ExitCode> {
+/// `trace`: `--routing`'s, read before the open.
+pub fn bench_parallel(a: &BenchArgs, np: usize, trace: Option<waste_cache::Trace>) -> Result<ExitCode> {
     let io_qd = if a.engine.io_threads == 0 { 4 } else { a.engine.io_threads.min(waste_model::MAX_IO_THREADS) };
     let disk_gbps = disk_bandwidth(&a.model, io_qd, !a.engine.no_direct_io);
     let model = a.engine.open_parallel(&a.model, false, np)?;
@@ -34,7 +35,6 @@ pub fn bench_parallel(a: &BenchArgs, np: usize) -> Result<ExitCode> {
     if a.prompt_len + a.n > ctx {
         bail!("--prompt-len {} and -n {} do not fit a context of {ctx} tokens (--ctx)", a.prompt_len, a.n);
     }
-    let trace = a.routing.as_ref().map(|p| crate::cmd_cache::load_trace(p)).transpose()?;
     let mut sessions: Vec<_> = (0..np).map(|_| model.session()).collect();
     let mut samplers = Vec::with_capacity(np);
     let mut next = Vec::with_capacity(np);

@@ -363,6 +363,9 @@ fn eval_prompt(ids: &Option<String>, prompt: &Option<String>) -> Result<EvalProm
 }
 
 pub fn eval(mut a: EvalArgs) -> Result<ExitCode> {
+    if a.top == 0 && !a.json {
+        bail!("--top 0 would print nothing: at least 1 (with --json, 0 keeps the argmax and --logits)");
+    }
     let prompt = eval_prompt(&a.ids, &a.prompt)?;
     a.engine.vision = !a.images.is_empty();
     let model = a.engine.open(&a.model)?;

@@ -455,9 +455,10 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     // before the open (a 48B's takes seconds)
     let params = waste_model::SamplingParams { temperature: a.temp, seed: a.seed, ..Default::default() };
     params.validate().map_err(|e| anyhow::anyhow!("--temp: {e}"))?;
+    let trace = a.routing.as_ref().map(|p| crate::cmd_cache::load_trace(p)).transpose()?;
     if let Some(n) = a.parallel {
         check_parallel(n)?;
-        return crate::bench_parallel::bench_parallel(&a, n);
+        return crate::bench_parallel::bench_parallel(&a, n, trace);
     }
     // the engine caps its readers at MAX_IO_THREADS; the probe does the same
     let io_qd = if a.engine.io_threads == 0 { 4 } else { a.engine.io_threads.min(waste_model::MAX_IO_THREADS) };
@@ -472,8 +473,7 @@ pub fn bench(a: BenchArgs) -> Result<ExitCode> {
     }
     let prompt: Vec<u32> = (0..a.prompt_len as u32).map(|i| 1 + (i * 7919) % (vocab - 1).max(1)).collect();
     let mut s = model.session();
-    if let Some(p) = &a.routing {
-        let trace = crate::cmd_cache::load_trace(p)?;
+    if let Some(trace) = trace {
         s.replay_routing(std::sync::Arc::new(trace))?;
     }
     let mut sampler = waste_model::Sampler::new(params);

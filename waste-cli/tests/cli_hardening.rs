@@ -142,7 +142,8 @@ fn an_empty_api_key_and_useless_limits_are_refused() {
     }
 }
 
-/// Sampling flags out of range and an empty stop string are refused before
+/// Sampling flags out of range, an empty stop string, a routing trace
+/// that is not one and an eval that would print nothing are refused before
 /// the model is opened (they were refused when generation began: after the
 /// open and the whole prompt's prefill): a path that does not exist is
 /// never read.
@@ -150,6 +151,9 @@ fn an_empty_api_key_and_useless_limits_are_refused() {
 fn bad_sampling_flags_are_refused_before_the_open() {
     let missing = std::env::temp_dir().join("waste-no-such-model.waste");
     let m = missing.to_str().unwrap();
+    let junk = std::env::temp_dir().join(format!("waste-not-a-trace-{}.jsonl", std::process::id()));
+    std::fs::write(&junk, "not a trace\n").unwrap();
+    let j = junk.to_str().unwrap();
     for (args, says) in [
         (&["run", m, "hi", "--top-p", "2"][..], "top_p 2 must be in (0, 1]"),
         (&["run", m, "hi", "--min-p", "1.5"][..], "min_p 1.5 must be in [0, 1]"),
@@ -157,11 +161,15 @@ fn bad_sampling_flags_are_refused_before_the_open() {
         (&["run", m, "hi", "--stop", ""][..], "a stop string is empty"),
         (&["chat", m, "--top-p", "0"][..], "top_p 0 must be in (0, 1]"),
         (&["bench", m, "--temp", "nan"][..], "--temp: temperature NaN"),
+        (&["bench", m, "--routing", j][..], "not-a-trace"),
+        (&["bench", m, "--parallel", "2", "--routing", j][..], "not-a-trace"),
+        (&["eval", m, "--ids", "1", "--top", "0"][..], "--top 0 would print nothing"),
     ] {
         let (code, _, err) = waste(args, "");
         assert_eq!(code, 1, "{args:?}: {err}");
         assert!(err.contains(says) && !err.contains("no-such-model"), "{args:?}: {err}");
     }
+    std::fs::remove_file(&junk).ok();
 }
 
 /// `chat` reads a line at most as long as any text input: an endless line
