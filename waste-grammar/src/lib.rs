@@ -32,21 +32,48 @@ const MESSAGE_LINES: usize = 8;
 
 /// The grammar engine's message, cut to a readable size: its listing of
 /// the compiled grammar repeats the whole schema (a 1 MB schema gave a
-/// 0.9 MB error, echoed into a server's 400 response).
+/// 0.9 MB error, echoed into a server's 400 response). The listing and its
+/// position (`at 2(9): `, ` 1 | start: …`, `^`) are of the grammar this
+/// crate wrote around the schema — the chat format's markers included —
+/// not of anything the user gave: they are dropped, the cause kept.
 fn concise(e: &impl std::fmt::Display) -> String {
     let text = e.to_string();
-    let mut out: Vec<String> = text
-        .lines()
+    let listing = |l: &str| {
+        let t = l.trim_start();
+        let digits = t.chars().take_while(char::is_ascii_digit).count();
+        (digits > 0 && t[digits..].trim_start().starts_with('|')) || (!t.is_empty() && t.trim_end() == "^")
+    };
+    let kept: Vec<&str> = text.lines().filter(|l| !listing(l)).collect();
+    let mut out: Vec<String> = kept
+        .iter()
         .take(MESSAGE_LINES)
-        .map(|l| match l.char_indices().nth(MESSAGE_LINE_CHARS) {
-            Some((cut, _)) => format!("{}…", &l[..cut]),
-            None => l.to_string(),
+        .map(|l| {
+            let l = strip_position(l);
+            match l.char_indices().nth(MESSAGE_LINE_CHARS) {
+                Some((cut, _)) => format!("{}…", &l[..cut]),
+                None => l.to_string(),
+            }
         })
         .collect();
-    if text.lines().count() > MESSAGE_LINES {
+    if kept.len() > MESSAGE_LINES {
         out.push("…".into());
     }
     out.join("\n")
+}
+
+/// A line without a leading `at LINE(COLUMN): ` (a place in the generated
+/// grammar).
+fn strip_position(l: &str) -> &str {
+    let Some(rest) = l.strip_prefix("at ") else { return l };
+    let Some((pos, after)) = rest.split_once("): ") else { return l };
+    let ok = pos.split_once('(').is_some_and(|(a, b)| {
+        !a.is_empty() && !b.is_empty() && a.chars().all(|c| c.is_ascii_digit()) && b.chars().all(|c| c.is_ascii_digit())
+    });
+    if ok {
+        after
+    } else {
+        l
+    }
 }
 
 struct Env {

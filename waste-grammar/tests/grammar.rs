@@ -207,6 +207,11 @@ fn a_refused_schema_gets_a_short_message() {
     assert!(e.len() < 2000, "{} bytes", e.len());
     let e = g.constraint(&json_lark(Some(&serde_json::json!({"type": "bogus"})), false, false)).err().unwrap();
     assert!(e.to_string().contains("Invalid type: bogus"), "{e}");
+    // without the listing of the grammar written around the schema, or a
+    // place in it: the user gave neither
+    let e = e.to_string();
+    assert!(!e.contains(" | ") && !e.contains("start:") && !e.starts_with("at "), "{e}");
+    assert!(e.starts_with("failed to compile JSON schema"), "{e}");
 }
 
 /// A byte tokenizer with the K2 family's markers (Kimi-Linear's chat format).
