@@ -109,6 +109,12 @@ def logprobs():
 def completions():
     r = client.completions.create(model="tiny", prompt="The city of", max_tokens=5, temperature=0)
     assert r.object == "text_completion" and isinstance(r.choices[0].text, str)
+    # logprobs in the legacy completions shape the client types
+    r = client.completions.create(model="tiny", prompt="The city of", max_tokens=5, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 5 and len(lp.token_logprobs) == 5 and len(lp.text_offset) == 5, lp
+    assert lp.text_offset[0] == 0 and all(x <= 0 for x in lp.token_logprobs), lp
+    assert all(len(t) == 2 and max(t.values()) == l for t, l in zip(lp.top_logprobs, lp.token_logprobs)), lp
 
 
 def models():

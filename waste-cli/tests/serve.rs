@@ -362,6 +362,46 @@ fn completions_models_and_logprobs() {
     assert_eq!(st, 200);
     assert_eq!(v["object"], "text_completion");
     assert!(v["choices"][0]["text"].is_string());
+    // OpenAI's legacy completions shape (what completions clients read):
+    // parallel lists, the top alternatives as a map of text to logprob
+    let lp = &v["choices"][0]["logprobs"];
+    assert!(lp.get("content").is_none(), "{lp}");
+    let list = |k: &str| lp[k].as_array().unwrap_or_else(|| panic!("{k}: {lp}")).clone();
+    let (tokens, lps, tops, offsets) =
+        (list("tokens"), list("token_logprobs"), list("top_logprobs"), list("text_offset"));
+    assert!(tokens.len() == 4 && lps.len() == 4 && tops.len() == 4 && offsets.len() == 4, "{lp}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    for i in 0..4 {
+        let (t, l) = (tokens[i].as_str().unwrap(), lps[i].as_f64().unwrap());
+        assert!(l <= 0.0, "{lp}");
+        // offsets from 0, in characters of the text, never back
+        let o = offsets[i].as_u64().unwrap();
+        assert!(if i == 0 { o == 0 } else { o >= offsets[i - 1].as_u64().unwrap() }, "{lp}");
+        assert!(o as usize <= text.chars().count(), "{lp} for {text:?}");
+        // after tokens that are text alone, the offset is their characters
+        if tokens[..i].iter().all(|t| !t.as_str().unwrap().starts_with("bytes:")) {
+            let before: usize = tokens[..i].iter().map(|t| t.as_str().unwrap().chars().count()).sum();
+            assert_eq!(o as usize, before, "{lp}");
+        }
+        // greedy: the chosen token is the likeliest, among the 2 shown
+        let top = tops[i].as_object().unwrap();
+        assert_eq!(top.len(), 2, "{lp}");
+        assert_eq!(top[t].as_f64(), Some(l), "{lp}");
+        assert!(top.values().all(|x| x.as_f64().unwrap() <= l), "{lp}");
+    }
+    // streamed: each chunk its token's lists, the offsets going on
+    let body = json!({"prompt": "The city of", "max_tokens": 4, "temperature": 0, "logprobs": 2, "stream": true});
+    let (st, b) = http(&s.addr, "POST", "/v1/completions", &[], body.to_string().as_bytes());
+    assert_eq!(st, 200);
+    let (mut st_tokens, mut st_offsets) = (vec![], vec![]);
+    for d in b.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]") {
+        let c: Value = serde_json::from_str(d).unwrap();
+        if let Some(l) = c["choices"][0]["logprobs"].as_object() {
+            st_tokens.extend(l["tokens"].as_array().unwrap().clone());
+            st_offsets.extend(l["text_offset"].as_array().unwrap().clone());
+        }
+    }
+    assert_eq!((st_tokens, st_offsets), (tokens, offsets), "{b}");
     let (st, b) = http(&s.addr, "GET", "/v1/models", &[], b"");
     assert_eq!(st, 200);
     assert_eq!(serde_json::from_str::<Value>(&b).unwrap()["data"][0]["id"], "tiny");

@@ -691,6 +691,74 @@ fn token_text(model: &Model, id: u32) -> (String, Vec<u8>) {
     (String::from_utf8_lossy(&b).into_owned(), b)
 }
 
+/// `/v1/completions`' logprobs in OpenAI's legacy shape — parallel lists
+/// `tokens`, `token_logprobs`, `top_logprobs` (a map of token text to
+/// logprob a position: the `logprobs` most likely, and the chosen token)
+/// and `text_offset` (each token's start in the completion's text, in
+/// characters) — which the completions clients read (`choice.logprobs.
+/// token_logprobs`); the chat shape (`content`) left them empty. A token
+/// whose bytes are not UTF-8 alone (a piece of a character) is written as
+/// OpenAI writes it, `bytes:\xe2\x80`, so no two tokens share a key.
+#[derive(Default)]
+struct LegacyLogprobs {
+    tokens: Vec<Value>,
+    token_logprobs: Vec<Value>,
+    top_logprobs: Vec<Value>,
+    text_offset: Vec<Value>,
+    /// The tokens' bytes so far (the offsets count their characters).
+    bytes: Vec<u8>,
+}
+
+/// A token as the legacy shape names it: its text, or `bytes:` and its
+/// bytes escaped where they are not UTF-8 alone.
+fn legacy_token(model: &Model, id: u32) -> String {
+    let (_, b) = token_text(model, id);
+    match std::str::from_utf8(&b) {
+        Ok(t) => t.to_string(),
+        Err(_) => b.iter().fold(String::from("bytes:"), |mut s, x| {
+            s.push_str(&format!("\\x{x:02x}"));
+            s
+        }),
+    }
+}
+
+/// Characters of `b` as text, a piece of a character at the end not yet
+/// one (it becomes one with the next token's bytes).
+fn text_chars(b: &[u8]) -> usize {
+    let whole = match std::str::from_utf8(b) {
+        Err(e) if e.error_len().is_none() => &b[..e.valid_up_to()],
+        _ => b,
+    };
+    String::from_utf8_lossy(whole).chars().count()
+}
+
+impl LegacyLogprobs {
+    fn push(&mut self, model: &Model, token: u32, lp: f32, top: &[(u32, f32)]) {
+        let t = legacy_token(model, token);
+        let mut alts = serde_json::Map::new();
+        for &(id, l) in top {
+            alts.entry(legacy_token(model, id)).or_insert(json!(l));
+        }
+        alts.entry(t.clone()).or_insert(json!(lp));
+        self.text_offset.push(json!(text_chars(&self.bytes)));
+        self.bytes.extend(token_text(model, token).1);
+        self.tokens.push(json!(t));
+        self.token_logprobs.push(json!(lp));
+        self.top_logprobs.push(Value::Object(alts));
+    }
+
+    /// The lists so far as the response's `logprobs`, and empty again
+    /// (a stream sends each token's own; the offsets go on counting).
+    fn take(&mut self) -> Value {
+        json!({
+            "tokens": std::mem::take(&mut self.tokens),
+            "token_logprobs": std::mem::take(&mut self.token_logprobs),
+            "top_logprobs": std::mem::take(&mut self.top_logprobs),
+            "text_offset": std::mem::take(&mut self.text_offset),
+        })
+    }
+}
+
 fn logprob_entry(model: &Model, token: u32, lp: f32, top: &[(u32, f32)]) -> Value {
     let (t, b) = token_text(model, token);
     json!({"token": t, "logprob": lp, "bytes": b, "top_logprobs": top.iter().map(|&(id, l)| {
@@ -1165,13 +1233,17 @@ async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPl
     };
     if !c.stream {
         let _guard = CancelOnDrop(cancel);
-        let mut lps = Vec::new();
+        let (mut lps, mut legacy) = (Vec::new(), LegacyLogprobs::default());
         while let Some(ev) = rx.recv().await {
             match ev {
                 Event::Token { token, piece, logprob, top } => {
                     asm.push(&piece);
                     if c.logprobs && token != waste_model::NO_TOKEN {
-                        lps.push(logprob_entry(&st.model, token, logprob, &top));
+                        if chat {
+                            lps.push(logprob_entry(&st.model, token, logprob, &top));
+                        } else {
+                            legacy.push(&st.model, token, logprob, &top);
+                        }
                     }
                 }
                 Event::Done { finish, prompt_tokens, completion_tokens, reused_tokens, stats, direct_io } => {
@@ -1179,7 +1251,11 @@ async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPl
                         "{id}: {prompt_tokens} prompt + {completion_tokens} completion tokens ({reused_tokens} reused), {finish}"
                     ));
                     let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
-                    let lp = if c.logprobs { json!({"content": lps}) } else { Value::Null };
+                    let lp = match (c.logprobs, chat) {
+                        (false, _) => Value::Null,
+                        (true, true) => json!({"content": lps}),
+                        (true, false) => legacy.take(),
+                    };
                     let choice = if chat {
                         json!({"index": 0, "message": asm.message(), "logprobs": lp, "finish_reason": asm.finish_reason(finish)})
                     } else {
@@ -1211,13 +1287,17 @@ async fn run(st: Arc<AppState>, prompt: Vec<u32>, c: Common, plan: Option<ChatPl
         if chat && !yield_(chunk(json!({"role": "assistant", "content": ""}), Value::Null, Value::Null)) {
             return;
         }
+        let mut legacy = LegacyLogprobs::default();
         while let Some(ev) = rx.recv().await {
             match ev {
                 Event::Token { token, piece, logprob, top } => {
-                    let mut lp = if c.logprobs && token != waste_model::NO_TOKEN {
+                    let mut lp = if !c.logprobs || token == waste_model::NO_TOKEN {
+                        Value::Null
+                    } else if chat {
                         json!({"content": [logprob_entry(&st2.model, token, logprob, &top)]})
                     } else {
-                        Value::Null
+                        legacy.push(&st2.model, token, logprob, &top);
+                        legacy.take()
                     };
                     let mut deltas = asm.push(&piece);
                     if deltas.is_empty() && !lp.is_null() {
@@ -1330,6 +1410,20 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The legacy offsets count a character once it is whole: a piece of
+    /// one at the end waits for the next token's bytes; one that never
+    /// completes counts as the replacement character it is shown as.
+    #[test]
+    fn text_chars_counts_whole_characters() {
+        assert_eq!(text_chars(b""), 0);
+        assert_eq!(text_chars(b"ab"), 2);
+        assert_eq!(text_chars(&[0xc3]), 0);
+        assert_eq!(text_chars(&[b'a', 0xc3]), 1);
+        assert_eq!(text_chars(&[0xc3, 0xa9]), 1);
+        assert_eq!(text_chars(&[0xc3, b'a']), 2);
+        assert_eq!(text_chars(&[0xe2, 0x80, 0x94, 0xe2]), 1);
+    }
 
     #[test]
     fn panic_text_and_paths_never_reach_a_body() {
