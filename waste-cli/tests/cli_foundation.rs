@@ -150,10 +150,14 @@ fn plan_and_the_engine_agree_on_cache_slots() {
     seen.dedup();
     assert!(seen.len() >= 3, "{seen:?}");
     assert!(waves && whole, "a cache in waves and one that pins a layer among the budgets");
-    // the text says when a chunk's experts come in waves
+    // the text says when a chunk's experts come in waves — a span's where
+    // the prompt prefills in spans (each expert then read once a span)
     let (code, out, err) = waste(&["plan", a, "--budget", &floor.to_string()]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("a prefill chunk runs them in waves of"), "{out}");
+    let (_, js, _) = waste(&["plan", a, "--budget", &floor.to_string(), "--json"]);
+    let unit = if serde_json::from_str::<Value>(&js).unwrap()["prefill_span"].is_u64() { "span" } else { "chunk" };
+    assert!(out.contains(&format!("a prefill {unit} runs them in waves of")), "{out}");
+    assert!(out.contains(&format!("each read once a {unit}")), "{out}");
 }
 
 /// The figure `v[key]` names: disk, memory or compute of `[disk, memory, compute]`.
