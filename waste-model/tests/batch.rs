@@ -79,9 +79,17 @@ fn together(m: &Model, n: usize) -> Vec<Vec<Vec<u32>>> {
 
 #[test]
 fn batched_steps_equal_each_sequence_alone() {
-    for name in
-        ["anchor", "tiny.waste", "tiny-b.waste", "tiny-q4g.waste", "tiny-c.waste", "tiny-k3.waste", "tiny-k3-4.waste"]
-    {
+    let all =
+        ["anchor", "tiny.waste", "tiny-b.waste", "tiny-q4g.waste", "tiny-c.waste", "tiny-k3.waste", "tiny-k3-4.waste"];
+    // under emulation (CI's qemu step, `WASTE_EMULATED`: 62 s there for
+    // all seven) one fixture of each expert path: VQ token by token, Q4G
+    // once a step, K3's latent MoE with attention residuals
+    let names: &[&str] = if std::env::var_os("WASTE_EMULATED").is_some() {
+        &["tiny.waste", "tiny-q4g.waste", "tiny-k3-4.waste"]
+    } else {
+        &all
+    };
+    for &name in names {
         let path = fixture(name);
         let plan = waste_model::plan(&path, CTX).unwrap();
         let rec = plan.record_bytes;

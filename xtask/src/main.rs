@@ -517,6 +517,9 @@ fn cross(root: &Path, cargo: &str, skips: &mut Vec<String>) -> Result<()> {
         eprintln!("xtask: aarch64 tests under qemu-aarch64 -cpu {cpu}: {}", args.join(" "));
         run(Command::new(cargo)
             .current_dir(root)
+            // suites with many fixtures run a set covering each path under
+            // emulation (waste-model/tests/batch.rs)
+            .env("WASTE_EMULATED", "1")
             .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", "aarch64-linux-gnu-gcc")
             .env(
                 "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER",
