@@ -147,11 +147,10 @@ pub fn plan(a: PlanArgs) -> Result<ExitCode> {
         }
         if let Some(n) = wave.filter(|_| resolved.is_ok()) {
             // within a span the waves are the span's: each expert read once a span
-            let unit = if span.is_some() { "a span" } else { "a chunk" };
+            let unit = if span.is_some() { "span" } else { "chunk" };
             outln!(
-                "  (the cache cannot pin a layer's {} experts at once: a prefill {} runs them in waves of {n}, each read once {unit} — a larger --budget reads fewer a prompt)",
-                p.layer_experts,
-                if span.is_some() { "span" } else { "chunk" }
+                "  (the cache cannot pin a layer's {} experts at once: a prefill {unit} runs them in waves of {n}, each read once a {unit} — a larger --budget reads fewer a prompt)",
+                p.layer_experts
             );
         }
         if p.shared_scratch_bytes > 0 {

@@ -705,15 +705,14 @@ struct LegacyLogprobs {
     token_logprobs: Vec<Value>,
     top_logprobs: Vec<Value>,
     text_offset: Vec<Value>,
-    /// The tokens' bytes so far (the offsets count their characters).
-    bytes: Vec<u8>,
+    /// The characters of the tokens so far (the offsets).
+    chars: CharCount,
 }
 
 /// A token as the legacy shape names it: its text, or `bytes:` and its
 /// bytes escaped where they are not UTF-8 alone.
-fn legacy_token(model: &Model, id: u32) -> String {
-    let (_, b) = token_text(model, id);
-    match std::str::from_utf8(&b) {
+fn legacy_token(b: &[u8]) -> String {
+    match std::str::from_utf8(b) {
         Ok(t) => t.to_string(),
         Err(_) => b.iter().fold(String::from("bytes:"), |mut s, x| {
             s.push_str(&format!("\\x{x:02x}"));
@@ -722,26 +721,48 @@ fn legacy_token(model: &Model, id: u32) -> String {
     }
 }
 
-/// Characters of `b` as text, a piece of a character at the end not yet
-/// one (it becomes one with the next token's bytes).
-fn text_chars(b: &[u8]) -> usize {
-    let whole = match std::str::from_utf8(b) {
-        Err(e) if e.error_len().is_none() => &b[..e.valid_up_to()],
-        _ => b,
-    };
-    String::from_utf8_lossy(whole).chars().count()
+/// Characters of a text arriving in pieces of bytes, counted as it comes
+/// (a token's offset in constant time, not a scan of all before it): a
+/// piece of a character at the end is not yet one — it becomes one with
+/// the next bytes, or the replacement character it is shown as.
+#[derive(Default)]
+struct CharCount {
+    /// Whole characters so far.
+    done: usize,
+    /// The unfinished character's bytes (at most 3).
+    pending: Vec<u8>,
+}
+
+impl CharCount {
+    fn add(&mut self, bytes: &[u8]) {
+        let mut b = std::mem::take(&mut self.pending);
+        b.extend_from_slice(bytes);
+        let whole = b.len() - unfinished_tail(&b);
+        self.done += String::from_utf8_lossy(&b[..whole]).chars().count();
+        self.pending = b.split_off(whole);
+    }
+}
+
+/// Bytes at the end of `b` that begin a character not yet finished (0 to
+/// 3): the longest such suffix that is a valid start of one.
+fn unfinished_tail(b: &[u8]) -> usize {
+    (1..=b.len().min(3))
+        .rev()
+        .find(|&k| matches!(std::str::from_utf8(&b[b.len() - k..]), Err(e) if e.valid_up_to() == 0 && e.error_len().is_none()))
+        .unwrap_or(0)
 }
 
 impl LegacyLogprobs {
     fn push(&mut self, model: &Model, token: u32, lp: f32, top: &[(u32, f32)]) {
-        let t = legacy_token(model, token);
+        let bytes = token_text(model, token).1;
+        let t = legacy_token(&bytes);
         let mut alts = serde_json::Map::new();
         for &(id, l) in top {
-            alts.entry(legacy_token(model, id)).or_insert(json!(l));
+            alts.entry(legacy_token(&token_text(model, id).1)).or_insert(json!(l));
         }
         alts.entry(t.clone()).or_insert(json!(lp));
-        self.text_offset.push(json!(text_chars(&self.bytes)));
-        self.bytes.extend(token_text(model, token).1);
+        self.text_offset.push(json!(self.chars.done));
+        self.chars.add(&bytes);
         self.tokens.push(json!(t));
         self.token_logprobs.push(json!(lp));
         self.top_logprobs.push(Value::Object(alts));
@@ -1413,16 +1434,41 @@ mod tests {
 
     /// The legacy offsets count a character once it is whole: a piece of
     /// one at the end waits for the next token's bytes; one that never
-    /// completes counts as the replacement character it is shown as.
+    /// completes counts as the replacement character it is shown as. The
+    /// count as pieces arrive equals the whole text's at every split.
     #[test]
-    fn text_chars_counts_whole_characters() {
-        assert_eq!(text_chars(b""), 0);
-        assert_eq!(text_chars(b"ab"), 2);
-        assert_eq!(text_chars(&[0xc3]), 0);
-        assert_eq!(text_chars(&[b'a', 0xc3]), 1);
-        assert_eq!(text_chars(&[0xc3, 0xa9]), 1);
-        assert_eq!(text_chars(&[0xc3, b'a']), 2);
-        assert_eq!(text_chars(&[0xe2, 0x80, 0x94, 0xe2]), 1);
+    fn char_count_counts_whole_characters_as_pieces_arrive() {
+        // the whole bytes' characters, a trailing piece of one left out
+        let whole = |b: &[u8]| String::from_utf8_lossy(&b[..b.len() - unfinished_tail(b)]).chars().count();
+        for (b, n) in [
+            (&b""[..], 0),
+            (b"ab", 2),
+            (&[0xc3], 0),
+            (&[b'a', 0xc3], 1),
+            (&[0xc3, 0xa9], 1),
+            (&[0xc3, b'a'], 2),
+            (&[0xe2, 0x80, 0x94, 0xe2], 1),
+            // a broken character before an unfinished one: only the latter waits
+            (&[0xe2, 0x80, b'z', 0xf0, 0x9f], 2),
+            (&[0x80, 0x80], 2),
+        ] {
+            assert_eq!(whole(b), n, "{b:?}");
+        }
+        // every split of mixed text (whole, cut and broken characters)
+        let text: Vec<u8> =
+            [&b"a"[..], "é—😀".as_bytes(), &[0xe2, 0x80], b"z", &[0xff], "😀".as_bytes(), &[0xf0, 0x9f]].concat();
+        for cut in 0..=text.len() {
+            for cut2 in cut..=text.len() {
+                let mut c = CharCount::default();
+                for piece in [&text[..cut], &text[cut..cut2], &text[cut2..]] {
+                    c.add(piece);
+                }
+                assert_eq!(c.done, whole(&text), "split at {cut}, {cut2}");
+                let mut c = CharCount::default();
+                c.add(&text[..cut]);
+                assert_eq!(c.done, whole(&text[..cut]), "prefix {cut}");
+            }
+        }
     }
 
     #[test]
